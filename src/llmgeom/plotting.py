@@ -1,0 +1,69 @@
+"""Figures from tidy tables (never from models or activation files).
+
+Each function writes the same figure as PNG and PDF, atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def _save(fig, paths) -> None:
+    for p in paths:
+        p = Path(p)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.stem}.partial{p.suffix}")
+        fig.savefig(tmp, dpi=130, bbox_inches="tight")
+        os.replace(tmp, p)
+    plt.close(fig)
+
+
+def value_manifold_figure(df: pd.DataFrame, paths, *, representation: str = "values",
+                          standardized: bool = True) -> None:
+    """Left: PC1 and PC1+PC2 explained variance (95% bootstrap CI) at the final layer,
+    per model and prompt set. Right: PC1+PC2 vs relative depth. Source: Paper III sec. 4, Table 1."""
+    d = df[(df.representation == representation) & (df.standardized == standardized)]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    final = d[d.layer == d.groupby("model").layer.transform("max")]
+    labels, x = [], 0
+    for (m, ps), g in final.groupby(["model", "prompt_set"], sort=True):
+        r = g.iloc[0]
+        for off, key, color in ((-0.18, "pc1", "tab:blue"), (0.18, "pc12", "tab:orange")):
+            ax.bar(x + off, 100 * r[key], width=0.34, color=color,
+                   yerr=[[100 * (r[key] - r[key + "_lo"])], [100 * (r[key + "_hi"] - r[key])]], capsize=3,
+                   label={"pc1": "PC1", "pc12": "PC1+PC2"}[key] if x == 0 else None)
+        labels.append(f"{m}\n{ps}")
+        x += 1
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("explained variance at final layer (%)")
+    ax.set_title(f"{representation}{' (standardized)' if standardized else ' (raw)'}")
+    ax.legend()
+    for (m, ps), g in d.groupby(["model", "prompt_set"], sort=True):
+        g = g.sort_values("relative_depth")
+        ax2.plot(g.relative_depth, 100 * g.pc12, marker=".", label=f"{m} / {ps}")
+        ax2.fill_between(g.relative_depth, 100 * g.pc12_lo, 100 * g.pc12_hi, alpha=0.15)
+    ax2.set_xlabel("relative depth (layer / n_layers)")
+    ax2.set_ylabel("PC1+PC2 explained variance (%)")
+    ax2.legend(fontsize=7)
+    _save(fig, paths)
+
+
+def intrinsic_dimension_figure(df: pd.DataFrame, paths) -> None:
+    """Intrinsic dimension of the residual stream vs relative depth, one line per model and
+    estimator, band = min..max over subsamples. Source: LSM (ID profile)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (m, est), g in df.groupby(["model", "estimator"], sort=True):
+        g = g.sort_values("relative_depth")
+        ax.plot(g.relative_depth, g.id_mean, marker=".", label=f"{m} ({est})")
+        ax.fill_between(g.relative_depth, g.id_min, g.id_max, alpha=0.2)
+    ax.set_xlabel("relative depth (0 = embeddings, 1 = last block)")
+    ax.set_ylabel("intrinsic dimension")
+    ax.legend(fontsize=8)
+    _save(fig, paths)

@@ -1,0 +1,151 @@
+"""Tiny-model tests of the architectures module: one per supported family.
+
+Every family in ``llmgeom.testing.FAMILIES`` is built from its config with random
+weights (2 layers, d_model 32, 4 query heads) and checked against what the model
+itself computes in a forward pass.
+"""
+
+import pytest
+import torch
+
+from llmgeom import architectures as arch
+from llmgeom import testing
+from llmgeom.extraction import pad_batch
+
+FAMILIES = testing.FAMILIES
+
+EXPECTED_KV = {"llama": 2, "mistral": 2, "gemma3": 1}
+EXPECTED_TYPE = {"llama": "GQA", "mistral": "GQA", "gemma3": "MQA"}
+EXPECTED_SLIDING = {"gemma3": (0,), "mistral": (0, 1)}
+EXPECTED_WINDOW = {"gemma3": 4, "mistral": 16}
+
+
+def _model(family):
+    m = testing.tiny_model(family)
+    # Non-trivial 1-d parameters (biases, norm gains): with the default init (zeros / ones)
+    # a wrong bias slice or the wrong norm module would go unnoticed.
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return m
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_summarize(family):
+    m = testing.tiny_model(family)
+    s = arch.summarize(m.config)
+    assert s.n_layers == 2
+    assert s.d_model == 32
+    assert s.n_heads == 4
+    assert s.n_kv_heads == EXPECTED_KV.get(family, 4)
+    assert s.attention_type == EXPECTED_TYPE.get(family, "MHA")
+    assert s.head_dim == 8
+    assert s.vocab_size == 96
+    assert s.sliding_layers == EXPECTED_SLIDING.get(family, ())
+    assert s.sliding_window == EXPECTED_WINDOW.get(family)
+    assert s.max_positions == 128
+    d = s.as_dict()
+    assert d["sliding_layers"] == list(s.sliding_layers)
+    # accessors agree with the summary
+    assert len(arch.decoder_layers(m)) == s.n_layers
+    assert arch.final_norm(m) is not None
+    W_U, _ = arch.unembedding(m)
+    assert tuple(W_U.shape) == (96, 16 if family == "opt_proj" else 32)
+    for layer in range(s.n_layers):
+        heads = arch.w_k_heads(m, layer)
+        assert len(heads) == s.n_kv_heads
+        for W, b in heads:
+            assert tuple(W.shape) == (32, s.head_dim)
+            assert b is None or tuple(b.shape) == (s.head_dim,)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_w_k_heads_reproduce_model_keys(family):
+    """input_norm(h_in) @ W + b == the model's own keys for every layer and key head."""
+    m = _model(family)
+    s = arch.summarize(m.config)
+    fam = arch.family_for(m.config)
+    layers = arch.decoder_layers(m)
+    ids, mask, pos = pad_batch([[1, 5, 6, 7, 8, 9, 10], [1, 20, 21]], 0, "cpu")
+    h_in, k_out = {}, {}
+
+    def pre(layer):
+        def fn(mod, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            h_in[layer] = h.detach().clone()
+        return fn
+
+    def post(layer):
+        def fn(mod, args, out):
+            o = out[0] if isinstance(out, tuple) else out
+            k_out[layer] = o.detach().clone()
+        return fn
+
+    handles = []
+    try:
+        for i, blk in enumerate(layers):
+            handles.append(blk.register_forward_pre_hook(pre(i), with_kwargs=True))
+            handles.append(arch.kv_module(m, i).register_forward_hook(post(i)))
+        with torch.no_grad():
+            m(input_ids=ids, attention_mask=mask, position_ids=pos)
+    finally:
+        for h in handles:
+            h.remove()
+
+    assert sorted(h_in) == sorted(k_out) == list(range(s.n_layers))
+    for layer in range(s.n_layers):
+        keys = k_out[layer]
+        if fam.qkv == "separate":
+            assert keys.shape[-1] == s.n_kv_heads * s.head_dim
+        else:
+            assert keys.shape[-1] == 3 * s.n_heads * s.head_dim
+            keys = arch.split_fused(m, keys)[1]
+        with torch.no_grad():
+            x = arch.input_norm(m, layer)(h_in[layer])
+            heads = arch.w_k_heads(m, layer)
+            assert len(heads) == s.n_kv_heads
+            for h, (W, b) in enumerate(heads):
+                pred = x @ W + (0 if b is None else b)
+                want = keys[..., h * s.head_dim:(h + 1) * s.head_dim]
+                assert pred.dtype == torch.float32
+                torch.testing.assert_close(pred, want, atol=1e-5, rtol=0)
+                # the keys are not trivially equal across heads
+                if h > 0:
+                    assert (want - keys[..., :s.head_dim]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])
+def test_split_fused_values_match_extractors(family):
+    """key_value_extractors' value function is the v block of the fused projection."""
+    m = _model(family)
+    s = arch.summarize(m.config)
+    x = torch.randn(2, 3, 3 * s.n_heads * s.head_dim)
+    q, k, v = arch.split_fused(m, x)
+    d = s.n_heads * s.head_dim
+    assert q.shape == k.shape == v.shape == (2, 3, d)
+    # the three parts are a permutation of the input's features
+    torch.testing.assert_close(torch.sort(torch.cat([q, k, v], -1), -1).values, torch.sort(x, -1).values)
+    km, kfn, vm, vfn = arch.key_value_extractors(m)[0]
+    assert km is vm
+    torch.testing.assert_close(kfn(x), k)
+    torch.testing.assert_close(vfn(x), v)
+
+
+def test_split_fused_rejects_separate_projections():
+    with pytest.raises(ValueError, match="separate projections"):
+        arch.split_fused(testing.tiny_model("llama"), torch.zeros(1, 96))
+
+
+def test_unsupported_model_type_lists_supported():
+    from transformers import BertConfig
+
+    with pytest.raises(arch.UnsupportedArchitectureError) as ei:
+        arch.summarize(BertConfig())
+    msg = str(ei.value)
+    assert "'bert'" in msg
+    for t in ("gpt2", "gpt_neox", "llama", "mistral", "gemma3_text", "phi", "opt"):
+        assert t in msg
+    assert isinstance(ei.value, ValueError)
+    assert set(arch.supported_model_types()) >= {"gpt2", "gpt_neox", "llama", "mistral", "gemma3_text", "phi", "opt"}

@@ -1,0 +1,48 @@
+import os
+import re
+
+os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # before any h5py import in job processes
+
+import yaml
+
+from llmgeom.workflow_support import (
+    apply_model_defaults,
+    check_config,
+    extract_mem_mb,
+    model_source_params,
+)
+
+with open(workflow.source_path("../schemas/config.schema.yaml")) as _fh:
+    _SCHEMA = yaml.safe_load(_fh)
+apply_model_defaults(config, _SCHEMA)
+check_config(config)
+
+MODELS = sorted(config["models"])
+PROMPT_SETS = sorted(config["prompts"]["sets"])
+VM_SETS = config["value_manifold"]["prompt_sets"]
+ID_SET = config["intrinsic_dimension"]["prompt_set"]
+CORPUS_SETS = [s for s, v in config["prompts"]["sets"].items() if v["kind"] == "corpus"]
+
+
+wildcard_constraints:
+    model="|".join(map(re.escape, MODELS)),
+    promptset="|".join(map(re.escape, PROMPT_SETS)),
+
+
+def mcfg(wildcards, key):
+    return config["models"][wildcards.model][key]
+
+
+def all_targets():
+    return (
+        expand("results/{model}/tables/value_manifold.csv", model=MODELS)
+        + expand("results/{model}/tables/intrinsic_dimension.csv", model=MODELS)
+        + [
+            "results/summary/value_manifold.csv",
+            "results/summary/intrinsic_dimension.csv",
+            "results/figures/value_manifold.png",
+            "results/figures/value_manifold.pdf",
+            "results/figures/intrinsic_dimension.png",
+            "results/figures/intrinsic_dimension.pdf",
+        ]
+    )

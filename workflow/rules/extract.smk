@@ -1,0 +1,28 @@
+rule extract:
+    """GPU rule: activations of one model on one prompt set -> HDF5 (DESIGN.md section 2)."""
+    input:
+        model="resources/models/{model}",
+        prompts="resources/prompts/{promptset}.jsonl",
+    output:
+        "results/{model}/activations/{promptset}.h5",
+    params:
+        dtype=lambda w: mcfg(w, "dtype"),
+        batch_size=lambda w: mcfg(w, "batch_size"),
+        device_map=lambda w: mcfg(w, "device_map"),
+        device=config["extract"]["device"],
+        top_k=config["extract"]["top_k"],
+        corpus=lambda w: config["prompts"]["sets"][w.promptset]["kind"] == "corpus",
+        sample_per_prompt=config["extract"]["sample_per_prompt"],
+        max_tokens=lambda w: config["prompts"]["sets"][w.promptset].get(
+            "token_budget", config["prompts"]["token_budget"]
+        ),
+        seed=config["prompts"]["seed"],
+    threads: config["extract"]["threads"]
+    resources:
+        gpu=1,
+        mem_mb=lambda w, attempt: extract_mem_mb(config["models"][w.model], attempt),
+        runtime=lambda w: mcfg(w, "runtime"),
+    log:
+        "logs/extract/{model}/{promptset}.log",
+    script:
+        "../scripts/extract.py"

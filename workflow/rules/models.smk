@@ -1,0 +1,13 @@
+rule prepare_model:
+    """Model source (GGUF in a package, local HF directory or HF id) -> plain HF directory + manifest."""
+    output:
+        directory("resources/models/{model}"),
+    params:
+        spec=lambda w: model_source_params(config["models"][w.model]),
+    resources:
+        mem_mb=lambda w: config["models"][w.model]["mem_mb"],
+        runtime=30,
+    log:
+        "logs/prepare_model/{model}.log",
+    script:
+        "../scripts/prepare_model.py"

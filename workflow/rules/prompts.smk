@@ -1,0 +1,15 @@
+rule build_prompts:
+    """Model-independent prompt set from real text (Wikipedia summaries, stdlib source), seeded."""
+    output:
+        "resources/prompts/{promptset}.jsonl",
+    params:
+        spec=lambda w: config["prompts"]["sets"][w.promptset],
+        seed=config["prompts"]["seed"],
+        token_budget=config["prompts"]["token_budget"],
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    log:
+        "logs/build_prompts/{promptset}.log",
+    script:
+        "../scripts/build_prompts.py"

@@ -1,0 +1,14 @@
+from llmgeom.workflow_support import run_logged
+from llmgeom.prompts import build_prompt_set, write_prompt_set
+
+with run_logged(snakemake.log[0]):
+    spec = dict(snakemake.params.spec)
+    records = build_prompt_set(
+        spec["kind"],
+        n=spec["n"],
+        seed=spec.get("seed", snakemake.params.seed),
+        token_budget=spec.get("token_budget", snakemake.params.token_budget),
+        topics=spec.get("topics"),
+    )
+    sha = write_prompt_set(records, snakemake.output[0])
+    print(f"{len(records)} prompts, sha256 {sha}")
