@@ -295,7 +295,9 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     s = arch.summarize(model.config)
     texts = [r["text"] for r in records]
     pids = [r.get("id", str(i)) for i, r in enumerate(records)]
-    seqs = tokenize_prompts(tok, texts, pids, max_tokens=max_tokens, truncate=corpus, context=s.max_positions)
+    # token_budget is a target when prompts are built; here it only truncates corpus passages
+    seqs = tokenize_prompts(tok, texts, pids, max_tokens=max_tokens if corpus else None, truncate=corpus,
+                            context=s.max_positions)
     n = len(seqs)
     d_unembed = arch.unembedding(model)[0].shape[1]
     samples = None

@@ -162,7 +162,14 @@ def _check_config_supported(name, path):
     from transformers import AutoConfig
 
     try:
-        arch.family_for(AutoConfig.from_pretrained(path))
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError) as e:  # model_type unknown to transformers, invalid JSON
+        raise ModelSourceError(
+            f"models.{name}: cannot read {Path(path) / 'config.json'} ({str(e).splitlines()[0]}); "
+            f"supported model types: {', '.join(arch.supported_model_types())}"
+        ) from None
+    try:
+        arch.family_for(config)
     except arch.UnsupportedArchitectureError as e:
         raise ModelSourceError(f"models.{name}: {e}") from None
 
@@ -180,7 +187,7 @@ def _resolve_hub(name: str, spec: dict) -> Path:
             f"models.{name}: {spec['repo_id']}@{revision} is not available"
             + (" in the local Hugging Face cache and HF_HUB_OFFLINE=1" if offline else "")
             + f" ({type(e).__name__}). Fix: on a machine with network run "
-            f"`huggingface-cli download {spec['repo_id']} --revision {revision}` (same HF_HOME), "
+            f"`hf download {spec['repo_id']} --revision {revision}` (same HF_HOME), "
             "or use source: hf_local with a downloaded directory"
         ) from None
     _check_config_supported(name, p)

@@ -90,6 +90,9 @@ _NUMBER_DOT = re.compile(r"[0-9][0-9.,]*\.")  # "3." "3.5." "1,000." (numbers, l
 _LEADING_PUNCT = "([{\"'\u201c\u2018"
 
 
+_FOOTNOTE = re.compile(r"\[(?:note \d+|\d+|[a-z]|citation needed)\]")
+
+
 class PromptDataError(ValueError):
     """A prompt set cannot be built or read (missing data, bad arguments, corrupt file)."""
 
@@ -137,7 +140,8 @@ def load_wiki_summaries(path=None) -> list[dict]:
 
     Returns:
         ``[{"title": str, "text": str, "topic": str}, ...]`` sorted by title (ties by topic, text).
-        ``text`` is the extract with all whitespace runs collapsed to one space (no newlines);
+        ``text`` is the extract with footnote markers ("[note 1]", "[3]", "[a]") removed and all
+        whitespace runs collapsed to one space (no newlines);
         entries with an empty or whitespace-only extract are dropped.
 
     Raises:
@@ -160,7 +164,7 @@ def load_wiki_summaries(path=None) -> list[dict]:
     for key, entry in raw.items():
         if not isinstance(entry, dict):
             raise PromptDataError(f"Wikipedia summaries file {path}: entry {key!r} is not an object")
-        text = " ".join(str(entry.get("extract") or "").split())
+        text = " ".join(_FOOTNOTE.sub("", str(entry.get("extract") or "")).split())
         if not text:
             continue
         title = " ".join(str(entry.get("title") or key).split())

@@ -57,6 +57,8 @@ UNITS = {
     "tokens/prompt": ("index", "position"),
     "tokens/position": ("token position", "position"),
     "prompts/n_tokens": ("tokens", "prompt"),
+    "prompts/text": ("text", "prompt"),
+    "prompts/meta": ("JSON object", "prompt"),
 }
 
 

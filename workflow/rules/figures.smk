@@ -1,3 +1,13 @@
+TARGETS += [
+    "results/summary/value_manifold.csv",
+    "results/summary/intrinsic_dimension.csv",
+    "results/figures/value_manifold.png",
+    "results/figures/value_manifold.pdf",
+    "results/figures/intrinsic_dimension.png",
+    "results/figures/intrinsic_dimension.pdf",
+]
+
+
 rule aggregate:
     """Cross-model table: concatenation of per-model tables."""
     input:

@@ -1,3 +1,6 @@
+TARGETS += expand("results/{model}/tables/value_manifold.csv", model=MODELS)
+
+
 rule value_manifold:
     """Paper III sec. 4: PCA of last-token value vectors and residual stream, per prompt set and layer."""
     input:

@@ -1,3 +1,6 @@
+TARGETS += expand("results/{model}/tables/intrinsic_dimension.csv", model=MODELS)
+
+
 rule intrinsic_dimension:
     """LSM: intrinsic dimension (TwoNN / MLE) of the residual stream per layer at corpus tokens."""
     input:

