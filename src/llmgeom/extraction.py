@@ -116,7 +116,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
 
     Returns keys: residual [B, L+1, d_model], final_normed [B, d_unembed], values [B, L, n_kv*hd],
     keys [B, L, n_kv, hd], next_entropy [B] nats, top_ids/top_logits [B, k], attn_entropy [B, L, H]
-    nats (if attention); residual_sample [S, L+1, d] with sample_prompt/sample_position [S];
+    nats (if attention); residual_sample [S, L+1, d], final_normed_sample [S, d_unembed] with
+    sample_prompt/sample_position [S];
     margin/nll/tok_entropy/tok_prompt/tok_position [P] (if token_stats).
 
     Raises:
@@ -198,6 +199,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         res["residual"] = R[:B].cpu().numpy()
         if sample_positions is not None:
             res["residual_sample"] = R[B:].cpu().numpy()
+            res["final_normed_sample"] = hT[gb[B:], gt[B:]].float().cpu().numpy()
             res["sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
             res["sample_position"] = np.asarray(samp_t, dtype=np.int32)
         res["final_normed"] = hT[b_idx, last].float().cpu().numpy()
@@ -325,6 +327,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         n_s = sum(len(x) for x in samples)
         n_p = sum(max(len(sq) - 2, 0) for sq in seqs)
         shapes.update({"tokens/residual_sample": ((n_s, L + 1, d), "float32"),
+                       "tokens/final_normed_sample": ((n_s, d_unembed), "float32"),
                        "tokens/sample_prompt": ((n_s,), "int32"), "tokens/sample_position": ((n_s,), "int32"),
                        "tokens/margin": ((n_p,), "float32"), "tokens/nll": ((n_p,), "float32"),
                        "tokens/entropy": ((n_p,), "float32"), "tokens/prompt": ((n_p,), "int32"),
@@ -367,6 +370,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     sel = r["sample_prompt"] == bi
                     sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
                     w.write("tokens/residual_sample", sl, r["residual_sample"][sel])
+                    w.write("tokens/final_normed_sample", sl, r["final_normed_sample"][sel])
                     w.write("tokens/sample_prompt", sl, np.full(sel.sum(), i, np.int32))
                     w.write("tokens/sample_position", sl, r["sample_position"][sel])
                     tsel = r["tok_prompt"] == bi

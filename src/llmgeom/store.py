@@ -17,7 +17,8 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
 - ``last_token/keys`` [n_prompts, n_layers, n_kv_heads, head_dim] (pre-RoPE)
 - ``attention/entropy`` [n_prompts, n_layers, n_heads] nats (prompt sets with attention)
 - ``next_token/entropy`` [n_prompts] nats; ``next_token/top_ids`` int64 / ``top_logits`` [n_prompts, k]
-- corpus sets: ``tokens/residual_sample`` [n_sample, n_layers+1, d_model], ``tokens/sample_prompt``,
+- corpus sets: ``tokens/residual_sample`` [n_sample, n_layers+1, d_model], ``tokens/final_normed_sample``
+  [n_sample, d_unembed] (unembedding input at the same positions, for the Fisher metric), ``tokens/sample_prompt``,
   ``tokens/sample_position`` int32 [n_sample]; ``tokens/margin`` (top-1 minus top-2 logit),
   ``tokens/nll`` (nats), ``tokens/entropy`` (nats), ``tokens/prompt``, ``tokens/position`` int32 [n_positions].
 
@@ -49,6 +50,7 @@ UNITS = {
     "next_token/top_ids": ("token id", "prompt,rank"),
     "next_token/top_logits": ("logits", "prompt,rank"),
     "tokens/residual_sample": ("activation", "sample,layer(0=embeddings),d_model"),
+    "tokens/final_normed_sample": ("activation", "sample,d_unembed"),
     "tokens/sample_prompt": ("index", "sample"),
     "tokens/sample_position": ("token position", "sample"),
     "tokens/margin": ("logits", "position"),

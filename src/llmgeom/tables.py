@@ -79,8 +79,9 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
                     for std in standardize:
                         st = geometry.value_manifold_stats(np.asarray(X, np.float64), ent, n_boot=n_boot,
                                                            seed=seed, standardize=bool(std), ci=ci)
+                        st["standardized"] = bool(std)
                         rows.append(dict(model=model, prompt_set=pset, representation=rep, layer=layer,
-                                         relative_depth=(layer + 1) / L, standardized=bool(std), **st))
+                                         relative_depth=(layer + 1) / L, **st))
     return pd.DataFrame(rows)
 
 
