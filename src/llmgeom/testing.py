@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 TINY = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=64, max_position_embeddings=128)
+            intermediate_size=64, max_position_embeddings=1024)
 
 
 def tiny_config(family: str, **over):
@@ -21,7 +21,7 @@ def tiny_config(family: str, **over):
 
     t = dict(TINY)
     if family == "gpt2":
-        c = GPT2Config(vocab_size=t["vocab_size"], n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=1, eos_token_id=2,
+        c = GPT2Config(vocab_size=t["vocab_size"], n_embd=32, n_layer=2, n_head=4, n_positions=1024, bos_token_id=1, eos_token_id=2,
                        resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
     elif family == "gpt_neox":
         c = GPTNeoXConfig(**t, rotary_pct=0.5, hidden_dropout=0, attention_dropout=0)
@@ -37,7 +37,7 @@ def tiny_config(family: str, **over):
                       attention_dropout=0)
     elif family in ("opt", "opt_proj"):
         c = OPTConfig(vocab_size=t["vocab_size"], hidden_size=32, num_hidden_layers=2, ffn_dim=64,
-                      num_attention_heads=4, max_position_embeddings=128, dropout=0, attention_dropout=0,
+                      num_attention_heads=4, max_position_embeddings=1024, dropout=0, attention_dropout=0,
                       word_embed_proj_dim=16 if family == "opt_proj" else 32)
     else:
         raise ValueError(f"unknown tiny family {family!r}")
