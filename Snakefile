@@ -10,6 +10,10 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
+# Plain-words check first (key, value, what is valid; every problem at once), then defaults.
+from llmgeom.workflow_support import validate_config_file
+
+validate_config_file(config, workflow.source_path("workflow/schemas/config.schema.yaml"))
 validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
 
 
@@ -22,7 +26,12 @@ include: "workflow/rules/prompts.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/geometry.smk"
 include: "workflow/rules/manifold.smk"
+include: "workflow/rules/lsm.smk"
+include: "workflow/rules/bayes.smk"
+include: "workflow/rules/sula.smk"
+include: "workflow/rules/interventions.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/provenance.smk"
 
 
 rule all:

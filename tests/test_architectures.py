@@ -45,7 +45,7 @@ def test_summarize(family):
     assert s.vocab_size == 96
     assert s.sliding_layers == EXPECTED_SLIDING.get(family, ())
     assert s.sliding_window == EXPECTED_WINDOW.get(family)
-    assert s.max_positions == 128
+    assert s.max_positions == testing.TINY["max_position_embeddings"]
     d = s.as_dict()
     assert d["sliding_layers"] == list(s.sliding_layers)
     # accessors agree with the summary

@@ -59,6 +59,16 @@ FAMILIES: tuple[Family, ...] = (
 
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
+#: model_types whose activations exceed the float16 range (65504) in real checkpoints: Gemma 2/3
+#: residual streams grow to ~1e5 (their embeddings are scaled by sqrt(d_model) and trained in bf16).
+FP16_OVERFLOW_MODEL_TYPES = frozenset({"gemma3_text", "gemma3", "gemma2"})
+
+
+def fp16_overflows(config) -> bool:
+    """True for families known to overflow in float16 (load them in bfloat16 or float32 instead)."""
+    return getattr(_text_config(config), "model_type", None) in FP16_OVERFLOW_MODEL_TYPES or \
+        getattr(config, "model_type", None) in FP16_OVERFLOW_MODEL_TYPES
+
 
 def supported_model_types() -> list[str]:
     """Sorted list of ``config.model_type`` values this package supports."""
@@ -232,6 +242,27 @@ def split_fused(model, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
         q, k, v = x.split(s.head_dim, dim=-1)
         return (q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1))
     raise ValueError(f"family {fam.name} has separate projections; split_fused does not apply")
+
+
+def v_columns(model) -> torch.Tensor | None:
+    """Output columns of ``v_module(model, layer)`` that hold the value vectors, or None when the
+    module's whole output is the values (separate projections).
+
+    For fused layouts, ``out[..., v_columns(model)]`` equals ``split_fused(model, out)[2]``
+    ([..., n_heads*head_dim], head-major), so an edit of the values can be written back into the fused
+    output in place (interventions; Paper III sec. 4.5).
+    """
+    fam = family_for(model.config)
+    if fam.qkv == "separate":
+        return None
+    s = summarize(model.config)
+    d = s.n_heads * s.head_dim
+    if fam.qkv == "gpt2_conv1d":
+        return torch.arange(2 * d, 3 * d)
+    if fam.qkv == "neox_fused":
+        h = torch.arange(s.n_heads).unsqueeze(1) * 3 * s.head_dim + 2 * s.head_dim
+        return (h + torch.arange(s.head_dim).unsqueeze(0)).reshape(-1)
+    raise ValueError(f"family {fam.name}: unknown qkv layout {fam.qkv!r}")
 
 
 def key_value_extractors(model) -> list[tuple[torch.nn.Module, Callable, torch.nn.Module, Callable]]:

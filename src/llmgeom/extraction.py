@@ -105,7 +105,8 @@ class _Float32Head:
 def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int = 10,
                   sample_positions: list[list[int]] | None = None, token_stats: bool = False,
                   prompt_ids: list[str] | None = None, head: _Float32Head | None = None,
-                  pad_id: int = 0) -> dict:
+                  pad_id: int = 0, candidates: list[list[int]] | None = None,
+                  model_name: str | None = None) -> dict:
     """Run one batch and return numpy arrays per prompt (first axis = batch).
 
     Args:
@@ -113,6 +114,9 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         attention: compute final-query attention entropy (model must use eager attention).
         sample_positions: per prompt, token positions whose residual stream to keep (corpus sets).
         token_stats: per-position margin / nll / entropy for positions 1..len-2 (corpus sets).
+        candidates: per prompt, the same number C of token ids whose next-token log-probability
+            (over the full vocabulary, float32) to return as ``candidate_logprobs`` [B, C] nats
+            (SULA labels; Paper III sec. 4.3).
 
     Returns keys: residual [B, L+1, d_model], final_normed [B, d_unembed], values [B, L, n_kv*hd],
     keys [B, L, n_kv, hd], next_entropy [B] nats, top_ids/top_logits [B, k], attn_entropy [B, L, H]
@@ -121,9 +125,11 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     margin/nll/tok_entropy/tok_prompt/tok_position [P] (if token_stats).
 
     Raises:
-        NonFiniteActivationError: naming the layer and prompt.
+        NonFiniteActivationError: naming the model (``model_name``, default the config's
+            ``_name_or_path`` / model_type), the layer and the prompt.
     """
     dev = next(model.parameters()).device
+    mname = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
     s = arch.summarize(model.config)
     head = head or _Float32Head(model)
     ids, mask, pos = pad_batch(seqs, pad_id, dev)
@@ -154,7 +160,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         if bad.any():
             bi, ti = (int(x) for x in bad.nonzero()[0][:2])
             raise NonFiniteActivationError(
-                f"non-finite activation in {where}, prompt {names[bi]!r} token {ti} "
+                f"model {mname!r}: non-finite activation in {where}, prompt {names[bi]!r} token {ti} "
                 f"(model dtype {next(model.parameters()).dtype}; try dtype: float32 or bfloat16)")
 
     def emb_hook(mod, args, kwargs):
@@ -208,12 +214,16 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         logits = head(hT[b_idx, last])
         if not torch.isfinite(logits).all():
             bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
-            raise NonFiniteActivationError(f"non-finite logits at the final token of prompt {names[bi]!r}")
+            raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) at the "
+                                           f"final token of prompt {names[bi]!r}; try dtype: float32 or bfloat16")
         res["next_entropy"] = entropy_nats(logits).cpu().numpy()
         k = min(top_k, logits.shape[-1])
         tv, ti = logits.topk(k, dim=-1)
         res["top_ids"] = ti.cpu().numpy()
         res["top_logits"] = tv.cpu().numpy()
+        if candidates is not None:
+            cand = torch.as_tensor(candidates, dtype=torch.long, device=logits.device).reshape(B, -1)
+            res["candidate_logprobs"] = torch.log_softmax(logits, -1).gather(1, cand).cpu().numpy()
         if attention:
             if not out.attentions or out.attentions[0] is None:
                 raise RuntimeError("attention weights requested but the model returned none; load it with "
@@ -234,7 +244,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                 z = head(hT[bb, ttt])
                 if not torch.isfinite(z).all():
                     bi = int(bb[(~torch.isfinite(z)).any(-1)][0])
-                    raise NonFiniteActivationError(f"non-finite logits in prompt {names[bi]!r}")
+                    raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
+                                                   f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
                 top2 = z.topk(2, dim=-1).values
                 margins.append(top2[:, 0] - top2[:, 1])
                 logp = torch.log_softmax(z, -1)
@@ -275,7 +286,8 @@ def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int |
 def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype: str = "auto",
                     device: str = "auto", batch_size: int = 8, top_k: int = 10, attention: bool = True,
                     corpus: bool = False, sample_per_prompt: int = 16, max_tokens: int | None = None,
-                    seed: int = 0, device_map: str | None = None, log=print) -> Path:
+                    seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
+                    log=print) -> Path:
     """Extract every dataset of the HDF5 contract for one model and one prompt set.
 
     Eager attention is loaded only when ``attention`` is True. Corpus sets
@@ -284,8 +296,14 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     positions per passage (position 0 / BOS excluded). Written to
     ``<out_path>.partial`` and renamed when complete.
 
+    ``candidates_key`` (e.g. ``"label_token_ids"`` for SULA sets) names a list of token ids in every
+    prompt's meta (same length C for all prompts); their next-token log-probabilities at the final
+    position are stored as ``next_token/candidate_logprobs`` [n, C] (float32, nats, over the full
+    vocabulary) with the ids in ``next_token/candidate_ids`` [n, C] int64.
+
     Raises:
-        PromptTokenError, NonFiniteActivationError, PromptDataError (via read_prompt_set).
+        PromptTokenError, NonFiniteActivationError, PromptDataError (via read_prompt_set);
+        ValueError: a prompt without valid candidate ids when ``candidates_key`` is given.
     """
     from .models import load_prepared, read_manifest
     from .prompts import read_prompt_set
@@ -301,6 +319,15 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     seqs = tokenize_prompts(tok, texts, pids, max_tokens=max_tokens if corpus else None, truncate=corpus,
                             context=s.max_positions)
     n = len(seqs)
+    cands = None
+    if candidates_key:
+        cands = [r.get("meta", {}).get(candidates_key) for r in records]
+        n_c = len(cands[0]) if isinstance(cands[0], list) else 0
+        for pid, c in zip(pids, cands):
+            if (not isinstance(c, list) or len(c) != n_c or n_c == 0
+                    or not all(isinstance(x, int) and 0 <= x < s.vocab_size for x in c)):
+                raise ValueError(f"prompt {pid!r}: meta[{candidates_key!r}] must be a non-empty list of {n_c or 'C'} "
+                                 f"token ids in [0, {s.vocab_size}), got {c!r}; rebuild the prompt set for this model")
     d_unembed = arch.unembedding(model)[0].shape[1]
     samples = None
     if corpus:
@@ -310,6 +337,19 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             cand = np.arange(1, len(sq))
             m = min(sample_per_prompt, len(cand))
             samples.append(sorted(rng.choice(cand, size=m, replace=False).tolist()) if m else [])
+        short = [pids[i] for i, x in enumerate(samples) if len(x) < sample_per_prompt]
+        if short:  # keep what there is (sampling without replacement), say so, record the count
+            import warnings
+
+            msg = (f"{model_name} {Path(prompts_path).stem}: {len(short)} of {n} passages have fewer than "
+                   f"extract.sample_per_prompt={sample_per_prompt} positions after position 0 (e.g. {short[0]!r}); "
+                   f"all their positions are kept: {sum(len(x) for x in samples)} samples instead of "
+                   f"{n * sample_per_prompt} (attrs n_short_passages, n_samples_requested)")
+            warnings.warn(msg, stacklevel=2)
+            log(f"[extract] warning: {msg}")
+        if not any(samples):
+            raise PromptTokenError(f"{model_name} {Path(prompts_path).stem}: no corpus passage has a token after "
+                                   "position 0, so there is nothing to sample; raise the prompt set's token_budget")
     L, d = s.n_layers, s.d_model
     shapes = {
         "prompts/text": ((n,), "str"), "prompts/meta": ((n,), "str"), "prompts/n_tokens": ((n,), "int32"),
@@ -321,6 +361,9 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         "next_token/top_ids": ((n, min(top_k, s.vocab_size)), "int64"),
         "next_token/top_logits": ((n, min(top_k, s.vocab_size)), "float32"),
     }
+    if cands is not None:
+        shapes["next_token/candidate_logprobs"] = ((n, len(cands[0])), "float32")
+        shapes["next_token/candidate_ids"] = ((n, len(cands[0])), "int64")
     if attention:
         shapes["attention/entropy"] = ((n, L, s.n_heads), "float32")
     if corpus:
@@ -339,6 +382,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                  head_dim=s.head_dim, vocab_size=s.vocab_size, architecture=s.as_dict(),
                  prompt_set=Path(prompts_path).stem, prompt_set_sha256=sha, top_k=top_k, seed=seed,
                  sample_per_prompt=sample_per_prompt if corpus else 0, kind="corpus" if corpus else "prompts")
+    if corpus:
+        attrs.update(n_short_passages=len(short), n_samples_requested=n * sample_per_prompt)
     w = ActivationWriter(out_path, attrs, shapes)
     try:
         w.write("prompts/text", slice(None), texts)
@@ -354,7 +399,9 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             idx = order[j:j + batch_size]
             r = extract_batch(model, [seqs[i] for i in idx], attention=attention, top_k=top_k,
                               sample_positions=[samples[i] for i in idx] if corpus else None,
-                              token_stats=corpus, prompt_ids=[pids[i] for i in idx], head=head, pad_id=pad_id)
+                              token_stats=corpus, prompt_ids=[pids[i] for i in idx], head=head, pad_id=pad_id,
+                              candidates=[cands[i] for i in idx] if cands is not None else None,
+                              model_name=model_name)
             rows = np.array(idx)
             w.write("last_token/residual", rows, r["residual"])
             w.write("last_token/final_normed", rows, r["final_normed"])
@@ -363,6 +410,9 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             w.write("next_token/entropy", rows, r["next_entropy"])
             w.write("next_token/top_ids", rows, r["top_ids"])
             w.write("next_token/top_logits", rows, r["top_logits"])
+            if cands is not None:
+                w.write("next_token/candidate_logprobs", rows, r["candidate_logprobs"])
+                w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
             if attention:
                 w.write("attention/entropy", rows, r["attn_entropy"])
             if corpus:

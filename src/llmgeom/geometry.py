@@ -205,6 +205,40 @@ def pc_scores(X, standardize: bool = True, n_components: int = 2, *, sign_refere
     return S
 
 
+def _bootstrap_top2(X: np.ndarray, idx: np.ndarray, standardize: bool, chunk: int = 16) -> np.ndarray:
+    """PC1, PC2, PC1+PC2 explained-variance ratios of each bootstrap resample ``X[idx[b]]``.
+
+    Same centring/standardization rule as :func:`standardize_columns`, applied to each resample;
+    eigenvalues from the batched Gram matrices Z Z^T [n, n] (numpy ``eigvalsh``), which share their
+    non-zero eigenvalues with the covariance. Resamples without variance give NaN rows.
+    Returns float64 [n_boot, 3].
+    """
+    n_boot, n = idx.shape
+    out = np.full((n_boot, 3), np.nan)
+    eps = np.finfo(np.float64).eps
+    for a in range(0, n_boot, chunk):
+        Xb = X[idx[a:a + chunk]]  # [b, n, d]
+        varies = np.ptp(Xb, axis=1) > 0  # [b, d]
+        Z = Xb - Xb.mean(axis=1, keepdims=True)
+        if standardize:
+            std = Z.std(axis=1)
+            kept = varies & (std > _CONST_TOL * eps * np.max(np.abs(Xb), axis=1))
+            Z = np.where(kept[:, None, :], Z / np.where(kept, std, 1.0)[:, None, :], 0.0)
+        else:
+            kept = varies
+            Z = np.where(varies[:, None, :], Z, 0.0)
+        G = Z @ np.swapaxes(Z, 1, 2) if Z.shape[2] >= n else None
+        ev = (np.linalg.eigvalsh(G) if G is not None
+              else np.linalg.eigvalsh(np.swapaxes(Z, 1, 2) @ Z))[:, ::-1]
+        ev = np.clip(ev, 0.0, None)
+        tot = ev.sum(axis=1)
+        ok = kept.any(axis=1) & (tot > 0)
+        r1 = np.where(ok, ev[:, 0] / np.where(ok, tot, 1.0), np.nan)
+        r2 = np.where(ok, (ev[:, 1] if ev.shape[1] > 1 else 0.0) / np.where(ok, tot, 1.0), np.nan)
+        out[a:a + chunk] = np.stack([r1, r2, r1 + r2], axis=1)
+    return out
+
+
 def value_manifold_stats(
     X,
     next_token_entropy,
@@ -213,6 +247,7 @@ def value_manifold_stats(
     seed: int,
     standardize: bool = True,
     ci: float = 0.95,
+    ci_method: str = "basic",
 ) -> dict:
     """Value-manifold summary: PC1/PC2 explained variance with bootstrap CIs, PR, entropy rho.
 
@@ -226,7 +261,11 @@ def value_manifold_stats(
         whole statistic (standardization included) is recomputed on each resample.
     seed : seed for ``numpy.random.default_rng``; the same seed reproduces the CIs exactly.
     standardize : z-score each coordinate across prompts (Paper III) if True, else only centre.
-    ci : central coverage of the percentile bootstrap interval, in (0, 1).
+    ci : central coverage of the bootstrap interval, in (0, 1).
+    ci_method : "basic" (default; reverse percentile, [2t - q_hi, 2t - q_lo] clipped to [0, 1]) or
+        "percentile". Resampling prompts with replacement duplicates ~37% of them, which inflates the
+        top components' share when n_prompts < n_features: the percentile interval then lies above
+        the estimate. The basic interval corrects that shift (Davison & Hinkley 1997, sec. 5.2).
 
     Returns
     -------
@@ -270,6 +309,8 @@ def value_manifold_stats(
     if int(n_boot) != n_boot or n_boot < 1:
         raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
     n_boot = int(n_boot)
+    if ci_method not in ("basic", "percentile"):
+        raise ValueError(f"ci_method must be 'basic' or 'percentile', got {ci_method!r}")
     if not 0.0 < ci < 1.0:
         raise ValueError(f"ci must be in (0, 1), got {ci!r}")
 
@@ -287,20 +328,18 @@ def value_manifold_stats(
         rho = -rho  # negating the score negates rho; the two-sided p is unchanged
 
     rng = np.random.default_rng(seed)
-    boot = np.full((n_boot, 3), np.nan)
-    for b in range(n_boot):
-        idx = rng.integers(0, n, size=n)
-        try:
-            r = explained_variance(X[idx], standardize=standardize)
-        except ValueError:  # all resampled rows identical: no variance to decompose
-            continue
-        b1 = r[0]
-        b2 = r[1] if r.size > 1 else 0.0
-        boot[b] = (b1, b2, b1 + b2)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    boot = _bootstrap_top2(X, idx, standardize)
     valid = np.all(np.isfinite(boot), axis=1)
     q = [50.0 * (1.0 - ci), 50.0 * (1.0 + ci)]
     if valid.any():
         (l1, l2, l12), (h1, h2, h12) = np.percentile(boot[valid], q, axis=0)
+        if ci_method == "basic":
+            est = (pc1, pc2, pc1 + pc2)
+            (l1, l2, l12), (h1, h2, h12) = (
+                [float(np.clip(2 * t - hi, 0.0, 1.0)) for t, hi in zip(est, (h1, h2, h12))],
+                [float(np.clip(2 * t - lo, 0.0, 1.0)) for t, lo in zip(est, (l1, l2, l12))],
+            )
     else:
         l1 = l2 = l12 = h1 = h2 = h12 = np.nan
 
@@ -320,6 +359,7 @@ def value_manifold_stats(
         "n_boot": n_boot,
         "n_boot_valid": int(np.count_nonzero(valid)),
         "ci": float(ci),
+        "ci_method": ci_method,
         "seed": seed,
         "standardized": bool(standardize),
         "participation_ratio": participation_ratio(evr),

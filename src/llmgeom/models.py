@@ -194,6 +194,139 @@ def _resolve_hub(name: str, spec: dict) -> Path:
     return p
 
 
+# --------------------------------------------------------------------------------------------
+# Cheap checks before any job starts (no weights, no transformers import)
+# --------------------------------------------------------------------------------------------
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_metadata(path: str | Path, wanted: set[str] | None = None) -> dict:
+    """Key/value metadata from a GGUF header, read sequentially with ``struct`` (no tensor data,
+    works on the first chunk of a split file). Stops once every ``wanted`` key is found; arrays
+    are skipped (returned as None). ``general.architecture`` is always read.
+
+    Raises:
+        ModelSourceError: not a GGUF file.
+    """
+    import struct
+
+    wanted = set(wanted or ()) | {"general.architecture"}
+    out: dict = {}
+    with open(path, "rb") as f:
+        def rd(fmt):
+            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+        def rstr():
+            return f.read(rd("<Q")).decode("utf-8", errors="replace")
+
+        if f.read(4) != b"GGUF":
+            raise ModelSourceError(f"{path} is not a GGUF file (bad magic)")
+        version = rd("<I")
+        rd("<Q")  # tensor count
+        n_kv = rd("<Q")
+        if version < 2:
+            raise ModelSourceError(f"{path}: GGUF version {version} is too old (need >= 2)")
+
+        def skip(vtype):
+            if vtype in _GGUF_SCALARS:
+                f.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
+            elif vtype == 8:
+                f.seek(rd("<Q"), 1)
+            elif vtype == 9:
+                itype, count = rd("<I"), rd("<Q")
+                if itype in _GGUF_SCALARS:
+                    f.seek(struct.calcsize(_GGUF_SCALARS[itype]) * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(itype)
+            else:
+                raise ModelSourceError(f"{path}: unknown GGUF value type {vtype}")
+
+        for _ in range(n_kv):
+            key, vtype = rstr(), rd("<I")
+            if key in wanted and vtype in _GGUF_SCALARS:
+                out[key] = rd(_GGUF_SCALARS[vtype])
+            elif key in wanted and vtype == 8:
+                out[key] = rstr()
+            else:
+                skip(vtype)
+            arch_key = out.get("general.architecture")
+            if arch_key:
+                wanted |= {f"{arch_key}.context_length"}
+            if wanted <= set(out):
+                break
+    return out
+
+
+def _hf_config_context(cfg: dict) -> int | None:
+    for c in (cfg, cfg.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+            if isinstance(c.get(key), int) and c[key] > 0:
+                return int(c[key])
+    return None
+
+
+def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None) -> tuple[int | None, str]:
+    """Context length (tokens) of a model entry WITHOUT loading weights or importing transformers,
+    and where it was read: the prepared manifest when ``prepared_dir`` holds one, else the source
+    (``config.json`` of an ``hf_local`` directory or of a cached ``hf_hub`` snapshot, the GGUF
+    header's ``<arch>.context_length``). ``(None, reason)`` when it cannot be known cheaply (an
+    ``hf_hub`` model not downloaded yet: ``prepare_model`` checks it later).
+
+    Also a cheap source check for the DAG (see ``workflow_support.check_models``).
+
+    Raises:
+        ModelSourceError: a package_gguf package or file that is not installed, an hf_local path
+            that is not a Hugging Face directory with weights (only when the model is not yet
+            prepared).
+    """
+    if prepared_dir is not None and (Path(prepared_dir) / MANIFEST).is_file():
+        try:
+            man = json.loads((Path(prepared_dir) / MANIFEST).read_text())
+            ctx = (man.get("architecture") or {}).get("max_positions")
+            if ctx:
+                return int(ctx), f"{Path(prepared_dir) / MANIFEST}"
+        except (OSError, ValueError):
+            pass
+    src = spec.get("source")
+    if src == "package_gguf":
+        paths, _ = locate_gguf(spec["package"], spec["gguf_file"])
+        meta = gguf_metadata(paths[0])
+        key = f"{meta.get('general.architecture')}.context_length"
+        return (int(meta[key]), f"{paths[0].name} ({key})") if meta.get(key) else (None, "no context_length in GGUF")
+    if src == "hf_local":
+        p = Path(spec["path"]).expanduser()
+        if not (p / "config.json").is_file():
+            raise ModelSourceError(
+                f"models.{name}.path={spec['path']!r} is not a Hugging Face directory (no config.json); "
+                "point it at a directory written by save_pretrained"
+            )
+        if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+            raise ModelSourceError(
+                f"models.{name}.path={spec['path']!r} has a config.json but no weights (*.safetensors or *.bin); "
+                "copy the weights there or point path at the full save_pretrained directory"
+            )
+        cfg_path = p / "config.json"
+    elif src == "hf_hub":
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(spec["repo_id"], "config.json", revision=spec.get("revision") or "main")
+        except Exception:  # noqa: BLE001 - cache layout problems are reported by prepare_model
+            hit = None
+        if not isinstance(hit, str):
+            return None, "not in the local Hugging Face cache yet"
+        cfg_path = Path(hit)
+    else:
+        return None, f"unknown source {src!r}"
+    try:
+        ctx = _hf_config_context(json.loads(Path(cfg_path).read_text()))
+    except (OSError, ValueError):
+        return None, f"unreadable {cfg_path}"
+    return (ctx, str(cfg_path)) if ctx else (None, f"no max_position_embeddings in {cfg_path}")
+
+
 def _atomic_dir(out_dir: Path) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
@@ -333,6 +466,28 @@ def resolve_dtype(dtype: str, device: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
+def _fp16_guard(weights_path: Path, device: str, model_dir):
+    """float16 for a family known to overflow it (Gemma 2/3): upcast with a warning to bfloat16
+    (CUDA with bf16 support) or float32, and return the dtype to use."""
+    import warnings
+
+    import torch
+    from transformers import AutoConfig
+
+    if not arch.fp16_overflows(AutoConfig.from_pretrained(weights_path)):
+        return torch.float16
+    dev = str(device)
+    up = torch.bfloat16 if (dev.startswith("cuda") and torch.cuda.is_available()
+                            and torch.cuda.is_bf16_supported()) else torch.float32
+    warnings.warn(
+        f"{model_dir}: dtype float16 requested, but this architecture overflows float16 (Gemma 2/3 activations "
+        f"exceed 65504 and become inf); loading it in {str(up).replace('torch.', '')} instead. Set dtype: bfloat16 "
+        "(or float32) for this model in the config to silence this warning",
+        stacklevel=3,
+    )
+    return up
+
+
 def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sdpa", device: str = "auto",
                   device_map: str | None = None):
     """Load (model, tokenizer) from a prepared directory, in eval mode.
@@ -341,6 +496,10 @@ def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sd
         dtype: "float32" | "bfloat16" | "float16" | "auto" (bf16 on CUDA, fp32 on CPU).
         attn: attention implementation; "eager" is needed for attention weights.
         device_map: e.g. "auto" to spread a large model over the GPUs of a node.
+
+    float16 on a family that overflows it (``architectures.FP16_OVERFLOW_MODEL_TYPES``, Gemma 2/3)
+    is upcast to bfloat16 (CUDA) or float32 with a warning; the dtype used is ``model.dtype``
+    (recorded as ``torch_dtype`` in every HDF5 file).
 
     Raises:
         FileNotFoundError: not a prepared directory.
@@ -355,6 +514,8 @@ def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sd
         wp = model_dir / wp
     dev = resolve_device(device)
     td = resolve_dtype(dtype, dev)
+    if td == torch.float16:
+        td = _fp16_guard(wp, dev, model_dir)
     kw = dict(dtype=td, attn_implementation=attn)
     if device_map:
         kw["device_map"] = device_map

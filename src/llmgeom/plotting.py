@@ -37,8 +37,9 @@ def value_manifold_figure(df: pd.DataFrame, paths, *, representation: str = "val
         r = g.iloc[0]
         for off, key, color in ((-0.18, "pc1", "tab:blue"), (0.18, "pc12", "tab:orange")):
             ax.bar(x + off, 100 * r[key], width=0.34, color=color,
-                   yerr=[[100 * (r[key] - r[key + "_lo"])], [100 * (r[key + "_hi"] - r[key])]], capsize=3,
                    label={"pc1": "PC1", "pc12": "PC1+PC2"}[key] if x == 0 else None)
+            # percentile-bootstrap CI drawn as an interval: it need not contain the estimate
+            ax.vlines(x + off, 100 * r[key + "_lo"], 100 * r[key + "_hi"], color="k", lw=1.2)
         labels.append(f"{m}\n{ps}")
         x += 1
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
@@ -56,14 +57,9 @@ def value_manifold_figure(df: pd.DataFrame, paths, *, representation: str = "val
 
 
 def intrinsic_dimension_figure(df: pd.DataFrame, paths) -> None:
-    """Intrinsic dimension of the residual stream vs relative depth, one line per model and
-    estimator, band = min..max over subsamples. Source: LSM (ID profile)."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (m, est), g in df.groupby(["model", "estimator"], sort=True):
-        g = g.sort_values("relative_depth")
-        ax.plot(g.relative_depth, g.id_mean, marker=".", label=f"{m} ({est})")
-        ax.fill_between(g.relative_depth, g.id_min, g.id_max, alpha=0.2)
-    ax.set_xlabel("relative depth (0 = embeddings, 1 = last block)")
-    ax.set_ylabel("intrinsic dimension")
-    ax.legend(fontsize=8)
-    _save(fig, paths)
+    """Intrinsic dimension of the residual stream vs relative depth: one panel per estimator
+    (TwoNN, MLE), one line per model, band = spread over subsamples, star = peak. Source: LSM
+    (ID profile); drawn by :func:`llmgeom.lsm_plots.id_profile_figure`."""
+    from .lsm_plots import id_profile_figure
+
+    id_profile_figure(df, paths)

@@ -50,6 +50,7 @@ __all__ = [
     "cut_at_boundary",
     "stdlib_source_files",
     "build_prompt_set",
+    "text_file_passages",
     "write_prompt_set",
     "read_prompt_set",
     "sha256_file",
@@ -465,6 +466,7 @@ def build_prompt_set(
     token_budget: int,
     topics: list[str] | None = None,
     min_words: int = 8,
+    path=None,
 ) -> list[dict]:
     """Build a model-independent prompt set.
 
@@ -496,7 +498,8 @@ def build_prompt_set(
       with single spaces into passages of exactly ``max_words`` words (about ``token_budget``
       tokens): each passage starts at the beginning of a summary, the last summary in a passage
       is truncated at the word budget and its remainder is dropped. Not cut at clauses: passages
-      are contiguous full text spans.
+      are contiguous full text spans. With ``path`` (corpus only), passages come from a local
+      text file instead, e.g. WikiText-103 ``wiki.valid.tokens`` (see :func:`text_file_passages`).
 
     Wiki prompts contain no newlines (whitespace is collapsed).
 
@@ -507,6 +510,8 @@ def build_prompt_set(
         token_budget: approximate maximum prompt length in tokens (>= 4).
         topics: topic names (exact, or case-insensitive with ``_`` for spaces); see ``kind``.
         min_words: minimum prompt length in words (mixed/domain/code).
+        path: corpus only: a local UTF-8 text file to cut passages from (LSM uses the WikiText-103
+            validation split); None = the embedded Wikipedia summaries.
 
     Returns:
         ``n`` records ``{"id": "<kind>-<i:05d>", "text": str, "meta": {...}}``; ``meta`` has
@@ -536,6 +541,13 @@ def build_prompt_set(
             f"{token_budget}); raise 'token_budget' or lower 'min_words'"
         )
     rng = random.Random(seed)
+
+    if path is not None:
+        if kind != "corpus":
+            raise PromptDataError(f"prompt set {kind!r}: 'path' is only valid for kind corpus")
+        if topics:
+            raise PromptDataError("prompt set 'corpus' with 'path' takes no topics (they select Wikipedia summaries)")
+        return text_file_passages(path, n=n, max_words=max_words, rng=rng)
 
     if kind == "code":
         if topics:
@@ -614,6 +626,95 @@ def build_prompt_set(
             f"of this prompt set"
         )
     return records
+
+
+# --------------------------------------------------------------------------------------------
+# Corpus passages from a local text file (WikiText-103; LSM, issue 5)
+# --------------------------------------------------------------------------------------------
+
+
+
+def _wikitext_heading(line: str) -> tuple[int, str] | None:
+    """(level, title) of a WikiText heading line (" = Title = ", " = = Section = = "), else None."""
+    tok = line.split()
+    if len(tok) < 3 or tok[0] != "=" or tok[-1] != "=":
+        return None
+    lead = next(i for i, t in enumerate(tok) if t != "=") if any(t != "=" for t in tok) else 0
+    trail = next(i for i, t in enumerate(reversed(tok)) if t != "=") if lead else 0
+    if lead == 0 or lead != trail:
+        return None
+    return lead, " ".join(tok[lead:len(tok) - trail])
+
+# WikiText's tokenized files split numbers and hyphenated words: "1 @,@ 000", "state @-@ of"
+_WIKITEXT_AT = re.compile(r" @([-,.])@ ")
+
+
+def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> list[dict]:
+    """Contiguous passages of exactly ``max_words`` words from a local text file.
+
+    The file is read as UTF-8. WikiText layout is recognized: a line `` = Title = `` starts an
+    article, deeper headings (`` = = Section = = ``) are dropped, ``@-@``, ``@,@``, ``@.@`` are
+    re-joined ("state-of", "1,000", "3.5"); ``<unk>`` is kept as is. A file without such headings
+    is one article. Each article's text (blank lines dropped, lines joined by spaces) is cut into
+    consecutive passages of ``max_words`` words (the remainder of an article is dropped, so a
+    passage never crosses an article boundary); ``n`` of all passages are drawn with ``rng`` and
+    kept in file order.
+
+    Returns:
+        records ``{"id": "corpus-<i:05d>", "text", "meta": {source: "file", kind: "corpus", path,
+        file_sha256, title, article, passage, n_words}}``.
+
+    Raises:
+        PromptDataError: the file does not exist or is not UTF-8, or it yields fewer than ``n``
+            passages (the message gives the number and the config keys to change).
+
+    Source: LSM (token statistics on WikiText-103 validation).
+    """
+    p = pathlib.Path(path).expanduser()
+    if not p.is_file():
+        raise PromptDataError(
+            f"corpus prompt set: path {str(path)!r} does not exist (or is not a file). Download "
+            "WikiText-103 (e.g. the Salesforce/wikitext 'wikitext-103-v1' validation split, file "
+            "wiki.valid.tokens) to that path, or remove 'path' from the prompt set to use the embedded "
+            "Wikipedia summaries"
+        )
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptDataError(f"corpus prompt set: {p} is not UTF-8 (byte offset {exc.start})") from exc
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    articles: list[tuple[str, list[str]]] = []
+    title, words = "", []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        head = _wikitext_heading(line)
+        if head:
+            if head[0] == 1:  # " = Title = " starts an article; deeper headings are dropped
+                if words:
+                    articles.append((title, words))
+                title, words = head[1], []
+            continue
+        words.extend(_WIKITEXT_AT.sub(r"\1", line).split())
+    if words:
+        articles.append((title, words))
+    pool = []
+    for a, (t, w) in enumerate(articles):
+        for j in range(len(w) // max_words):
+            pool.append((a, j, t, w[j * max_words:(j + 1) * max_words]))
+    if len(pool) < n:
+        raise PromptDataError(
+            f"corpus prompt set: {p} gives only {len(pool)} passages of {max_words} words "
+            f"({len(articles)} articles) but n={n} requested; lower the config key 'n' (or 'token_budget') "
+            "of this prompt set"
+        )
+    chosen = sorted(rng.sample(range(len(pool)), n))
+    return [
+        {"id": f"corpus-{i:05d}", "text": " ".join(pool[c][3]),
+         "meta": {"source": "file", "kind": "corpus", "path": str(path), "file_sha256": digest,
+                  "title": pool[c][2], "article": pool[c][0], "passage": pool[c][1], "n_words": max_words}}
+        for i, c in enumerate(chosen)
+    ]
 
 
 # --------------------------------------------------------------------------------------------

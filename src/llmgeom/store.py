@@ -17,6 +17,8 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
 - ``last_token/keys`` [n_prompts, n_layers, n_kv_heads, head_dim] (pre-RoPE)
 - ``attention/entropy`` [n_prompts, n_layers, n_heads] nats (prompt sets with attention)
 - ``next_token/entropy`` [n_prompts] nats; ``next_token/top_ids`` int64 / ``top_logits`` [n_prompts, k]
+- SULA sets (extracted with candidate tokens): ``next_token/candidate_logprobs`` [n_prompts, n_candidates]
+  log-probabilities in nats over the full vocabulary (float32), ``next_token/candidate_ids`` int64 (same shape)
 - corpus sets: ``tokens/residual_sample`` [n_sample, n_layers+1, d_model], ``tokens/final_normed_sample``
   [n_sample, d_unembed] (unembedding input at the same positions, for the Fisher metric), ``tokens/sample_prompt``,
   ``tokens/sample_position`` int32 [n_sample]; ``tokens/margin`` (top-1 minus top-2 logit),
@@ -49,6 +51,8 @@ UNITS = {
     "next_token/entropy": ("nats", "prompt"),
     "next_token/top_ids": ("token id", "prompt,rank"),
     "next_token/top_logits": ("logits", "prompt,rank"),
+    "next_token/candidate_logprobs": ("log-probability (nats)", "prompt,candidate"),
+    "next_token/candidate_ids": ("token id", "prompt,candidate"),
     "tokens/residual_sample": ("activation", "sample,layer(0=embeddings),d_model"),
     "tokens/final_normed_sample": ("activation", "sample,d_unembed"),
     "tokens/sample_prompt": ("index", "sample"),
@@ -147,15 +151,47 @@ class ActivationWriter:
             self.tmp.unlink(missing_ok=True)
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _workflow_prompt_file(h5_path: Path, prompt_set) -> Path | None:
+    """The prompt file a workflow activation file was extracted from, when it exists; else None:
+    ``<root>/resources/prompts/<set>.jsonl`` for ``<root>/results/<model>/activations/<set>.h5``, and
+    ``<root>/resources/prompts/sula/<model>/<cond>.jsonl`` for ``.../activations/sula_<cond>.h5``."""
+    p = Path(h5_path)
+    if not prompt_set or p.parent.name != "activations" or len(p.parents) < 4 or p.parents[2].name != "results":
+        return None
+    prompts = p.parents[3] / "resources" / "prompts"
+    if p.stem == prompt_set:
+        cand = prompts / f"{prompt_set}.jsonl"
+    elif p.stem == f"sula_{prompt_set}":
+        cand = prompts / "sula" / p.parents[1].name / f"{prompt_set}.jsonl"
+    else:
+        return None
+    return cand if cand.is_file() else None
+
+
 def open_activations(path, *, model: str | None = None, prompt_set_sha256: str | None = None) -> h5py.File:
     """Open a committed activation file read-only and check that it can be trusted.
+
+    Without ``prompt_set_sha256``, a file at the workflow's place
+    (``<root>/results/<model>/activations/<set>.h5``) is checked against the current prompt file
+    ``<root>/resources/prompts/<set>.jsonl`` when that exists (a copied-in or stale file is refused).
 
     Raises:
         StoreError: missing, truncated, not an HDF5 file, incomplete, other contract
             version, other model or other prompt set; the message says to rerun rule ``extract``.
     """
     path = Path(path)
-    fix = f"delete it and rerun rule extract (snakemake --forcerun extract {path})"
+    fix = (f"rerun rule extract (extract_sula for SULA sets) for it: snakemake --forcerun {path} "
+           "(reruns it and every analysis that reads it)")
     if not path.is_file():
         raise StoreError(f"{path} does not exist; run rule extract")
     try:
@@ -172,6 +208,11 @@ def open_activations(path, *, model: str | None = None, prompt_set_sha256: str |
         problems.append(f"file is for model {a.get('model')!r}, expected {model!r}")
     if prompt_set_sha256 is not None and a.get("prompt_set_sha256") != prompt_set_sha256:
         problems.append("prompt set sha256 differs from the current prompt file")
+    elif prompt_set_sha256 is None:
+        current = _workflow_prompt_file(path, a.get("prompt_set"))
+        if current is not None and a.get("prompt_set_sha256") != _sha256(current):
+            problems.append(f"it was extracted from another version of the prompt set (sha256 "
+                            f"{str(a.get('prompt_set_sha256'))[:12]}.. != {_sha256(current)[:12]}.. of {current})")
     if problems:
         f.close()
         raise StoreError(f"{path}: {'; '.join(problems)}; {fix}")

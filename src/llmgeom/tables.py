@@ -87,17 +87,19 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
 
 def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_subsamples: int,
                               subsample_size: int, seed: int, min_points: int = 20,
-                              mle_k: int = 20) -> pd.DataFrame:
+                              mle_k: int = 20, disagreement_factor: float = 1.5) -> pd.DataFrame:
     """Intrinsic dimension of the residual stream per layer at sampled corpus tokens.
 
     Points: ``tokens/residual_sample`` [n_sample, L+1, d_model] (position 0 excluded at
     extraction), float64, exact duplicates removed and counted. Layer 0 = embeddings,
-    layer l = output of block l.
+    layer l = output of block l. Every estimator sees the same subsamples (same seed).
 
     Returns:
         DataFrame with model, prompt_set, estimator, layer, relative_depth (layer / L), d_model,
         n (distinct points), n_duplicates_removed, n_subsamples, subsample_size, id_mean, id_std, id_min,
-        id_max, id_over_d_model.
+        id_max, id_over_d_model, mle_k (neighbours of MLE; empty for TwoNN), estimator_ratio (largest /
+        smallest id_mean over the estimators at that layer; NaN with one estimator),
+        estimators_disagree (estimator_ratio > disagreement_factor), disagreement_factor.
 
     Raises:
         StoreError: untrusted file. manifold.TooFewPointsError: too few distinct points in a layer.
@@ -121,8 +123,16 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
                                  n_duplicates_removed=r["n_duplicates_removed"], n_subsamples=r["n_subsamples"],
                                  subsample_size=subsample_size, id_mean=r["id_mean"], id_std=r["id_std"],
                                  id_min=r["id_min"], id_max=r["id_max"],
-                                 id_over_d_model=r["id_mean"] / d_model))
-    return pd.DataFrame(rows)
+                                 id_over_d_model=r["id_mean"] / d_model,
+                                 mle_k=mle_k if est == "mle" else None))
+    df = pd.DataFrame(rows)
+    # LSM (issue 5): flag layers where the estimators disagree by more than a factor
+    g = df.groupby("layer").id_mean
+    ratio = g.transform("max") / g.transform("min")
+    df["estimator_ratio"] = ratio.where(df.groupby("layer").estimator.transform("nunique") > 1)
+    df["estimators_disagree"] = df.estimator_ratio > disagreement_factor
+    df["disagreement_factor"] = disagreement_factor
+    return df
 
 
 def concat_tables(paths) -> pd.DataFrame:

@@ -12,6 +12,132 @@ class ConfigError(ValueError):
     """A config value that is valid JSON-schema-wise but cannot work; names key, value and fix."""
 
 
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+               "array": "a list", "object": "a mapping (key: value)", "null": "null"}
+
+
+def _show(value, limit: int = 70) -> str:
+    import json
+
+    try:
+        s = json.dumps(value, default=str, sort_keys=True)
+    except (TypeError, ValueError):
+        s = repr(value)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+def describe_schema(s: dict) -> str:
+    """Plain-English description of what a JSON-schema node accepts ("an integer >= 1", "one of a, b")."""
+    if "const" in s:
+        return _show(s["const"])
+    if "enum" in s:
+        return "one of " + ", ".join(_show(v) for v in s["enum"])
+    for comb in ("oneOf", "anyOf"):
+        if comb in s:
+            return ", or ".join(describe_schema(x) for x in s[comb])
+    types = s.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    words = " or ".join(_TYPE_WORDS.get(t, t) for t in types) or "a value"
+    bounds = []
+    for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<")):
+        if key in s:
+            bounds.append(f"{op} {s[key]}")
+    if bounds:
+        words += " " + " and ".join(bounds)
+    if "array" in types and isinstance(s.get("items"), dict):
+        words += " of " + describe_schema(s["items"]).replace("an integer", "integers").replace(
+            "a string", "strings").replace("a number", "numbers")
+    if "minItems" in s:
+        words += f" (at least {s['minItems']} item{'s' if s['minItems'] != 1 else ''})"
+    if "minProperties" in s:
+        words += f" with at least {s['minProperties']} entr{'ies' if s['minProperties'] != 1 else 'y'}"
+    return words
+
+
+def _key_path(path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def _schema_error_message(err) -> str:
+    import difflib
+
+    path, v, s, inst = _key_path(err.absolute_path), err.validator, err.schema, err.instance
+    hint = f" ({s['description']})" if isinstance(s, dict) and s.get("description") else ""
+    if "propertyNames" in err.schema_path:
+        return (f"{path}: the name {inst!r} is not allowed; valid names match {s.get('pattern')} "
+                "(letters, digits and, after the first character, . _ -)")
+    if v == "additionalProperties" and isinstance(inst, dict):
+        known = sorted(s.get("properties", {}))
+        unknown = sorted(k for k in inst if k not in s.get("properties", {}))
+        msgs = []
+        for k in unknown:
+            close = difflib.get_close_matches(str(k), known, n=1)
+            msgs.append(f"{_key_path([*err.absolute_path, k])}: unknown key {k!r}"
+                        + (f" (did you mean {close[0]!r}?)" if close else "")
+                        + f"; valid keys{' of ' + path if err.absolute_path else ''}: {', '.join(known)}")
+        return "\n  - ".join(msgs)
+    if v == "required":
+        missing = [k for k in err.validator_value if not (isinstance(inst, dict) and k in inst)]
+        props = s.get("properties", {}) if isinstance(s, dict) else {}
+        why = ""
+        if "then" in err.schema_path and isinstance(inst, dict) and "source" in inst:
+            why = f" (needed for source {inst['source']})"
+        descs = "; ".join(f"{k}: {props[k]['description']}" for k in missing
+                          if isinstance(props.get(k), dict) and props[k].get("description"))
+        where = "the config" if not err.absolute_path else path
+        return (f"{where} is missing the required key{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(repr(k) for k in missing)}{why}" + (f" ({descs})" if descs else ""))
+    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return f"{path} = {_show(inst)} is out of range; valid: {describe_schema(s)}{hint}"
+    if v == "type":
+        return f"{path} = {_show(inst)} has the wrong type; valid: {describe_schema(s)}{hint}"
+    if v in ("enum", "const", "oneOf", "anyOf"):
+        return f"{path} = {_show(inst)} is not allowed; valid: {describe_schema(s)}{hint}"
+    if v == "minProperties":
+        what = "at least one model, e.g. {my-model: {source: hf_hub, repo_id: EleutherAI/pythia-160m}}" \
+            if path == "models" else f"at least {err.validator_value} entr{'ies' if err.validator_value > 1 else 'y'}"
+        return f"{path} = {_show(inst)} is empty; valid: a mapping with {what}"
+    if v == "minItems":
+        return f"{path} = {_show(inst)} is empty; valid: {describe_schema(s)}{hint}"
+    return f"{path} = {_show(inst)}: {err.message}; valid: {describe_schema(s)}{hint}"
+
+
+def validate_config(config: dict, schema: dict) -> None:
+    """Check ``config`` against the JSON schema and report EVERY problem in plain words.
+
+    Runs before Snakemake's own ``validate`` (whose jsonschema messages print the whole schema).
+    Each line names the key (dotted path), the value given and what would be valid; unknown keys
+    get a "did you mean" suggestion.
+
+    Raises:
+        ConfigError: listing all problems, one per line.
+    """
+    from jsonschema.validators import validator_for
+
+    cls = validator_for(schema)
+    errors = sorted(cls(schema).iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    msgs: list[str] = []
+    for e in errors:
+        m = _schema_error_message(e)
+        if m not in msgs:
+            msgs.append(m)
+    if msgs:
+        raise ConfigError(f"invalid config ({len(msgs)} problem{'s' if len(msgs) > 1 else ''}; all keys, "
+                          "defaults and valid values: workflow/schemas/config.schema.yaml):\n  - "
+                          + "\n  - ".join(msgs))
+
+
+
+def validate_config_file(config: dict, schema_path) -> None:
+    """:func:`validate_config` with the schema read from a YAML file (called by the Snakefile)."""
+    import yaml
+
+    with open(schema_path) as fh:
+        validate_config(config, yaml.safe_load(fh))
+
 def apply_model_defaults(config: dict, schema: dict) -> dict:
     """Fill per-model defaults from the schema (``validate`` does not descend into
     ``additionalProperties``). Mutates and returns ``config``."""
@@ -40,6 +166,65 @@ def check_config(config: dict) -> None:
     if ids not in sets or sets[ids]["kind"] != "corpus":
         raise ConfigError(f"intrinsic_dimension.prompt_set is {ids!r}; it must name a prompt set of kind "
                           "corpus in prompts.sets")
+    # sizes that can never work: every subsample / point set would be rejected by the estimator
+    idc = config["intrinsic_dimension"]
+    if idc["subsample_size"] < idc["min_points"]:
+        raise ConfigError(f"intrinsic_dimension.subsample_size = {idc['subsample_size']} is smaller than "
+                          f"intrinsic_dimension.min_points = {idc['min_points']}; valid: subsample_size >= "
+                          f"{idc['min_points']} (or lower min_points)")
+    cv = config.get("curvature")
+    if cv and cv.get("n_points") is not None and cv.get("min_points") is not None:
+        if cv["n_points"] < cv["min_points"]:
+            raise ConfigError(f"curvature.n_points = {cv['n_points']} is smaller than curvature.min_points = "
+                              f"{cv['min_points']}; valid: n_points >= {cv['min_points']}")
+        if cv.get("k") is not None and cv["k"] >= cv["n_points"]:
+            raise ConfigError(f"curvature.k = {cv['k']} nearest neighbours needs more points than "
+                              f"curvature.n_points = {cv['n_points']}; valid: k < {cv['n_points']}")
+
+
+def token_budgets(config: dict) -> dict:
+    """Prompt set -> its token budget (the set's own ``token_budget`` or ``prompts.token_budget``)."""
+    default = config["prompts"].get("token_budget", 48)
+    return {s: spec.get("token_budget", default) for s, spec in config["prompts"]["sets"].items()}
+
+
+def check_models(config: dict, root=".") -> dict:
+    """Before any job starts: cheap source checks and token budgets against each model's context.
+
+    The context length is read without weights (``llmgeom.models.model_context``): from the prepared
+    manifest ``<root>/resources/models/<model>/manifest.json`` when present, else from the source's
+    ``config.json`` or GGUF header. An ``hf_hub`` model not yet in the local cache is skipped here
+    (rule ``prepare_model`` reports it with the download command).
+
+    Returns:
+        model -> context length (None where unknown).
+
+    Raises:
+        ConfigError: a prompt set's token budget exceeds a model's context (names the key, the value,
+            the model and the largest valid value).
+        llmgeom.models.ModelSourceError: a missing GGUF package / file, an ``hf_local`` path that is not
+            a Hugging Face directory with weights (message names the fix).
+    """
+    from pathlib import Path
+
+    from .models import model_context
+
+    budgets = token_budgets(config)
+    contexts, problems = {}, []
+    for name, spec in sorted(config["models"].items()):
+        ctx, where = model_context(name, spec, prepared_dir=Path(root) / "resources" / "models" / name)
+        contexts[name] = ctx
+        if not ctx:
+            continue
+        for s, b in sorted(budgets.items()):
+            if b > ctx:
+                key = (f"prompts.sets.{s}.token_budget" if "token_budget" in config["prompts"]["sets"][s]
+                       else "prompts.token_budget")
+                problems.append(f"{key} = {b} (prompt set {s!r}) is larger than the context of model {name!r} "
+                                f"({ctx} tokens, read from {where}); valid: at most {ctx} for this model")
+    if problems:
+        raise ConfigError("token budget larger than a model's context:\n  - " + "\n  - ".join(problems))
+    return contexts
 
 
 def model_source_params(spec: dict) -> dict:
@@ -61,15 +246,21 @@ def set_threads(n: int) -> None:
 
 class run_logged:
     """Context manager for Snakemake scripts: tee stdout/stderr into the rule's log file,
-    and write the full traceback there when the job fails (then re-raise)."""
+    write the full traceback there when the job fails (then re-raise), and limit BLAS/OpenMP
+    thread pools to the job's ``threads`` (oversubscribed OpenBLAS threads made the analyses
+    ~20x slower when jobs run side by side)."""
 
-    def __init__(self, path):
+    def __init__(self, path, threads: int = 1):
         self.path = path
+        self.threads = max(int(threads), 1)
 
     def __enter__(self):
         import sys
         from pathlib import Path
 
+        from threadpoolctl import threadpool_limits
+
+        self._pools = threadpool_limits(limits=self.threads)
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.path, "w")
         self._out, self._err = sys.stdout, sys.stderr
@@ -85,6 +276,7 @@ class run_logged:
             traceback.print_exception(et, ev, tb, file=self.fh)
         sys.stdout, sys.stderr = self._out, self._err
         self.fh.close()
+        self._pools.restore_original_limits()
         return False
 
 

@@ -8,6 +8,7 @@ import yaml
 from llmgeom.workflow_support import (
     apply_model_defaults,
     check_config,
+    check_models,
     extract_mem_mb,
     model_source_params,
 )
@@ -16,6 +17,7 @@ with open(workflow.source_path("../schemas/config.schema.yaml")) as _fh:
     _SCHEMA = yaml.safe_load(_fh)
 apply_model_defaults(config, _SCHEMA)
 check_config(config)
+check_models(config)  # sources exist, token budgets fit each model's context (no weights read)
 
 MODELS = sorted(config["models"])
 PROMPT_SETS = sorted(config["prompts"]["sets"])

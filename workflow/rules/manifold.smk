@@ -1,12 +1,17 @@
-TARGETS += expand("results/{model}/tables/intrinsic_dimension.csv", model=MODELS)
+# Latent semantic manifolds (LSM), geometry of the residual stream: intrinsic dimension per layer,
+# the shape of its profile over depth, and the local-PCA curvature proxy. Definitions: DESIGN.md sec. 3.
+TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS,
+                  table=["intrinsic_dimension", "id_profile", "curvature"])
 
 
 rule intrinsic_dimension:
-    """LSM: intrinsic dimension (TwoNN / MLE) of the residual stream per layer at corpus tokens."""
+    """LSM: intrinsic dimension (TwoNN / MLE) of the residual stream per layer at corpus tokens, and
+    the profile summary (peak layer, peak value, shape over relative depth)."""
     input:
         h5=f"results/{{model}}/activations/{ID_SET}.h5",
     output:
-        "results/{model}/tables/intrinsic_dimension.csv",
+        ids="results/{model}/tables/intrinsic_dimension.csv",
+        profile="results/{model}/tables/id_profile.csv",
     params:
         estimators=config["intrinsic_dimension"]["estimators"],
         n_subsamples=config["intrinsic_dimension"]["n_subsamples"],
@@ -14,6 +19,10 @@ rule intrinsic_dimension:
         min_points=config["intrinsic_dimension"]["min_points"],
         mle_k=config["intrinsic_dimension"]["mle_k"],
         seed=config["intrinsic_dimension"]["seed"],
+        disagreement_factor=config["intrinsic_dimension"]["disagreement_factor"],
+        shape_tol=config["intrinsic_dimension"]["shape_tol"],
+        profile_layers=config["intrinsic_dimension"]["profile_layers"],
+    threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
@@ -21,5 +30,34 @@ rule intrinsic_dimension:
         "analysis"
     log:
         "logs/intrinsic_dimension/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/intrinsic_dimension.py"
+
+
+rule curvature:
+    """LSM sec. 13.3: fraction of local variance outside the top-m local PCA directions per layer."""
+    input:
+        h5=f"results/{{model}}/activations/{ID_SET}.h5",
+        ids="results/{model}/tables/intrinsic_dimension.csv",
+    output:
+        "results/{model}/tables/curvature.csv",
+    params:
+        k=config["curvature"]["k"],
+        id_estimator=config["curvature"]["id_estimator"],
+        n_points=config["curvature"]["n_points"],
+        min_points=config["curvature"]["min_points"],
+        seed=config["curvature"]["seed"],
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    group:
+        "analysis"
+    log:
+        "logs/curvature/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/curvature.py"

@@ -9,6 +9,7 @@ with run_logged(snakemake.log[0]):
         seed=spec.get("seed", snakemake.params.seed),
         token_budget=spec.get("token_budget", snakemake.params.token_budget),
         topics=spec.get("topics"),
+        path=spec.get("path"),
     )
     sha = write_prompt_set(records, snakemake.output[0])
     print(f"{len(records)} prompts, sha256 {sha}")

@@ -1,6 +1,6 @@
 from llmgeom.workflow_support import run_logged, set_threads
 
-with run_logged(snakemake.log[0]):
+with run_logged(snakemake.log[0], threads=snakemake.threads):
     set_threads(snakemake.threads)
     from llmgeom.extraction import extract_to_hdf5
 

@@ -1,0 +1,299 @@
+"""Interventions: value-vector hooks for every family (tensor- and tuple-returning modules),
+exact no-op, axis_cut leaves no projection, hooks always removed, entropy/random axes, summary."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from llmgeom import architectures as arch
+from llmgeom import interventions as iv
+from llmgeom import testing
+from llmgeom.extraction import pad_batch
+
+FAMILIES = testing.FAMILIES
+SEQS = [[1, 10, 11, 12, 13, 14, 15], [1, 40, 41], [1, 50, 60, 70, 80, 5]]
+_CACHE = {}
+
+
+def tiny(family):
+    if family not in _CACHE:
+        _CACHE[family] = testing.tiny_model(family, attn="sdpa")
+    return _CACHE[family]
+
+
+def logits(model, seqs=SEQS):
+    ids, mask, pos = pad_batch(seqs, 0, "cpu")
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+
+
+def n_hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def vdim(model):
+    s = arch.summarize(model.config)
+    return (s.n_heads if arch.family_for(model.config).qkv != "separate" else s.n_kv_heads) * s.head_dim
+
+
+def unit(d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(d, generator=g)
+    return u / u.norm()
+
+
+class _Capture:
+    """Records the value vectors (after any earlier hook's edit) of one layer."""
+
+    def __init__(self, model, layer):
+        self.model, self.cols = model, arch.v_columns(model)
+        self.h = arch.v_module(model, layer).register_forward_hook(self)
+        self.v = None
+
+    def __call__(self, mod, args, out):
+        o = out[0] if isinstance(out, tuple) else out
+        self.v = (o if self.cols is None else o[..., self.cols]).detach().clone()
+
+    def remove(self):
+        self.h.remove()
+
+
+class _TupleOut(torch.nn.Module):
+    """Wraps a projection so that it returns (tensor, extra), like older transformers layers."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x), "extra"
+
+
+class _Unwrap(torch.nn.Module):
+    def __init__(self, tuple_mod):
+        super().__init__()
+        self.tuple_mod = tuple_mod
+
+    def forward(self, x):
+        out, extra = self.tuple_mod(x)
+        assert extra == "extra"  # the hook passes the rest of the tuple through
+        return out
+
+
+def edited_values(model, layer, edits=None, positions=None):
+    """(values of ``layer`` after the edits [B, T, D], logits); the capture hook is registered after the
+    edit hooks, so it sees what the rest of the model sees."""
+    with iv.value_edits(model, edits or {}, positions=positions):
+        cap = _Capture(model, layer)
+        try:
+            out = logits(model)
+        finally:
+            cap.remove()
+    return cap.v, out
+
+
+@pytest.fixture
+def tuple_model(monkeypatch):
+    """A factory: the family's tiny model with every value module replaced by Unwrap(TupleOut(orig)), and
+    architectures.v_module pointing at the tuple-returning TupleOut."""
+    def make(family):
+        m = testing.tiny_model(family, attn="sdpa")
+        fam = arch.family_for(m.config)
+        path = fam.fused_proj or fam.v_proj
+        parent_path, name = path.rsplit(".", 1)
+        inner = {}
+        for i, blk in enumerate(arch.decoder_layers(m)):
+            parent = blk.get_submodule(parent_path)
+            t = _TupleOut(getattr(parent, name))
+            setattr(parent, name, _Unwrap(t))
+            inner[i] = t
+        monkeypatch.setattr(arch, "v_module", lambda model, layer: inner[layer])
+        return m
+    return make
+
+
+@pytest.mark.parametrize("wrap", ["tensor", "tuple"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_noop_edit_gives_identical_logits(family, wrap, tuple_model):
+    m = tiny(family) if wrap == "tensor" else tuple_model(family)
+    ref = logits(m)
+    before = n_hooks(m)
+    L = len(arch.decoder_layers(m))
+    u = unit(vdim(m))
+    for edit in (iv.ValueEdit("none"), iv.ValueEdit("axis_shift", u, 0.0)):
+        with iv.value_edits(m, {l: edit for l in range(L)}) as handles:
+            assert len(handles) == L
+            out = logits(m)
+        assert torch.equal(out, ref), family
+    last = torch.tensor([len(s) - 1 for s in SEQS])
+    with iv.value_edits(m, {0: iv.ValueEdit("none")}, positions=last):
+        assert torch.equal(logits(m), ref)
+    assert n_hooks(m) == before
+
+
+@pytest.mark.parametrize("wrap", ["tensor", "tuple"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_axis_cut_leaves_no_projection(family, wrap, tuple_model):
+    m = tiny(family) if wrap == "tensor" else tuple_model(family)
+    ref = logits(m)
+    before = n_hooks(m)
+    u = unit(vdim(m), seed=1)
+    for layer in range(len(arch.decoder_layers(m))):
+        v, out = edited_values(m, layer, {layer: iv.ValueEdit("axis_cut", u)})  # [B, T, D]
+        proj = (v.double() @ u.double()).abs()  # every batch item and position
+        # (+1e-9 absolute: padding positions of models whose pad embedding is zero have |v| ~ 0)
+        assert (proj <= 1e-5 * v.double().norm(dim=-1) + 1e-9).all(), (family, layer, float(proj.max()))
+        assert not torch.equal(out, ref)  # the edit changes the model
+        # the unedited values do have a projection (otherwise the test proves nothing)
+        v0, _ = edited_values(m, layer)
+        assert (v0.double() @ u.double()).abs().max() > 1e-3
+    assert n_hooks(m) == before
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma3"])
+def test_axis_only_shift_and_last_position(family):
+    m = tiny(family)
+    u = unit(vdim(m), seed=2)
+    v0, _ = edited_values(m, 0)
+    v, _ = edited_values(m, 0, {0: iv.ValueEdit("axis_only", u)})
+    torch.testing.assert_close(v, (v0 @ u).unsqueeze(-1) * u, atol=1e-5, rtol=0)
+    v, _ = edited_values(m, 0, {0: iv.ValueEdit("axis_shift", u, 0.7)})
+    torch.testing.assert_close(v, v0 + 0.7 * u, atol=1e-5, rtol=0)
+    # final position only: every other position unchanged, the last real token cut
+    last = torch.tensor([len(s) - 1 for s in SEQS])
+    v, _ = edited_values(m, 0, {0: iv.ValueEdit("axis_cut", u)}, positions=last)
+    for b, t in enumerate(last.tolist()):
+        assert abs(float(v[b, t] @ u)) < 1e-5 * float(v[b, t].norm())
+        keep = torch.ones(v.shape[1], dtype=torch.bool)
+        keep[t] = False
+        torch.testing.assert_close(v[b, keep], v0[b, keep], atol=0, rtol=0)
+
+
+def test_fused_value_columns_match_split_fused():
+    for family in ("gpt2", "gpt_neox"):
+        m = tiny(family)
+        out = torch.randn(2, 3, 3 * 32)
+        cols = arch.v_columns(m)
+        torch.testing.assert_close(out[..., cols], arch.split_fused(m, out)[2], atol=0, rtol=0)
+    assert arch.v_columns(tiny("llama")) is None
+
+
+def test_hooks_removed_when_forward_raises():
+    m = tiny("llama")
+    before = n_hooks(m)
+
+    def boom(mod, args, out):
+        raise RuntimeError("boom")
+
+    h = arch.decoder_layers(m)[1].register_forward_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            with iv.value_edits(m, {0: iv.ValueEdit("axis_cut", unit(vdim(m))), 1: iv.ValueEdit("none")}):
+                assert n_hooks(m) == before + 3
+                logits(m)
+    finally:
+        h.remove()
+    assert n_hooks(m) == before
+    # a bad layer: nothing left registered either
+    with pytest.raises(IndexError):
+        with iv.value_edits(m, {0: iv.ValueEdit("none"), 7: iv.ValueEdit("none")}):
+            pass
+    assert n_hooks(m) == before
+    with pytest.raises(ValueError, match="length"):
+        with iv.value_edits(m, {0: iv.ValueEdit("axis_cut", unit(5))}):
+            logits(m)
+    assert n_hooks(m) == before
+
+
+def test_entropy_axis_sign_sigma_and_random_axis():
+    rng = np.random.default_rng(0)
+    n, d = 200, 12
+    t = rng.standard_normal(n)
+    scale = np.linspace(0.5, 3, d)
+    direction = rng.standard_normal(d)
+    V = 5 + np.outer(t, direction) * 3 + 0.05 * rng.standard_normal((n, d)) * scale
+    h = t + 0.1 * rng.standard_normal(n)
+    ax = iv.entropy_axis(V, h, layer=3)
+    assert np.linalg.norm(ax.u) == pytest.approx(1.0)
+    assert ax.corr > 0.9 and ax.pc1_var > 0.9
+    assert ax.sigma == pytest.approx(np.std(V @ ax.u))
+    ax2 = iv.entropy_axis(V, -h, layer=3)  # sign follows H_model
+    np.testing.assert_allclose(ax2.u, -ax.u, atol=1e-12)
+    assert ax2.corr == pytest.approx(ax.corr)
+    for layer in range(4):
+        r = iv.random_axis(ax.u, seed=0, layer=layer)
+        assert np.linalg.norm(r) == pytest.approx(1.0, abs=1e-12)
+        assert abs(r @ ax.u) < 1e-12
+    np.testing.assert_array_equal(iv.random_axis(ax.u, 0, 1), iv.random_axis(ax.u, 0, 1))
+    assert not np.allclose(iv.random_axis(ax.u, 0, 1), iv.random_axis(ax.u, 0, 2))
+    assert not np.allclose(iv.random_axis(ax.u, 0, 1), iv.random_axis(ax.u, 1, 1))
+
+
+def test_resolve_layers_and_conditions():
+    assert iv.resolve_layers(["middle", "last", -1, 0], 30) == [15, 29, 0]
+    with pytest.raises(ValueError):
+        iv.resolve_layers([30], 30)
+    with pytest.raises(ValueError):
+        iv.resolve_layers(["top"], 30)
+    conds = iv.intervention_conditions([15, 29], [15, 29], list(iv.EDIT_NAMES))
+    assert conds[0]["condition"] == "baseline" and len(conds) == 1 + 3 * 2 * 4
+    assert {c["run"] for c in conds} == {"baseline", "L15", "L29", "multi_L15+L29"}
+    with pytest.raises(ValueError):
+        iv.intervention_conditions([1], None, ["cut"])
+
+
+def test_experiment_and_summary_on_tiny_model(tmp_path):
+    from llmgeom import extraction, models, sula
+    from llmgeom.prompts import write_prompt_set
+
+    from transformers import AutoModelForCausalLM
+
+    src = tmp_path / "src"  # 3 layers: single-layer runs at 1 and 2, multi-layer run at 1+2
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(testing.tiny_config("gpt_neox", num_hidden_layers=3)).save_pretrained(src)
+    testing.tiny_tokenizer().save_pretrained(src)
+    prepared = tmp_path / "prepared"
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    sets, _ = sula.build_sula_sets(testing.tiny_tokenizer(), label_pairs=[("x", "y")], prefix="",
+                                   conditions=("main",), ks=[0, 1, 2, 4], n_per_k=6, seed=0)
+    write_prompt_set(sets["main"], tmp_path / "main.jsonl")
+    extraction.extract_to_hdf5(prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny",
+                               dtype="float32", device="cpu", attention=False, candidates_key="label_token_ids",
+                               log=lambda *a: None)
+    per, axes, arrays = iv.intervention_experiment(
+        prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny", layers=["middle", "last"],
+        multi_layers=["middle", "last"], n_per_k=4, batch_size=5, dtype="float32", device="cpu", log=lambda *a: None)
+    assert per.condition.nunique() == 1 + 3 * 2 * 4 and (per.groupby("condition").size() == 16).all()
+    base = per[per.condition == "baseline"].set_index("prompt")
+    # the baseline reproduces the extraction's candidate log-probs
+    with __import__("h5py").File(tmp_path / "main.h5", "r") as f:
+        lp = f["next_token/candidate_logprobs"][:]
+        ids = [m for m in f["prompts/text"].asstr()[:]]
+    keep = [i for i, r in enumerate(sets["main"]) if r["meta"]["i"] < 4]
+    np.testing.assert_allclose(base.logp_l1.to_numpy(), lp[keep, 0], atol=1e-5)
+    assert len(ids) == 24
+    # cut on the entropy axis at the last layer: zero projection there
+    cut = per[per.condition == "L2/entropy/axis_cut"]
+    assert np.abs(cut.proj_L2).max() < 1e-4 * max(1.0, np.abs(base.proj_L2).max())
+    # cut at layer 1 changes what layer 2 sees; a random-axis cut leaves the entropy projection at 1 intact
+    rnd = per[per.condition == "L1/random/axis_cut"].set_index("prompt")
+    np.testing.assert_allclose(rnd.proj_L1, base.proj_L1, atol=1e-4)
+    with pytest.raises(ValueError, match="identical"):
+        iv.entropy_axis(np.ones((5, 4)), np.arange(5.0), layer=0)
+    assert (axes.random_dot_u.dropna() < 1e-10).all() and np.allclose(axes.random_norm.dropna(), 1)
+    assert set(arrays) == {"u_L1", "u_L2", "random_L1", "random_L2"}
+    summ = iv.intervention_summary(per, axes, n_boot=20, seed=0)
+    assert len(summ) == 25
+    b = summ[summ.run == "baseline"].iloc[0]
+    assert b.delta_mae_bits == 0 and b.delta_mae_bits_lo == 0
+    c = summ[(summ.run == "L1") & (summ.axis == "entropy") & (summ.edit == "axis_cut")].iloc[0]
+    assert c.degenerate_edited and c.axis_corr_edited == 0.0
+    assert c.probe_layer_edited == 1 and c.probe_layer_final == 2
+    assert set(summ.run) == {"baseline", "L1", "L2", "multi_L1+L2"}
+    ok = summ.dropna(subset=["delta_mae_bits_lo"])
+    assert (ok.delta_mae_bits_lo <= ok.delta_mae_bits_hi).all()
+    # the summary can be recomputed from the CSV written by the rule
+    per.to_csv(tmp_path / "p.csv", index=False)
+    again = iv.intervention_summary(pd.read_csv(tmp_path / "p.csv"), axes, n_boot=20, seed=0)
+    np.testing.assert_allclose(again.delta_mae_bits, summ.delta_mae_bits)

@@ -1,0 +1,354 @@
+"""Known-answer tests for the latent-semantic-manifold measurements (LSM, issue 5):
+intrinsic dimension (TwoNN, MLE), curvature proxy, ID profile shape, Voronoi margins and the
+expressibility gap, the Fisher information metric, the LSM tables and the WikiText corpus option."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from llmgeom import fisher, lsm, margins
+from llmgeom.manifold import (TooFewPointsError, id_profile_shape, id_subsamples, local_pca_residuals, mle_id,
+                              twonn)
+from llmgeom.prompts import PromptDataError, build_prompt_set, text_file_passages
+from llmgeom.store import ActivationWriter
+from llmgeom.tables import intrinsic_dimension_table
+
+
+def _embed(Y, D, rng):
+    B, _ = np.linalg.qr(rng.standard_normal((D, Y.shape[1])))
+    return Y @ B.T
+
+
+def _sphere(n, rng, radius=1.0):
+    Y = rng.standard_normal((n, 3))
+    return radius * Y / np.linalg.norm(Y, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def clouds():
+    rng = np.random.default_rng(10)
+    return {"linear5": (_embed(rng.standard_normal((1500, 5)), 500, rng), 5.0),
+            "sphere2": (_embed(_sphere(1500, rng), 500, rng), 2.0)}
+
+
+def _with_duplicates(X, frac, rng):
+    """Replace a fraction of the rows by exact copies of other rows (so frac of rows are duplicates)."""
+    n = len(X)
+    n_dup = int(round(frac * n))
+    keep = X[: n - n_dup]
+    Xd = np.vstack([keep, keep[rng.choice(len(keep), n_dup)]])
+    return Xd[rng.permutation(n)], n_dup
+
+
+# --- intrinsic dimension: known answers, duplicates, too few points ----------------------------
+
+
+@pytest.mark.parametrize("name", ["linear5", "sphere2"])
+@pytest.mark.parametrize("est", ["twonn", "mle"])
+def test_id_known_dimension_within_10pct(clouds, name, est):
+    X, d = clouds[name]
+    fn = twonn if est == "twonn" else mle_id
+    assert fn(X)["id"] == pytest.approx(d, rel=0.10)
+
+
+@pytest.mark.parametrize("est", ["twonn", "mle"])
+def test_id_finite_with_20pct_duplicates(clouds, est):
+    rng = np.random.default_rng(11)
+    X, d = clouds["linear5"]
+    Xd, n_dup = _with_duplicates(X, 0.20, rng)
+    r = id_subsamples(Xd, estimator=est, n_subsamples=2, subsample_size=1000, seed=0)
+    assert np.isfinite(r["id_mean"]) and r["id_mean"] == pytest.approx(d, rel=0.15)
+    assert r["n_duplicates_removed"] == n_dup
+    one = (twonn if est == "twonn" else mle_id)(Xd)
+    assert one["n_duplicates_removed"] == n_dup and np.isfinite(one["id"])
+
+
+@pytest.mark.parametrize("fn", [twonn, mle_id])
+def test_id_clear_error_when_too_few_distinct_points(fn):
+    X = np.repeat(np.random.default_rng(12).standard_normal((8, 20)), 30, axis=0)
+    with pytest.raises(TooFewPointsError, match=r"only 8 distinct points remain after removing 232"):
+        fn(X)
+
+
+# --- curvature proxy ---------------------------------------------------------------------------
+
+
+def test_curvature_flat_is_zero_sphere_is_not():
+    rng = np.random.default_rng(13)
+    flat = _embed(rng.standard_normal((600, 5)) * 0.05, 200, rng)
+    r_flat = local_pca_residuals(flat, k=30, m=5)
+    assert r_flat["curvature_mean"] < 1e-10 and r_flat["k"] == 30 and r_flat["m"] == 5
+    small = _embed(_sphere(600, rng, radius=0.05), 200, rng)
+    r_s = local_pca_residuals(small, k=30, m=2)
+    assert r_s["curvature_mean"] > 0.005 and r_s["curvature_median"] > 1e6 * max(r_flat["curvature_mean"], 1e-18)
+    # neighbourhoods that cover more of the sphere bend more
+    assert local_pca_residuals(small, k=60, m=2)["curvature_mean"] > r_s["curvature_mean"]
+    # a flat plane with the same m reads 0 while the sphere does not
+    plane = _embed(rng.standard_normal((600, 2)), 200, rng)
+    assert local_pca_residuals(plane, k=30, m=2)["curvature_mean"] < 1e-10
+
+
+def test_curvature_gram_path_equals_explicit_path(monkeypatch):
+    from llmgeom import manifold
+
+    rng = np.random.default_rng(14)
+    X = rng.standard_normal((300, 40))
+    a = local_pca_residuals(X, k=20, m=3)["values"]
+    monkeypatch.setattr(manifold, "_GRAM_MAX_POINTS", 0)
+    b = local_pca_residuals(X, k=20, m=3)["values"]
+    np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_curvature_errors():
+    X = np.random.default_rng(15).standard_normal((100, 10))
+    with pytest.raises(ValueError, match="smaller than k"):
+        local_pca_residuals(X, k=5, m=5)
+    with pytest.raises(TooFewPointsError):
+        local_pca_residuals(np.repeat(X[:4], 10, axis=0), k=5, m=2)
+
+
+# --- ID profile shape --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ids,shape", [
+    ([10, 20, 30, 25, 12], "rise-then-fall"),
+    ([30, 12, 10, 14, 28], "fall-then-rise"),
+    ([5, 8, 12, 20, 30], "increasing"),
+    ([30, 20, 12, 8, 5], "decreasing"),
+    ([20, 20.5, 20.2, 19.9, 20.1], "flat"),
+])
+def test_id_profile_shape(ids, shape):
+    depth = np.linspace(0, 1, len(ids))
+    s = id_profile_shape(depth[::-1], np.asarray(ids, float)[::-1])  # order does not matter
+    assert s["shape"] == shape
+    assert s["peak_id"] == max(ids) and s["peak_depth"] == depth[int(np.argmax(ids))]
+
+
+# --- Voronoi margins and the expressibility gap ------------------------------------------------
+
+
+def test_eta_uniform_margins_beta_alpha_one():
+    m = np.random.default_rng(16).uniform(0, 1, 100_000)
+    curve, fit = margins.expressibility_gap(m, eps_min=1e-3, eps_max=10, n_eps=41, fit_eps_max=0.5,
+                                            min_count=10, n_boot=50, seed=0)
+    assert fit["beta"] == pytest.approx(1.0, rel=0.05)
+    assert fit["alpha"] == pytest.approx(1.0, rel=0.05)
+    assert fit["r2"] > 0.99 and fit["beta_lo"] <= fit["beta"] <= fit["beta_hi"]
+    assert fit["fit_eps_hi"] <= 0.5 and fit["n_fit_points"] >= 10
+    # eta is the fraction strictly below eps and saturates at 1 above the largest margin
+    np.testing.assert_allclose(curve["eta"][curve["eps"] <= 0.9], curve["eps"][curve["eps"] <= 0.9], atol=0.01)
+    assert curve["eta"][-1] == 1.0
+
+
+def test_eta_counts_strictly_below():
+    eta, cnt = margins.eta_curve([0.0, 0.1, 0.2, 0.2, 1.0], [0.1, 0.2, 0.21, 5])
+    np.testing.assert_array_equal(cnt, [1, 2, 4, 5])
+    np.testing.assert_allclose(eta, [0.2, 0.4, 0.8, 1.0])
+
+
+def test_expressibility_gap_needs_three_points():
+    with pytest.raises(ValueError, match="a fit needs 3"):
+        margins.expressibility_gap(np.full(50, 3.0), n_boot=0)
+    with pytest.raises(ValueError, match=">= 0"):
+        margins.eta_curve([-1.0, 1.0], [0.5])
+
+
+def test_margin_summary_quantiles_hard_core_and_correlations():
+    rng = np.random.default_rng(17)
+    m = rng.exponential(1.0, 20_000)
+    nll = np.exp(-m) * 3 + rng.normal(0, 0.01, m.size)  # small margin -> high loss
+    s = margins.margin_summary(m, nll, nll * 0.5, threshold=0.5, hard_core_quantile=0.05)
+    assert s["margin_q50"] == pytest.approx(np.log(2), rel=0.03)
+    assert s["margin_q05"] == pytest.approx(-np.log(0.95), rel=0.1)
+    assert s["p_margin_below"] == pytest.approx(1 - np.exp(-0.5), abs=0.01)
+    assert s["hard_core_margin"] == s["margin_q05"] and s["hard_core_fraction"] == pytest.approx(0.05, abs=1e-3)
+    assert s["spearman_margin_nll"] < -0.9 and s["spearman_margin_entropy"] < -0.9
+    assert s["perplexity"] == pytest.approx(np.exp(nll.mean()))
+    assert 0.05 < s["hard_core_nll_share"] < 1
+
+
+# --- Fisher information metric -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_fisher_trace_and_spectrum_equal_bruteforce(softcap):
+    rng = np.random.default_rng(18)
+    V, d = 64, 12
+    W = rng.standard_normal((V, d)).astype(np.float32)
+    b = rng.standard_normal(V).astype(np.float32)
+    H = (rng.standard_normal((7, d)) * 1.5).astype(np.float32)
+    r = fisher.fisher_metrics(H, W, b, softcap, max_tokens=V, tail_mass=0.0, batch=3)
+    for i in range(len(H)):
+        G = fisher.fisher_matrix_bruteforce(H[i], W, b, softcap)
+        ev = np.linalg.eigvalsh(G)
+        assert r["trace"][i] == pytest.approx(np.trace(G), rel=1e-5)
+        assert r["trace_topk"][i] == pytest.approx(np.trace(G), rel=1e-5)
+        st = fisher.spectrum_stats(ev)
+        assert r["effective_rank"][i] == pytest.approx(st["effective_rank"], rel=1e-4)
+        assert r["participation_ratio"][i] == pytest.approx(st["participation_ratio"], rel=1e-4)
+        assert r["top_eigenvalue"][i] == pytest.approx(ev.max(), rel=1e-5)
+
+
+def test_fisher_bruteforce_equals_expected_score_outer_product():
+    """G(h) = E_p[grad log p grad log p^T] with the gradient from autograd (independent of the formula)."""
+    rng = np.random.default_rng(19)
+    V, d, cap = 20, 5, 3.0
+    W = torch.tensor(rng.standard_normal((V, d)))
+    h0 = torch.tensor(rng.standard_normal(d))
+    h = h0.clone().requires_grad_(True)
+    logp = torch.log_softmax(cap * torch.tanh((W @ h) / cap), -1)
+    p = logp.exp().detach()
+    G = torch.zeros(d, d, dtype=torch.float64)
+    for v in range(V):
+        (g,) = torch.autograd.grad(logp[v], h, retain_graph=True)
+        G += p[v] * torch.outer(g, g)
+    np.testing.assert_allclose(fisher.fisher_matrix_bruteforce(h0.numpy(), W.numpy(), None, cap), G.numpy(),
+                               rtol=1e-9, atol=1e-12)
+
+
+def test_fisher_truncated_spectrum_bounds_and_peaked_trace():
+    rng = np.random.default_rng(20)
+    V, d = 400, 16
+    W = rng.standard_normal((V, d)).astype(np.float32)
+    H = (rng.standard_normal((4, d)) * 3).astype(np.float32)
+    full = fisher.fisher_metrics(H, W, max_tokens=V, tail_mass=0.0)
+    part = fisher.fisher_metrics(H, W, max_tokens=10, tail_mass=0.0)
+    np.testing.assert_allclose(part["trace"], full["trace"], rtol=1e-9)  # the trace always uses all tokens
+    assert np.all(part["trace_topk"] <= full["trace"] * (1 + 1e-9)) and np.all(part["n_tokens"] == 10)
+    assert np.all((part["mass_topk"] > 0) & (part["mass_topk"] <= 1 + 1e-12))
+    # nearly one-hot distribution: tiny trace, still non-negative and accurate (float64)
+    Hp = (W[0] * 20).reshape(1, d)
+    r = fisher.fisher_metrics(Hp, W, max_tokens=V, tail_mass=0.0)
+    G = fisher.fisher_matrix_bruteforce(Hp[0], W)
+    assert r["trace"][0] >= 0 and r["trace"][0] == pytest.approx(np.trace(G), rel=1e-3, abs=1e-12)
+
+
+def test_fisher_shape_errors():
+    with pytest.raises(ValueError, match="share d"):
+        fisher.fisher_metrics(np.zeros((2, 3)), np.zeros((5, 4)))
+
+
+# --- tables from a synthetic activation file ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus_h5(tmp_path_factory):
+    """A corpus activation file: 3 layers (+ embeddings) of 5-d data in 24 dims, uniform margins."""
+    rng = np.random.default_rng(21)
+    n_s, L, d, n_p = 300, 3, 24, 3000
+    base = _embed(rng.standard_normal((n_s, 5)), d, rng)
+    R = np.stack([base * (1 + layer) for layer in range(L + 1)], axis=1).astype(np.float32)
+    path = tmp_path_factory.mktemp("lsm") / "corpus.h5"
+    shapes = {"tokens/residual_sample": ((n_s, L + 1, d), "float32"),
+              "tokens/final_normed_sample": ((n_s, d), "float32"),
+              "tokens/sample_prompt": ((n_s,), "int32"), "tokens/sample_position": ((n_s,), "int32"),
+              "tokens/margin": ((n_p,), "float32"), "tokens/nll": ((n_p,), "float32"),
+              "tokens/entropy": ((n_p,), "float32"), "tokens/prompt": ((n_p,), "int32"),
+              "tokens/position": ((n_p,), "int32")}
+    w = ActivationWriter(path, {"model": "toy", "prompt_set": "corpus", "d_model": d, "vocab_size": 50}, shapes)
+    w.write("tokens/residual_sample", slice(None), R)
+    w.write("tokens/final_normed_sample", slice(None), R[:, -1])
+    w.write("tokens/sample_prompt", slice(None), np.arange(n_s) // 10)
+    w.write("tokens/sample_position", slice(None), np.arange(n_s) % 10 + 1)
+    m = rng.uniform(0, 1, n_p).astype(np.float32)
+    w.write("tokens/margin", slice(None), m)
+    w.write("tokens/nll", slice(None), (2 - m + rng.normal(0, 0.1, n_p)).astype(np.float32))
+    w.write("tokens/entropy", slice(None), (2 - m).astype(np.float32))
+    w.write("tokens/prompt", slice(None), np.arange(n_p) // 100)
+    w.write("tokens/position", slice(None), np.arange(n_p) % 100 + 1)
+    w.commit()
+    return path
+
+
+def test_id_table_disagreement_profile_and_curvature_tables(corpus_h5):
+    idt = intrinsic_dimension_table(corpus_h5, model="toy", estimators=["twonn", "mle"], n_subsamples=2,
+                                    subsample_size=200, seed=0, min_points=20, mle_k=10, disagreement_factor=1.5)
+    assert len(idt) == 8 and set(idt.estimator) == {"twonn", "mle"}
+    assert idt.id_mean.between(4, 6.5).all()
+    assert (idt.estimator_ratio >= 1).all() and not idt.estimators_disagree.any()
+    assert (idt[idt.estimator == "mle"].mle_k == 10).all() and idt[idt.estimator == "twonn"].mle_k.isna().all()
+    strict = intrinsic_dimension_table(corpus_h5, model="toy", estimators=["twonn", "mle"], n_subsamples=2,
+                                       subsample_size=200, seed=0, min_points=20, mle_k=10,
+                                       disagreement_factor=1.0000001)
+    assert strict.estimators_disagree.any()
+    prof = lsm.id_profile_table(idt)
+    assert len(prof) == 2 and set(prof.columns) >= {"peak_layer", "peak_id", "shape", "peak_relative_depth"}
+    cv = lsm.curvature_table(corpus_h5, idt, model="toy", k=20, n_points=250, min_points=20)
+    assert len(cv) == 4 and cv.m.isin([5, 6]).all() and (cv.k == 20).all()  # m = round(TwoNN ID)
+    assert (cv.curvature_mean < 1e-6).all()  # a linear 5-d cloud is flat at m >= 5
+    assert (cv.n == 250).all()
+
+
+def test_margin_tables_on_uniform_margins(corpus_h5):
+    t = lsm.margin_tables(corpus_h5, model="toy", n_boot=20, min_count=10)
+    assert set(t) == {"margins", "eta_curve", "expressibility_gap", "margin_histogram"}
+    fit = t["expressibility_gap"].iloc[0]
+    assert fit.beta == pytest.approx(1, rel=0.1) and fit.alpha == pytest.approx(1, rel=0.1)
+    mg = t["margins"].iloc[0]
+    assert mg.n_positions == 3000 and mg.spearman_margin_nll < -0.8 and mg.spearman_margin_entropy == pytest.approx(-1)
+    assert len(t["eta_curve"]) == 41 and t["margin_histogram"]["count"].sum() + t["margin_histogram"].n_above.iloc[0] == 3000
+    mvp = lsm.margin_vs_perplexity_table(pd.concat([t["margins"], t["margins"].assign(model="toy2", margin_q50=0.2,
+                                                                                       perplexity=9.0),
+                                                    t["margins"].assign(model="toy3", margin_q50=0.1,
+                                                                        perplexity=20.0)]))
+    assert len(mvp) == 3 and mvp.spearman_rho_across_models.iloc[0] == pytest.approx(-1.0)
+
+
+def test_check_lsm_config():
+    cfg = {"prompts": {"sets": {"corpus": {"kind": "corpus"}, "mixed": {"kind": "mixed"}}},
+           "margins": {"prompt_set": "corpus", "eps_min": 1e-3, "eps_max": 10, "fit_eps_max": 0.5},
+           "fisher": {"prompt_set": "corpus"}, "curvature": {"id_estimator": "twonn"},
+           "intrinsic_dimension": {"estimators": ["twonn"]}}
+    lsm.check_lsm_config(cfg)
+    with pytest.raises(lsm.LSMConfigError, match="fisher.prompt_set"):
+        lsm.check_lsm_config({**cfg, "fisher": {"prompt_set": "mixed"}})
+    with pytest.raises(lsm.LSMConfigError, match="curvature.id_estimator"):
+        lsm.check_lsm_config({**cfg, "curvature": {"id_estimator": "mle"}})
+
+
+# --- corpus from a local text file (WikiText-103) ----------------------------------------------
+
+WIKITEXT = """ 
+ = Alpha Article = 
+ 
+ The alpha article has a state @-@ of @-@ the @-@ art section with 1 @,@ 000 words and 3 @.@ 5 points . More text follows here in the first paragraph of it .
+ 
+ = = History = = 
+ 
+ A second paragraph that keeps going with plain words so that several passages can be cut from it .
+ 
+ = Beta Article = 
+ 
+ Beta starts here and also has enough words for one passage at least , maybe two if lucky .
+"""
+
+
+def test_text_file_passages_wikitext(tmp_path):
+    p = tmp_path / "wiki.valid.tokens"
+    p.write_text(WIKITEXT, encoding="utf-8")
+    recs = text_file_passages(p, n=4, max_words=8, rng=random.Random(0))
+    assert len(recs) == 4 and all(len(r["text"].split()) == 8 for r in recs)
+    alltext = " ".join(r["text"] for r in text_file_passages(p, n=7, max_words=8, rng=random.Random(0)))
+    assert "History" not in alltext and "=" not in alltext
+    first = text_file_passages(p, n=7, max_words=8, rng=random.Random(0))
+    assert "state-of-the-art" in " ".join(r["text"] for r in first) or "1,000" in " ".join(r["text"] for r in first)
+    assert {r["meta"]["title"] for r in first} == {"Alpha Article", "Beta Article"}
+    recs2 = build_prompt_set("corpus", n=3, seed=1, token_budget=12, path=str(p))
+    assert recs2 == build_prompt_set("corpus", n=3, seed=1, token_budget=12, path=str(p))
+    assert recs2[0]["meta"]["source"] == "file" and len(recs2[0]["meta"]["file_sha256"]) == 64
+
+
+def test_text_file_passages_errors(tmp_path):
+    with pytest.raises(PromptDataError, match="does not exist.*WikiText-103"):
+        build_prompt_set("corpus", n=3, seed=0, token_budget=64, path=str(tmp_path / "missing.tokens"))
+    p = tmp_path / "small.txt"
+    p.write_text("only a few words here", encoding="utf-8")
+    with pytest.raises(PromptDataError, match="gives only 0 passages"):
+        build_prompt_set("corpus", n=3, seed=0, token_budget=64, path=str(p))
+    with pytest.raises(PromptDataError, match="only valid for kind corpus"):
+        build_prompt_set("mixed", n=3, seed=0, token_budget=64, path=str(p))

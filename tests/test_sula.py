@@ -1,0 +1,294 @@
+"""SULA: exact posterior (known answers), prompt generation, label-token selection, candidate
+log-probabilities in the HDF5 store, and the tables."""
+
+import json
+import math
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from llmgeom import extraction, models, sula, testing
+from llmgeom.prompts import read_prompt_set, write_prompt_set
+
+# --------------------------------------------------------------------------- exact posterior
+
+
+def test_k0_gives_one_bit():
+    assert float(sula.bayes_posterior(0, 0)) == 0.5
+    assert float(sula.h_bayes_bits(0, 0, 0.9)) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8, 20])
+def test_all_agreeing_gives_closed_form(k):
+    want = 1.0 / (1.0 + 9.0 ** -k)
+    q = 9.0 ** -k / (1.0 + 9.0 ** -k)  # 1 - want without cancellation
+    assert float(sula.bayes_posterior(k, 0, 0.9)) == pytest.approx(want, rel=1e-12)
+    assert float(sula.bayes_posterior(0, k, 0.9)) == pytest.approx(q, rel=1e-9)
+    h = -(want * math.log2(want) + q * math.log2(q))
+    assert float(sula.h_bayes_bits(k, 0, 0.9)) == pytest.approx(h, rel=1e-9)
+    assert float(sula.h_bayes_bits(0, k, 0.9)) == pytest.approx(h, rel=1e-9)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_equal_counts_give_one_bit(n):
+    assert float(sula.h_bayes_bits(n, n, 0.9)) == pytest.approx(1.0, abs=1e-12)
+    assert float(sula.bayes_posterior(n, n, 0.7)) == 0.5
+
+
+def test_posterior_vectorized_stable_and_monotone():
+    n1 = np.array([0, 1, 2, 5, 8, 400])
+    n2 = np.array([0, 0, 1, 3, 0, 0])
+    p = sula.bayes_posterior(n1, n2, 0.9)
+    assert p.shape == (6,)
+    assert np.all(np.diff(sula.bayes_posterior(np.arange(10), 0)) > 0)
+    h = sula.h_bayes_bits(n1, n2)
+    assert np.all((h >= 0) & (h <= 1)) and np.isfinite(h).all()
+    assert h[-1] == pytest.approx(0.0, abs=1e-12)  # 9^-400 underflows: no NaN
+    # only the difference matters
+    assert float(sula.h_bayes_bits(5, 3)) == pytest.approx(float(sula.h_bayes_bits(2, 0)), rel=1e-12)
+    # alpha = 0.5: labels carry no evidence
+    assert float(sula.h_bayes_bits(8, 0, 0.5)) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        sula.bayes_posterior(1, 0, 1.0)
+    with pytest.raises(ValueError):
+        sula.bayes_posterior(-1, 0, 0.9)
+
+
+def test_binary_entropy_and_model_renormalization():
+    assert sula.binary_entropy_bits([0.0, 0.5, 1.0]).tolist() == [0.0, 1.0, 0.0]
+    p = 0.2
+    assert float(sula.binary_entropy_bits(p)) == pytest.approx(-(p * math.log2(p) + 0.8 * math.log2(0.8)))
+    with pytest.raises(ValueError):
+        sula.binary_entropy_bits(1.5)
+    # renormalization over the two labels ignores the rest of the vocabulary
+    lp1, lp2 = np.log([0.02, 0.3]), np.log([0.02, 0.1])
+    pm, hm = sula.model_label_entropy(lp1, lp2)
+    np.testing.assert_allclose(pm, [0.5, 0.75])
+    np.testing.assert_allclose(hm, [1.0, float(sula.binary_entropy_bits(0.75))], rtol=1e-12)
+    pm, hm = sula.model_label_entropy(np.array([-1.0]), np.array([-900.0]))
+    assert pm[0] == 1.0 and hm[0] == pytest.approx(0.0, abs=1e-12)
+
+
+# --------------------------------------------------------------------------- prompt generation
+
+PAIRS = [{"labels": ["pim", "dop"], "token_ids": [11, 12]}, {"labels": ["bif", "wob"], "token_ids": [13, 14]}]
+
+
+def test_generate_sula_structure_and_posteriors():
+    sets = sula.generate_sula(PAIRS, ks=[0, 1, 2, 4, 8], n_per_k=6, n_per_k_controls=3, alpha=0.9, seed=1)
+    assert set(sets) == set(sula.CONDITIONS)
+    assert len(sets["main"]) == 30 and all(len(sets[c]) == 15 for c in ("remap", "shuffled", "ablation"))
+    for cond, recs in sets.items():
+        ids = [r["id"] for r in recs]
+        assert len(set(ids)) == len(ids)
+        for r in recs:
+            m = r["meta"]
+            assert m["condition"] == cond and m["n_L1"] + m["n_L2"] == m["k"]
+            assert r["text"].count("\n") == m["k"] and r["text"].endswith(":")
+            assert m["label_token_ids"] == (PAIRS[1] if cond == "remap" else PAIRS[0])["token_ids"]
+            assert m["labels"] == (PAIRS[1] if cond == "remap" else PAIRS[0])["labels"]
+            lines = r["text"].split("\n")
+            for line, e in zip(lines[:-1], m["example_labels"]):
+                assert line.endswith(": " + m["labels"][e])
+            if cond == "shuffled":
+                assert m["h_bayes_bits"] == 1.0 and m["p_bayes"] == 0.5 and m["y"] is None
+                assert m["h_counts_bits"] == pytest.approx(float(sula.h_bayes_bits(m["n_L1"], m["n_L2"])))
+            else:
+                assert m["h_bayes_bits"] == pytest.approx(float(sula.h_bayes_bits(m["n_L1"], m["n_L2"], 0.9)))
+                assert m["p_bayes"] == pytest.approx(float(sula.bayes_posterior(m["n_L1"], m["n_L2"], 0.9)))
+            if m["k"] == 0:
+                assert m["h_bayes_bits"] == 1.0
+            if cond == "ablation":
+                assert all(line.startswith("[MASK]:") for line in lines)
+    # controls are paired with main: same carriers / counts (remap, ablation), same carriers (shuffled)
+    main = {(r["meta"]["k"], r["meta"]["i"]): r for r in sets["main"]}
+    for r in sets["remap"]:
+        mr = main[(r["meta"]["k"], r["meta"]["i"])]
+        assert mr["text"].replace("pim", "bif").replace("dop", "wob") == r["text"]
+        assert r["meta"]["h_bayes_bits"] == mr["meta"]["h_bayes_bits"]
+    for r in sets["ablation"]:
+        mr = main[(r["meta"]["k"], r["meta"]["i"])]
+        assert r["meta"]["example_labels"] == mr["meta"]["example_labels"]
+    for r in sets["shuffled"]:
+        mr = main[(r["meta"]["k"], r["meta"]["i"])]
+        assert [x.split(":")[0] for x in r["text"].split("\n")] == [x.split(":")[0] for x in mr["text"].split("\n")]
+
+
+def test_generate_sula_labels_follow_alpha_and_are_seeded():
+    sets = sula.generate_sula(PAIRS, ks=[8], n_per_k=400, conditions=("main", "shuffled"), alpha=0.9, seed=3)
+    agree = [np.mean([e == ("L1", "L2").index(r["meta"]["y"]) for e in r["meta"]["example_labels"]])
+             for r in sets["main"]]
+    assert np.mean(agree) == pytest.approx(0.9, abs=0.02)
+    ys = [r["meta"]["y"] for r in sets["main"]]
+    assert 0.4 < ys.count("L1") / len(ys) < 0.6
+    sh = np.concatenate([r["meta"]["example_labels"] for r in sets["shuffled"]])
+    assert np.mean(sh) == pytest.approx(0.5, abs=0.03)
+    # seeded; more prompts per k keep the earlier ones unchanged
+    again = sula.generate_sula(PAIRS, ks=[8], n_per_k=10, conditions=("main",), alpha=0.9, seed=3)
+    assert [r["text"] for r in again["main"]] == [r["text"] for r in sets["main"][:10]]
+    other = sula.generate_sula(PAIRS, ks=[8], n_per_k=10, conditions=("main",), alpha=0.9, seed=4)
+    assert [r["text"] for r in other["main"]] != [r["text"] for r in again["main"]]
+
+
+def test_generate_sula_errors():
+    with pytest.raises(ValueError, match="main"):
+        sula.generate_sula(PAIRS, conditions=("remap",))
+    with pytest.raises(ValueError, match="label pairs"):
+        sula.generate_sula(PAIRS[:1], conditions=("main", "remap"))
+    with pytest.raises(ValueError, match="ks"):
+        sula.generate_sula(PAIRS, ks=[-1])
+
+
+class _FakeTok:
+    """Whitespace-and-colon tokenizer over a fixed vocabulary; unknown words split into characters."""
+
+    name_or_path = "fake"
+
+    def __init__(self, vocab):
+        self.vocab = {w: i for i, w in enumerate(vocab)}
+
+    def __call__(self, text, add_special_tokens=False):
+        import re
+
+        ids = []
+        for piece in re.findall(r" ?[^ :\n]+|:|\n| ", text):
+            if piece in self.vocab:
+                ids.append(self.vocab[piece])
+            else:
+                ids.extend(1000 + ord(ch) for ch in piece)
+        return {"input_ids": ids}
+
+
+def test_choose_label_pairs_single_token_and_failure():
+    tok = _FakeTok([" dop", " pim", " wob", " kel", " nud", "happy", "sad", "kind", " x"])
+    pairs = sula.choose_label_pairs(tok, 2)
+    # ("pim","dop") qualifies; ("bif","wob") does not (" bif" is not one token); ("kel","nud") is next
+    assert [p["labels"] for p in pairs] == [["pim", "dop"], ["kel", "nud"]]
+    assert pairs[0]["token_ids"] == [tok.vocab[" pim"], tok.vocab[" dop"]]
+    with pytest.raises(sula.LabelTokenError, match=r"found 0.*' pim'|found 0.*not a single token"):
+        sula.choose_label_pairs(_FakeTok(["happy"]), 1)
+    with pytest.raises(sula.LabelTokenError, match="found 1"):
+        sula.choose_label_pairs(tok, 2, pairs=[("pim", "dop"), ("bif", "wob")])
+
+
+def test_choose_label_pairs_tiny_tokenizer_and_prefix():
+    tok = testing.tiny_tokenizer()
+    with pytest.raises(sula.LabelTokenError, match="sula.label_pairs"):
+        sula.choose_label_pairs(tok, 2)  # a character tokenizer: " pim" is 4 tokens
+    pairs = sula.choose_label_pairs(tok, 2, pairs=[("x", "y"), ("p", "q")], prefix="")
+    assert [p["labels"] for p in pairs] == [["x", "y"], ["p", "q"]]
+
+
+# --------------------------------------------------------------------------- extraction and tables
+
+
+@pytest.fixture(scope="module")
+def sula_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sula")
+    src = testing.save_tiny_model_dir("llama", d / "src")
+    prepared = d / "prepared"
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    tok = testing.tiny_tokenizer()
+    sets, pairs = sula.build_sula_sets(tok, label_pairs=[("x", "y"), ("p", "q")], prefix="", ks=[0, 1, 2, 4],
+                                       n_per_k=5, n_per_k_controls=4, seed=0)
+    paths = {}
+    for cond, recs in sets.items():
+        write_prompt_set(recs, d / f"{cond}.jsonl")
+        paths[cond] = d / f"sula_{cond}.h5"
+        extraction.extract_to_hdf5(prepared, d / f"{cond}.jsonl", paths[cond], model_name="tiny", dtype="float32",
+                                   device="cpu", batch_size=3, attention=False, candidates_key=sula.CANDIDATES_KEY,
+                                   log=lambda *a: None)
+    return dict(dir=d, prepared=prepared, sets=sets, pairs=pairs, paths=paths)
+
+
+def test_candidate_logprobs_match_the_models_own_softmax(sula_run):
+    from transformers import AutoModelForCausalLM
+
+    path = sula_run["paths"]["main"]
+    recs, _ = read_prompt_set(sula_run["dir"] / "main.jsonl")
+    tok = testing.tiny_tokenizer()
+    m = AutoModelForCausalLM.from_pretrained(sula_run["dir"] / "src", dtype=torch.float32).eval()
+    with h5py.File(path, "r") as f:
+        lp = f["next_token/candidate_logprobs"][:]
+        ids = f["next_token/candidate_ids"][:]
+        assert f["next_token/candidate_logprobs"].attrs["units"] == "log-probability (nats)"
+        assert "attention/entropy" not in f
+    assert lp.shape == (len(recs), 2) and lp.dtype == np.float32
+    for i in (0, 7, len(recs) - 1):
+        seq = tok(recs[i]["text"])["input_ids"]
+        with torch.no_grad():
+            logits = m(input_ids=torch.tensor([seq])).logits[0, -1].float()
+        want = torch.log_softmax(logits, -1)[recs[i]["meta"]["label_token_ids"]].numpy()
+        np.testing.assert_allclose(lp[i], want, atol=1e-5, rtol=0)
+        assert ids[i].tolist() == recs[i]["meta"]["label_token_ids"]
+
+
+def test_candidates_batch_invariant():
+    m = testing.tiny_model("gemma3", attn="sdpa")
+    seqs = [[1, 40, 41], [1, 10, 11, 12, 13, 14, 15]]
+    both = extraction.extract_batch(m, seqs, attention=False, candidates=[[5, 6], [7, 8]])
+    alone = extraction.extract_batch(m, seqs[1:], attention=False, candidates=[[7, 8]])
+    np.testing.assert_allclose(both["candidate_logprobs"][1], alone["candidate_logprobs"][0], atol=1e-5)
+    assert "candidate_logprobs" not in extraction.extract_batch(m, seqs, attention=False)
+
+
+def test_bad_candidates_fail_clearly(tmp_path, sula_run):
+    recs = [{"id": "a", "text": "ab:", "meta": {"label_token_ids": [5, 6]}},
+            {"id": "b", "text": "cd:", "meta": {"label_token_ids": [5]}}]
+    write_prompt_set(recs, tmp_path / "bad.jsonl")
+    with pytest.raises(ValueError, match="'b'.*label_token_ids"):
+        extraction.extract_to_hdf5(sula_run["prepared"], tmp_path / "bad.jsonl", tmp_path / "bad.h5", model_name="tiny",
+                                   dtype="float32", device="cpu", attention=False, candidates_key="label_token_ids",
+                                   log=lambda *a: None)
+    assert not (tmp_path / "bad.h5").exists()
+
+
+def test_tables(sula_run):
+    t = sula.sula_tables(sula_run["paths"], model="tiny", n_bins=5, layers="all")
+    per = t["prompts"]
+    assert len(per) == 20 + 3 * 16
+    assert ((per.h_model_bits >= 0) & (per.h_model_bits <= 1)).all()
+    assert ((per.label_mass > 0) & (per.label_mass <= 1)).all()
+    assert (per[per.condition == "shuffled"].h_bayes_bits == 1.0).all()
+    s = t["sula"]
+    assert set(s.condition) == set(sula.CONDITIONS)
+    for cond, g in s.groupby("condition"):
+        assert set(g.k) == {"0", "1", "2", "4", "all"}
+        pc = per[per.condition == cond]
+        row = g[g.k == "all"].iloc[0]
+        assert row.n == len(pc)
+        assert row.mae_bits == pytest.approx(np.mean(np.abs(pc.h_model_bits - pc.h_bayes_bits)))
+        assert row.mean_h_bayes_bits == pytest.approx(pc.h_bayes_bits.mean())
+        # k = 0: H_Bayes is 1 bit for every prompt, so r is undefined
+        assert np.isnan(g[g.k == "0"].pearson_r.iloc[0])
+    assert s[(s.condition == "shuffled") & (s.k == "all")].pearson_r.isna().all()
+    remap = s[s.condition == "remap"].labels.iloc[0]
+    assert remap == "p/q" and s[s.condition == "main"].labels.iloc[0] == "x/y"
+    cal = t["calibration"]
+    assert cal.groupby("condition").n.sum().to_dict() == per.groupby("condition").size().to_dict()
+    assert ((cal.mean_h_bayes_bits >= cal.bin_lo - 1e-12) & (cal.mean_h_bayes_bits <= cal.bin_hi + 1e-12)).all()
+    geo = t["geometry"]
+    assert set(geo.layer) == {0, 1} and set(geo.condition) == set(sula.CONDITIONS)
+    assert (geo.rho_pc1_h_model.dropna() >= 0).all()  # sign convention
+    assert geo[geo.condition == "shuffled"].rho_pc1_h_bayes.isna().all()
+    assert per.pc1_last.notna().all()
+
+
+def test_read_sula_h5_refuses_non_sula_file(tmp_path, sula_run):
+    recs = [{"id": "a", "text": "ab"}, {"id": "b", "text": "cde"}]
+    write_prompt_set(recs, tmp_path / "p.jsonl")
+    extraction.extract_to_hdf5(sula_run["prepared"], tmp_path / "p.jsonl", tmp_path / "p.h5", model_name="tiny",
+                               dtype="float32", device="cpu", attention=False, log=lambda *a: None)
+    with pytest.raises(KeyError, match="extract_sula"):
+        sula.read_sula_h5(tmp_path / "p.h5")
+
+
+def test_calibration_bins_known_answer():
+    per = pd.DataFrame({"condition": "main", "h_bayes_bits": [0.0, 0.05, 0.5, 1.0, 1.0],
+                        "h_model_bits": [0.1, 0.2, 0.4, 0.9, 0.7]})
+    cal = sula.calibration_table(per, model="m", n_bins=2)
+    assert cal.n.tolist() == [2, 3]
+    assert cal.mean_h_model_bits.tolist() == pytest.approx([0.15, (0.4 + 0.9 + 0.7) / 3])

@@ -1,0 +1,82 @@
+# Causal interventions on the entropy axis of the value vectors during SULA (Paper III sec. 4.5-4.6).
+IV = config["interventions"]
+
+TARGETS += expand("results/{model}/interventions/sula_interventions.csv", model=MODELS)
+TARGETS += ["results/summary/sula_interventions.csv"]
+TARGETS += expand("results/figures/sula_interventions.{ext}", ext=["png", "pdf"])
+
+
+rule intervene:
+    """GPU rule: fit entropy axes on the SULA main values, run the unedited model and every edit."""
+    input:
+        model="resources/models/{model}",
+        prompts="resources/prompts/sula/{model}/main.jsonl",
+        h5="results/{model}/activations/sula_main.h5",
+    output:
+        per_prompt="results/{model}/interventions/sula_interventions_per_prompt.csv",
+        axes="results/{model}/interventions/entropy_axes.csv",
+        vectors="results/{model}/interventions/entropy_axes.npz",
+    params:
+        layers=IV["layers"],
+        multi_layers=IV["multi_layers"],
+        edits=IV["edits"],
+        shift_scale=IV["shift_scale"],
+        positions=IV["positions"],
+        n_per_k=IV["n_per_k"],
+        batch_size=IV["batch_size"],
+        seed=IV["seed"],
+        dtype=lambda w: mcfg(w, "dtype"),
+        device_map=lambda w: mcfg(w, "device_map"),
+        device=config["extract"]["device"],
+    threads: config["extract"]["threads"]
+    resources:
+        gpu=1,
+        mem_mb=lambda w, attempt: extract_mem_mb(config["models"][w.model], attempt),
+        runtime=lambda w: mcfg(w, "runtime"),
+    log:
+        "logs/intervene/{model}.log",
+    script:
+        "../scripts/intervene.py"
+
+
+rule intervention_table:
+    """Per condition: SULA MAE / r and axis-entropy correlation after the edit, changes vs the unedited
+    model with paired bootstrap CIs over prompts."""
+    input:
+        per_prompt="results/{model}/interventions/sula_interventions_per_prompt.csv",
+        axes="results/{model}/interventions/entropy_axes.csv",
+    output:
+        "results/{model}/interventions/sula_interventions.csv",
+    params:
+        n_boot=IV["n_boot"],
+        ci=IV["ci"],
+        seed=IV["seed"],
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    group:
+        "analysis"
+    log:
+        "logs/intervention_table/{model}.log",
+    script:
+        "../scripts/intervention_table.py"
+
+
+rule figure_interventions:
+    """Grouped bars: change in axis-entropy correlation and in SULA MAE, entropy vs random axis, 95% CIs."""
+    input:
+        "results/summary/sula_interventions.csv",
+    output:
+        png=report(
+            "results/figures/sula_interventions.png",
+            caption="../report/sula_interventions.rst",
+            category="Bayesian geometry",
+        ),
+        pdf="results/figures/sula_interventions.pdf",
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "logs/figure_interventions/figure_interventions.log",
+    script:
+        "../scripts/figure_interventions.py"

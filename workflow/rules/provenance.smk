@@ -1,0 +1,27 @@
+# Provenance of the run (issue 6): package versions, model revisions, config and prompt-set hashes.
+# Its input is every other final target (an input function, evaluated once all rule files are included),
+# so provenance is written last and reflects the finished run.
+from llmgeom.provenance import config_sha256
+
+TARGETS += ["results/provenance.json", "results/provenance.md"]
+
+
+rule provenance:
+    """Package versions, model revisions (requested and resolved), config sha256, prompt-set sha256s."""
+    input:
+        lambda w: [t for t in TARGETS if not t.startswith("results/provenance")],
+        models=expand("resources/models/{model}", model=MODELS),
+    output:
+        json=report("results/provenance.json", caption="../report/provenance.rst", category="Provenance"),
+        md=report("results/provenance.md", caption="../report/provenance.rst", category="Provenance"),
+    params:
+        config_sha256=config_sha256(config),
+        models=MODELS,
+        prompt_sets=PROMPT_SETS,
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "logs/provenance.log",
+    script:
+        "../scripts/provenance.py"

@@ -1,0 +1,145 @@
+# SULA in-context inference with exact Bayesian posteriors and its controls (Paper III sec. 4.3 / 5.2).
+# Prompts depend on the tokenizer (single-token labels), so they are built per model.
+SULA = config["sula"]
+SULA_CONDITIONS = list(SULA["conditions"])
+SULA_TABLES = ["sula", "sula_calibration", "sula_geometry", "sula_prompts"]
+
+for _s in PROMPT_SETS:
+    if _s.startswith("sula_"):
+        raise ValueError(
+            f"prompts.sets.{_s}: names starting with 'sula_' are reserved for the SULA activation files "
+            "(results/{model}/activations/sula_{condition}.h5); rename the prompt set"
+        )
+
+TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS, table=SULA_TABLES)
+TARGETS += expand("results/summary/{table}.csv", table=SULA_TABLES)
+TARGETS += expand("results/figures/{fig}.{ext}", fig=["sula_calibration", "sula_pc1"], ext=["png", "pdf"])
+
+
+rule build_sula:
+    """Per-model SULA prompt sets (main + controls) with single-token nonsense labels, seeded."""
+    input:
+        model="resources/models/{model}",
+    output:
+        expand("resources/prompts/sula/{{model}}/{condition}.jsonl", condition=SULA_CONDITIONS),
+    params:
+        conditions=SULA_CONDITIONS,
+        ks=SULA["ks"],
+        n_per_k=SULA["n_per_k"],
+        n_per_k_controls=SULA["n_per_k_controls"],
+        alpha=SULA["alpha"],
+        seed=SULA["seed"],
+        mask=SULA["mask"],
+        prefix=SULA["label_prefix"],
+        label_pairs=SULA["label_pairs"],
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    log:
+        "logs/build_sula/{model}.log",
+    script:
+        "../scripts/build_sula.py"
+
+
+rule extract_sula:
+    """GPU rule: activations + label log-probabilities of one SULA condition -> HDF5 (contract + candidates)."""
+    input:
+        model="resources/models/{model}",
+        prompts="resources/prompts/sula/{model}/{condition}.jsonl",
+    output:
+        "results/{model}/activations/sula_{condition}.h5",
+    wildcard_constraints:
+        condition="|".join(SULA_CONDITIONS),
+    params:
+        dtype=lambda w: mcfg(w, "dtype"),
+        batch_size=lambda w: SULA["batch_size"] or mcfg(w, "batch_size"),
+        device_map=lambda w: mcfg(w, "device_map"),
+        device=config["extract"]["device"],
+        top_k=config["extract"]["top_k"],
+    threads: config["extract"]["threads"]
+    resources:
+        gpu=1,
+        mem_mb=lambda w, attempt: extract_mem_mb(config["models"][w.model], attempt),
+        runtime=lambda w: mcfg(w, "runtime"),
+    log:
+        "logs/extract_sula/{model}/{condition}.log",
+    script:
+        "../scripts/extract_sula.py"
+
+
+rule sula_tables:
+    """SULA MAE / r per condition and k, calibration bins, PC1 geometry per layer, per-prompt values."""
+    input:
+        h5=expand("results/{{model}}/activations/sula_{condition}.h5", condition=SULA_CONDITIONS),
+    output:
+        sula="results/{model}/tables/sula.csv",
+        calibration="results/{model}/tables/sula_calibration.csv",
+        geometry="results/{model}/tables/sula_geometry.csv",
+        prompts="results/{model}/tables/sula_prompts.csv",
+    params:
+        conditions=SULA_CONDITIONS,
+        n_bins=SULA["calibration_bins"],
+        layers=SULA["layers"],
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    group:
+        "analysis"
+    log:
+        "logs/sula_tables/{model}.log",
+    script:
+        "../scripts/sula_tables.py"
+
+
+def _sula_summary_input(wildcards):
+    t = wildcards.sula_table
+    folder = "interventions" if t == "sula_interventions" else "tables"
+    return expand(f"results/{{model}}/{folder}/{t}.csv", model=MODELS)
+
+
+rule aggregate_sula:
+    """Cross-model SULA / intervention tables: concatenation of the per-model tables."""
+    input:
+        _sula_summary_input,
+    output:
+        report(
+            "results/summary/{sula_table}.csv",
+            caption="../report/summary_table.rst",
+            category="Tables",
+            labels={"table": "{sula_table}"},
+        ),
+    wildcard_constraints:
+        sula_table="sula|sula_calibration|sula_geometry|sula_prompts|sula_interventions",
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    script:
+        "../scripts/aggregate.py"
+
+
+rule figure_sula:
+    """H_model vs H_Bayes per k (identity line) per model and condition; PC1 vs k and rho across depth."""
+    input:
+        sula="results/summary/sula.csv",
+        prompts="results/summary/sula_prompts.csv",
+        geometry="results/summary/sula_geometry.csv",
+    output:
+        calibration=report(
+            "results/figures/sula_calibration.png",
+            caption="../report/sula_calibration.rst",
+            category="Bayesian geometry",
+        ),
+        calibration_pdf="results/figures/sula_calibration.pdf",
+        pc1=report(
+            "results/figures/sula_pc1.png",
+            caption="../report/sula_pc1.rst",
+            category="Bayesian geometry",
+        ),
+        pc1_pdf="results/figures/sula_pc1.pdf",
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "logs/figure_sula/figure_sula.log",
+    script:
+        "../scripts/figure_sula.py"

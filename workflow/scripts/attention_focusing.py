@@ -1,0 +1,10 @@
+"""Rule attention_focusing: final-query attention entropy per head and layer, focusing summary."""
+from llmgeom.workflow_support import run_logged
+
+with run_logged(snakemake.log[0], threads=snakemake.threads):
+    from llmgeom.bayes_geometry import attention_focusing_tables
+    from llmgeom.tables import write_table
+
+    detail, summary = attention_focusing_tables(snakemake.input.h5, model=snakemake.wildcards.model)
+    write_table(detail, snakemake.output.detail)
+    write_table(summary, snakemake.output.summary)

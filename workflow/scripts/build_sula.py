@@ -1,0 +1,25 @@
+from llmgeom.workflow_support import run_logged
+
+with run_logged(snakemake.log[0]):
+    from llmgeom.prompts import write_prompt_set
+    from llmgeom.sula import build_sula_sets, load_tokenizer
+
+    p = snakemake.params
+    tok = load_tokenizer(snakemake.input.model)
+    sets, pairs = build_sula_sets(
+        tok,
+        label_pairs=p.label_pairs,
+        ks=p.ks,
+        n_per_k=p.n_per_k,
+        n_per_k_controls=p.n_per_k_controls,
+        alpha=p.alpha,
+        seed=p.seed,
+        mask=p.mask,
+        prefix=p.prefix,
+        conditions=p.conditions,
+    )
+    print(f"{snakemake.wildcards.model}: label pairs used (label: token id): "
+          + "; ".join(", ".join(f"{w!r}: {i}" for w, i in zip(q["labels"], q["token_ids"])) for q in pairs))
+    for cond, path in zip(p.conditions, snakemake.output):
+        sha = write_prompt_set(sets[cond], path)
+        print(f"{cond}: {len(sets[cond])} prompts, sha256 {sha}")

@@ -1,0 +1,24 @@
+"""LSM sec. 13.3: local-PCA curvature proxy of the residual stream per layer."""
+import time
+
+import pandas as pd
+
+from llmgeom.lsm import curvature_table
+from llmgeom.tables import write_table
+from llmgeom.workflow_support import run_logged
+
+with run_logged(snakemake.log[0], threads=snakemake.threads):
+    p = snakemake.params
+    t0 = time.time()
+    df = curvature_table(
+        snakemake.input.h5,
+        pd.read_csv(snakemake.input.ids),
+        model=snakemake.wildcards.model,
+        k=p.k,
+        id_estimator=p.id_estimator,
+        n_points=p.n_points,
+        seed=p.seed,
+        min_points=p.min_points,
+    )
+    write_table(df, snakemake.output[0])
+    print(f"[curvature] {snakemake.wildcards.model}: {len(df)} layers in {time.time() - t0:.1f} s")

@@ -1,0 +1,24 @@
+"""Rule domain_restriction: entropy-stratified selections and their value-manifold statistics."""
+from llmgeom.workflow_support import run_logged
+
+with run_logged(snakemake.log[0], threads=snakemake.threads):
+    from llmgeom.bayes_geometry import domain_restriction_tables
+    from llmgeom.tables import write_table
+
+    p = snakemake.params
+    out = domain_restriction_tables(
+        dict(zip(p.prompt_sets, snakemake.input.h5)),
+        model=snakemake.wildcards.model,
+        mixed_set=p.mixed_set,
+        labels=p.labels,
+        n_quantiles=p.n_quantiles,
+        per_quantile=p.per_quantile,
+        edges=p.edges,
+        n_boot=p.n_boot,
+        ci=p.ci,
+        seed=p.seed,
+        layers=p.layers,
+    )
+    write_table(out["stats"], snakemake.output.stats)
+    write_table(out["selection"], snakemake.output.selection)
+    write_table(out["scores"], snakemake.output.scores)

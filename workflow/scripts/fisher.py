@@ -1,0 +1,18 @@
+"""LSM: Fisher information metric trace and effective rank at sampled corpus positions."""
+import time
+
+from llmgeom.lsm import fisher_tables
+from llmgeom.tables import write_table
+from llmgeom.workflow_support import run_logged, set_threads
+
+with run_logged(snakemake.log[0], threads=snakemake.threads):
+    set_threads(snakemake.threads)
+    p = snakemake.params
+    t0 = time.time()
+    tabs = fisher_tables(snakemake.input.h5, snakemake.input.model, model=snakemake.wildcards.model, **p.opts)
+    for name, df in tabs.items():
+        write_table(df, snakemake.output[name])
+    s = tabs["fisher_summary"].iloc[0]
+    print(f"[fisher] {snakemake.wildcards.model}: median trace {s.trace_median:.4g}, median effective rank "
+          f"{s.effective_rank_median:.3g}, margin check max |diff| {s.margin_check_max_abs_diff:.2g}; "
+          f"{time.time() - t0:.1f} s")

@@ -1,0 +1,14 @@
+from llmgeom.workflow_support import run_logged
+
+with run_logged(snakemake.log[0]):
+    import pandas as pd
+
+    from llmgeom.interventions import intervention_summary
+    from llmgeom.tables import write_table
+
+    p = snakemake.params
+    df = intervention_summary(pd.read_csv(snakemake.input.per_prompt), pd.read_csv(snakemake.input.axes),
+                              n_boot=p.n_boot, ci=p.ci, seed=p.seed)
+    write_table(df, snakemake.output[0])
+    print(df[["run", "axis", "edit", "mae_bits", "delta_mae_bits", "axis_corr_edited", "delta_axis_corr_edited",
+              "axis_corr_final"]].to_string(index=False))

@@ -1,0 +1,7 @@
+"""LSM: cross-model relation of median margin and perplexity."""
+from llmgeom.lsm import margin_vs_perplexity_table
+from llmgeom.tables import concat_tables, write_table
+from llmgeom.workflow_support import run_logged
+
+with run_logged(snakemake.log[0]):
+    write_table(margin_vs_perplexity_table(concat_tables(snakemake.input)), snakemake.output[0])

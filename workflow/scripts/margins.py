@@ -1,0 +1,16 @@
+"""LSM: Voronoi margins, expressibility gap eta(eps), perplexity (from the extraction file)."""
+import time
+
+from llmgeom.lsm import margin_tables
+from llmgeom.tables import write_table
+from llmgeom.workflow_support import run_logged
+
+with run_logged(snakemake.log[0], threads=snakemake.threads):
+    p = snakemake.params
+    t0 = time.time()
+    tabs = margin_tables(snakemake.input.h5, model=snakemake.wildcards.model, **p.opts)
+    for name, df in tabs.items():
+        write_table(df, snakemake.output[name])
+    fit = tabs["expressibility_gap"].iloc[0]
+    print(f"[margins] {snakemake.wildcards.model}: beta={fit.beta:.3f} [{fit.beta_lo:.3f}, {fit.beta_hi:.3f}] "
+          f"R2={fit.r2:.4f} alpha={fit.alpha:.3f}; {time.time() - t0:.1f} s")

@@ -1,0 +1,16 @@
+from llmgeom.workflow_support import run_logged
+
+with run_logged(snakemake.log[0]):
+    from llmgeom.sula import sula_tables
+    from llmgeom.tables import write_table
+
+    p = snakemake.params
+    t = sula_tables(dict(zip(p.conditions, snakemake.input.h5)), model=snakemake.wildcards.model,
+                    n_bins=p.n_bins, layers=p.layers)
+    o = snakemake.output
+    for key, path in (("sula", o.sula), ("calibration", o.calibration), ("geometry", o.geometry),
+                      ("prompts", o.prompts)):
+        write_table(t[key], path)
+    s = t["sula"]
+    print(s[s.k == "all"][["condition", "labels", "n", "mae_bits", "pearson_r", "mean_h_model_bits",
+                           "mean_h_bayes_bits", "mean_label_mass"]].to_string(index=False))
