@@ -263,7 +263,7 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
                                log=lambda *a: None)
     per, axes, arrays = iv.intervention_experiment(
         prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny", layers=["middle", "last"],
-        multi_layers=["middle", "last"], n_per_k=4, batch_size=5, dtype="float32", device="cpu", log=lambda *a: None)
+        multi_layers=["middle", "last"], n_per_k=4, batch_size=16, dtype="float32", device="cpu", log=lambda *a: None)
     assert per.condition.nunique() == 1 + 3 * 2 * 4 and (per.groupby("condition").size() == 16).all()
     base = per[per.condition == "baseline"].set_index("prompt")
     # the baseline reproduces the extraction's candidate log-probs
@@ -297,3 +297,44 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
     per.to_csv(tmp_path / "p.csv", index=False)
     again = iv.intervention_summary(pd.read_csv(tmp_path / "p.csv"), axes, n_boot=20, seed=0)
     np.testing.assert_allclose(again.delta_mae_bits, summ.delta_mae_bits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_skipping_unaffected_blocks_is_exact(family):
+    """Edited conditions rerun only blocks >= the first edited layer; the numbers equal a full forward pass."""
+    m = tiny(family)
+    before = n_hooks(m)
+    d = vdim(m)
+    axes = {l: iv.EntropyAxis(layer=l, u=unit(d, seed=l).double().numpy(), sigma=0.5, corr=0.5, pc1_var=0.5,
+                              n_fit=10, flipped=False) for l in (0, 1)}
+    rnd = {l: iv.random_axis(axes[l].u, 0, l) for l in (0, 1)}
+    conds = iv.intervention_conditions([1, 0], [0, 1], ["axis_cut", "axis_shift_plus"])
+    cands = [[5, 6]] * len(SEQS)
+    kw = dict(probe_layers=[0, 1], batch_size=3, log=lambda *a: None)
+    fast = iv.run_interventions(m, SEQS, cands, conds, axes, rnd, skip=True, **kw)
+    full = iv.run_interventions(m, SEQS, cands, conds, axes, rnd, skip=False, **kw)
+    for c in conds:
+        a, b = fast[c["condition"]], full[c["condition"]]
+        np.testing.assert_allclose(a["logp"], b["logp"], atol=1e-6, rtol=0, err_msg=c["condition"])
+        for l in (0, 1):
+            np.testing.assert_allclose(a["proj"][l], b["proj"][l], atol=1e-6, rtol=0)
+    # edits change the outputs (otherwise the comparison proves nothing)
+    assert np.abs(fast["L1/entropy/axis_shift_plus"]["logp"] - fast["baseline"]["logp"]).max() > 1e-6
+    assert n_hooks(m) == before
+    assert all("forward" not in blk.__dict__ for blk in arch.decoder_layers(m))
+    # last-position edits: the same exactness
+    last_fast = iv.run_interventions(m, SEQS, cands, conds[:3], axes, rnd, positions="last", skip=True, **kw)
+    last_full = iv.run_interventions(m, SEQS, cands, conds[:3], axes, rnd, positions="last", skip=False, **kw)
+    for c in conds[:3]:
+        np.testing.assert_allclose(last_fast[c["condition"]]["logp"], last_full[c["condition"]]["logp"], atol=1e-6)
+
+
+def test_skip_layers_restores_forward_when_raising():
+    m = tiny("llama")
+    blk = arch.decoder_layers(m)[0]
+    with pytest.raises(RuntimeError, match="inside"):
+        with iv.skip_layers(m, 2, None):
+            assert "forward" in blk.__dict__
+            raise RuntimeError("inside")
+    assert "forward" not in blk.__dict__
+    torch.testing.assert_close(logits(m), logits(m))

@@ -41,6 +41,10 @@ def tiny_config(model_dirs: dict) -> dict:
         "value_manifold": {"prompt_sets": ["mixed", "domain_mathematics"], "n_boot": 5, "layers": "all"},
         "intrinsic_dimension": {"prompt_set": "corpus", "n_subsamples": 2, "subsample_size": 100,
                                 "min_points": 20, "estimators": ["twonn", "mle"]},
+        # the tiny character tokenizer has no single-token " word": labels are single characters after ":"
+        "sula": {"ks": [0, 1, 2, 4], "n_per_k": 4, "n_per_k_controls": 3, "label_pairs": [["x", "y"], ["p", "q"]],
+                 "label_prefix": "", "batch_size": 5},
+        "interventions": {"n_per_k": 3, "n_boot": 10, "batch_size": 6},
     }
 
 
@@ -149,6 +153,41 @@ def test_lsm_outputs(tiny_run):
             assert (wd / f"results/figures/{fig}.{ext}").stat().st_size > 1000
 
 
+def test_sula_and_intervention_outputs(tiny_run):
+    """SULA tables, controls, geometry, interventions, summaries and figures (workflow/rules/sula.smk,
+    interventions.smk; issue 4)."""
+    wd, cfg = tiny_run
+    for m in cfg["models"]:
+        for cond, n in (("main", 16), ("remap", 12), ("shuffled", 12), ("ablation", 12)):
+            with h5py.File(wd / f"results/{m}/activations/sula_{cond}.h5", "r") as f:
+                assert f["next_token/candidate_logprobs"].shape == (n, 2) and bool(f.attrs["complete"])
+        s = pd.read_csv(wd / f"results/{m}/tables/sula.csv")
+        assert set(s.condition) == {"main", "remap", "shuffled", "ablation"}
+        assert set(s.k.astype(str)) == {"0", "1", "2", "4", "all"}
+        assert s.mae_bits.between(0, 1).all()
+        assert set(s[s.condition == "remap"].labels) == {"p/q"} and set(s[s.condition == "main"].labels) == {"x/y"}
+        per = pd.read_csv(wd / f"results/{m}/tables/sula_prompts.csv")
+        assert (per[per.condition == "shuffled"].h_bayes_bits == 1).all()
+        assert (per[per.k == 0].h_bayes_bits == 1).all()
+        geo = pd.read_csv(wd / f"results/{m}/tables/sula_geometry.csv")
+        assert set(geo.layer) == {0, 1}
+        assert len(pd.read_csv(wd / f"results/{m}/tables/sula_calibration.csv")) >= 4
+        iv = pd.read_csv(wd / f"results/{m}/interventions/sula_interventions.csv")
+        # layers [middle, last] = [1, 1] for 2 layers: one single-layer run and the multi-layer run (layer 1)
+        assert len(iv) == 1 + 2 * 2 * 4 and set(iv.axis) == {"none", "entropy", "random"}
+        assert (iv.n == 12).all()
+        cut = iv[(iv.axis == "entropy") & (iv.edit == "axis_cut")]
+        assert (cut.axis_corr_edited == 0).all() and cut.degenerate_edited.all()
+        ax = pd.read_csv(wd / f"results/{m}/interventions/entropy_axes.csv")
+        assert (ax.random_dot_u.dropna() < 1e-10).all()
+    for t in ("sula", "sula_calibration", "sula_geometry", "sula_prompts", "sula_interventions"):
+        assert set(pd.read_csv(wd / f"results/summary/{t}.csv").model) == set(cfg["models"])
+    for fig in ("sula_calibration", "sula_pc1", "sula_interventions"):
+        for ext in ("png", "pdf"):
+            assert (wd / f"results/figures/{fig}.{ext}").stat().st_size > 1000
+    assert "sula" in (wd / "resources/prompts/sula/tiny-gpt2/main.jsonl").read_text()
+
+
 def test_second_dry_run_schedules_nothing(tiny_run):
     wd, _ = tiny_run
     r = run_smk(wd, "-n")
@@ -168,6 +207,7 @@ def test_report_is_written(tiny_run):
     run_smk(wd, "--report", str(wd / "report.html"))
     html = (wd / "report.html").read_text(errors="replace")
     assert "intrinsic_dimension" in html and "value_manifold" in html
+    assert "sula_calibration" in html and "sula_interventions" in html
 
 
 def test_analysis_param_change_reruns_only_that_analysis(tiny_run):

@@ -82,6 +82,22 @@ def attention_row_entropy(p: torch.Tensor) -> torch.Tensor:
     return torch.special.entr(p.float()).sum(-1)
 
 
+def _rows(t: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev) -> torch.Tensor:
+    """``t[bi, ti]`` in float32 on ``dev``. With ``device_map="auto"`` the blocks of a large model sit
+    on different GPUs: the index tensors follow ``t`` and the rows come back to ``dev`` (no-ops on one
+    device)."""
+    if bi.device != t.device:
+        bi, ti = bi.to(t.device), ti.to(t.device)
+    return t[bi, ti].float().to(dev)
+
+
+def _last_query_rows(a: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev) -> torch.Tensor:
+    """Attention rows of the final query of each prompt: ``a[bi, :, ti, :]`` [B, H, T] on ``dev``."""
+    if bi.device != a.device:
+        bi, ti = bi.to(a.device), ti.to(a.device)
+    return a[bi, :, ti, :].to(dev)
+
+
 class _Float32Head:
     """The unembedding in float32 (plus Gemma soft-capping), applied in chunks."""
 
@@ -156,7 +172,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     def check(t: torch.Tensor, where: str):
         bad = ~torch.isfinite(t)
         if bad.dim() == 3:
-            bad = bad.any(-1) & valid
+            bad = bad.any(-1) & valid.to(bad.device)
         if bad.any():
             bi, ti = (int(x) for x in bad.nonzero()[0][:2])
             raise NonFiniteActivationError(
@@ -166,22 +182,22 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     def emb_hook(mod, args, kwargs):
         h = args[0] if args else kwargs["hidden_states"]
         check(h, "embeddings (layer 0)")
-        resid[0] = h[gb, gt].float()
+        resid[0] = _rows(h, gb, gt, dev)
 
     def make_block_hook(layer):
         def fn(mod, args, out):
             h = _first(out)
             check(h, f"block {layer} output (residual layer {layer + 1})")
-            resid[layer + 1] = h[gb, gt].float()
+            resid[layer + 1] = _rows(h, gb, gt, dev)
         return fn
 
     def make_kv_hook(layer, kfn, vfn, do_k, do_v):
         def fn(mod, args, out):
             o = _first(out)
             if do_k:
-                keys[layer] = kfn(o)[b_idx, last].float()
+                keys[layer] = _rows(kfn(o), b_idx, last, dev)
             if do_v:
-                vals[layer] = vfn(o)[b_idx, last].float()
+                vals[layer] = _rows(vfn(o), b_idx, last, dev)
         return fn
 
     layers = arch.decoder_layers(model)
@@ -205,13 +221,14 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         res["residual"] = R[:B].cpu().numpy()
         if sample_positions is not None:
             res["residual_sample"] = R[B:].cpu().numpy()
-            res["final_normed_sample"] = hT[gb[B:], gt[B:]].float().cpu().numpy()
+            res["final_normed_sample"] = _rows(hT, gb[B:], gt[B:], dev).cpu().numpy()
             res["sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
             res["sample_position"] = np.asarray(samp_t, dtype=np.int32)
-        res["final_normed"] = hT[b_idx, last].float().cpu().numpy()
+        h_last = _rows(hT, b_idx, last, dev)
+        res["final_normed"] = h_last.cpu().numpy()
         res["values"] = torch.stack(vals, 1).cpu().numpy()
         res["keys"] = torch.stack(keys, 1).reshape(B, s.n_layers, s.n_kv_heads, s.head_dim).cpu().numpy()
-        logits = head(hT[b_idx, last])
+        logits = head(h_last)
         if not torch.isfinite(logits).all():
             bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
             raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) at the "
@@ -228,7 +245,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             if not out.attentions or out.attentions[0] is None:
                 raise RuntimeError("attention weights requested but the model returned none; load it with "
                                    "attn_implementation='eager'")
-            ent = [attention_row_entropy(a[b_idx, :, last, :]) for a in out.attentions]  # each [B, H]
+            ent = [attention_row_entropy(_last_query_rows(a, b_idx, last, dev)) for a in out.attentions]  # [B, H]
             res["attn_entropy"] = torch.stack(ent, 1).cpu().numpy()
         if token_stats:
             tb, tt = [], []
@@ -241,7 +258,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             margins, nlls, ents = [], [], []
             for j in range(0, len(tb), head.chunk):
                 bb, ttt = tb_t[j:j + head.chunk], tt_t[j:j + head.chunk]
-                z = head(hT[bb, ttt])
+                z = head(_rows(hT, bb, ttt, hT.device))
                 if not torch.isfinite(z).all():
                     bi = int(bb[(~torch.isfinite(z)).any(-1)][0])
                     raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
@@ -249,9 +266,9 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                 top2 = z.topk(2, dim=-1).values
                 margins.append(top2[:, 0] - top2[:, 1])
                 logp = torch.log_softmax(z, -1)
-                nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1)).squeeze(1))
+                nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1).to(logp.device)).squeeze(1))
                 ents.append(-(logp.exp() * logp).sum(-1))
-            cat = (lambda xs: torch.cat(xs).cpu().numpy() if xs else np.zeros(0, np.float32))
+            cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
             res["margin"], res["nll"], res["tok_entropy"] = cat(margins), cat(nlls), cat(ents)
             res["tok_prompt"] = np.asarray(tb, dtype=np.int64)
             res["tok_position"] = np.asarray(tt, dtype=np.int32)
@@ -287,7 +304,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     device: str = "auto", batch_size: int = 8, top_k: int = 10, attention: bool = True,
                     corpus: bool = False, sample_per_prompt: int = 16, max_tokens: int | None = None,
                     seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
-                    log=print) -> Path:
+                    mem_mb: int | None = None, log=print) -> Path:
     """Extract every dataset of the HDF5 contract for one model and one prompt set.
 
     Eager attention is loaded only when ``attention`` is True. Corpus sets
@@ -301,9 +318,13 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     position are stored as ``next_token/candidate_logprobs`` [n, C] (float32, nats, over the full
     vocabulary) with the ids in ``next_token/candidate_ids`` [n, C] int64.
 
+    ``mem_mb`` (the job's declared memory) is checked against the model's size before loading
+    (``models.check_memory``; on CUDA the GPUs' memory is checked in any case).
+
     Raises:
         PromptTokenError, NonFiniteActivationError, PromptDataError (via read_prompt_set);
-        ValueError: a prompt without valid candidate ids when ``candidates_key`` is given.
+        ValueError: a prompt without valid candidate ids when ``candidates_key`` is given;
+        ModelMemoryError: the model cannot fit, before any weight is read.
     """
     from .models import load_prepared, read_manifest
     from .prompts import read_prompt_set
@@ -311,7 +332,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     records, sha = read_prompt_set(prompts_path)
     manifest = read_manifest(model_dir)
     model, tok = load_prepared(model_dir, dtype=dtype, attn="eager" if attention else "sdpa",
-                               device=device, device_map=device_map)
+                               device=device, device_map=device_map, mem_mb=mem_mb)
     s = arch.summarize(model.config)
     texts = [r["text"] for r in records]
     pids = [r.get("id", str(i)) for i, r in enumerate(records)]

@@ -301,11 +301,95 @@ def intervention_conditions(single_layers: Sequence[int], multi_layers: Sequence
 # --------------------------------------------------------------------------- experiment (needs a model)
 
 
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def skip_layers(model, upto: int, output):
+    """Context manager: decoder blocks 0..upto-1 do not compute; each returns ``output``, the recorded output
+    of block ``upto - 1`` for the same batch (tensor or tuple, exactly as the block returned it).
+
+    Exact when nothing before block ``upto`` changes (edits at layers >= upto only): the blocks that run
+    see the same input as in the full forward pass. Used to rerun only the layers an edit can affect.
+    The blocks' own ``forward`` is restored on exit, also when the body raises.
+    """
+    layers = arch.decoder_layers(model)
+    saved = []
+    try:
+        for i in range(int(upto)):
+            blk = layers[i]
+            saved.append((blk, blk.__dict__.get("forward", _MISSING)))
+            blk.forward = lambda *a, **k: output
+        yield
+    finally:
+        for blk, old in saved:
+            if old is _MISSING:
+                blk.__dict__.pop("forward", None)
+            else:
+                blk.forward = old
+
+
+def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, probe_layers: Sequence[int] = (),
+                  record_blocks: Sequence[int] = (), head=None, pad_id: int = 0) -> dict:
+    """One forward pass (inside whatever :func:`value_edits` / :func:`skip_layers` contexts are active).
+
+    Returns:
+        {"logp": [B, C] float32 log-probabilities (nats, full vocabulary) of the candidate tokens at the final
+        real position, "values": {layer: [B, D] float32 value vectors at the final position as the rest of the
+        model sees them (after any edit); absent for layers that did not run}, "blocks": {i: raw output of
+        block i} for ``record_blocks``}.
+
+    Raises:
+        NonFiniteActivationError: non-finite logits.
+    """
+    from .extraction import NonFiniteActivationError, _first, _Float32Head, hooks, last_positions, pad_batch
+
+    dev = next(model.parameters()).device
+    head = head or _Float32Head(model)
+    ids, mask, pos = pad_batch(seqs, pad_id, dev)
+    last = last_positions(mask)
+    b_idx = torch.arange(len(seqs), device=dev)
+    cols = arch.v_columns(model)
+    vals, blocks = {}, {}
+
+    def vhook(layer):
+        def fn(mod, args, out):
+            o = _first(out)
+            v = o if cols is None else o[..., cols.to(o.device)]
+            vals[layer] = v[b_idx, last].float()
+        return fn
+
+    def bhook(i):
+        def fn(mod, args, out):
+            blocks[i] = out
+        return fn
+
+    layers = arch.decoder_layers(model)
+    handles: list = []
+    with hooks(handles), torch.inference_mode():
+        for layer in probe_layers:
+            handles.append(arch.v_module(model, layer).register_forward_hook(vhook(layer)))
+        for i in record_blocks:
+            handles.append(layers[i].register_forward_hook(bhook(i)))
+        out = arch.base_model(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        logits = head(out.last_hidden_state[b_idx, last])
+        if not torch.isfinite(logits).all():
+            raise NonFiniteActivationError("non-finite logits at the final token during an intervention run")
+        cand = torch.as_tensor(candidates, dtype=torch.long, device=logits.device).reshape(len(seqs), -1)
+        logp = torch.log_softmax(logits, -1).gather(1, cand)
+    return {"logp": logp.cpu().numpy(), "values": {k: v.cpu().numpy() for k, v in vals.items()}, "blocks": blocks}
+
+
 def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]], conditions: list[dict],
                       axes: Mapping[int, EntropyAxis], random_axes: Mapping[int, np.ndarray], *,
                       probe_layers: Sequence[int], shift_scale: float = 1.0, positions: str = "all",
-                      batch_size: int = 32, pad_id: int = 0, log=print) -> dict:
+                      batch_size: int = 32, pad_id: int = 0, skip: bool = True, log=print) -> dict:
     """Run every condition over the prompts and collect per-prompt outputs.
+
+    Per batch, the unedited baseline runs first and records the output of block l_min - 1 for every first
+    edited layer l_min; each edited condition then reruns only blocks l_min..L-1 (:func:`skip_layers`), which
+    is exact because an edit at layer l cannot change anything before block l. ``skip=False`` runs every
+    block for every condition (same numbers; used by the tests).
 
     Args:
         seqs: token ids per prompt; candidates: the two label token ids per prompt.
@@ -320,7 +404,7 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
 
     Source: Paper III sec. 4.5-4.6.
     """
-    from .extraction import _Float32Head, extract_batch
+    from .extraction import _Float32Head
 
     if positions not in ("all", "last"):
         raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
@@ -329,26 +413,38 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
     order = sorted(range(n), key=lambda i: -len(seqs[i]))
     out = {c["condition"]: {"logp": np.zeros((n, 2)), "proj": {l: np.zeros(n) for l in probe_layers}}
            for c in conditions}
+    starts = {min(c["layers"]) for c in conditions if c["layers"]}
+    record = sorted(l0 - 1 for l0 in starts if l0 > 0) if skip else []
     dev = next(model.parameters()).device
     t0 = time.time()
     for j in range(0, n, batch_size):
         idx = order[j:j + batch_size]
         batch = [seqs[i] for i in idx]
+        cands = [candidates[i] for i in idx]
         last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
-        for c in conditions:
+        base = None
+        for c in sorted(conditions, key=lambda c: bool(c["layers"])):  # the baseline first
             edits = {}
             for l in c["layers"]:
                 ax = axes[l]
                 u = ax.u if c["axis"] == "entropy" else random_axes[l]
                 edits[l] = ValueEdit(c["kind"], torch.as_tensor(u, dtype=torch.float32),
                                      c["shift_sign"] * shift_scale * ax.sigma)
-            with value_edits(model, edits, positions=last if positions == "last" else None):
-                r = extract_batch(model, batch, attention=False, head=head, pad_id=pad_id, top_k=2,
-                                  candidates=[candidates[i] for i in idx])
+            l0 = min(c["layers"]) if c["layers"] else 0
+            use_skip = skip and base is not None and l0 > 0
+            with contextlib.ExitStack() as st:
+                st.enter_context(value_edits(model, edits, positions=last if positions == "last" else None))
+                if use_skip:
+                    st.enter_context(skip_layers(model, l0, base["blocks"][l0 - 1]))
+                r = forward_probe(model, batch, cands, probe_layers=[l for l in probe_layers if not use_skip or l >= l0],
+                                  record_blocks=record if not c["layers"] else (), head=head, pad_id=pad_id)
+            if not c["layers"]:
+                base = r
             rec = out[c["condition"]]
-            rec["logp"][idx] = r["candidate_logprobs"]
+            rec["logp"][idx] = r["logp"]
             for l in probe_layers:
-                rec["proj"][l][idx] = r["values"][:, l, :].astype(np.float64) @ axes[l].u
+                v = r["values"].get(l, base["values"][l] if base is not None else None)
+                rec["proj"][l][idx] = v.astype(np.float64) @ axes[l].u
     log(f"[interventions] {len(conditions)} conditions x {n} prompts in {time.time() - t0:.1f} s")
     return out
 
@@ -502,7 +598,8 @@ def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.9
     rows = []
     for cond, g in per_prompt.groupby("condition", sort=False):
         g = g.set_index("prompt").loc[base.index]
-        layers = [int(x) for x in str(g.layers.iloc[0]).split("+") if x not in ("", "nan")]
+        # a column of single layers reads back from CSV as float ("1.0"); "1+2" stays a string
+        layers = [int(float(x)) for x in str(g.layers.iloc[0]).split("+") if x not in ("", "nan")]
         le = layers[-1] if layers else None
         hb = base.h_bayes_bits.to_numpy(np.float64)
         hm, hm0 = g.h_model_bits.to_numpy(np.float64), base.h_model_bits.to_numpy(np.float64)

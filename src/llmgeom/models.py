@@ -488,14 +488,104 @@ def _fp16_guard(weights_path: Path, device: str, model_dir):
     return up
 
 
+class ModelMemoryError(MemoryError):
+    """A model that cannot fit the memory its job declares (or the GPUs it gets); raised before any
+    weight is read, with the numbers and the fix."""
+
+
+MEMORY_OVERHEAD_MB = 1024  # Python, torch, tokenizer, one batch of activations and logits
+
+
+def _weights_path(model_dir: Path) -> Path:
+    man = read_manifest(model_dir)
+    wp = Path(man.get("weights_path") or ".")
+    return wp if wp.is_absolute() else model_dir / wp
+
+
+def count_parameters(config) -> int:
+    """Exact number of parameters of the causal LM that ``config`` describes (tied weights counted
+    once), built on the meta device: nothing is read or allocated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(config)
+    return int(sum(p.numel() for p in m.parameters()))
+
+
+def estimate_model_bytes(config, dtype) -> int:
+    """Bytes of the weights of ``config`` in ``dtype`` (torch dtype or config name; "auto" counts as
+    float32, the CPU choice)."""
+    import torch
+
+    td = resolve_dtype(dtype, "cpu") if isinstance(dtype, str) else dtype
+    return count_parameters(config) * torch.empty((), dtype=td).element_size()
+
+
+def check_memory(model_dir: str | Path, *, dtype: str = "auto", device: str = "auto", device_map=None,
+                 mem_mb: int | None = None, name: str | None = None) -> dict:
+    """Check, before loading, that the weights fit where they will live.
+
+    CPU: weights + ``MEMORY_OVERHEAD_MB`` against the job's declared ``mem_mb`` (skipped when None).
+    CUDA: 1.1 x weights + ``MEMORY_OVERHEAD_MB`` against the total memory of the GPU in use, or of
+    every visible GPU with a ``device_map`` (e.g. "auto"). The parameter count comes from the model's
+    config.json (``count_parameters``, meta device), so nothing is loaded.
+
+    Returns:
+        dict(n_params, bytes_per_param, weights_mb, needed_mb, available_mb, where).
+
+    Raises:
+        ModelMemoryError: naming both numbers and the fix (raise ``models.<name>.mem_mb``, use
+            bfloat16, or device_map: auto with more GPUs).
+    """
+    import torch
+    from transformers import AutoConfig
+
+    model_dir = Path(model_dir)
+    name = name or model_dir.name
+    dev = resolve_device(device)
+    td = resolve_dtype(dtype, dev)
+    cfg = AutoConfig.from_pretrained(_weights_path(model_dir))
+    n = count_parameters(cfg)
+    bpp = torch.empty((), dtype=td).element_size()
+    weights_mb = n * bpp / 2**20
+    dt = str(td).replace("torch.", "")
+    if dev.startswith("cuda"):
+        if device_map:
+            idx = list(range(torch.cuda.device_count()))
+        else:
+            d = torch.device(dev)
+            idx = [d.index if d.index is not None else torch.cuda.current_device()]
+        available = sum(torch.cuda.get_device_properties(i).total_memory for i in idx) / 2**20
+        needed = 1.1 * weights_mb + MEMORY_OVERHEAD_MB
+        where = f"{len(idx)} GPU{'s' if len(idx) > 1 else ''} ({', '.join(torch.cuda.get_device_name(i) for i in idx)})"
+        fix = ("use dtype bfloat16, or device_map: auto with gpus: N on a node with more GPU memory"
+               if not device_map else "request more or larger GPUs (models.{0}.gpus, gpu_model) or use bfloat16")
+    else:
+        available = float(mem_mb) if mem_mb is not None else float("inf")
+        needed = weights_mb + MEMORY_OVERHEAD_MB
+        where = f"mem_mb={mem_mb} declared by the job"
+        fix = (f"raise models.{{0}}.mem_mb to at least {int(needed) + 1} (or run on a GPU node in bfloat16)")
+    info = dict(n_params=n, bytes_per_param=bpp, weights_mb=round(weights_mb, 1), needed_mb=round(needed, 1),
+                available_mb=round(available, 1), where=where)
+    if needed > available:
+        raise ModelMemoryError(
+            f"model {name!r} does not fit: {n:,} parameters x {bpp} bytes ({dt}) = {weights_mb:,.0f} MiB of weights, "
+            f"about {needed:,.0f} MiB needed with overhead, but only {available:,.0f} MiB available ({where}); "
+            + fix.format(name))
+    return info
+
+
 def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sdpa", device: str = "auto",
-                  device_map: str | None = None):
+                  device_map: str | None = None, mem_mb: int | None = None):
     """Load (model, tokenizer) from a prepared directory, in eval mode.
 
     Args:
         dtype: "float32" | "bfloat16" | "float16" | "auto" (bf16 on CUDA, fp32 on CPU).
         attn: attention implementation; "eager" is needed for attention weights.
-        device_map: e.g. "auto" to spread a large model over the GPUs of a node.
+        device_map: e.g. "auto" to spread a large model over the GPUs of a node. Without it, a model
+            for a CUDA device is loaded straight onto that device (host memory holds no copy).
+        mem_mb: the job's declared memory; with it (and always on CUDA) ``check_memory`` runs first.
 
     float16 on a family that overflows it (``architectures.FP16_OVERFLOW_MODEL_TYPES``, Gemma 2/3)
     is upcast to bfloat16 (CUDA) or float32 with a warning; the dtype used is ``model.dtype``
@@ -503,22 +593,25 @@ def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sd
 
     Raises:
         FileNotFoundError: not a prepared directory.
+        ModelMemoryError: the weights cannot fit (see ``check_memory``); nothing has been loaded.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
-    man = read_manifest(model_dir)
-    wp = Path(man.get("weights_path") or ".")
-    if not wp.is_absolute():
-        wp = model_dir / wp
+    wp = _weights_path(model_dir)
     dev = resolve_device(device)
     td = resolve_dtype(dtype, dev)
     if td == torch.float16:
         td = _fp16_guard(wp, dev, model_dir)
+    if mem_mb is not None or dev.startswith("cuda"):
+        check_memory(model_dir, dtype=str(td).replace("torch.", ""), device=dev, device_map=device_map,
+                     mem_mb=mem_mb)
     kw = dict(dtype=td, attn_implementation=attn)
     if device_map:
         kw["device_map"] = device_map
+    elif dev.startswith("cuda"):
+        kw["device_map"] = dev  # straight onto the GPU, no host copy of the weights
     model = AutoModelForCausalLM.from_pretrained(wp, **kw)
     if not device_map:
         model.to(dev)

@@ -118,6 +118,7 @@ def collect(config: dict, *, models: list[str], prompt_sets: list[str], root: st
         entry = {k: man.get(k) for k in ("source", "repo_id", "package", "gguf_file", "gguf_architecture",
                                          "source_version", "revision", "source_sha256")}
         entry["resolved_revision"] = resolved_revision(man.get("weights_path"))
+        entry["weights_path"] = man.get("weights_path") if man.get("source") != "package_gguf" else None
         entry["model_type"] = (man.get("architecture") or {}).get("model_type")
         entry["dtype_requested"] = (config.get("models", {}).get(m) or {}).get("dtype")
         entry["extractions"] = {}
@@ -146,7 +147,7 @@ def to_markdown(rec: dict) -> str:
               "|---|---|---|---|---|---|"]
     for m, e in rec["models"].items():
         src = e.get("repo_id") or (f"{e.get('package')}=={e.get('source_version')} / {e.get('gguf_file')}"
-                                   if e.get("package") else e.get("source"))
+                                   if e.get("package") else e.get("weights_path"))
         dtypes = sorted({str(x.get("torch_dtype")) for x in e["extractions"].values()}) or [str(e["dtype_requested"])]
         lines.append(f"| {m} | {e.get('source')}: {src} | {e.get('revision') or ''} | {e.get('resolved_revision') or ''} "
                      f"| `{(e.get('source_sha256') or '')[:16]}` | {', '.join(dtypes)} |")

@@ -12,11 +12,21 @@ from llmgeom.workflow_support import (
     extract_mem_mb,
     model_source_params,
 )
+from llmgeom.cluster import (
+    GPU_RULES,
+    apply_size_defaults,
+    check_gpu_config,
+    gpu_job_resources,
+    package_files,
+    scaled_mem,
+)
 
 with open(workflow.source_path("../schemas/config.schema.yaml")) as _fh:
     _SCHEMA = yaml.safe_load(_fh)
+apply_size_defaults(config)  # models with params_b: mem_mb / runtime from their size, unless given
 apply_model_defaults(config, _SCHEMA)
 check_config(config)
+check_gpu_config(config)
 check_models(config)  # sources exist, token budgets fit each model's context (no weights read)
 
 MODELS = sorted(config["models"])
@@ -33,6 +43,17 @@ wildcard_constraints:
 
 def mcfg(wildcards, key):
     return config["models"][wildcards.model][key]
+
+
+# Resources of the GPU rules (GPU_RULES in llmgeom.cluster), per model entry: `resources: **GPU_RESOURCES`.
+# CPU rules declare mem_mb=scaled_mem(MB) (grows x1.5 per retry), runtime and, if small, group "analysis".
+GPU_RESOURCES = gpu_job_resources(config["models"])
+
+
+def pkg(*modules):
+    """Package source files a rule runs (the named llmgeom modules and what they import), as a named
+    input `code=pkg("tables")`: editing that code reruns the rule (README "Rerunning only what changed")."""
+    return package_files(*modules)
 
 
 # Each rule file appends its final targets here; `rule all` (Snakefile) requests them all.

@@ -3,6 +3,7 @@ rule extract:
     input:
         model="resources/models/{model}",
         prompts="resources/prompts/{promptset}.jsonl",
+        code=pkg("extraction"),
     output:
         "results/{model}/activations/{promptset}.h5",
     params:
@@ -19,9 +20,7 @@ rule extract:
         seed=config["prompts"]["seed"],
     threads: config["extract"]["threads"]
     resources:
-        gpu=1,
-        mem_mb=lambda w, attempt: extract_mem_mb(config["models"][w.model], attempt),
-        runtime=lambda w: mcfg(w, "runtime"),
+        **GPU_RESOURCES,
     log:
         "logs/extract/{model}/{promptset}.log",
     script:

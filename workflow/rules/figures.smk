@@ -12,6 +12,7 @@ rule aggregate:
     """Cross-model table: concatenation of per-model tables."""
     input:
         lambda w: expand("results/{model}/tables/{table}.csv", model=MODELS, table=w.table),
+        code=pkg("tables"),
     output:
         report(
             "results/summary/{table}.csv",
@@ -22,8 +23,10 @@ rule aggregate:
     wildcard_constraints:
         table="value_manifold|intrinsic_dimension",
     resources:
-        mem_mb=1000,
+        mem_mb=scaled_mem(1000),
         runtime=5,
+    group:
+        "summary"
     script:
         "../scripts/aggregate.py"
 
@@ -31,6 +34,7 @@ rule aggregate:
 rule figure_value_manifold:
     input:
         "results/summary/value_manifold.csv",
+        code=pkg("plotting"),
     output:
         png=report(
             "results/figures/value_manifold.png",
@@ -39,8 +43,10 @@ rule figure_value_manifold:
         ),
         pdf="results/figures/value_manifold.pdf",
     resources:
-        mem_mb=1000,
+        mem_mb=scaled_mem(1000),
         runtime=5,
+    group:
+        "summary"
     script:
         "../scripts/figure_value_manifold.py"
 
@@ -48,6 +54,7 @@ rule figure_value_manifold:
 rule figure_intrinsic_dimension:
     input:
         "results/summary/intrinsic_dimension.csv",
+        code=pkg("plotting"),
     output:
         png=report(
             "results/figures/intrinsic_dimension.png",
@@ -56,7 +63,9 @@ rule figure_intrinsic_dimension:
         ),
         pdf="results/figures/intrinsic_dimension.pdf",
     resources:
-        mem_mb=1000,
+        mem_mb=scaled_mem(1000),
         runtime=5,
+    group:
+        "summary"
     script:
         "../scripts/figure_intrinsic_dimension.py"

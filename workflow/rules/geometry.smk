@@ -5,6 +5,7 @@ rule value_manifold:
     """Paper III sec. 4: PCA of last-token value vectors and residual stream, per prompt set and layer."""
     input:
         h5=expand("results/{{model}}/activations/{promptset}.h5", promptset=VM_SETS),
+        code=pkg("tables"),
     output:
         "results/{model}/tables/value_manifold.csv",
     params:
@@ -14,7 +15,7 @@ rule value_manifold:
         seed=config["value_manifold"]["seed"],
         layers=config["value_manifold"]["layers"],
     resources:
-        mem_mb=4000,
+        mem_mb=scaled_mem(4000),
         runtime=30,
     group:
         "analysis"

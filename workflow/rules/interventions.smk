@@ -12,6 +12,7 @@ rule intervene:
         model="resources/models/{model}",
         prompts="resources/prompts/sula/{model}/main.jsonl",
         h5="results/{model}/activations/sula_main.h5",
+        code=pkg("interventions"),
     output:
         per_prompt="results/{model}/interventions/sula_interventions_per_prompt.csv",
         axes="results/{model}/interventions/entropy_axes.csv",
@@ -30,11 +31,11 @@ rule intervene:
         device=config["extract"]["device"],
     threads: config["extract"]["threads"]
     resources:
-        gpu=1,
-        mem_mb=lambda w, attempt: extract_mem_mb(config["models"][w.model], attempt),
-        runtime=lambda w: mcfg(w, "runtime"),
+        **GPU_RESOURCES,
     log:
         "logs/intervene/{model}.log",
+    conda:
+        "../../envs/torch.yaml"
     script:
         "../scripts/intervene.py"
 
@@ -45,6 +46,7 @@ rule intervention_table:
     input:
         per_prompt="results/{model}/interventions/sula_interventions_per_prompt.csv",
         axes="results/{model}/interventions/entropy_axes.csv",
+        code=pkg("interventions"),
     output:
         "results/{model}/interventions/sula_interventions.csv",
     params:
@@ -52,12 +54,14 @@ rule intervention_table:
         ci=IV["ci"],
         seed=IV["seed"],
     resources:
-        mem_mb=2000,
+        mem_mb=scaled_mem(2000),
         runtime=10,
     group:
         "analysis"
     log:
         "logs/intervention_table/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/intervention_table.py"
 
@@ -65,7 +69,8 @@ rule intervention_table:
 rule figure_interventions:
     """Grouped bars: change in axis-entropy correlation and in SULA MAE, entropy vs random axis, 95% CIs."""
     input:
-        "results/summary/sula_interventions.csv",
+        table="results/summary/sula_interventions.csv",
+        code=pkg("sula_plots"),
     output:
         png=report(
             "results/figures/sula_interventions.png",
@@ -74,9 +79,11 @@ rule figure_interventions:
         ),
         pdf="results/figures/sula_interventions.pdf",
     resources:
-        mem_mb=1000,
+        mem_mb=scaled_mem(1000),
         runtime=5,
     log:
         "logs/figure_interventions/figure_interventions.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/figure_interventions.py"

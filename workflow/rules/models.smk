@@ -1,11 +1,13 @@
 rule prepare_model:
     """Model source (GGUF in a package, local HF directory or HF id) -> plain HF directory + manifest."""
+    input:
+        code=pkg("models"),
     output:
         directory("resources/models/{model}"),
     params:
         spec=lambda w: model_source_params(config["models"][w.model]),
     resources:
-        mem_mb=lambda w: config["models"][w.model]["mem_mb"],
+        mem_mb=lambda w, attempt: extract_mem_mb(config["models"][w.model], attempt),
         runtime=30,
     log:
         "logs/prepare_model/{model}.log",

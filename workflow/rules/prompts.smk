@@ -1,5 +1,7 @@
 rule build_prompts:
     """Model-independent prompt set from real text (Wikipedia summaries, stdlib source), seeded."""
+    input:
+        code=pkg("prompts"),
     output:
         "resources/prompts/{promptset}.jsonl",
     params:
@@ -7,7 +9,7 @@ rule build_prompts:
         seed=config["prompts"]["seed"],
         token_budget=config["prompts"]["token_budget"],
     resources:
-        mem_mb=2000,
+        mem_mb=scaled_mem(2000),
         runtime=10,
     log:
         "logs/build_prompts/{promptset}.log",

@@ -20,6 +20,7 @@ rule build_sula:
     """Per-model SULA prompt sets (main + controls) with single-token nonsense labels, seeded."""
     input:
         model="resources/models/{model}",
+        code=pkg("sula"),
     output:
         expand("resources/prompts/sula/{{model}}/{condition}.jsonl", condition=SULA_CONDITIONS),
     params:
@@ -33,10 +34,12 @@ rule build_sula:
         prefix=SULA["label_prefix"],
         label_pairs=SULA["label_pairs"],
     resources:
-        mem_mb=2000,
+        mem_mb=scaled_mem(2000),
         runtime=5,
     log:
         "logs/build_sula/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/build_sula.py"
 
@@ -46,6 +49,7 @@ rule extract_sula:
     input:
         model="resources/models/{model}",
         prompts="resources/prompts/sula/{model}/{condition}.jsonl",
+        code=pkg("extraction"),
     output:
         "results/{model}/activations/sula_{condition}.h5",
     wildcard_constraints:
@@ -58,11 +62,11 @@ rule extract_sula:
         top_k=config["extract"]["top_k"],
     threads: config["extract"]["threads"]
     resources:
-        gpu=1,
-        mem_mb=lambda w, attempt: extract_mem_mb(config["models"][w.model], attempt),
-        runtime=lambda w: mcfg(w, "runtime"),
+        **GPU_RESOURCES,
     log:
         "logs/extract_sula/{model}/{condition}.log",
+    conda:
+        "../../envs/torch.yaml"
     script:
         "../scripts/extract_sula.py"
 
@@ -71,6 +75,7 @@ rule sula_tables:
     """SULA MAE / r per condition and k, calibration bins, PC1 geometry per layer, per-prompt values."""
     input:
         h5=expand("results/{{model}}/activations/sula_{condition}.h5", condition=SULA_CONDITIONS),
+        code=pkg("sula"),
     output:
         sula="results/{model}/tables/sula.csv",
         calibration="results/{model}/tables/sula_calibration.csv",
@@ -81,26 +86,27 @@ rule sula_tables:
         n_bins=SULA["calibration_bins"],
         layers=SULA["layers"],
     resources:
-        mem_mb=2000,
+        mem_mb=scaled_mem(2000),
         runtime=10,
     group:
         "analysis"
     log:
         "logs/sula_tables/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/sula_tables.py"
-
-
-def _sula_summary_input(wildcards):
-    t = wildcards.sula_table
-    folder = "interventions" if t == "sula_interventions" else "tables"
-    return expand(f"results/{{model}}/{folder}/{t}.csv", model=MODELS)
 
 
 rule aggregate_sula:
     """Cross-model SULA / intervention tables: concatenation of the per-model tables."""
     input:
-        _sula_summary_input,
+        lambda w: expand(
+            "results/{model}/{folder}/{table}.csv",
+            model=MODELS,
+            table=w.sula_table,
+            folder="interventions" if w.sula_table == "sula_interventions" else "tables",
+        ),
     output:
         report(
             "results/summary/{sula_table}.csv",
@@ -111,10 +117,14 @@ rule aggregate_sula:
     wildcard_constraints:
         sula_table="sula|sula_calibration|sula_geometry|sula_prompts|sula_interventions",
     resources:
-        mem_mb=1000,
+        mem_mb=scaled_mem(1000),
         runtime=5,
+    log:
+        "logs/aggregate_sula/{sula_table}.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
-        "../scripts/aggregate.py"
+        "../scripts/aggregate_sula.py"
 
 
 rule figure_sula:
@@ -123,6 +133,7 @@ rule figure_sula:
         sula="results/summary/sula.csv",
         prompts="results/summary/sula_prompts.csv",
         geometry="results/summary/sula_geometry.csv",
+        code=pkg("sula_plots"),
     output:
         calibration=report(
             "results/figures/sula_calibration.png",
@@ -137,9 +148,11 @@ rule figure_sula:
         ),
         pc1_pdf="results/figures/sula_pc1.pdf",
     resources:
-        mem_mb=1000,
+        mem_mb=scaled_mem(1000),
         runtime=5,
     log:
         "logs/figure_sula/figure_sula.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/figure_sula.py"

@@ -1,3 +1,4 @@
 from llmgeom.tables import concat_tables, write_table
 
-write_table(concat_tables(snakemake.input), snakemake.output[0])
+# only the tables: a rule may also list package code (code=pkg(...)) among its inputs
+write_table(concat_tables([p for p in snakemake.input if p.endswith(".csv")]), snakemake.output[0])

@@ -20,4 +20,5 @@ with run_logged(snakemake.log[0], threads=snakemake.threads):
         sample_per_prompt=p.sample_per_prompt,
         max_tokens=p.max_tokens,
         seed=p.seed,
+        mem_mb=getattr(snakemake.resources, "mem_mb", None),  # checked against the model's size before loading
     )

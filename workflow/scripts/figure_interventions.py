@@ -5,4 +5,4 @@ with run_logged(snakemake.log[0]):
 
     from llmgeom.sula_plots import interventions_figure
 
-    interventions_figure(pd.read_csv(snakemake.input[0]), [snakemake.output.png, snakemake.output.pdf])
+    interventions_figure(pd.read_csv(snakemake.input.table), [snakemake.output.png, snakemake.output.pdf])
