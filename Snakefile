@@ -14,6 +14,9 @@ if not workflow.overwrite_configfiles:
 from llmgeom.workflow_support import validate_config_file
 
 validate_config_file(config, workflow.source_path("workflow/schemas/config.schema.yaml"))
+from llmgeom.cluster import apply_size_defaults
+
+apply_size_defaults(config)  # models with params_b: mem_mb / runtime from their size unless given (before defaults)
 validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
 
 
@@ -32,6 +35,7 @@ include: "workflow/rules/sula.smk"
 include: "workflow/rules/interventions.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/provenance.smk"
+include: "workflow/rules/sweeps.smk"
 
 
 rule all:

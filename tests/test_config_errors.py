@@ -135,6 +135,8 @@ BAD = [
      ["the config is missing the required key 'prompts'"]),
     ("no-prompt-sets", {"prompts.sets": {}},
      ["prompts.sets = {} is empty", "at least 1"]),
+    ("negative-seed", {"value_manifold.seed": -1},  # numpy's default_rng refuses it inside a job
+     ["value_manifold.seed = -1", "an integer >= 0"]),
 ]
 
 

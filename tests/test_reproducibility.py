@@ -218,3 +218,15 @@ def test_provenance_records_versions_revisions_and_hashes(runs):
     assert json.dumps(strip[0], sort_keys=True, default=str) == json.dumps(strip[1], sort_keys=True, default=str)
     md = provenance.to_markdown(rec)
     assert rec["config_sha256"] in md and rec["prompt_sets"]["mixed"]["sha256"] in md
+
+
+def test_provenance_rule_runs_last_and_is_in_the_report(runs):
+    """The provenance rule is part of the default target, takes every other final output as input
+    (so it is written last) and registers its files in the report."""
+    a, _, _ = runs
+    r = run(a, "-n", "results/provenance.json")
+    stats = (r.stdout + r.stderr).split("Job stats:")[1].split("total")[0]
+    assert "provenance" in stats and "figure_value_manifold" in stats and "aggregate_sula" in stats
+    smk = (REPO / "workflow/rules/provenance.smk").read_text()
+    assert 'report("results/provenance.json"' in smk and 'report("results/provenance.md"' in smk
+    assert 'include: "workflow/rules/provenance.smk"' in (REPO / "Snakefile").read_text()

@@ -101,6 +101,9 @@ def test_generate_sula_structure_and_posteriors():
                 assert m["p_bayes"] == pytest.approx(float(sula.bayes_posterior(m["n_L1"], m["n_L2"], 0.9)))
             if m["k"] == 0:
                 assert m["h_bayes_bits"] == 1.0
+            want = 0.9 * m["p_bayes"] + 0.1 * (1 - m["p_bayes"])
+            assert m["p_pred"] == pytest.approx(want)
+            assert m["h_pred_bits"] >= float(sula.binary_entropy_bits(0.9)) - 1e-12
             if cond == "ablation":
                 assert all(line.startswith("[MASK]:") for line in lines)
     # controls are paired with main: same carriers / counts (remap, ablation), same carriers (shuffled)

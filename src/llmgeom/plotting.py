@@ -20,8 +20,12 @@ def _save(fig, paths) -> None:
         p = Path(p)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.stem}.partial{p.suffix}")
-        fig.savefig(tmp, dpi=130, bbox_inches="tight")
-        os.replace(tmp, p)
+        try:
+            fig.savefig(tmp, dpi=130, bbox_inches="tight")
+            os.replace(tmp, p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     plt.close(fig)
 
 

@@ -174,6 +174,18 @@ def h_bayes_bits(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
     return binary_entropy_from_logit(np.atleast_1d(z)).reshape(np.shape(z))
 
 
+def posterior_predictive(p_l1, alpha: float = 0.9) -> np.ndarray:
+    """Probability that the NEXT example's label is L1: alpha p + (1 - alpha)(1 - p), p = p(y = L1 | data).
+
+    Its binary entropy is >= H(alpha) (0.469 bits at alpha = 0.9) however many examples are seen; the
+    headline comparison (DESIGN.md, Paper III) uses the posterior entropy H_Bayes instead, and this one is
+    reported alongside (``h_pred_bits``).
+    """
+    alpha = _check_alpha(alpha)
+    p = np.asarray(p_l1, np.float64)
+    return alpha * p + (1.0 - alpha) * (1.0 - p)
+
+
 def model_label_entropy(logp_l1, logp_l2) -> tuple[np.ndarray, np.ndarray]:
     """Renormalize the model's next-token probabilities over the two labels.
 
@@ -302,7 +314,8 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
     Returns:
         condition -> list of records {"id", "text", "meta"}; meta has condition, k, i, y ("L1"/"L2", None
         for shuffled), n_L1, n_L2, labels [w1, w2], label_token_ids [id1, id2], label_prefix, alpha,
-        p_bayes (= p(y = L1)), h_bayes_bits, h_counts_bits (alpha-model entropy from the counts, = h_bayes_bits
+        p_bayes (= p(y = L1)), h_bayes_bits, p_pred / h_pred_bits (posterior predictive of the next label and
+        its entropy, :func:`posterior_predictive`), h_counts_bits (alpha-model entropy from the counts, = h_bayes_bits
         except in the shuffled control), query_word, query_sentiment, example_labels (0 = L1, 1 = L2), seed.
 
     Raises:
@@ -348,12 +361,14 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
                 else:
                     p = float(bayes_posterior(n1, n2, alpha))
                     h, y = h_counts, ("L1", "L2")[d["y"]]
+                p_pred = float(posterior_predictive(p, alpha))
                 out[cond].append({
                     "id": f"sula-{cond}-k{k}-{i:03d}",
                     "text": text,
                     "meta": {"condition": cond, "k": k, "i": i, "y": y, "n_L1": n1, "n_L2": n2,
                              "labels": list(pair["labels"]), CANDIDATES_KEY: list(pair["token_ids"]),
                              "label_prefix": prefix, "alpha": alpha, "p_bayes": p, "h_bayes_bits": h,
+                             "p_pred": p_pred, "h_pred_bits": float(binary_entropy_bits(p_pred)),
                              "h_counts_bits": h_counts, "query_word": query,
                              "query_sentiment": None if cond == "ablation" else d["query_sentiment"],
                              "example_labels": list(ex), "seed": seed, "task": "sula"},
@@ -411,7 +426,7 @@ def read_sula_h5(path, *, model: str | None = None):
 
     Returns:
         (pandas DataFrame with one row per prompt: id-free columns condition, k, i, n_L1, n_L2, labels,
-        alpha, p_bayes, h_bayes_bits, h_counts_bits, logp_l1, logp_l2 (nats), p_model, h_model_bits,
+        alpha, p_bayes, h_bayes_bits, h_counts_bits, h_pred_bits, logp_l1, logp_l2 (nats), p_model, h_model_bits,
         label_mass (p(L1) + p(L2) over the full vocabulary), h_vocab_bits (full next-token entropy, bits);
         values h5 dataset is not loaded).
 
@@ -437,6 +452,7 @@ def read_sula_h5(path, *, model: str | None = None):
         "labels": ["/".join(m["labels"]) for m in meta], "alpha": [m["alpha"] for m in meta],
         "p_bayes": [m["p_bayes"] for m in meta], "h_bayes_bits": [m["h_bayes_bits"] for m in meta],
         "h_counts_bits": [m["h_counts_bits"] for m in meta],
+        "h_pred_bits": [m.get("h_pred_bits", np.nan) for m in meta],
         "logp_l1": lp[:, 0], "logp_l2": lp[:, 1], "p_model": p_model, "h_model_bits": h_model,
         "label_mass": np.exp(lp[:, 0]) + np.exp(lp[:, 1]), "h_vocab_bits": hv,
     })
@@ -461,7 +477,8 @@ def sula_stats(h_model, h_bayes, p_model=None, p_bayes=None) -> dict:
 
 def sula_table(per_prompt, *, model: str):
     """Per condition, per k and overall (k = "all"): n, mae_bits, pearson_r, pearson_p, mean_h_model_bits,
-    mean_h_bayes_bits, mae_p (|p_model(L1) - p_bayes(L1)|), mean_label_mass, mean_h_vocab_bits, labels, alpha.
+    mean_h_bayes_bits, mae_p (|p_model(L1) - p_bayes(L1)|), mean_h_pred_bits / mae_pred_bits (against the
+    posterior predictive entropy), mean_label_mass, mean_h_vocab_bits, labels, alpha.
 
     Args:
         per_prompt: DataFrame from :func:`read_sula_h5` (all conditions concatenated).
@@ -476,6 +493,8 @@ def sula_table(per_prompt, *, model: str):
         for k, gk in groups:
             st = sula_stats(gk.h_model_bits, gk.h_bayes_bits, gk.p_model, gk.p_bayes)
             rows.append(dict(model=model, condition=cond, labels=gk.labels.iloc[0], k=k, **st,
+                             mean_h_pred_bits=float(gk.h_pred_bits.mean()),
+                             mae_pred_bits=float(np.mean(np.abs(gk.h_model_bits - gk.h_pred_bits))),
                              mean_label_mass=float(gk.label_mass.mean()),
                              mean_h_vocab_bits=float(gk.h_vocab_bits.mean()), alpha=float(gk.alpha.iloc[0])))
     return pd.DataFrame(rows)

@@ -96,7 +96,8 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
 
     Returns:
         DataFrame with model, prompt_set, estimator, layer, relative_depth (layer / L), d_model,
-        n (distinct points), n_duplicates_removed, n_subsamples, subsample_size, id_mean, id_std, id_min,
+        n (distinct points), n_duplicates_removed, n_subsamples, subsample_size (requested),
+        subsample_size_used (= n when fewer distinct points exist; then a warning), id_mean, id_std, id_min,
         id_max, id_over_d_model, mle_k (neighbours of MLE; empty for TwoNN), estimator_ratio (largest /
         smallest id_mean over the estimators at that layer; NaN with one estimator),
         estimators_disagree (estimator_ratio > disagreement_factor), disagreement_factor.
@@ -104,7 +105,7 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
     Raises:
         StoreError: untrusted file. manifold.TooFewPointsError: too few distinct points in a layer.
     """
-    rows = []
+    rows, short = [], []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
         X = f["tokens/residual_sample"]
@@ -118,10 +119,19 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
                     kw["k"] = mle_k
                 r = manifold.id_subsamples(pts, estimator=est, n_subsamples=n_subsamples,
                                            subsample_size=subsample_size, seed=seed, **kw)
+                if r["subsample_size"] < subsample_size and not short:
+                    short.append(layer)
+                    import warnings
+
+                    warnings.warn(f"{h5_path}: layer {layer} has only {r['n_points']} distinct points, fewer than "
+                                  f"intrinsic_dimension.subsample_size={subsample_size}: every subsample is all of "
+                                  "them (id_std = 0; column subsample_size_used). Extract more corpus positions "
+                                  "(prompts.sets.<corpus>.n, extract.sample_per_prompt) for a spread", stacklevel=2)
                 rows.append(dict(model=model, prompt_set=a.get("prompt_set"), estimator=est, layer=layer,
                                  relative_depth=layer / n_layers, d_model=d_model, n=r["n_points"],
                                  n_duplicates_removed=r["n_duplicates_removed"], n_subsamples=r["n_subsamples"],
-                                 subsample_size=subsample_size, id_mean=r["id_mean"], id_std=r["id_std"],
+                                 subsample_size=subsample_size, subsample_size_used=r["subsample_size"],
+                                 id_mean=r["id_mean"], id_std=r["id_std"],
                                  id_min=r["id_min"], id_max=r["id_max"],
                                  id_over_d_model=r["id_mean"] / d_model,
                                  mle_k=mle_k if est == "mle" else None))

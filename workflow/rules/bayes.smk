@@ -21,6 +21,7 @@ rule domain_restriction:
     """Paper III sec. 4: entropy-stratified selections (mixed vs single-topic), value-manifold stats per layer."""
     input:
         h5=expand("results/{{model}}/activations/{promptset}.h5", promptset=DR_SETS),
+        code=pkg("bayes_geometry", "tables"),
     output:
         stats="results/{model}/tables/domain_restriction.csv",
         selection="results/{model}/tables/domain_selection.csv",
@@ -54,6 +55,7 @@ rule key_orthogonality:
     """Paper III sec. 4.2: mean |cos| between W_K columns per layer and key head, Gaussian and random-init baselines."""
     input:
         model="resources/models/{model}",
+        code=pkg("keys", "tables"),
     output:
         "results/{model}/tables/key_orthogonality.csv",
     params:
@@ -78,6 +80,7 @@ rule attention_focusing:
     """Paper III sec. 4.2: final-query attention entropy per head and layer; focusing first -> last layer."""
     input:
         h5=f"results/{{model}}/activations/{AF_SET}.h5",
+        code=pkg("bayes_geometry", "tables"),
     output:
         detail="results/{model}/tables/attention_focusing.csv",
         summary="results/{model}/tables/attention_focusing_summary.csv",
@@ -99,6 +102,7 @@ rule aggregate_bayes:
     """Cross-model Bayesian-geometry tables: each per-model table concatenated over models (one job)."""
     input:
         expand("results/{model}/tables/{table}.csv", table=BAYES_MODEL_TABLES, model=MODELS),
+        code=pkg("tables"),
     output:
         **{
             t: report(
@@ -116,6 +120,8 @@ rule aggregate_bayes:
     resources:
         mem_mb=2000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/aggregate_bayes.log",
     conda:
@@ -130,6 +136,7 @@ rule bayes_summary:
         dr="results/summary/domain_restriction.csv",
         ko="results/summary/key_orthogonality.csv",
         af="results/summary/attention_focusing_summary.csv",
+        code=pkg("bayes_geometry", "tables"),
     output:
         t1=report("results/summary/table1.csv", caption="../report/bayes_tables.rst",
                   category="Bayesian geometry", subcategory="Cross-model summary", labels={"table": "table1 (csv)"}),
@@ -149,6 +156,8 @@ rule bayes_summary:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/bayes_summary.log",
     conda:
@@ -160,6 +169,7 @@ rule bayes_summary:
 rule figure_pc_scatter:
     input:
         "results/summary/pc_scores.csv",
+        code=pkg("bayes_plots"),
     output:
         png=report("results/figures/pc_scatter.png", caption="../report/pc_scatter.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -169,6 +179,8 @@ rule figure_pc_scatter:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/figures/pc_scatter.log",
     conda:
@@ -180,6 +192,7 @@ rule figure_pc_scatter:
 rule figure_explained_variance_layers:
     input:
         "results/summary/domain_restriction.csv",
+        code=pkg("bayes_plots"),
     output:
         png=report("results/figures/explained_variance_layers.png", caption="../report/explained_variance_layers.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -189,6 +202,8 @@ rule figure_explained_variance_layers:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/figures/explained_variance_layers.log",
     conda:
@@ -200,6 +215,7 @@ rule figure_explained_variance_layers:
 rule figure_key_orthogonality:
     input:
         "results/summary/key_orthogonality.csv",
+        code=pkg("bayes_plots"),
     output:
         png=report("results/figures/key_orthogonality.png", caption="../report/key_orthogonality.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -209,6 +225,8 @@ rule figure_key_orthogonality:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/figures/key_orthogonality.log",
     conda:
@@ -220,6 +238,7 @@ rule figure_key_orthogonality:
 rule figure_attention_focusing:
     input:
         "results/summary/attention_focusing.csv",
+        code=pkg("bayes_plots"),
     output:
         png=report("results/figures/attention_focusing.png", caption="../report/attention_focusing.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -229,6 +248,8 @@ rule figure_attention_focusing:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/figures/attention_focusing.log",
     conda:
@@ -240,6 +261,7 @@ rule figure_attention_focusing:
 rule figure_bayes_summary:
     input:
         "results/summary/table2.csv",
+        code=pkg("bayes_plots"),
     output:
         png=report("results/figures/bayes_summary.png", caption="../report/bayes_summary.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -249,6 +271,8 @@ rule figure_bayes_summary:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/figures/bayes_summary.log",
     conda:

@@ -14,7 +14,6 @@ from llmgeom.workflow_support import (
 )
 from llmgeom.cluster import (
     GPU_RULES,
-    apply_size_defaults,
     check_gpu_config,
     gpu_job_resources,
     package_files,
@@ -23,7 +22,6 @@ from llmgeom.cluster import (
 
 with open(workflow.source_path("../schemas/config.schema.yaml")) as _fh:
     _SCHEMA = yaml.safe_load(_fh)
-apply_size_defaults(config)  # models with params_b: mem_mb / runtime from their size, unless given
 apply_model_defaults(config, _SCHEMA)
 check_config(config)
 check_gpu_config(config)

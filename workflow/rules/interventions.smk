@@ -81,6 +81,8 @@ rule figure_interventions:
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/figure_interventions/figure_interventions.log",
     conda:

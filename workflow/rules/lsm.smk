@@ -17,6 +17,7 @@ rule margins:
     """LSM: margin quantiles, hard core, eta(eps) with its power-law fit, perplexity (no forward pass)."""
     input:
         h5=f"results/{{model}}/activations/{MARGIN_SET}.h5",
+        code=pkg("lsm", "tables"),
     output:
         margins="results/{model}/tables/margins.csv",
         eta_curve="results/{model}/tables/eta_curve.csv",
@@ -43,6 +44,7 @@ rule fisher:
     input:
         h5=f"results/{{model}}/activations/{FISHER_SET}.h5",
         model="resources/models/{model}",
+        code=pkg("lsm", "tables"),
     output:
         fisher="results/{model}/tables/fisher.csv",
         fisher_summary="results/{model}/tables/fisher_summary.csv",
@@ -67,6 +69,7 @@ rule aggregate_lsm:
     """Cross-model LSM tables: each per-model table concatenated over models (one job for all)."""
     input:
         expand("results/{model}/tables/{table}.csv", table=LSM_MODEL_TABLES, model=MODELS),
+        code=pkg("tables"),
     output:
         [
             report(
@@ -83,6 +86,8 @@ rule aggregate_lsm:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/aggregate_lsm.log",
     conda:
@@ -95,6 +100,7 @@ rule margin_vs_perplexity:
     """LSM: median margin and perplexity per model, and their rank correlation across models."""
     input:
         expand("results/{model}/tables/margins.csv", model=MODELS),
+        code=pkg("lsm", "tables"),
     output:
         report(
             "results/summary/margin_vs_perplexity.csv",
@@ -104,6 +110,8 @@ rule margin_vs_perplexity:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/margin_vs_perplexity.log",
     conda:
@@ -121,6 +129,7 @@ rule figures_lsm:
         curve="results/summary/eta_curve.csv",
         fit="results/summary/expressibility_gap.csv",
         mvp="results/summary/margin_vs_perplexity.csv",
+        code=pkg("lsm_plots"),
     output:
         curvature=report("results/figures/curvature.png", caption="../report/curvature.rst",
                          category="Latent semantic manifolds"),
@@ -134,6 +143,8 @@ rule figures_lsm:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/figures_lsm.log",
     conda:

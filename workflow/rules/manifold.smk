@@ -9,6 +9,7 @@ rule intrinsic_dimension:
     the profile summary (peak layer, peak value, shape over relative depth)."""
     input:
         h5=f"results/{{model}}/activations/{ID_SET}.h5",
+        code=pkg("lsm", "tables"),
     output:
         ids="results/{model}/tables/intrinsic_dimension.csv",
         profile="results/{model}/tables/id_profile.csv",
@@ -41,6 +42,7 @@ rule curvature:
     input:
         h5=f"results/{{model}}/activations/{ID_SET}.h5",
         ids="results/{model}/tables/intrinsic_dimension.csv",
+        code=pkg("lsm", "tables"),
     output:
         "results/{model}/tables/curvature.csv",
     params:

@@ -11,6 +11,7 @@ rule provenance:
     input:
         lambda w: [t for t in TARGETS if not t.startswith("results/provenance")],
         models=expand("resources/models/{model}", model=MODELS),
+        code=pkg("provenance"),
     output:
         json=report("results/provenance.json", caption="../report/provenance.rst", category="Provenance"),
         md=report("results/provenance.md", caption="../report/provenance.rst", category="Provenance"),
@@ -21,7 +22,11 @@ rule provenance:
     resources:
         mem_mb=1000,
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/provenance.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/provenance.py"

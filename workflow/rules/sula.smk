@@ -20,7 +20,7 @@ rule build_sula:
     """Per-model SULA prompt sets (main + controls) with single-token nonsense labels, seeded."""
     input:
         model="resources/models/{model}",
-        code=pkg("sula"),
+        code=pkg("sula", "prompts"),
     output:
         expand("resources/prompts/sula/{{model}}/{condition}.jsonl", condition=SULA_CONDITIONS),
     params:
@@ -49,7 +49,7 @@ rule extract_sula:
     input:
         model="resources/models/{model}",
         prompts="resources/prompts/sula/{model}/{condition}.jsonl",
-        code=pkg("extraction"),
+        code=pkg("extraction", "sula"),
     output:
         "results/{model}/activations/sula_{condition}.h5",
     wildcard_constraints:
@@ -107,6 +107,7 @@ rule aggregate_sula:
             table=w.sula_table,
             folder="interventions" if w.sula_table == "sula_interventions" else "tables",
         ),
+        code=pkg("tables"),
     output:
         report(
             "results/summary/{sula_table}.csv",
@@ -119,6 +120,8 @@ rule aggregate_sula:
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/aggregate_sula/{sula_table}.log",
     conda:
@@ -150,6 +153,8 @@ rule figure_sula:
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
+    group:
+        "summary"
     log:
         "logs/figure_sula/figure_sula.log",
     conda:

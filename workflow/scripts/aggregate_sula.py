@@ -3,6 +3,7 @@ from llmgeom.workflow_support import run_logged
 with run_logged(snakemake.log[0]):
     from llmgeom.tables import concat_tables, write_table
 
-    df = concat_tables(snakemake.input)
+    tables = [p for p in snakemake.input if p.endswith(".csv")]  # not the code=pkg(...) inputs
+    df = concat_tables(tables)
     write_table(df, snakemake.output[0])
-    print(f"{len(df)} rows from {len(snakemake.input)} files")
+    print(f"{len(df)} rows from {len(tables)} files")

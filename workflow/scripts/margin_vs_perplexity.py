@@ -4,4 +4,4 @@ from llmgeom.tables import concat_tables, write_table
 from llmgeom.workflow_support import run_logged
 
 with run_logged(snakemake.log[0]):
-    write_table(margin_vs_perplexity_table(concat_tables(snakemake.input)), snakemake.output[0])
+    write_table(margin_vs_perplexity_table(concat_tables([p for p in snakemake.input if p.endswith(".csv")])), snakemake.output[0])

@@ -1,0 +1,261 @@
+"""GPU check (issue 7): the full extraction of real model architectures on one CUDA GPU in bfloat16,
+with tokens/s, peak GPU memory and peak host RSS, against a bare ``model(input_ids, attention_mask)``
+forward over the same batches; plus the multi-device path (a model split between the GPU and the CPU with
+an explicit ``device_map``, compared with the single-device extraction) and the memory check
+(``check_memory`` with the GPU's numbers).
+
+Weights: the device machine has no network and its working tree is limited to 64 MiB, so the models are
+built from their real configurations (SmolLM2-135M's own config.json and tokenizer, carried from
+``resources/models/smollm2-135m``; Llama-3.2-1B and Mistral-7B shapes written below, with SmolLM2's
+vocabulary) with random weights, saved with ``save_pretrained`` and prepared as ``hf_local`` models.
+Throughput and memory depend on the shapes and dtype, not on the weight values.
+
+    bash benchmarks/gpu_check.sh                 # on the GPU machine (see the header of that file)
+    python benchmarks/gpu_check.py --smoke       # here, on CPU: a tiny config, to check the script runs
+
+Writes gpu_check.json and gpu_check.md to --out (default $OUT, else benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+SMOL = REPO / "resources" / "models" / "smollm2-135m"
+PROMPTS = REPO / "resources" / "prompts" / "mixed.jsonl"
+CORPUS = REPO / "resources" / "prompts" / "corpus.jsonl"
+
+# Published shapes (config.json of meta-llama/Llama-3.2-1B and mistralai/Mistral-7B-v0.1), SmolLM2's vocabulary.
+SHAPES = {
+    "llama-3.2-1b-shape": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500000.0,
+                               tie_word_embeddings=True, max_position_embeddings=8192),
+    "mistral-7b-shape": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=8, sliding_window=4096,
+                             tie_word_embeddings=False, max_position_embeddings=8192),
+}
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build_model_dir(name: str, cfg, tok, root: Path, device: str) -> Path:
+    """Random-weight model of ``cfg`` in bf16 (float32 on CPU), saved and prepared as an hf_local model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llmgeom import models
+
+    src = root / "src" / name
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    with torch.device(device):
+        torch.manual_seed(0)
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    m.save_pretrained(src)
+    tok.save_pretrained(src)
+    del m
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    out = root / "prepared" / name
+    models.prepare_model(name, {"source": "hf_local", "path": str(src)}, out)
+    return out
+
+
+def bare_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, device: str) -> dict:
+    import torch
+
+    from llmgeom import architectures as arch
+    from llmgeom.extraction import pad_batch, tokenize_prompts
+    from llmgeom.models import load_prepared
+    from llmgeom.prompts import read_prompt_set
+
+    model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device)
+    recs, _ = read_prompt_set(prompts)
+    seqs = tokenize_prompts(tok, [r["text"] for r in recs], [r.get("id", str(i)) for i, r in enumerate(recs)],
+                            max_tokens=None, truncate=False, context=arch.summarize(model.config).max_positions)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    batches = [[seqs[i] for i in order[j:j + batch]] for j in range(0, len(seqs), batch)]
+    dev = next(model.parameters()).device
+    n_tok = sum(len(s) for s in seqs)
+
+    def run():
+        with torch.inference_mode():
+            for b in batches:
+                ids, mask, _ = pad_batch(b, pad, dev)
+                model(input_ids=ids, attention_mask=mask)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    run()  # warm-up (kernel selection, allocator)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    run()
+    dt = time.perf_counter() - t
+    peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None
+    del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"tokens": n_tok, "seconds": dt, "tokens_per_s": n_tok / dt, "peak_gpu_mib": peak}
+
+
+def full_extraction(model_dir: Path, prompts: Path, out: Path, batch: int, dtype: str, device: str,
+                    corpus: bool = False, device_map=None) -> dict:
+    import torch
+
+    from llmgeom.extraction import extract_to_hdf5
+
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    logs = []
+    t = time.perf_counter()
+    extract_to_hdf5(model_dir, prompts, out, model_name=model_dir.name, dtype=dtype, device=device,
+                    batch_size=batch, attention=not corpus, corpus=corpus, device_map=device_map, log=logs.append)
+    dt = time.perf_counter() - t
+    line = logs[-1] if logs else ""
+    tps = float(line.split(" tokens/s")[0].rsplit(" ", 1)[-1]) if " tokens/s" in line else None
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else None
+    return {"log": line, "tokens_per_s_loop": tps, "seconds_with_load": dt, "peak_gpu_mib": peak,
+            "h5_bytes": out.stat().st_size}
+
+
+def compare_h5(a: Path, b: Path) -> dict:
+    import h5py
+    import numpy as np
+
+    out = {}
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        for k in ("last_token/residual", "last_token/values", "last_token/keys", "attention/entropy",
+                  "next_token/entropy", "next_token/top_logits"):
+            if k in fa and k in fb:
+                x, y = fa[k][:].astype(np.float64), fb[k][:].astype(np.float64)
+                out[k] = float(np.max(np.abs(x - y)) / (np.max(np.abs(x)) + 1e-12))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--batch", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--smoke", action="store_true", help="CPU, SmolLM2's config shrunk to 2 layers: checks the script")
+    a = ap.parse_args(argv)
+
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    from llmgeom import models
+
+    device = "cpu" if a.smoke else "cuda"
+    if not a.smoke and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run on the GPU machine, or use --smoke here")
+    dtype = "float32" if a.smoke else "bfloat16"
+    res = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+           "transformers": transformers.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+           "gpu_total_mib": torch.cuda.get_device_properties(0).total_memory / 2**20 if device == "cuda" else None,
+           "dtype": dtype, "runs": []}
+    print(json.dumps({k: v for k, v in res.items() if k != "runs"}), flush=True)
+    tok = AutoTokenizer.from_pretrained(SMOL)
+    base = AutoConfig.from_pretrained(SMOL)
+    cfgs = {"smollm2-135m": base}
+    if a.smoke:
+        base.num_hidden_layers = 2
+        cfgs = {"smollm2-135m-2layers": base}
+        a.batch, a.shapes = [16], []
+    for name in a.shapes:
+        kw = dict(SHAPES[name])
+        mt = kw.pop("model_type")
+        cfgs[name] = AutoConfig.for_model(mt, vocab_size=base.vocab_size, bos_token_id=base.bos_token_id,
+                                          eos_token_id=base.eos_token_id, **kw)
+    root = Path(tempfile.mkdtemp(prefix="llmgeom-gpu-"))
+    try:
+        for name, cfg in cfgs.items():
+            t = time.perf_counter()
+            mdir = build_model_dir(name, cfg, tok, root, device)
+            info = models.check_memory(mdir, dtype=dtype, device=device, mem_mb=10**7)
+            print(f"== {name}: {info['n_params']:,} parameters, built and saved in {time.perf_counter() - t:.0f} s; "
+                  f"memory check: {info}", flush=True)
+            for batch in a.batch:
+                r = {"model": name, "n_params": info["n_params"], "batch": batch}
+                r["bare"] = bare_forward(mdir, PROMPTS, batch, dtype, device)
+                r["full"] = full_extraction(mdir, PROMPTS, root / f"{name}-{batch}.h5", batch, dtype, device)
+                r["ratio"] = (r["full"]["tokens_per_s_loop"] or 0) / r["bare"]["tokens_per_s"]
+                r["h5_bytes_per_prompt"] = r["full"]["h5_bytes"] / 150 if "mixed" in PROMPTS.name else None
+                r["host_peak_rss_mib"] = rss_mib()
+                res["runs"].append(r)
+                print(f"   batch {batch}: bare {r['bare']['tokens_per_s']:.0f} tok/s, full {r['full']['tokens_per_s_loop']} "
+                      f"tok/s (ratio {r['ratio']:.2f}), peak GPU {r['full']['peak_gpu_mib']} MiB (bare "
+                      f"{r['bare']['peak_gpu_mib']}), host peak RSS {r['host_peak_rss_mib']:.0f} MiB", flush=True)
+            if name.startswith("smollm2"):
+                c = full_extraction(mdir, CORPUS, root / f"{name}-corpus.h5", a.batch[0], dtype, device, corpus=True)
+                res["corpus"] = {"model": name, **c}
+                print(f"   corpus: {c['log']}", flush=True)
+                # multi-device path: first half of the blocks on the GPU (or CPU in the smoke run), rest on the CPU
+                n = cfg.num_hidden_layers
+                first = 0 if device == "cuda" else "cpu"
+                dmap = {"model.embed_tokens": first, "model.rotary_emb": first,
+                        **{f"model.layers.{i}": (first if i < n // 2 else "cpu") for i in range(n)},
+                        "model.norm": "cpu", "lm_head": "cpu"}
+                ref = root / f"{name}-fp32-single.h5"
+                split = root / f"{name}-fp32-split.h5"
+                full_extraction(mdir, PROMPTS, ref, 16, "float32", device)
+                s = full_extraction(mdir, PROMPTS, split, 16, "float32", device, device_map=dmap)
+                diffs = compare_h5(ref, split)
+                res["device_map_split"] = {"model": name, "device_map": "first half of the blocks on "
+                                           f"{first}, the rest and the head on cpu", "log": s["log"],
+                                           "max_rel_diff_vs_single_device": diffs}
+                print(f"   device_map split vs single device (float32), max relative differences: {diffs}", flush=True)
+            shutil.rmtree(root / "src" / name, ignore_errors=True)
+            shutil.rmtree(root / "prepared" / name, ignore_errors=True)
+        # the memory check refuses a model larger than the GPU before loading anything
+        huge = AutoConfig.for_model("llama", vocab_size=128256, hidden_size=16384, intermediate_size=53248,
+                                    num_hidden_layers=126, num_attention_heads=128, num_key_value_heads=8)
+        hdir = root / "huge-src"
+        huge.save_pretrained(hdir)
+        tok.save_pretrained(hdir)
+        (hdir / "model.safetensors").write_bytes(b"")  # never read: the check runs before loading
+        hp = root / "huge"
+        hp.mkdir()
+        (hp / "manifest.json").write_text(json.dumps({"model": "huge", "source": "hf_local", "weights_path": str(hdir)}))
+        try:
+            models.load_prepared(hp, dtype=dtype, device=device, mem_mb=64000)
+            res["memory_check"] = "NOT RAISED"
+        except models.ModelMemoryError as e:
+            res["memory_check"] = str(e)
+        print(f"== memory check on a 405B-shaped config: {res['memory_check']}", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(res, indent=2, default=str))
+    lines = [f"# GPU check ({res['created']}): {res['device']}, torch {res['torch']}, transformers {res['transformers']}, "
+             f"{dtype}", "", "| model | params | batch | bare tok/s | full tok/s | ratio | peak GPU MiB (full / bare) | "
+             "HDF5 bytes/prompt |", "|---|---|---|---|---|---|---|---|"]
+    for r in res["runs"]:
+        lines.append(f"| {r['model']} | {r['n_params'] / 1e6:.0f}M | {r['batch']} | {r['bare']['tokens_per_s']:.0f} | "
+                     f"{r['full']['tokens_per_s_loop']} | {r['ratio']:.2f} | {r['full']['peak_gpu_mib']} / "
+                     f"{r['bare']['peak_gpu_mib']} | {r['h5_bytes_per_prompt']} |")
+    if "device_map_split" in res:
+        lines += ["", f"device_map split: {res['device_map_split']['max_rel_diff_vs_single_device']}"]
+    lines += ["", f"memory check: {res.get('memory_check')}"]
+    (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,372 @@
+"""Benchmarks for issue 7 (not a timed test): prints its figures and writes them to
+``benchmarks/results/benchmarks.json`` and ``benchmarks/results/benchmarks.md``.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/run_benchmarks.py            # all
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/run_benchmarks.py extraction dryrun id
+
+* ``extraction``: the full extraction (``extract_to_hdf5``: residual stream, values, keys, attention
+  entropy, logit statistics, HDF5 write) against a bare ``model(input_ids, attention_mask)`` forward over
+  the same batches (same prompts, tokenization, length-sorted order, padding, batch size), in tokens/s,
+  as a ratio; peak RSS of each (every variant runs in a fresh process, alternating, ``--repeats`` times;
+  medians); HDF5 bytes per prompt. Default: SmolLM2-135M prepared by the workflow
+  (resources/models/smollm2-135m), CPU, float32, batch 16, the ``mixed`` prompt set (~48 tokens).
+  Targets (issue 7): full >= 0.95x the bare forward's tokens/s, peak RSS <= 1.2x.
+* ``dryrun``: ``snakemake -n`` wall time on a 20-model config (the default study's analyses, 20 tiny
+  random models) after a full run. The "full run" goes through the SLURM executor plugin to the stub
+  sbatch of tests/slurm_stub.py, which creates every job's outputs without running its code; Snakemake
+  records metadata exactly as after a real run, and a no-op ``-n`` reads only that (DAG, mtimes,
+  metadata), never the outputs' contents. Target: <= 3 s.
+* ``id``: TwoNN and MLE intrinsic-dimension time against the number of points (d = 576, SmolLM2's width;
+  points on a 10-dimensional curved manifold plus noise), one thread.
+
+The load average is recorded before and after each part: the development machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "benchmarks" / "results"
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        mem_gib = None
+    import torch
+
+    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# --------------------------------------------------------------------------- extraction (child side)
+
+
+def _batches(model_dir, prompts, batch):
+    """Token id batches exactly as extract_to_hdf5 forms them."""
+    from llmgeom import architectures as arch
+    from llmgeom.extraction import tokenize_prompts
+    from llmgeom.prompts import read_prompt_set
+    from transformers import AutoConfig, AutoTokenizer
+
+    from llmgeom.models import _weights_path
+
+    wp = _weights_path(Path(model_dir))
+    tok = AutoTokenizer.from_pretrained(wp)
+    s = arch.summarize(AutoConfig.from_pretrained(wp))
+    records, _ = read_prompt_set(prompts)
+    seqs = tokenize_prompts(tok, [r["text"] for r in records], [r.get("id", str(i)) for i, r in enumerate(records)],
+                            max_tokens=None, truncate=False, context=s.max_positions)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    return [[seqs[i] for i in order[j:j + batch]] for j in range(0, len(seqs), batch)], pad_id, len(seqs)
+
+
+def child(args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(args.threads)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    from llmgeom import models
+    from llmgeom.extraction import extract_to_hdf5, pad_batch
+
+    batches, pad_id, n = _batches(args.model_dir, args.prompts, args.batch)
+    n_tok = sum(len(s) for b in batches for s in b)
+    res = {"variant": args.variant, "n_prompts": n, "n_tokens": n_tok, "rss_before_load_mib": rss0 / 1024}
+    if args.variant in ("bare", "body"):
+        from llmgeom import architectures as arch
+
+        t = time.perf_counter()
+        model, _ = models.load_prepared(args.model_dir, dtype=args.dtype, attn="sdpa", device="cpu")
+        res["load_s"] = time.perf_counter() - t
+        fwd = model if args.variant == "bare" else arch.base_model(model)  # body: no LM head
+        t = time.perf_counter()
+        with torch.inference_mode():
+            for b in batches:
+                ids, mask, _ = pad_batch(b, pad_id, "cpu")
+                fwd(input_ids=ids, attention_mask=mask)
+        res["seconds"] = time.perf_counter() - t
+    else:
+        timing = {}
+        orig = models.load_prepared
+
+        def timed_load(*a, **k):
+            t0 = time.perf_counter()
+            out = orig(*a, **k)
+            timing["load_s"] = time.perf_counter() - t0
+            return out
+
+        models.load_prepared = timed_load
+        out = Path(args.out)
+        logs = []
+        t = time.perf_counter()
+        extract_to_hdf5(args.model_dir, args.prompts, out, model_name="bench", dtype=args.dtype, device="cpu",
+                        batch_size=args.batch, attention=not args.corpus, corpus=args.corpus, log=logs.append)
+        total = time.perf_counter() - t
+        res["load_s"] = timing["load_s"]
+        res["seconds"] = total - timing["load_s"]  # tokenization, forward passes, statistics, HDF5 write + commit
+        res["log"] = logs[-1] if logs else ""
+        res["h5_bytes"] = out.stat().st_size
+        res["h5_bytes_per_prompt"] = out.stat().st_size / n
+        out.unlink()
+    res["tokens_per_s"] = n_tok / res["seconds"]
+    res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return res
+
+
+def bench_extraction(a) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    tmp = Path(tempfile.mkdtemp(prefix="llmgeom-bench-"))
+    runs = {"bare": [], "full": [], "body": []}
+    before = load()
+    try:
+        for r in range(a.repeats):
+            for variant in ("bare", "full", "body"):
+                cmd = [sys.executable, __file__, "_child", "--variant", variant, "--model-dir", a.model_dir,
+                       "--prompts", a.prompts, "--batch", str(a.batch), "--threads", str(a.threads),
+                       "--dtype", a.dtype, "--out", str(tmp / f"{variant}{r}.h5")]
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if p.returncode != 0:
+                    raise RuntimeError(f"benchmark child failed:\n{p.stderr[-4000:]}")
+                res = json.loads(p.stdout.strip().splitlines()[-1])
+                runs[variant].append(res)
+                print(f"  [{variant} #{r + 1}] {res['tokens_per_s']:.0f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB,"
+                      f" load avg {load()[0]}", flush=True)
+        corpus = None
+        if a.corpus_prompts and Path(a.corpus_prompts).is_file():
+            cmd = [sys.executable, __file__, "_child", "--variant", "full", "--corpus", "--model-dir", a.model_dir,
+                   "--prompts", a.corpus_prompts, "--batch", str(a.batch), "--threads", str(a.threads),
+                   "--dtype", a.dtype, "--out", str(tmp / "corpus.h5")]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if p.returncode == 0:
+                corpus = json.loads(p.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {v: {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "peak_rss_mib", "seconds")}
+           for v, rs in runs.items()}
+    out = {
+        "model_dir": a.model_dir, "prompts": a.prompts, "batch": a.batch, "threads": a.threads, "dtype": a.dtype,
+        "repeats": a.repeats, "n_prompts": runs["full"][0]["n_prompts"], "n_tokens": runs["full"][0]["n_tokens"],
+        "tokens_per_prompt": runs["full"][0]["n_tokens"] / runs["full"][0]["n_prompts"],
+        "bare_tokens_per_s": med["bare"]["tokens_per_s"], "full_tokens_per_s": med["full"]["tokens_per_s"],
+        "throughput_ratio": med["full"]["tokens_per_s"] / med["bare"]["tokens_per_s"],
+        "throughput_ratio_per_pair": [f["tokens_per_s"] / b["tokens_per_s"] for b, f in zip(runs["bare"], runs["full"])],
+        "bare_peak_rss_mib": med["bare"]["peak_rss_mib"], "full_peak_rss_mib": med["full"]["peak_rss_mib"],
+        "rss_ratio": med["full"]["peak_rss_mib"] / med["bare"]["peak_rss_mib"],
+        "rss_before_load_mib": runs["full"][0]["rss_before_load_mib"],
+        "body_tokens_per_s": med["body"]["tokens_per_s"], "body_peak_rss_mib": med["body"]["peak_rss_mib"],
+        "throughput_ratio_vs_body": med["full"]["tokens_per_s"] / med["body"]["tokens_per_s"],
+        "rss_ratio_vs_body": med["full"]["peak_rss_mib"] / med["body"]["peak_rss_mib"],
+        "h5_bytes_per_prompt": runs["full"][0]["h5_bytes_per_prompt"],
+        "extract_log": runs["full"][-1].get("log", ""),
+        "corpus": None if corpus is None else {k: corpus[k] for k in ("n_prompts", "n_tokens", "tokens_per_s",
+                                                                       "peak_rss_mib", "h5_bytes_per_prompt")},
+        "load_before": before, "load_after": load(), "runs": runs,
+    }
+    return out
+
+
+# --------------------------------------------------------------------------- dry run on 20 models
+
+
+def bench_dryrun(a) -> dict:
+    sys.path.insert(0, str(REPO / "tests"))
+    import yaml
+
+    import slurm_stub
+    from llmgeom import testing
+
+    tmp = Path(tempfile.mkdtemp(prefix="llmgeom-dryrun-"))
+    try:
+        src = testing.save_tiny_model_dir("llama", tmp / "src_models" / "tiny-llama")
+        cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+        cfg["models"] = {f"model-{i:02d}": {"source": "hf_local", "path": str(src), "dtype": "float32",
+                                             "batch_size": 8} for i in range(a.n_models)}
+        wd = tmp / "wd"
+        wd.mkdir()
+        (wd / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        base = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(wd),
+                "--configfile", str(wd / "config.yaml")]
+        t = time.perf_counter()
+        dry = subprocess.run(base + ["-n"], capture_output=True, text=True, env=env, cwd=wd)
+        first_dry = time.perf_counter() - t
+        jobs = slurm_stub.dry_run_jobs(dry.stdout)
+        prof = wd / "profile"
+        prof.mkdir()
+        text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+        for k, v in {"<account>": "bench", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu"}.items():
+            text = text.replace(k, v)
+        (prof / "config.yaml").write_text(text)
+        senv = slurm_stub.install(wd / "bin", wd / "state", jobs)
+        t = time.perf_counter()
+        run = subprocess.run(base + ["--profile", str(prof), "--slurm-init-seconds-before-status-checks", "1"],
+                             capture_output=True, text=True, env=dict(senv, HF_HUB_OFFLINE="1"), cwd=wd)
+        stub_s = time.perf_counter() - t
+        if run.returncode != 0:
+            raise RuntimeError(f"stub cluster run failed:\n{run.stderr[-4000:]}")
+        before = load()
+        times, nothing = [], []
+        for _ in range(a.dry_repeats):
+            t = time.perf_counter()
+            r = subprocess.run(base + ["-n"], capture_output=True, text=True, env=env, cwd=wd)
+            times.append(time.perf_counter() - t)
+            nothing.append("Nothing to be done" in r.stdout + r.stderr)
+        return {"n_models": a.n_models, "n_jobs": len(jobs), "dry_run_before_full_run_s": first_dry,
+                "stub_full_run_s": stub_s, "noop_dry_run_s": times, "noop_dry_run_median_s": statistics.median(times),
+                "nothing_to_be_done": all(nothing), "load_before": before, "load_after": load()}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- intrinsic dimension
+
+
+def bench_id(a) -> dict:
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    from llmgeom.manifold import mle_id, twonn
+
+    rows = []
+    before = load()
+    with threadpool_limits(1):
+        for n in a.id_points:
+            rng = np.random.default_rng(0)
+            z = rng.normal(size=(n, 10))
+            X = np.concatenate([z, np.sin(z), z ** 2], axis=1) @ rng.normal(size=(30, 576))
+            X = (X + 0.01 * rng.normal(size=X.shape)).astype(np.float32)
+            for name, fn in (("twonn", lambda X: twonn(X)), ("mle", lambda X: mle_id(X, k=20))):
+                t = time.perf_counter()
+                r = fn(X)
+                dt = time.perf_counter() - t
+                est = r.get("id") if isinstance(r, dict) else r
+                rows.append({"estimator": name, "n_points": n, "seconds": dt,
+                             "estimate": float(est) if est is not None else None})
+                print(f"  {name:6s} n={n:6d}: {dt:7.2f} s (ID {rows[-1]['estimate']})", flush=True)
+    return {"d": 576, "intrinsic_dim_generating": 10, "threads": 1, "rows": rows, "load_before": before,
+            "load_after": load()}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def markdown(res: dict) -> str:
+    m = res["machine"]
+    lines = [f"# llmgeom benchmarks ({res['created']})", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, torch {m['torch']}"
+             f"{', ' + m['cuda'] if m['cuda'] else ', no GPU'}; host {m['host']}.", ""]
+    e = res.get("extraction")
+    if e:
+        lines += [f"## Extraction vs bare forward ({Path(e['model_dir']).name}, CPU {e['dtype']}, batch {e['batch']}, "
+                  f"{e['threads']} threads, {e['n_prompts']} prompts, {e['tokens_per_prompt']:.1f} tokens/prompt)", "",
+                  "| | tokens/s (median of %d) | peak RSS MiB |" % e["repeats"], "|---|---|---|",
+                  f"| bare `model(input_ids, attention_mask)` | {e['bare_tokens_per_s']:.0f} | {e['bare_peak_rss_mib']:.0f} |",
+                  f"| full extraction (`extract_to_hdf5`) | {e['full_tokens_per_s']:.0f} | {e['full_peak_rss_mib']:.0f} |",
+                  f"| ratio full / bare | **{e['throughput_ratio']:.2f}x** (target >= 0.95) | **{e['rss_ratio']:.2f}x** (target <= 1.2) |",
+                  f"| reference: body only, `model.model(input_ids, attention_mask)` (no LM head) | {e['body_tokens_per_s']:.0f} | {e['body_peak_rss_mib']:.0f} |",
+                  f"| ratio full / body | {e['throughput_ratio_vs_body']:.2f}x | {e['rss_ratio_vs_body']:.2f}x |",
+                  "", "The bare forward computes full-vocabulary logits at every position; the extraction computes them "
+                  "(in float32) only at the final token (corpus sets: at every scored position, in chunks), so the "
+                  "body-only forward is the tighter reference.",
+                  "", f"Per pair: {', '.join(f'{x:.2f}' for x in e['throughput_ratio_per_pair'])}. "
+                  f"RSS before loading the model: {e['rss_before_load_mib']:.0f} MiB. "
+                  f"HDF5: {e['h5_bytes_per_prompt']:.0f} bytes per prompt"
+                  + (f"; corpus set ({e['corpus']['n_prompts']} passages, {e['corpus']['n_tokens']} tokens): "
+                     f"{e['corpus']['h5_bytes_per_prompt']:.0f} bytes per passage, {e['corpus']['tokens_per_s']:.0f} tokens/s"
+                     if e.get("corpus") else "") + ".",
+                  f"Load average before/after: {e['load_before']} / {e['load_after']}.", ""]
+    d = res.get("dryrun")
+    if d:
+        lines += [f"## No-op `snakemake -n` on {d['n_models']} models ({d['n_jobs']} jobs) after a full run", "",
+                  f"Median {d['noop_dry_run_median_s']:.2f} s over {len(d['noop_dry_run_s'])} runs "
+                  f"({', '.join(f'{x:.2f}' for x in d['noop_dry_run_s'])} s; target <= 3 s); "
+                  f"nothing scheduled: {d['nothing_to_be_done']}. First dry run (empty directory): "
+                  f"{d['dry_run_before_full_run_s']:.1f} s; stub cluster full run: {d['stub_full_run_s']:.0f} s. "
+                  f"Load average before/after: {d['load_before']} / {d['load_after']}.", ""]
+    i = res.get("id")
+    if i:
+        lines += ["## Intrinsic dimension time vs number of points (d = 576, 1 thread)", "",
+                  "| n points | TwoNN s | MLE (k=20) s |", "|---|---|---|"]
+        by = {}
+        for r in i["rows"]:
+            by.setdefault(r["n_points"], {})[r["estimator"]] = r["seconds"]
+        for n, v in sorted(by.items()):
+            lines.append(f"| {n} | {v.get('twonn', float('nan')):.2f} | {v.get('mle', float('nan')):.2f} |")
+        lines += ["", f"Load average before/after: {i['load_before']} / {i['load_after']}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("parts", nargs="*", default=["extraction", "dryrun", "id"])
+    ap.add_argument("--model-dir", default=str(REPO / "resources" / "models" / "smollm2-135m"))
+    ap.add_argument("--prompts", default=str(REPO / "resources" / "prompts" / "mixed.jsonl"))
+    ap.add_argument("--corpus-prompts", default=str(REPO / "resources" / "prompts" / "corpus.jsonl"))
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--n-models", type=int, default=20)
+    ap.add_argument("--dry-repeats", type=int, default=3)
+    ap.add_argument("--id-points", type=int, nargs="+", default=[500, 1000, 2000, 4000, 8000])
+    ap.add_argument("--out", default=str(OUT / "benchmarks.json"))
+    # child process
+    ap.add_argument("--variant", choices=["bare", "full", "body"])
+    ap.add_argument("--corpus", action="store_true")
+    a = ap.parse_args(argv)
+    if a.parts and a.parts[0] == "_child":
+        a.out = a.out
+        print(json.dumps(child(a)))
+        return
+    res = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine()}
+    out = Path(a.out)
+    if out.is_file():  # keep the parts not rerun now
+        try:
+            prev = json.loads(out.read_text())
+            res.update({k: v for k, v in prev.items() if k in ("extraction", "dryrun", "id")})
+        except ValueError:
+            pass
+    for part in a.parts:
+        print(f"== {part} (load average {load()})", flush=True)
+        res[part] = {"extraction": bench_extraction, "dryrun": bench_dryrun, "id": bench_id}[part](a)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    md = markdown(res)
+    out.with_suffix(".md").write_text(md + "\n")
+    print(md)
+    print(f"written: {out} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

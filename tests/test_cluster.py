@@ -1,0 +1,265 @@
+"""Cluster scale (issue 7): the SLURM profile on every config, a site profile named `slurm`, GPU flags
+on the GPU rules only (a stub sbatch records what the SLURM executor plugin submits), the GPU-rule
+resources per model, and the memory check that fails before a model is loaded.
+
+The GPU rules are listed once, in ``llmgeom.cluster.GPU_RULES``; the tests cover whichever of them the
+workflow defines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import slurm_stub
+from llmgeom import cluster, models, testing
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+CONFIGS = sorted(p.name for p in (REPO / "config").glob("*.yaml"))
+PLACEHOLDERS = {"<account>": "testacct", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu"}
+
+
+def smk(*args, cwd, env=None, check=True, timeout=900):
+    env = dict(env or os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run(SNAKEMAKE + ["-s", str(REPO / "Snakefile"), *args], capture_output=True, text=True,
+                       env=env, cwd=cwd, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(map(str, args))} failed:\n{r.stdout[-5000:]}\n{r.stderr[-8000:]}")
+    return r
+
+
+def workflow_rules(cwd, configfile) -> set[str]:
+    r = smk("--list-rules", "--configfile", str(configfile), "-d", str(cwd), cwd=cwd)
+    return {ln.strip() for ln in r.stdout.splitlines() if re.fullmatch(r"\s*\w+\s*", ln)}
+
+
+def site_profile(dest: Path) -> Path:
+    """profiles/slurm with the placeholders filled in, as a site would (README)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    for k, v in PLACEHOLDERS.items():
+        text = text.replace(k, v)
+    (dest / "config.yaml").write_text(text)
+    return dest
+
+
+# --------------------------------------------------------------------------- profile and dry runs
+
+
+def test_slurm_profile_declares_what_the_issue_asks():
+    prof = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    assert prof["executor"] == "slurm"
+    assert prof["jobs"] >= 1 and prof["latency-wait"] >= 30 and prof["retries"] >= 1
+    assert prof["rerun-incomplete"] is True
+    dr = prof["default-resources"]
+    assert dr["slurm_account"] == "<account>" and dr["slurm_partition"] == "<cpu-partition>"
+    # every GPU rule gets the GPU partition; no CPU rule is listed
+    assert set(prof["set-resources"]) <= set(cluster.GPU_RULES)
+    for rule in cluster.GPU_RULES:
+        assert prof["set-resources"][rule]["slurm_partition"] == "<gpu-partition>"
+    # the workflow profile (applied on top of every profile) must not override cluster settings
+    wf = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    assert not set(wf) & {"executor", "jobs", "latency-wait", "default-resources", "set-resources", "retries"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("configname", CONFIGS)
+def test_dry_run_with_slurm_profile(configname, tmp_path):
+    """`snakemake -n --profile profiles/slurm` on every config: GPU-rule jobs ask for the GPU partition and
+    a GPU, every other job for the CPU partition and none."""
+    r = smk("-n", "--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(REPO / "config" / configname),
+            "-d", str(tmp_path), cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert "Using profiles" in out and "This was a dry-run" in out, out[-3000:]
+    jobs = slurm_stub.dry_run_jobs(r.stdout)
+    assert jobs
+    gpu_seen = set()
+    for j in jobs:
+        res = j["resources"]
+        if j["rule"] == "all":
+            continue
+        if j["rule"] in cluster.GPU_RULES:
+            gpu_seen.add(j["rule"])
+            assert res.get("slurm_partition") == "<gpu-partition>", j
+            assert int(res["gpu"]) >= 1 and int(res["mem_mb"]) >= 256 and int(res["runtime"]) >= 1, j
+        else:
+            assert res.get("slurm_partition") == "<cpu-partition>", j
+            assert "gpu" not in res and "gpu_model" not in res, j
+        assert res.get("slurm_account") == "<account>", j
+    assert "extract" in gpu_seen
+
+
+@pytest.mark.slow
+def test_site_profile_named_slurm(tmp_path):
+    """A profile named `slurm` in ~/.config/snakemake/ (here $XDG_CONFIG_HOME) works unchanged with
+    `snakemake --profile slurm`; the workflow profile profiles/default is applied on top."""
+    xdg = tmp_path / "xdg"
+    site_profile(xdg / "snakemake" / "slurm")
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    env = dict(os.environ, XDG_CONFIG_HOME=str(xdg))
+    r = smk("-n", "--profile", "slurm", "--configfile", str(REPO / "config" / "config.yaml"), "-d", str(wd),
+            cwd=wd, env=env)
+    out = r.stdout + r.stderr
+    assert "Using profiles slurm and workflow specific profile" in out, out[-2000:]
+    ext = [j for j in slurm_stub.dry_run_jobs(r.stdout) if j["rule"] == "extract"]
+    assert ext and all(j["resources"]["slurm_partition"] == "gpu" and j["resources"]["gpu"] == "1" for j in ext)
+    assert all(j["resources"]["slurm_account"] == "testacct" for j in ext)
+
+
+# --------------------------------------------------------------------------- stub sbatch
+
+
+@pytest.fixture(scope="module")
+def stub_cluster_run(tmp_path_factory):
+    """The tiny workflow (two tiny models, one with a gpu_model) submitted through the SLURM executor
+    plugin to a stub sbatch that records its arguments and creates the jobs' outputs."""
+    from test_workflow import tiny_config
+
+    wd = tmp_path_factory.mktemp("slurm")
+    dirs = {"tiny-llama": testing.save_tiny_model_dir("llama", wd / "src_models" / "tiny-llama"),
+            "tiny-gpt2": testing.save_tiny_model_dir("gpt2", wd / "src_models" / "tiny-gpt2")}
+    cfg = tiny_config(dirs)
+    cfg["models"]["tiny-llama"]["gpu_model"] = "h100"
+    cfg["models"]["tiny-gpt2"]["mem_mb"] = 3000
+    (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    prof = site_profile(wd / "profile")
+    base = ["--configfile", str(wd / "config.yaml"), "-d", str(wd)]
+    dry = smk("-n", *base, cwd=wd)
+    jobs = slurm_stub.dry_run_jobs(dry.stdout)
+    env = slurm_stub.install(wd / "bin", wd / "state", jobs)
+    run = smk("--profile", str(prof), "--slurm-init-seconds-before-status-checks", "1", *base, cwd=wd, env=env,
+              check=False)
+    return wd, cfg, jobs, run, slurm_stub.submissions(wd / "state")
+
+
+@pytest.mark.slow
+def test_stub_sbatch_gpu_flags_only_on_gpu_rules(stub_cluster_run):
+    wd, cfg, jobs, run, subs = stub_cluster_run
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    assert not (wd / "state" / "unknown_targets.txt").exists()
+    submitted = {t for s in subs for t in s["targets"]}
+    expected = {slurm_stub.job_key(j["rule"], j["wildcards"]) for j in jobs if j["rule"] != "all"}
+    norm = {t.split(":")[0] + ":" + ",".join(sorted(x for x in t.split(":", 1)[1].split(",") if x)) for t in submitted}
+    assert norm == expected  # every job went through sbatch exactly as planned
+    defined = {j["rule"] for j in jobs}
+    gpu_rules = set(cluster.GPU_RULES) & defined
+    assert "extract" in gpu_rules
+    seen_gpu = set()
+    for s in subs:
+        gpu = set(s["rules"]) & gpu_rules
+        if gpu:
+            seen_gpu |= gpu
+            assert len(s["rules"]) == 1, s["rules"]  # GPU jobs are never grouped with CPU jobs
+            model = dict(kv.split("=") for kv in s["targets"][0].split(":", 1)[1].split(","))["model"]
+            want = "--gpus=h100:1" if model == "tiny-llama" else "--gpus=1"
+            assert s["gpu_flags"] == [want], s["flags"]
+            assert " -p gpu" in s["flags"] and " -A testacct" in s["flags"]
+            mem = int(re.search(r"--mem (\d+)", s["flags"]).group(1))
+            assert mem == cfg["models"][model].get("mem_mb", 8000)
+        else:
+            assert s["gpu_flags"] == [], (s["rules"], s["flags"])
+            assert " -p cpu" in s["flags"], s["flags"]
+    assert seen_gpu == gpu_rules  # extraction and intervention jobs (whichever exist) all got a GPU
+    # small CPU jobs were bundled: at least one submission holds several analysis jobs
+    assert max(len(s["targets"]) for s in subs if not set(s["rules"]) & gpu_rules) > 1
+
+
+@pytest.mark.slow
+def test_after_stub_cluster_run_nothing_to_do(stub_cluster_run):
+    wd, *_ = stub_cluster_run
+    for _ in range(2):
+        r = smk("-n", "--configfile", str(wd / "config.yaml"), "-d", str(wd), cwd=wd)
+        assert "Nothing to be done" in r.stdout + r.stderr, r.stdout[-3000:]
+
+
+# --------------------------------------------------------------------------- resources and memory
+
+
+def test_gpu_job_resources_per_model():
+    models_cfg = {"a": {"gpus": 2, "gpu_model": "a100", "mem_mb": 10000, "runtime": 90},
+                  "b": {"gpus": 1, "gpu_model": None, "mem_mb": 4000, "runtime": 30}}
+    res = cluster.gpu_job_resources(models_cfg)
+
+    class W:
+        def __init__(self, model):
+            self.model = model
+
+    assert res["gpu"](W("a")) == 2 and res["gpu_model"](W("a")) == "a100"
+    assert res["gpu_model"](W("b")) is None  # omitted by Snakemake: plain --gpus=1
+    assert [res["mem_mb"](W("b"), a) for a in (1, 2, 3)] == [4000, 6000, 8000]
+    assert res["runtime"](W("a")) == 90
+    assert [cluster.scaled_mem(2000)(W("a"), a) for a in (1, 2)] == [2000, 3000]
+
+
+def test_size_defaults_scale_with_parameters_and_dtype():
+    cfg = {"models": {"small": {"params_b": 0.135, "dtype": "float32"},
+                      "big": {"params_b": 7.2, "dtype": "bfloat16"},
+                      "fixed": {"params_b": 7.2, "mem_mb": 5000}}}
+    cluster.apply_size_defaults(cfg)
+    m = cfg["models"]
+    assert m["small"]["mem_mb"] < m["big"]["mem_mb"] and m["small"]["runtime"] < m["big"]["runtime"]
+    assert m["big"]["mem_mb"] >= 7.2e9 * 2 / 2**20  # at least the bf16 weights
+    assert m["fixed"]["mem_mb"] == 5000  # an explicit value wins
+
+
+def test_gpus_without_device_map_is_a_config_error():
+    from llmgeom.workflow_support import ConfigError
+
+    cluster.check_gpu_config({"models": {"m": {"gpus": 2, "device_map": "auto"}}})
+    with pytest.raises(ConfigError, match="device_map"):
+        cluster.check_gpu_config({"models": {"m": {"gpus": 2, "device_map": None}}})
+
+
+def test_memory_check_fails_before_loading_with_the_numbers(tmp_path, monkeypatch):
+    d = tmp_path / "m"
+    testing.save_tiny_model_dir("llama", tmp_path / "src")
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(tmp_path / "src")}, d)
+    import transformers
+
+    def boom(*a, **k):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    n = models.count_parameters(transformers.AutoConfig.from_pretrained(tmp_path / "src"))
+    with pytest.raises(models.ModelMemoryError) as e:
+        models.load_prepared(d, dtype="float32", device="cpu", mem_mb=models.MEMORY_OVERHEAD_MB - 1)
+    msg = str(e.value)
+    assert f"{n:,} parameters x 4 bytes (float32)" in msg
+    assert f"mem_mb={models.MEMORY_OVERHEAD_MB - 1}" in msg and "raise models.m.mem_mb" in msg
+
+
+def test_memory_estimate_matches_the_loaded_model(tmp_path):
+    testing.save_tiny_model_dir("gpt2", tmp_path / "src")
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(tmp_path / "src")}, tmp_path / "m")
+    info = models.check_memory(tmp_path / "m", dtype="float32", device="cpu", mem_mb=100000)
+    model, _ = models.load_prepared(tmp_path / "m", dtype="float32", device="cpu")
+    assert info["n_params"] == sum(p.numel() for p in model.parameters())
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "src")
+    assert models.estimate_model_bytes(cfg, "bfloat16") * 2 == models.estimate_model_bytes(cfg, "float32")
+
+
+# --------------------------------------------------------------------------- code tracking helper
+
+
+def test_package_files_follow_imports_transitively():
+    mods = cluster.package_modules("tables")
+    assert {"tables", "geometry", "store"} <= set(mods)
+    assert not set(mods) & cluster.UNTRACKED_MODULES
+    files = cluster.package_files("extraction", cwd=REPO)
+    assert "src/llmgeom/extraction.py" in files and "src/llmgeom/architectures.py" in files
+    assert all(Path(REPO / f).is_file() for f in files)
+    outside = Path(cluster.PACKAGE_DIR.anchor) / "nonexistent-workdir"
+    assert all(Path(f).is_absolute() for f in cluster.package_files("extraction", cwd=outside))
+    with pytest.raises(ValueError, match="no module llmgeom.nosuch"):
+        cluster.package_modules("nosuch")
