@@ -129,8 +129,12 @@ def full_extraction(model_dir: Path, prompts: Path, out: Path, batch: int, dtype
     line = logs[-1] if logs else ""
     tps = float(line.split(" tokens/s")[0].rsplit(" ", 1)[-1]) if " tokens/s" in line else None
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else None
+    import h5py
+
+    with h5py.File(out, "r") as f:
+        n = int(f["prompts/n_tokens"].shape[0])
     return {"log": line, "tokens_per_s_loop": tps, "seconds_with_load": dt, "peak_gpu_mib": peak,
-            "h5_bytes": out.stat().st_size}
+            "h5_bytes": out.stat().st_size, "h5_bytes_per_prompt": out.stat().st_size / n}
 
 
 def compare_h5(a: Path, b: Path) -> dict:
@@ -195,7 +199,7 @@ def main(argv=None):
                 r["bare"] = bare_forward(mdir, PROMPTS, batch, dtype, device)
                 r["full"] = full_extraction(mdir, PROMPTS, root / f"{name}-{batch}.h5", batch, dtype, device)
                 r["ratio"] = (r["full"]["tokens_per_s_loop"] or 0) / r["bare"]["tokens_per_s"]
-                r["h5_bytes_per_prompt"] = r["full"]["h5_bytes"] / 150 if "mixed" in PROMPTS.name else None
+                r["h5_bytes_per_prompt"] = round(r["full"]["h5_bytes_per_prompt"])
                 r["host_peak_rss_mib"] = rss_mib()
                 res["runs"].append(r)
                 print(f"   batch {batch}: bare {r['bare']['tokens_per_s']:.0f} tok/s, full {r['full']['tokens_per_s_loop']} "

@@ -146,11 +146,12 @@ def test_package_code_change_reruns_the_rules_that_use_it(full_run):
         jobs = wd.planned()
         rules = {j["rule"] for j in jobs}
         assert "value_manifold" in rules, rules
-        assert not rules & NEVER_ON_ANALYSIS_CHANGE, rules
+        # the main extraction does not import geometry (SULA extraction does, through llmgeom.sula)
+        assert not rules & {"extract", "prepare_model", "build_prompts"}, rules
         for j in jobs:  # each job reruns because of the edited file, or of an input that will be remade
             assert "geometry.py" in j["reason"] or "updated by another job" in j["reason"], (j["rule"], j["reason"])
-        direct = {j["rule"] for j in jobs if "geometry.py" in j["reason"]}
-        assert all("geometry" in cluster.package_modules(*_script_imports(r)) for r in direct if _script_imports(r))
+            if "geometry.py" in j["reason"]:
+                assert "geometry" in cluster.package_modules(*_script_imports(j["rule"])), j["rule"]
     finally:
         target.write_text(original)
 

@@ -101,7 +101,7 @@ rule sula_tables:
 rule aggregate_sula:
     """Cross-model SULA / intervention tables: concatenation of the per-model tables."""
     input:
-        lambda w: expand(
+        tables=lambda w: expand(
             "results/{model}/{folder}/{table}.csv",
             model=MODELS,
             table=w.sula_table,
