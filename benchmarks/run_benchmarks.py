@@ -207,6 +207,7 @@ def bench_dryrun(a) -> dict:
     from llmgeom import testing
 
     tmp = Path(tempfile.mkdtemp(prefix="llmgeom-dryrun-"))
+    keep = bool(os.environ.get("LLMGEOM_BENCH_KEEP"))
     try:
         src = testing.save_tiny_model_dir("llama", tmp / "src_models" / "tiny-llama")
         cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -225,7 +226,7 @@ def bench_dryrun(a) -> dict:
         prof = wd / "profile"
         prof.mkdir()
         text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
-        for k, v in {"<account>": "bench", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu"}.items():
+        for k, v in {"<account>": "testacct", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu"}.items():
             text = text.replace(k, v)
         (prof / "config.yaml").write_text(text)
         senv = slurm_stub.install(wd / "bin", wd / "state", jobs)
@@ -242,11 +243,16 @@ def bench_dryrun(a) -> dict:
             r = subprocess.run(base + ["-n"], capture_output=True, text=True, env=env, cwd=wd)
             times.append(time.perf_counter() - t)
             nothing.append("Nothing to be done" in r.stdout + r.stderr)
+            if not nothing[-1]:
+                print(r.stdout[-3000:], flush=True)
         return {"n_models": a.n_models, "n_jobs": len(jobs), "dry_run_before_full_run_s": first_dry,
                 "stub_full_run_s": stub_s, "noop_dry_run_s": times, "noop_dry_run_median_s": statistics.median(times),
                 "nothing_to_be_done": all(nothing), "load_before": before, "load_after": load()}
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- intrinsic dimension

@@ -211,32 +211,14 @@ def value_manifold_stats_with_boot(X, next_token_entropy, *, n_boot: int, seed: 
 
     Raises: as ``geometry.value_manifold_stats``.
     """
-    X = np.asarray(X, dtype=np.float64)
-    st = geometry.value_manifold_stats(X, next_token_entropy, n_boot=1, seed=seed, standardize=standardize, ci=ci)
-    n = X.shape[0]
-    if int(n_boot) != n_boot or n_boot < 1:
-        raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
-    idx = np.random.default_rng(seed).integers(0, n, size=(int(n_boot), n))  # as value_manifold_stats draws
-    boot = geometry._bootstrap_top2(X, idx, bool(standardize))
-    valid = np.all(np.isfinite(boot), axis=1)
-    q = [50.0 * (1.0 - ci), 50.0 * (1.0 + ci)]
-    if valid.any():
-        (l1, l2, l12), (h1, h2, h12) = np.percentile(boot[valid], q, axis=0)
-    else:
-        l1 = l2 = l12 = h1 = h2 = h12 = np.nan
-    st.update(pc1_lo=float(l1), pc1_hi=float(h1), pc2_lo=float(l2), pc2_hi=float(h2), pc12_lo=float(l12),
-              pc12_hi=float(h12), n_boot=int(n_boot), n_boot_valid=int(np.count_nonzero(valid)))
-    return st, boot
+    return geometry.value_manifold_stats(X, next_token_entropy, n_boot=n_boot, seed=seed,
+                                         standardize=standardize, ci=ci, return_boot=True)
 
 
-def _diff_ci(a: np.ndarray, b: np.ndarray, ci: float) -> tuple[float, float]:
-    """Percentile CI of a - b from independent bootstrap replicates (rows paired by index)."""
-    d = a - b
-    d = d[np.isfinite(d)]
-    if d.size == 0:
-        return float("nan"), float("nan")
-    lo, hi = np.percentile(d, [50.0 * (1.0 - ci), 50.0 * (1.0 + ci)])
-    return float(lo), float(hi)
+def _diff_ci(a: np.ndarray, b: np.ndarray, ci: float, estimate: float) -> tuple[float, float]:
+    """Basic-bootstrap CI of a - b from independent bootstrap replicates (rows paired by index);
+    ``estimate`` is the observed difference (see geometry.bootstrap_interval)."""
+    return geometry.bootstrap_interval(estimate, a - b, ci=ci, method="basic")
 
 
 def _layers(spec, n: int) -> list[int]:
@@ -285,10 +267,10 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         entropy_mean, entropy_median (nats, of the selection), representation ("values" = last-token
         value vectors concatenated over key heads; "residual_stream" = output of the block), layer,
         relative_depth ((layer+1)/L), standardized, every key of ``geometry.value_manifold_stats`` (pc1,
-        pc2, pc12 fractions of variance with *_lo/*_hi percentile-bootstrap bounds, participation_ratio,
+        pc2, pc12 fractions of variance with *_lo/*_hi basic-bootstrap bounds, participation_ratio,
         spearman_rho / spearman_p of the PC1 score vs next-token entropy with PC1's sign fixed so that
         rho >= 0, ...), boot_seed, and the change vs the mixed selection at the same representation,
-        layer and variant: delta_pc1, delta_pc2, delta_pc12 (restricted - mixed; *_lo/*_hi = percentile
+        layer and variant: delta_pc1, delta_pc2, delta_pc12 (restricted - mixed; *_lo/*_hi = basic-bootstrap
         CI of the difference of independent bootstrap replicates), delta_participation_ratio,
         delta_spearman_rho (0 for the mixed rows).
 
@@ -375,7 +357,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                     for j, k in enumerate(("pc1", "pc2", "pc12")):
                         row[f"delta_{k}"] = st[k] - mst[k]
                         if k != "pc2":
-                            row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = _diff_ci(boot[:, j], mboot[:, j], ci)
+                            row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = _diff_ci(boot[:, j], mboot[:, j], ci, row[f"delta_{k}"])
                     row["delta_participation_ratio"] = st["participation_ratio"] - mst["participation_ratio"]
                     row["delta_spearman_rho"] = st["spearman_rho"] - mst["spearman_rho"]
                     rows.append(row)

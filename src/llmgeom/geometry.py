@@ -239,6 +239,34 @@ def _bootstrap_top2(X: np.ndarray, idx: np.ndarray, standardize: bool, chunk: in
     return out
 
 
+def bootstrap_interval(estimate: float, replicates, *, ci: float = 0.95, method: str = "basic",
+                       bounds: tuple[float, float] | None = None) -> tuple[float, float]:
+    """Bootstrap confidence interval from replicates of a statistic.
+
+    ``method="percentile"``: the (1-ci)/2 and (1+ci)/2 quantiles of the replicates.
+    ``method="basic"`` (reverse percentile): [2 t - q_hi, 2 t - q_lo], which corrects a shift of
+    the replicates against the estimate t (Davison & Hinkley 1997, sec. 5.2). Optional ``bounds``
+    clip the interval (e.g. (0, 1) for explained-variance fractions). Non-finite replicates are
+    ignored; none left gives (nan, nan).
+
+    Raises:
+        ValueError: unknown method or ci outside (0, 1).
+    """
+    if method not in ("basic", "percentile"):
+        raise ValueError(f"ci_method must be 'basic' or 'percentile', got {method!r}")
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must be in (0, 1), got {ci!r}")
+    r = np.asarray(replicates, dtype=np.float64)
+    r = r[np.isfinite(r)]
+    if r.size == 0:
+        return float("nan"), float("nan")
+    q_lo, q_hi = np.percentile(r, [50.0 * (1.0 - ci), 50.0 * (1.0 + ci)])
+    lo, hi = (q_lo, q_hi) if method == "percentile" else (2 * estimate - q_hi, 2 * estimate - q_lo)
+    if bounds is not None:
+        lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
+    return float(lo), float(hi)
+
+
 def value_manifold_stats(
     X,
     next_token_entropy,
@@ -248,6 +276,7 @@ def value_manifold_stats(
     standardize: bool = True,
     ci: float = 0.95,
     ci_method: str = "basic",
+    return_boot: bool = False,
 ) -> dict:
     """Value-manifold summary: PC1/PC2 explained variance with bootstrap CIs, PR, entropy rho.
 
@@ -262,6 +291,8 @@ def value_manifold_stats(
     seed : seed for ``numpy.random.default_rng``; the same seed reproduces the CIs exactly.
     standardize : z-score each coordinate across prompts (Paper III) if True, else only centre.
     ci : central coverage of the bootstrap interval, in (0, 1).
+    return_boot : also return the bootstrap replicates, float64 [n_boot, 3] (PC1, PC2, PC1+PC2 of
+        every resample; NaN rows for resamples without variance): ``(stats, boot)``.
     ci_method : "basic" (default; reverse percentile, [2t - q_hi, 2t - q_lo] clipped to [0, 1]) or
         "percentile". Resampling prompts with replacement duplicates ~37% of them, which inflates the
         top components' share when n_prompts < n_features: the percentile interval then lies above
@@ -333,17 +364,14 @@ def value_manifold_stats(
     valid = np.all(np.isfinite(boot), axis=1)
     q = [50.0 * (1.0 - ci), 50.0 * (1.0 + ci)]
     if valid.any():
-        (l1, l2, l12), (h1, h2, h12) = np.percentile(boot[valid], q, axis=0)
-        if ci_method == "basic":
-            est = (pc1, pc2, pc1 + pc2)
-            (l1, l2, l12), (h1, h2, h12) = (
-                [float(np.clip(2 * t - hi, 0.0, 1.0)) for t, hi in zip(est, (h1, h2, h12))],
-                [float(np.clip(2 * t - lo, 0.0, 1.0)) for t, lo in zip(est, (l1, l2, l12))],
-            )
+        est = (pc1, pc2, pc1 + pc2)
+        (l1, h1), (l2, h2), (l12, h12) = (
+            bootstrap_interval(t, boot[valid, j], ci=ci, method=ci_method, bounds=(0.0, 1.0))
+            for j, t in enumerate(est))
     else:
         l1 = l2 = l12 = h1 = h2 = h12 = np.nan
 
-    return {
+    stats = {
         "n": int(n),
         "n_features": int(n_features),
         "n_features_used": int(np.count_nonzero(kept)),
@@ -367,3 +395,4 @@ def value_manifold_stats(
         "spearman_p": p,
         "pc1_sign_flipped": flipped,
     }
+    return (stats, boot) if return_boot else stats

@@ -42,5 +42,7 @@ rule checkpoint_trajectory:
         "summary"
     log:
         "logs/checkpoint_trajectory.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/checkpoint_trajectory.py"
