@@ -95,6 +95,10 @@ def test_dry_run_with_slurm_profile(configname, tmp_path):
             assert "gpu" not in res and "gpu_model" not in res, j
         assert res.get("slurm_account") == "<account>", j
     assert "extract" in gpu_seen
+    steps = [m for m in yaml.safe_load((REPO / "config" / configname).read_text())["models"].values()
+             if re.fullmatch(r"step\d+", str(m.get("revision", "")))]
+    if len(steps) >= 2:  # a checkpoint sweep: the trajectory over training is a target
+        assert "checkpoint_trajectory" in {j["rule"] for j in jobs}
 
 
 @pytest.mark.slow
@@ -263,3 +267,59 @@ def test_package_files_follow_imports_transitively():
     assert all(Path(f).is_absolute() for f in cluster.package_files("extraction", cwd=outside))
     with pytest.raises(ValueError, match="no module llmgeom.nosuch"):
         cluster.package_modules("nosuch")
+
+
+# --------------------------------------------------------------------------- fast DAG
+
+
+HEAVY = ("torch", "transformers", "pandas", "scipy", "sklearn", "skdim", "matplotlib", "h5py")
+
+
+def test_modules_imported_while_building_the_dag_stay_light():
+    """The no-op dry run must stay fast (<= 3 s on 20 models, benchmarks/): the package modules the
+    Snakefile and rule files import may not pull in torch, pandas, scipy, scikit-learn or matplotlib
+    (each costs 0.5-2.5 s). Config checks live in llmgeom.config_checks for this reason."""
+    mods = set()
+    for f in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
+        mods |= set(re.findall(r"^\s*from (llmgeom(?:\.\w+)?) import", f.read_text(), re.M))
+        mods |= set(re.findall(r"^\s*import (llmgeom(?:\.\w+)?)", f.read_text(), re.M))
+    assert "llmgeom.workflow_support" in mods and "llmgeom.config_checks" in mods
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in sorted(mods))
+            + "import llmgeom.models\n"  # check_models (workflow_support) imports it while the DAG is built
+            + f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", f"heavy modules imported at DAG time: {r.stdout.strip()} (via {sorted(mods)})"
+
+
+# --------------------------------------------------------------------------- checkpoint sweeps
+
+
+def test_checkpoint_steps_and_trajectory_table():
+    import pandas as pd
+
+    from llmgeom import sweeps
+
+    models_cfg = {"p-0": {"repo_id": "E/p", "revision": "step0"}, "p-1k": {"repo_id": "E/p", "revision": "step1000"},
+                  "other": {"repo_id": "E/q", "revision": "main"}}
+    steps = sweeps.checkpoint_steps(models_cfg)
+    assert steps == {"p-0": 0, "p-1k": 1000}
+    series = sweeps.checkpoint_series(models_cfg, steps)
+    t2 = pd.DataFrame({"model": ["p-1k", "p-0", "other"], "pc12": [0.5, 0.9, 0.1], "family": ["x", "x", "y"],
+                       "flag": [True, False, True]})
+    idp = pd.DataFrame({"model": ["p-0", "p-0", "p-1k"], "id_mean": [4.0, 6.0, 8.0]})
+    df = sweeps.trajectory_table({"table2": t2, "id_profile": idp}, steps, series)
+    assert set(df.model) == {"p-0", "p-1k"} and set(df.metric) == {"pc12", "id_mean"}  # numeric, not bool/str
+    pc = df[df.metric == "pc12"]
+    assert list(pc.step) == [0, 1000] and list(pc.value) == [0.9, 0.5]
+    ids = df[df.metric == "id_mean"].set_index("model")
+    assert ids.loc["p-0", "value"] == 5.0 and ids.loc["p-0", "n_rows"] == 2
+
+
+def test_pythia_sweep_config_is_a_checkpoint_series():
+    from llmgeom import sweeps
+
+    cfg = yaml.safe_load((REPO / "config" / "pythia_checkpoints.yaml").read_text())
+    steps = sweeps.checkpoint_steps(cfg["models"])
+    assert len(steps) == len(cfg["models"]) >= 5 and 0 in steps.values() and 143000 in steps.values()
+    assert len({m["repo_id"] for m in cfg["models"].values()}) == 1
+    assert sorted(steps, key=steps.get) == sorted(steps)  # names sort in training order

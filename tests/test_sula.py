@@ -1,7 +1,6 @@
 """SULA: exact posterior (known answers), prompt generation, label-token selection, candidate
 log-probabilities in the HDF5 store, and the tables."""
 
-import json
 import math
 
 import h5py

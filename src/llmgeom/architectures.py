@@ -16,9 +16,10 @@ Source: DESIGN.md section 1 ("one architectures module") and Paper III
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: the workflow reads configs here without it (fast DAG)
+    import torch
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -252,6 +253,8 @@ def v_columns(model) -> torch.Tensor | None:
     ([..., n_heads*head_dim], head-major), so an edit of the values can be written back into the fused
     output in place (interventions; Paper III sec. 4.5).
     """
+    import torch
+
     fam = family_for(model.config)
     if fam.qkv == "separate":
         return None

@@ -59,66 +59,8 @@ EDGE_MODES = ("per_set", "pooled")
 # config helpers (called at DAG construction: must stay cheap and never touch a model or the hub)
 # ---------------------------------------------------------------------------------------------
 
-def prompt_set_label(spec: dict) -> str:
-    """Human label of a prompt-set config entry: its topics (domain), "mixed (all topics)", "code"."""
-    kind = spec.get("kind")
-    if kind == "domain" or spec.get("topics"):
-        return ", ".join(spec.get("topics") or [])
-    if kind == "mixed":
-        return "mixed (all topics)"
-    return str(kind)
-
-
-def resolve_domain_sets(config: dict) -> dict:
-    """The domain-restriction sets of a validated config.
-
-    Returns dict with ``mixed`` (set name), ``restricted`` (list of set names: ``restricted_sets``, or
-    every set of kind domain or code when it is null, in config order), ``summary`` (the restricted set
-    of Table 1/2: ``summary_set`` or the first restricted set of kind domain, else the first one) and
-    ``labels`` (set -> :func:`prompt_set_label`).
-    """
-    dr = config["domain_restriction"]
-    sets = config["prompts"]["sets"]
-    restricted = dr.get("restricted_sets")
-    if restricted is None:
-        restricted = [s for s, v in sets.items() if v["kind"] in ("domain", "code")]
-    restricted = [s for s in restricted if s != dr["mixed_set"]]
-    summary = dr.get("summary_set")
-    if summary is None:
-        doms = [s for s in restricted if sets.get(s, {}).get("kind") == "domain"]
-        summary = (doms or restricted or [None])[0]
-    labels = {s: prompt_set_label(sets[s]) for s in [dr["mixed_set"], *restricted] if s in sets}
-    return {"mixed": dr["mixed_set"], "restricted": list(restricted), "summary": summary, "labels": labels}
-
-
-def check_bayes_config(config: dict) -> None:
-    """Cross-key checks of the Bayesian-geometry sections that JSON schema cannot express.
-
-    Raises:
-        llmgeom.workflow_support.ConfigError: a named prompt set is missing from ``prompts.sets`` or is
-            a corpus set; no restricted set; ``summary_set`` not among the restricted sets.
-    """
-    from .workflow_support import ConfigError
-
-    sets = config["prompts"]["sets"]
-    r = resolve_domain_sets(config)
-    named = {"domain_restriction.mixed_set": [r["mixed"]],
-             "domain_restriction.restricted_sets": r["restricted"],
-             "attention_focusing.prompt_set": [config["attention_focusing"]["prompt_set"]]}
-    for key, names in named.items():
-        for s in names:
-            if s not in sets:
-                raise ConfigError(f"{key} names prompt set {s!r}, which is not in prompts.sets "
-                                  f"({', '.join(sorted(sets))}); add it under prompts.sets or change {key}")
-            if sets[s]["kind"] == "corpus":
-                raise ConfigError(f"{key} names {s!r}, a corpus set (no last-token or attention data); "
-                                  "use a set of kind mixed, domain or code")
-    if not r["restricted"]:
-        raise ConfigError("domain_restriction: no restricted prompt set (define a set of kind domain or code, "
-                          "or list them in domain_restriction.restricted_sets)")
-    if r["summary"] not in r["restricted"]:
-        raise ConfigError(f"domain_restriction.summary_set is {r['summary']!r}; it must be one of the restricted "
-                          f"sets {r['restricted']}")
+# defined in llmgeom.config_checks (imported while Snakemake builds the DAG; must stay light)
+from .config_checks import prompt_set_label, resolve_domain_sets, check_bayes_config  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------------------------------------

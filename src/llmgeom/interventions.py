@@ -33,7 +33,6 @@ Hooks are registered in a context manager and always removed, also when the forw
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -304,6 +303,20 @@ def intervention_conditions(single_layers: Sequence[int], multi_layers: Sequence
 _MISSING = object()
 
 
+def length_batches(lengths: Sequence[int], batch_size: int, min_fill: float = 0.75) -> list[list[int]]:
+    """Indices grouped into batches of at most ``batch_size``, longest first; a new batch starts when a
+    prompt is shorter than ``min_fill`` x the batch's longest (bounds padding waste; SULA prompts of one k
+    have nearly the same length, so batches follow k)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and len(out[-1]) < batch_size and lengths[i] >= min_fill * lengths[out[-1][0]]:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
 @contextlib.contextmanager
 def skip_layers(model, upto: int, output):
     """Context manager: decoder blocks 0..upto-1 do not compute; each returns ``output``, the recorded output
@@ -356,7 +369,7 @@ def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, 
         def fn(mod, args, out):
             o = _first(out)
             v = o if cols is None else o[..., cols.to(o.device)]
-            vals[layer] = v[b_idx, last].float()
+            vals[layer] = v[b_idx.to(o.device), last.to(o.device)].float()  # device_map="auto": blocks on several GPUs
         return fn
 
     def bhook(i):
@@ -372,7 +385,8 @@ def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, 
         for i in record_blocks:
             handles.append(layers[i].register_forward_hook(bhook(i)))
         out = arch.base_model(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-        logits = head(out.last_hidden_state[b_idx, last])
+        hT = out.last_hidden_state
+        logits = head(hT[b_idx.to(hT.device), last.to(hT.device)])
         if not torch.isfinite(logits).all():
             raise NonFiniteActivationError("non-finite logits at the final token during an intervention run")
         cand = torch.as_tensor(candidates, dtype=torch.long, device=logits.device).reshape(len(seqs), -1)
@@ -386,7 +400,8 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
                       batch_size: int = 32, pad_id: int = 0, skip: bool = True, log=print) -> dict:
     """Run every condition over the prompts and collect per-prompt outputs.
 
-    Per batch, the unedited baseline runs first and records the output of block l_min - 1 for every first
+    Prompts are batched by length (:func:`length_batches`, at most ``batch_size``). Per batch, the unedited
+    baseline runs first and records the output of block l_min - 1 for every first
     edited layer l_min; each edited condition then reruns only blocks l_min..L-1 (:func:`skip_layers`), which
     is exact because an edit at layer l cannot change anything before block l. ``skip=False`` runs every
     block for every condition (same numbers; used by the tests).
@@ -410,15 +425,13 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
         raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
     head = _Float32Head(model)
     n = len(seqs)
-    order = sorted(range(n), key=lambda i: -len(seqs[i]))
     out = {c["condition"]: {"logp": np.zeros((n, 2)), "proj": {l: np.zeros(n) for l in probe_layers}}
            for c in conditions}
     starts = {min(c["layers"]) for c in conditions if c["layers"]}
     record = sorted(l0 - 1 for l0 in starts if l0 > 0) if skip else []
     dev = next(model.parameters()).device
     t0 = time.time()
-    for j in range(0, n, batch_size):
-        idx = order[j:j + batch_size]
+    for idx in length_batches([len(s) for s in seqs], batch_size):
         batch = [seqs[i] for i in idx]
         cands = [candidates[i] for i in idx]
         last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
@@ -650,8 +663,3 @@ def save_axes(arrays: dict, path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def describe(per_prompt) -> str:
-    """One JSON line with the condition counts (for logs)."""
-    return json.dumps(per_prompt.groupby("condition").size().to_dict())

@@ -40,32 +40,8 @@ __all__ = [
 ]
 
 
-class LSMConfigError(ValueError):
-    """An LSM config value that is schema-valid but cannot work; names the key and the fix."""
-
-
-def check_lsm_config(config: dict) -> None:
-    """Cross-key checks for the LSM sections of the config.
-
-    Raises:
-        LSMConfigError: ``margins.prompt_set`` / ``fisher.prompt_set`` not a corpus prompt set;
-            ``curvature.id_estimator`` not among ``intrinsic_dimension.estimators``;
-            ``margins.fit_eps_max`` outside [eps_min, eps_max].
-    """
-    sets = config["prompts"]["sets"]
-    for sec in ("margins", "fisher"):
-        ps = config[sec]["prompt_set"]
-        if ps not in sets or sets[ps]["kind"] != "corpus":
-            raise LSMConfigError(f"{sec}.prompt_set is {ps!r}; it must name a prompt set of kind corpus in "
-                                 f"prompts.sets (defined: {', '.join(sorted(sets))})")
-    est = config["curvature"]["id_estimator"]
-    if est not in config["intrinsic_dimension"]["estimators"]:
-        raise LSMConfigError(f"curvature.id_estimator is {est!r} but intrinsic_dimension.estimators is "
-                             f"{config['intrinsic_dimension']['estimators']}; add it there or change it")
-    mg = config["margins"]
-    if not (mg["eps_min"] < mg["fit_eps_max"] <= mg["eps_max"]):
-        raise LSMConfigError(f"margins.fit_eps_max={mg['fit_eps_max']} must lie in (eps_min={mg['eps_min']}, "
-                             f"eps_max={mg['eps_max']}]")
+# defined in llmgeom.config_checks (imported while Snakemake builds the DAG; must stay light)
+from .config_checks import LSMConfigError, check_lsm_config  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,9 +10,10 @@ checkpoint's jobs, the summaries and this table - never the other checkpoints' j
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:  # imported where used: the workflow calls checkpoint_steps while it builds the DAG
+    import pandas as pd
 
 _STEP = re.compile(r"step(\d+)")
 
@@ -37,6 +38,9 @@ def trajectory_table(tables: dict[str, pd.DataFrame], steps: dict[str, int], ser
     """Long table of every numeric column of the one-row-per-model summary ``tables`` for the checkpoint
     models: columns series, model, step, table, metric, value; sorted by series, metric and step.
     Tables with several rows per model contribute their per-model mean (``n_rows`` says how many)."""
+    import numpy as np
+    import pandas as pd
+
     rows = []
     for tname, df in sorted(tables.items()):
         if "model" not in df.columns:
@@ -59,6 +63,8 @@ def trajectory_table(tables: dict[str, pd.DataFrame], steps: dict[str, int], ser
 def trajectory_figure(df: pd.DataFrame, paths, max_panels: int = 12) -> None:
     """Small multiples: each metric against the training step (symlog x axis: step 0 is shown), one
     line per series; the metrics that vary most over training first."""
+    import numpy as np
+
     from .plotting import _save, plt
 
     if df.empty:

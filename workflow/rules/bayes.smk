@@ -1,6 +1,6 @@
 # Bayesian geometry at scale (Paper III): domain restriction, key orthogonality, attention focusing,
 # cross-model Table-1 / Table-2 analogues and their figures. Definitions: DESIGN.md sec. 3.
-from llmgeom.bayes_geometry import check_bayes_config, resolve_domain_sets
+from llmgeom.config_checks import check_bayes_config, resolve_domain_sets  # light: no numpy/pandas at DAG time
 
 check_bayes_config(config)
 _DR = resolve_domain_sets(config)

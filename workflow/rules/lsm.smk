@@ -1,6 +1,6 @@
 # Latent semantic manifolds (LSM), the output side: Voronoi margins, the expressibility gap eta(eps),
 # perplexity, the Fisher information metric, cross-model tables and figures. Definitions: DESIGN.md sec. 3.
-from llmgeom.lsm import check_lsm_config
+from llmgeom.config_checks import check_lsm_config  # light: no torch/scikit-learn at DAG time
 
 check_lsm_config(config)
 MARGIN_SET = config["margins"]["prompt_set"]
