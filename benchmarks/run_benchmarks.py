@@ -323,12 +323,15 @@ def markdown(res: dict) -> str:
     i = res.get("id")
     if i:
         lines += ["## Intrinsic dimension time vs number of points (d = 576, 1 thread)", "",
-                  "| n points | TwoNN s | MLE (k=20) s |", "|---|---|---|"]
+                  "| n points | TwoNN s (estimate) | MLE k=20 s (estimate) |", "|---|---|---|"]
         by = {}
         for r in i["rows"]:
-            by.setdefault(r["n_points"], {})[r["estimator"]] = r["seconds"]
+            by.setdefault(r["n_points"], {})[r["estimator"]] = r
         for n, v in sorted(by.items()):
-            lines.append(f"| {n} | {v.get('twonn', float('nan')):.2f} | {v.get('mle', float('nan')):.2f} |")
+            cells = [f"{v[e]['seconds']:.2f} ({v[e]['estimate']:.1f})" if e in v else "-" for e in ("twonn", "mle")]
+            lines.append(f"| {n} | {cells[0]} | {cells[1]} |")
+        lines += ["", "Points: a 10-dimensional curved manifold (z, sin z, z^2 mapped linearly to 576 dimensions) "
+                  "plus 1% noise, float32; both estimators recover about 10."]
         lines += ["", f"Load average before/after: {i['load_before']} / {i['load_after']}.", ""]
     return "\n".join(lines)
 

@@ -23,5 +23,7 @@ rule extract:
         **GPU_RESOURCES,
     log:
         "logs/extract/{model}/{promptset}.log",
+    conda:
+        "../../envs/torch.yaml"
     script:
         "../scripts/extract.py"

@@ -27,6 +27,10 @@ rule aggregate:
         runtime=5,
     group:
         "summary"
+    log:
+        "logs/aggregate/{table}.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/aggregate.py"
 
@@ -47,6 +51,10 @@ rule figure_value_manifold:
         runtime=5,
     group:
         "summary"
+    log:
+        "logs/figure_value_manifold.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/figure_value_manifold.py"
 
@@ -67,5 +75,9 @@ rule figure_intrinsic_dimension:
         runtime=5,
     group:
         "summary"
+    log:
+        "logs/figure_intrinsic_dimension.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/figure_intrinsic_dimension.py"

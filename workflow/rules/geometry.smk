@@ -21,5 +21,7 @@ rule value_manifold:
         "analysis"
     log:
         "logs/value_manifold/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/value_manifold.py"

@@ -11,5 +11,7 @@ rule prepare_model:
         runtime=30,
     log:
         "logs/prepare_model/{model}.log",
+    conda:
+        "../../envs/torch.yaml"
     script:
         "../scripts/prepare_model.py"

@@ -13,5 +13,7 @@ rule build_prompts:
         runtime=10,
     log:
         "logs/build_prompts/{promptset}.log",
+    conda:
+        "../../envs/analysis.yaml"
     script:
         "../scripts/build_prompts.py"

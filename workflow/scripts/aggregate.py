@@ -1,4 +1,6 @@
 from llmgeom.tables import concat_tables, write_table
+from llmgeom.workflow_support import run_logged
 
-# only the tables: a rule may also list package code (code=pkg(...)) among its inputs
-write_table(concat_tables([p for p in snakemake.input if p.endswith(".csv")]), snakemake.output[0])
+with run_logged(snakemake.log[0]):
+    # only the tables: a rule may also list package code (code=pkg(...)) among its inputs
+    write_table(concat_tables([p for p in snakemake.input if p.endswith(".csv")]), snakemake.output[0])
