@@ -121,6 +121,26 @@ _GGUF_TO_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "gemma3": "gemma3
                        "qwen2": "qwen2", "qwen3": "qwen3", "phi2": "phi", "gpt2": "gpt2", "gptneox": "gpt_neox"}
 
 
+def check_hf_dir(name: str, path) -> Path:
+    """A local Hugging Face directory with a config.json and weights; returns the expanded path.
+
+    Raises:
+        ModelSourceError: no config.json, or no *.safetensors / *.bin weights.
+    """
+    p = Path(path or "").expanduser()
+    if not path or not (p / "config.json").is_file():
+        raise ModelSourceError(
+            f"models.{name}.path={path!r} is not a Hugging Face directory (no config.json); "
+            "point it at a directory written by save_pretrained"
+        )
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise ModelSourceError(
+            f"models.{name}.path={path!r} has a config.json but no weights (*.safetensors or *.bin); "
+            "copy the weights there or point path at the full save_pretrained directory"
+        )
+    return p
+
+
 def check_source(name: str, spec: dict) -> None:
     """Validate a model entry cheaply, before any heavy work.
 
@@ -141,16 +161,7 @@ def check_source(name: str, spec: dict) -> None:
                 raise ModelSourceError(f"models.{name}: source package_gguf needs `{key}`")
         locate_gguf(spec["package"], spec["gguf_file"])
     elif src == "hf_local":
-        p = Path(spec.get("path") or "")
-        if not spec.get("path") or not (p / "config.json").is_file():
-            raise ModelSourceError(
-                f"models.{name}.path={spec.get('path')!r} is not a Hugging Face directory (no config.json); "
-                "point it at a directory written by save_pretrained"
-            )
-        if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
-            raise ModelSourceError(
-                f"models.{name}.path={p} has a config.json but no weights (*.safetensors or *.bin)"
-            )
+        p = check_hf_dir(name, spec.get("path"))
         _check_config_supported(name, p)
     else:
         if not spec.get("repo_id"):
@@ -296,17 +307,7 @@ def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None)
         key = f"{meta.get('general.architecture')}.context_length"
         return (int(meta[key]), f"{paths[0].name} ({key})") if meta.get(key) else (None, "no context_length in GGUF")
     if src == "hf_local":
-        p = Path(spec["path"]).expanduser()
-        if not (p / "config.json").is_file():
-            raise ModelSourceError(
-                f"models.{name}.path={spec['path']!r} is not a Hugging Face directory (no config.json); "
-                "point it at a directory written by save_pretrained"
-            )
-        if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
-            raise ModelSourceError(
-                f"models.{name}.path={spec['path']!r} has a config.json but no weights (*.safetensors or *.bin); "
-                "copy the weights there or point path at the full save_pretrained directory"
-            )
+        p = check_hf_dir(name, spec["path"])
         cfg_path = p / "config.json"
     elif src == "hf_hub":
         try:

@@ -19,6 +19,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .prompts import sha256_file
+
 #: Distributions whose versions are recorded (missing ones are recorded as null).
 PACKAGES = ("llmgeom", "torch", "transformers", "tokenizers", "accelerate", "huggingface_hub", "gguf",
             "h5py", "numpy", "scipy", "scikit-learn", "scikit-dimension", "pandas", "matplotlib",
@@ -42,14 +44,6 @@ def package_versions(extra: tuple[str, ...] = ()) -> dict:
         except PackageNotFoundError:
             out[name] = None
     return out
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def resolved_revision(weights_path: str | None) -> str | None:
@@ -111,7 +105,7 @@ def collect(config: dict, *, models: list[str], prompt_sets: list[str], root: st
     for s, p in files:
         if p.is_file():
             n = sum(1 for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
-            rec["prompt_sets"][s] = {"sha256": _sha256_file(p), "n_records": n, "path": str(p)}
+            rec["prompt_sets"][s] = {"sha256": sha256_file(p), "n_records": n, "path": str(p)}
     for m in models:
         man_path = root / "resources" / "models" / m / "manifest.json"
         man = json.loads(man_path.read_text()) if man_path.is_file() else {}
