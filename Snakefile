@@ -11,10 +11,10 @@ if not workflow.overwrite_configfiles:
 
 
 # Plain-words check first (key, value, what is valid; every problem at once), then defaults.
-from llmgeom.workflow_support import validate_config_file
+from llmgeom.workflow.config import validate_config_file
 
 validate_config_file(config, workflow.source_path("workflow/schemas/config.schema.yaml"))
-from llmgeom.cluster import apply_size_defaults
+from llmgeom.workflow.cluster import apply_size_defaults
 
 apply_size_defaults(config)  # models with params_b: mem_mb / runtime from their size unless given (before defaults)
 validate(config, "workflow/schemas/config.schema.yaml", set_default=True)

@@ -56,7 +56,7 @@ def build_model_dir(name: str, cfg, tok, root: Path, device: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from llmgeom import models
+    from llmgeom.models import sources as models
 
     src = root / "src" / name
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -76,10 +76,10 @@ def build_model_dir(name: str, cfg, tok, root: Path, device: str) -> Path:
 def bare_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, device: str) -> dict:
     import torch
 
-    from llmgeom import architectures as arch
-    from llmgeom.extraction import pad_batch, tokenize_prompts
-    from llmgeom.models import load_prepared
-    from llmgeom.prompts import read_prompt_set
+    from llmgeom.models import architectures as arch
+    from llmgeom.extract.forward import pad_batch, tokenize_prompts
+    from llmgeom.models.loading import load_prepared
+    from llmgeom.extract.prompts import read_prompt_set
 
     model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device)
     recs, _ = read_prompt_set(prompts)
@@ -116,7 +116,7 @@ def full_extraction(model_dir: Path, prompts: Path, out: Path, batch: int, dtype
                     corpus: bool = False, device_map=None) -> dict:
     import torch
 
-    from llmgeom.extraction import extract_to_hdf5
+    from llmgeom.extract.forward import extract_to_hdf5
 
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -163,7 +163,7 @@ def main(argv=None):
     import transformers
     from transformers import AutoConfig, AutoTokenizer
 
-    from llmgeom import models
+    from llmgeom.models import sources as models
 
     device = "cpu" if a.smoke else "cuda"
     if not a.smoke and not torch.cuda.is_available():

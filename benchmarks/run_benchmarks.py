@@ -71,12 +71,12 @@ def load() -> list[float]:
 
 def _batches(model_dir, prompts, batch):
     """Token id batches exactly as extract_to_hdf5 forms them."""
-    from llmgeom import architectures as arch
-    from llmgeom.extraction import tokenize_prompts
-    from llmgeom.prompts import read_prompt_set
+    from llmgeom.models import architectures as arch
+    from llmgeom.extract.forward import tokenize_prompts
+    from llmgeom.extract.prompts import read_prompt_set
     from transformers import AutoConfig, AutoTokenizer
 
-    from llmgeom.models import _weights_path
+    from llmgeom.models.loading import weights_path as _weights_path
 
     wp = _weights_path(Path(model_dir))
     tok = AutoTokenizer.from_pretrained(wp)
@@ -97,14 +97,14 @@ def child(args) -> dict:
 
     threadpool_limits(args.threads)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    from llmgeom import models
-    from llmgeom.extraction import extract_to_hdf5, pad_batch
+    from llmgeom.models import sources as models
+    from llmgeom.extract.forward import extract_to_hdf5, pad_batch
 
     batches, pad_id, n = _batches(args.model_dir, args.prompts, args.batch)
     n_tok = sum(len(s) for b in batches for s in b)
     res = {"variant": args.variant, "n_prompts": n, "n_tokens": n_tok, "rss_before_load_mib": rss0 / 1024}
     if args.variant in ("bare", "body"):
-        from llmgeom import architectures as arch
+        from llmgeom.models import architectures as arch
 
         t = time.perf_counter()
         model, _ = models.load_prepared(args.model_dir, dtype=args.dtype, attn="sdpa", device="cpu")
@@ -210,7 +210,7 @@ def bench_dryrun(a) -> dict:
     import yaml
 
     import slurm_stub
-    from llmgeom import testing
+    from llmgeom.models import tiny as testing
 
     tmp = Path(tempfile.mkdtemp(prefix="llmgeom-dryrun-"))
     keep = bool(os.environ.get("LLMGEOM_BENCH_KEEP"))
@@ -268,7 +268,7 @@ def bench_id(a) -> dict:
     import numpy as np
     from threadpoolctl import threadpool_limits
 
-    from llmgeom.manifold import mle_id, twonn
+    from llmgeom.measures.intrinsic_dimension import mle_id, twonn
 
     rows = []
     before = load()

@@ -1,6 +1,6 @@
 """Tiny-model tests of the architectures module: one per supported family.
 
-Every family in ``llmgeom.testing.FAMILIES`` is built from its config with random
+Every family in ``llmgeom.models.tiny.FAMILIES`` is built from its config with random
 weights (2 layers, d_model 32, 4 query heads) and checked against what the model
 itself computes in a forward pass.
 """
@@ -8,9 +8,9 @@ itself computes in a forward pass.
 import pytest
 import torch
 
-from llmgeom import architectures as arch
-from llmgeom import testing
-from llmgeom.extraction import pad_batch
+from llmgeom.models import architectures as arch
+from llmgeom.models import tiny as testing
+from llmgeom.extract.forward import pad_batch
 
 FAMILIES = testing.FAMILIES
 

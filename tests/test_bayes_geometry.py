@@ -21,12 +21,18 @@ import pandas as pd
 import pytest
 import torch
 
-from llmgeom import architectures as arch
-from llmgeom import bayes_geometry as bg
-from llmgeom import geometry, keys, testing
-from llmgeom.extraction import attention_row_entropy, extract_batch
-from llmgeom.store import ActivationWriter
-from llmgeom.workflow_support import ConfigError
+from llmgeom.models import architectures as arch
+from llmgeom.analyses import domain_restriction as bg
+from llmgeom.measures import pca as geometry
+from llmgeom.weights import key_orthogonality as keys
+from llmgeom.models import tiny as testing
+from llmgeom.extract.forward import attention_row_entropy, extract_batch
+from llmgeom.core.store import ActivationWriter
+from llmgeom.workflow.config import ConfigError
+from llmgeom.analyses.attention_focusing import attention_focusing_tables, focusing_summary
+from llmgeom.analyses.bayes_tables import markdown_tables_html, table1, table2, to_markdown
+from llmgeom.measures.orthogonality import gaussian_baseline, gaussian_expectation, orthogonality
+from llmgeom.workflow.config import check_bayes_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,34 +42,34 @@ REPO = Path(__file__).resolve().parents[1]
 def test_orthogonality_known_answers():
     rng = np.random.default_rng(0)
     Q, _ = np.linalg.qr(rng.standard_normal((64, 16)))
-    assert keys.orthogonality(Q) == pytest.approx(0.0, abs=1e-12)  # orthonormal columns
-    assert keys.orthogonality(Q * rng.uniform(0.1, 10, 16)) == pytest.approx(0.0, abs=1e-12)  # scale-free
-    assert keys.orthogonality(np.eye(10)[:, :4]) == 0.0
+    assert orthogonality(Q) == pytest.approx(0.0, abs=1e-12)  # orthonormal columns
+    assert orthogonality(Q * rng.uniform(0.1, 10, 16)) == pytest.approx(0.0, abs=1e-12)  # scale-free
+    assert orthogonality(np.eye(10)[:, :4]) == 0.0
     u = rng.standard_normal(32)
-    assert keys.orthogonality(np.outer(u, [1.0, -2.0, 3.0])) == pytest.approx(1.0)  # parallel (|cos| = 1)
+    assert orthogonality(np.outer(u, [1.0, -2.0, 3.0])) == pytest.approx(1.0)  # parallel (|cos| = 1)
     # two unit columns at 60 degrees: |cos| = 0.5
     W = np.array([[1.0, 0.5], [0.0, math.sqrt(3) / 2], [0.0, 0.0]])
-    assert keys.orthogonality(W) == pytest.approx(0.5)
+    assert orthogonality(W) == pytest.approx(0.5)
     # three columns: e1, e2, (e1+e2)/sqrt2 -> pairs 0, 1/sqrt2, 1/sqrt2 -> mean sqrt2/3
     W = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
-    assert keys.orthogonality(W) == pytest.approx(math.sqrt(2) / 3)
-    assert keys.orthogonality(torch.tensor(W, dtype=torch.bfloat16)) == pytest.approx(math.sqrt(2) / 3, rel=1e-2)
+    assert orthogonality(W) == pytest.approx(math.sqrt(2) / 3)
+    assert orthogonality(torch.tensor(W, dtype=torch.bfloat16)) == pytest.approx(math.sqrt(2) / 3, rel=1e-2)
 
 
 @pytest.mark.parametrize("bad", [np.zeros((4, 1)), np.ones(5), np.array([[1.0, 0.0], [0.0, 0.0]]),
                                  np.array([[np.nan, 1.0], [1.0, 0.0]])])
 def test_orthogonality_rejects_bad_input(bad):
     with pytest.raises(ValueError):
-        keys.orthogonality(bad)
+        orthogonality(bad)
 
 
 def test_gaussian_baseline_matches_expectation_and_is_seeded():
     d, k = 256, 64
-    vals = [keys.gaussian_baseline(d, k, seed=0, layer=i) for i in range(20)]
-    assert np.mean(vals) == pytest.approx(keys.gaussian_expectation(d), rel=0.03)
-    assert keys.gaussian_expectation(d) == pytest.approx(math.sqrt(2 / (math.pi * d)), rel=0.01)
-    assert keys.gaussian_baseline(d, k, seed=0, layer=3, head=1) == keys.gaussian_baseline(d, k, seed=0, layer=3, head=1)
-    assert keys.gaussian_baseline(d, k, seed=0, layer=3, head=1) != keys.gaussian_baseline(d, k, seed=1, layer=3, head=1)
+    vals = [gaussian_baseline(d, k, seed=0, layer=i) for i in range(20)]
+    assert np.mean(vals) == pytest.approx(gaussian_expectation(d), rel=0.03)
+    assert gaussian_expectation(d) == pytest.approx(math.sqrt(2 / (math.pi * d)), rel=0.01)
+    assert gaussian_baseline(d, k, seed=0, layer=3, head=1) == gaussian_baseline(d, k, seed=0, layer=3, head=1)
+    assert gaussian_baseline(d, k, seed=0, layer=3, head=1) != gaussian_baseline(d, k, seed=1, layer=3, head=1)
 
 
 # ------------------------------------------------------------------ key orthogonality: models, every family
@@ -283,14 +289,14 @@ def test_domain_restriction_pooled_edges_record_shortfall(tmp_path):
 # ------------------------------------------------------------------ attention focusing
 
 def test_focusing_summary_known_answers():
-    r = bg.focusing_summary([4.0, 3.0, 2.0, 1.0])
+    r = focusing_summary([4.0, 3.0, 2.0, 1.0])
     assert r["focusing_pct"] == pytest.approx(75.0)
     assert r["spearman_rho"] == pytest.approx(-1.0)
-    r = bg.focusing_summary([2.0, 1.0, 3.0, 1.0], sliding=[True, False, True, False])
+    r = focusing_summary([2.0, 1.0, 3.0, 1.0], sliding=[True, False, True, False])
     assert r["focusing_pct"] == pytest.approx(50.0)
     assert r["n_global_layers"] == 2 and r["focusing_pct_global"] == pytest.approx(0.0)
     with pytest.raises(ValueError):
-        bg.focusing_summary([0.0, 1.0])
+        focusing_summary([0.0, 1.0])
 
 
 def test_attention_focusing_tables_means_over_heads(tmp_path):
@@ -304,7 +310,7 @@ def test_attention_focusing_tables_means_over_heads(tmp_path):
     E[:, 2, :] = np.log(np.minimum(ntok, 8))[:, None]  # sliding layer (window 8), uniform over its window
     p = _write_h5(tmp_path / "mixed.h5", entropy=np.ones(n), values=np.ones((n, L, 2)), attn=E, n_tokens=ntok,
                   arch_attrs={"attention_type": "GQA", "sliding_layers": [2], "sliding_window": 8})
-    detail, summ = bg.attention_focusing_tables(p, model="m")
+    detail, summ = attention_focusing_tables(p, model="m")
     heads, layers = detail[detail.level == "head"], detail[detail.level == "layer"]
     assert len(heads) == L * H and len(layers) == L and (layers["head"] == -1).all()
     assert layers.entropy_mean.tolist() == pytest.approx([np.log(ntok).mean(), 0.75, np.log(np.minimum(ntok, 8)).mean()])
@@ -342,22 +348,22 @@ def _fake_tables():
 
 def test_table1_table2_and_markdown():
     dr, ko, af = _fake_tables()
-    t1 = bg.table1(dr)
+    t1 = table1(dr)
     assert len(t1) == 4 and (t1.layer == 1).all() and t1.role.tolist() == ["mixed", "restricted"] * 2
     assert t1.pc1.tolist() == pytest.approx([0.3, 0.6, 0.3, 0.6])
-    t2 = bg.table2(dr, ko, af, restricted_set="domain_mathematics")
+    t2 = table2(dr, ko, af, restricted_set="domain_mathematics")
     assert t2.model.tolist() == ["a", "b"]
     r = t2.set_index("model").loc["b"]
     assert r.attention_type == "MQA + sliding window (512 tokens, 1/2 layers)"
     assert (r.orth_min, r.orth_max) == pytest.approx((0.1, 0.2))
     assert r.pc12_mixed == pytest.approx(0.3) and r.pc12_restricted == pytest.approx(0.6)
     assert r.restricted_domain == "Mathematics" and r.orth_over_random_init == pytest.approx(0.15 / 0.04)
-    md1, md2 = bg.to_markdown(t1, "table1"), bg.to_markdown(t2, "table2")
+    md1, md2 = to_markdown(t1, "table1"), to_markdown(t2, "table2")
     assert md1.count("\n| ") == 4 and "30.0 [20.0, 40.0]" in md1 and "Mathematics" in md1
     assert "0.100–0.200" in md2 and "40.0" in md2
     with pytest.raises(ValueError):
-        bg.to_markdown(t1, "table3")
-    page = bg.markdown_tables_html({"Table 1 analogue": md1, "Table 2 analogue": md2})
+        to_markdown(t1, "table3")
+    page = markdown_tables_html({"Table 1 analogue": md1, "Table 2 analogue": md2})
     assert page.count("<table>") == 2 and page.count("<tr>") == 1 + 4 + 1 + 2
     assert "<th>PC1 % [95% CI]</th>" in page and "MQA + sliding window" in page
 
@@ -367,8 +373,10 @@ def test_config_checks():
                                 "code": {"kind": "code"}, "corpus": {"kind": "corpus"}}},
            "domain_restriction": {"mixed_set": "mixed", "restricted_sets": None, "summary_set": None},
            "attention_focusing": {"prompt_set": "mixed"}}
-    bg.check_bayes_config(cfg)
-    r = bg.resolve_domain_sets(cfg)
+    check_bayes_config(cfg)
+    from llmgeom.workflow.config import resolve_domain_sets
+
+    r = resolve_domain_sets(cfg)
     assert r["restricted"] == ["domain_mathematics", "code"] and r["summary"] == "domain_mathematics"
     assert r["labels"] == {"mixed": "mixed (all topics)", "domain_mathematics": "M", "code": "code"}
     for key, val, msg in (("domain_restriction", {"restricted_sets": ["nope"]}, "not in prompts.sets"),
@@ -378,7 +386,7 @@ def test_config_checks():
         bad = json.loads(json.dumps(cfg))
         bad[key].update(val)
         with pytest.raises(ConfigError, match=msg):
-            bg.check_bayes_config(bad)
+            check_bayes_config(bad)
 
 
 # ------------------------------------------------------------------ paper3 config: offline dry run

@@ -2,7 +2,7 @@
 on the GPU rules only (a stub sbatch records what the SLURM executor plugin submits), the GPU-rule
 resources per model, and the memory check that fails before a model is loaded.
 
-The GPU rules are listed once, in ``llmgeom.cluster.GPU_RULES``; the tests cover whichever of them the
+The GPU rules are listed once, in ``llmgeom.workflow.cluster.GPU_RULES``; the tests cover whichever of them the
 workflow defines.
 """
 
@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 import slurm_stub
-from llmgeom import cluster, models, testing
+from llmgeom.workflow import cluster
+from llmgeom.models import sources as models, tiny as testing
+from llmgeom.models.loading import MEMORY_OVERHEAD_MB, ModelMemoryError, check_memory, count_parameters, estimate_model_bytes, load_prepared
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -216,7 +218,7 @@ def test_size_defaults_scale_with_parameters_and_dtype():
 
 
 def test_gpus_without_device_map_is_a_config_error():
-    from llmgeom.workflow_support import ConfigError
+    from llmgeom.workflow.config import ConfigError
 
     cluster.check_gpu_config({"models": {"m": {"gpus": 2, "device_map": "auto"}}})
     with pytest.raises(ConfigError, match="device_map"):
@@ -233,40 +235,43 @@ def test_memory_check_fails_before_loading_with_the_numbers(tmp_path, monkeypatc
         raise AssertionError("weights were loaded")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
-    n = models.count_parameters(transformers.AutoConfig.from_pretrained(tmp_path / "src"))
-    with pytest.raises(models.ModelMemoryError) as e:
-        models.load_prepared(d, dtype="float32", device="cpu", mem_mb=models.MEMORY_OVERHEAD_MB - 1)
+    n = count_parameters(transformers.AutoConfig.from_pretrained(tmp_path / "src"))
+    with pytest.raises(ModelMemoryError) as e:
+        load_prepared(d, dtype="float32", device="cpu", mem_mb=MEMORY_OVERHEAD_MB - 1)
     msg = str(e.value)
     assert f"{n:,} parameters x 4 bytes (float32)" in msg
-    assert f"mem_mb={models.MEMORY_OVERHEAD_MB - 1}" in msg and "raise models.m.mem_mb" in msg
+    assert f"mem_mb={MEMORY_OVERHEAD_MB - 1}" in msg and "raise models.m.mem_mb" in msg
 
 
 def test_memory_estimate_matches_the_loaded_model(tmp_path):
     testing.save_tiny_model_dir("gpt2", tmp_path / "src")
     models.prepare_model("tiny", {"source": "hf_local", "path": str(tmp_path / "src")}, tmp_path / "m")
-    info = models.check_memory(tmp_path / "m", dtype="float32", device="cpu", mem_mb=100000)
-    model, _ = models.load_prepared(tmp_path / "m", dtype="float32", device="cpu")
+    info = check_memory(tmp_path / "m", dtype="float32", device="cpu", mem_mb=100000)
+    model, _ = load_prepared(tmp_path / "m", dtype="float32", device="cpu")
     assert info["n_params"] == sum(p.numel() for p in model.parameters())
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(tmp_path / "src")
-    assert models.estimate_model_bytes(cfg, "bfloat16") * 2 == models.estimate_model_bytes(cfg, "float32")
+    assert estimate_model_bytes(cfg, "bfloat16") * 2 == estimate_model_bytes(cfg, "float32")
 
 
 # --------------------------------------------------------------------------- code tracking helper
 
 
 def test_package_files_follow_imports_transitively():
-    mods = cluster.package_modules("tables")
-    assert {"tables", "geometry", "store"} <= set(mods)
-    assert not set(mods) & cluster.UNTRACKED_MODULES
-    files = cluster.package_files("extraction", cwd=REPO)
-    assert "src/llmgeom/extraction.py" in files and "src/llmgeom/architectures.py" in files
+    mods = cluster.package_modules("analyses.value_manifold")
+    assert {"analyses.value_manifold", "measures.pca", "core.store", "core.stats"} <= set(mods)
+    assert not any(m.startswith("workflow.") for m in mods)
+    files = cluster.package_files("extract.forward", cwd=REPO)
+    assert "src/llmgeom/extract/forward.py" in files and "src/llmgeom/models/architectures.py" in files
     assert all(Path(REPO / f).is_file() for f in files)
     outside = Path(cluster.PACKAGE_DIR.anchor) / "nonexistent-workdir"
-    assert all(Path(f).is_absolute() for f in cluster.package_files("extraction", cwd=outside))
+    assert all(Path(f).is_absolute() for f in cluster.package_files("extract.forward", cwd=outside))
     with pytest.raises(ValueError, match="no module llmgeom.nosuch"):
         cluster.package_modules("nosuch")
+    # a script's imports are followed the same way
+    script = cluster.package_files(script=REPO / "workflow/scripts/value_manifold.py", cwd=REPO)
+    assert "src/llmgeom/analyses/value_manifold.py" in script and "src/llmgeom/measures/pca.py" in script
 
 
 # --------------------------------------------------------------------------- fast DAG
@@ -278,14 +283,14 @@ HEAVY = ("torch", "transformers", "pandas", "scipy", "sklearn", "skdim", "matplo
 def test_modules_imported_while_building_the_dag_stay_light():
     """The no-op dry run must stay fast (<= 3 s on 20 models, benchmarks/): the package modules the
     Snakefile and rule files import may not pull in torch, pandas, scipy, scikit-learn or matplotlib
-    (each costs 0.5-2.5 s). Config checks live in llmgeom.config_checks for this reason."""
+    (each costs 0.5-2.5 s). Config checks live in llmgeom.workflow.config for this reason."""
     mods = set()
     for f in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
-        mods |= set(re.findall(r"^\s*from (llmgeom(?:\.\w+)?) import", f.read_text(), re.M))
-        mods |= set(re.findall(r"^\s*import (llmgeom(?:\.\w+)?)", f.read_text(), re.M))
-    assert "llmgeom.workflow_support" in mods and "llmgeom.config_checks" in mods
+        mods |= set(re.findall(r"^\s*from (llmgeom(?:\.\w+)*) import", f.read_text(), re.M))
+        mods |= set(re.findall(r"^\s*import (llmgeom(?:\.\w+)*)", f.read_text(), re.M))
+    assert {"llmgeom.workflow.config", "llmgeom.workflow.cluster"} <= mods
     code = ("import sys\n" + "".join(f"import {m}\n" for m in sorted(mods))
-            + "import llmgeom.models\n"  # check_models (workflow_support) imports it while the DAG is built
+            + "import llmgeom.models.sources\n"  # check_models (workflow.config) imports it while the DAG is built
             + f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]", f"heavy modules imported at DAG time: {r.stdout.strip()} (via {sorted(mods)})"
@@ -297,7 +302,7 @@ def test_modules_imported_while_building_the_dag_stay_light():
 def test_checkpoint_steps_and_trajectory_table():
     import pandas as pd
 
-    from llmgeom import sweeps
+    from llmgeom.workflow import sweeps
 
     models_cfg = {"p-0": {"repo_id": "E/p", "revision": "step0"}, "p-1k": {"repo_id": "E/p", "revision": "step1000"},
                   "other": {"repo_id": "E/q", "revision": "main"}}
@@ -307,7 +312,9 @@ def test_checkpoint_steps_and_trajectory_table():
     t2 = pd.DataFrame({"model": ["p-1k", "p-0", "other"], "pc12": [0.5, 0.9, 0.1], "family": ["x", "x", "y"],
                        "flag": [True, False, True]})
     idp = pd.DataFrame({"model": ["p-0", "p-0", "p-1k"], "id_mean": [4.0, 6.0, 8.0]})
-    df = sweeps.trajectory_table({"table2": t2, "id_profile": idp}, steps, series)
+    from llmgeom.analyses.checkpoint_trajectory import trajectory_table
+
+    df = trajectory_table({"table2": t2, "id_profile": idp}, steps, series)
     assert set(df.model) == {"p-0", "p-1k"} and set(df.metric) == {"pc12", "id_mean"}  # numeric, not bool/str
     pc = df[df.metric == "pc12"]
     assert list(pc.step) == [0, 1000] and list(pc.value) == [0.9, 0.5]
@@ -316,7 +323,7 @@ def test_checkpoint_steps_and_trajectory_table():
 
 
 def test_pythia_sweep_config_is_a_checkpoint_series():
-    from llmgeom import sweeps
+    from llmgeom.workflow import sweeps
 
     cfg = yaml.safe_load((REPO / "config" / "pythia_checkpoints.yaml").read_text())
     steps = sweeps.checkpoint_steps(cfg["models"])

@@ -19,10 +19,9 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from llmgeom import testing
-from llmgeom.models import ModelSourceError
-from llmgeom.workflow_support import (ConfigError, apply_model_defaults, check_config, check_models,
-                                      describe_schema, validate_config)
+from llmgeom.models import tiny as testing
+from llmgeom.models.sources import ModelSourceError
+from llmgeom.workflow.config import ConfigError, apply_model_defaults, check_config, check_models, describe_schema, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "workflow/schemas/config.schema.yaml"
@@ -54,8 +53,8 @@ def check_like_snakefile(config: dict, root) -> dict:
     apply_model_defaults(config, SCHEMA)
     check_config(config)
     check_models(config, root=root)
-    from llmgeom.bayes_geometry import check_bayes_config
-    from llmgeom.lsm import check_lsm_config
+    from llmgeom.workflow.config import check_bayes_config
+    from llmgeom.workflow.config import check_lsm_config
 
     check_lsm_config(config)
     check_bayes_config(config)

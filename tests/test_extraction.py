@@ -14,9 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmgeom import architectures as arch
-from llmgeom import extraction, models, testing
-from llmgeom.extraction import NonFiniteActivationError, extract_batch, pad_batch
+from llmgeom.models import architectures as arch
+from llmgeom.extract import forward as extraction
+from llmgeom.models import sources as models, tiny as testing
+from llmgeom.extract.forward import NonFiniteActivationError, extract_batch, pad_batch
 
 FAMILIES = testing.FAMILIES
 ATOL = 1e-4
@@ -183,7 +184,7 @@ def _prompt_file(path):
             {"id": "p5", "text": "Zyx w", "meta": {"topic": "x", "k": 3}},
             {"id": "p1", "text": "q", "meta": {}}]
     try:
-        from llmgeom.prompts import write_prompt_set
+        from llmgeom.extract.prompts import write_prompt_set
     except ImportError:  # pragma: no cover - older package
         path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     else:

@@ -1,4 +1,4 @@
-"""Known-answer tests for llmgeom.geometry (Paper III sec. 4, value manifolds)."""
+"""Known-answer tests for llmgeom.measures.pca (Paper III sec. 4, value manifolds)."""
 
 import warnings
 
@@ -8,13 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from llmgeom.geometry import (
-    explained_variance,
-    participation_ratio,
-    pc_scores,
-    standardize_columns,
-    value_manifold_stats,
-)
+from llmgeom.measures.pca import explained_variance, participation_ratio, pc_scores, standardize_columns, value_manifold_stats
 
 
 def _latent_cloud(n=200, d=30, noise=0.5, seed=0):

@@ -6,10 +6,13 @@ import pandas as pd
 import pytest
 import torch
 
-from llmgeom import architectures as arch
-from llmgeom import interventions as iv
-from llmgeom import testing
-from llmgeom.extraction import pad_batch
+from llmgeom.models import architectures as arch
+from llmgeom.interventions import edits as iv
+from llmgeom.models import tiny as testing
+from llmgeom.extract.forward import pad_batch
+from llmgeom.analyses.interventions import intervention_summary
+from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
+from llmgeom.interventions.runner import intervention_conditions, intervention_experiment, length_batches, run_interventions, skip_layers
 
 FAMILIES = testing.FAMILIES
 SEQS = [[1, 10, 11, 12, 13, 14, 15], [1, 40, 41], [1, 50, 60, 70, 80, 5]]
@@ -214,45 +217,48 @@ def test_entropy_axis_sign_sigma_and_random_axis():
     direction = rng.standard_normal(d)
     V = 5 + np.outer(t, direction) * 3 + 0.05 * rng.standard_normal((n, d)) * scale
     h = t + 0.1 * rng.standard_normal(n)
-    ax = iv.entropy_axis(V, h, layer=3)
+    ax = entropy_axis(V, h, layer=3)
     assert np.linalg.norm(ax.u) == pytest.approx(1.0)
     assert ax.corr > 0.9 and ax.pc1_var > 0.9
     assert ax.sigma == pytest.approx(np.std(V @ ax.u))
-    ax2 = iv.entropy_axis(V, -h, layer=3)  # sign follows H_model
+    ax2 = entropy_axis(V, -h, layer=3)  # sign follows H_model
     np.testing.assert_allclose(ax2.u, -ax.u, atol=1e-12)
     assert ax2.corr == pytest.approx(ax.corr)
     for layer in range(4):
-        r = iv.random_axis(ax.u, seed=0, layer=layer)
+        r = random_axis(ax.u, seed=0, layer=layer)
         assert np.linalg.norm(r) == pytest.approx(1.0, abs=1e-12)
         assert abs(r @ ax.u) < 1e-12
-    np.testing.assert_array_equal(iv.random_axis(ax.u, 0, 1), iv.random_axis(ax.u, 0, 1))
-    assert not np.allclose(iv.random_axis(ax.u, 0, 1), iv.random_axis(ax.u, 0, 2))
-    assert not np.allclose(iv.random_axis(ax.u, 0, 1), iv.random_axis(ax.u, 1, 1))
+    np.testing.assert_array_equal(random_axis(ax.u, 0, 1), random_axis(ax.u, 0, 1))
+    assert not np.allclose(random_axis(ax.u, 0, 1), random_axis(ax.u, 0, 2))
+    assert not np.allclose(random_axis(ax.u, 0, 1), random_axis(ax.u, 1, 1))
 
 
 def test_length_batches():
-    b = iv.length_batches([3, 40, 41, 20, 21, 7, 40, 3], 2)
+    b = length_batches([3, 40, 41, 20, 21, 7, 40, 3], 2)
     assert b == [[2, 1], [6], [4, 3], [5], [0, 7]]
-    assert sorted(i for x in iv.length_batches([5] * 7, 3) for i in x) == list(range(7))
-    assert [len(x) for x in iv.length_batches([5] * 7, 3)] == [3, 3, 1]
+    assert sorted(i for x in length_batches([5] * 7, 3) for i in x) == list(range(7))
+    assert [len(x) for x in length_batches([5] * 7, 3)] == [3, 3, 1]
 
 
 def test_resolve_layers_and_conditions():
-    assert iv.resolve_layers(["middle", "last", -1, 0], 30) == [15, 29, 0]
-    with pytest.raises(ValueError):
-        iv.resolve_layers([30], 30)
-    with pytest.raises(ValueError):
-        iv.resolve_layers(["top"], 30)
-    conds = iv.intervention_conditions([15, 29], [15, 29], list(iv.EDIT_NAMES))
+    from llmgeom.core.layers import select_layers
+
+    assert select_layers(["middle", "last", -1, 0], 30) == [0, 15, 29]
+    with pytest.raises(ValueError, match="interventions.layers: layer 30 is outside"):
+        select_layers([30], 30, key="interventions.layers")
+    with pytest.raises(ValueError, match="'top' is not a layer"):
+        select_layers(["top"], 30)
+    conds = intervention_conditions([15, 29], [15, 29], list(iv.EDIT_NAMES))
     assert conds[0]["condition"] == "baseline" and len(conds) == 1 + 3 * 2 * 4
     assert {c["run"] for c in conds} == {"baseline", "L15", "L29", "multi_L15+L29"}
     with pytest.raises(ValueError):
-        iv.intervention_conditions([1], None, ["cut"])
+        intervention_conditions([1], None, ["cut"])
 
 
 def test_experiment_and_summary_on_tiny_model(tmp_path):
-    from llmgeom import extraction, models, sula
-    from llmgeom.prompts import write_prompt_set
+    from llmgeom.extract import forward as extraction, sula_prompts as sula
+    from llmgeom.models import sources as models
+    from llmgeom.extract.prompts import write_prompt_set
 
     from transformers import AutoModelForCausalLM
 
@@ -268,7 +274,7 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
     extraction.extract_to_hdf5(prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny",
                                dtype="float32", device="cpu", attention=False, candidates_key="label_token_ids",
                                log=lambda *a: None)
-    per, axes, arrays = iv.intervention_experiment(
+    per, axes, arrays = intervention_experiment(
         prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny", layers=["middle", "last"],
         multi_layers=["middle", "last"], n_per_k=4, batch_size=16, dtype="float32", device="cpu", log=lambda *a: None)
     assert per.condition.nunique() == 1 + 3 * 2 * 4 and (per.groupby("condition").size() == 16).all()
@@ -287,10 +293,10 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
     rnd = per[per.condition == "L1/random/axis_cut"].set_index("prompt")
     np.testing.assert_allclose(rnd.proj_L1, base.proj_L1, atol=1e-4)
     with pytest.raises(ValueError, match="identical"):
-        iv.entropy_axis(np.ones((5, 4)), np.arange(5.0), layer=0)
+        entropy_axis(np.ones((5, 4)), np.arange(5.0), layer=0)
     assert (axes.random_dot_u.dropna() < 1e-10).all() and np.allclose(axes.random_norm.dropna(), 1)
     assert set(arrays) == {"u_L1", "u_L2", "random_L1", "random_L2"}
-    summ = iv.intervention_summary(per, axes, n_boot=20, seed=0)
+    summ = intervention_summary(per, axes, n_boot=20, seed=0)
     assert len(summ) == 25
     b = summ[summ.run == "baseline"].iloc[0]
     assert b.delta_mae_bits == 0 and b.delta_mae_bits_lo == 0
@@ -302,7 +308,7 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
     assert (ok.delta_mae_bits_lo <= ok.delta_mae_bits_hi).all()
     # the summary can be recomputed from the CSV written by the rule
     per.to_csv(tmp_path / "p.csv", index=False)
-    again = iv.intervention_summary(pd.read_csv(tmp_path / "p.csv"), axes, n_boot=20, seed=0)
+    again = intervention_summary(pd.read_csv(tmp_path / "p.csv"), axes, n_boot=20, seed=0)
     np.testing.assert_allclose(again.delta_mae_bits, summ.delta_mae_bits)
 
 
@@ -312,14 +318,14 @@ def test_skipping_unaffected_blocks_is_exact(family):
     m = tiny(family)
     before = n_hooks(m)
     d = vdim(m)
-    axes = {l: iv.EntropyAxis(layer=l, u=unit(d, seed=l).double().numpy(), sigma=0.5, corr=0.5, pc1_var=0.5,
+    axes = {l: EntropyAxis(layer=l, u=unit(d, seed=l).double().numpy(), sigma=0.5, corr=0.5, pc1_var=0.5,
                               n_fit=10, flipped=False) for l in (0, 1)}
-    rnd = {l: iv.random_axis(axes[l].u, 0, l) for l in (0, 1)}
-    conds = iv.intervention_conditions([1], [0, 1], ["axis_cut", "axis_shift_plus"])
+    rnd = {l: random_axis(axes[l].u, 0, l) for l in (0, 1)}
+    conds = intervention_conditions([1], [0, 1], ["axis_cut", "axis_shift_plus"])
     cands = [[5, 6]] * len(SEQS)
     kw = dict(probe_layers=[0, 1], batch_size=3, log=lambda *a: None)
-    fast = iv.run_interventions(m, SEQS, cands, conds, axes, rnd, skip=True, **kw)
-    full = iv.run_interventions(m, SEQS, cands, conds, axes, rnd, skip=False, **kw)
+    fast = run_interventions(m, SEQS, cands, conds, axes, rnd, skip=True, **kw)
+    full = run_interventions(m, SEQS, cands, conds, axes, rnd, skip=False, **kw)
     for c in conds:
         a, b = fast[c["condition"]], full[c["condition"]]
         np.testing.assert_allclose(a["logp"], b["logp"], atol=1e-6, rtol=0, err_msg=c["condition"])
@@ -330,8 +336,8 @@ def test_skipping_unaffected_blocks_is_exact(family):
     assert n_hooks(m) == before
     assert all("forward" not in blk.__dict__ for blk in arch.decoder_layers(m))
     # last-position edits: the same exactness
-    last_fast = iv.run_interventions(m, SEQS, cands, conds[:2], axes, rnd, positions="last", skip=True, **kw)
-    last_full = iv.run_interventions(m, SEQS, cands, conds[:2], axes, rnd, positions="last", skip=False, **kw)
+    last_fast = run_interventions(m, SEQS, cands, conds[:2], axes, rnd, positions="last", skip=True, **kw)
+    last_full = run_interventions(m, SEQS, cands, conds[:2], axes, rnd, positions="last", skip=False, **kw)
     for c in conds[:2]:
         np.testing.assert_allclose(last_fast[c["condition"]]["logp"], last_full[c["condition"]]["logp"], atol=1e-6)
 
@@ -340,7 +346,7 @@ def test_skip_layers_restores_forward_when_raising():
     m = tiny("llama")
     blk = arch.decoder_layers(m)[0]
     with pytest.raises(RuntimeError, match="inside"):
-        with iv.skip_layers(m, 2, None):
+        with skip_layers(m, 2, None):
             assert "forward" in blk.__dict__
             raise RuntimeError("inside")
     assert "forward" not in blk.__dict__

@@ -11,12 +11,17 @@ import pandas as pd
 import pytest
 import torch
 
-from llmgeom import fisher, lsm, margins
-from llmgeom.manifold import (TooFewPointsError, id_profile_shape, id_subsamples, local_pca_residuals, mle_id,
-                              twonn)
-from llmgeom.prompts import PromptDataError, build_prompt_set, text_file_passages
-from llmgeom.store import ActivationWriter
-from llmgeom.tables import intrinsic_dimension_table
+from llmgeom.measures import fisher, margins
+from llmgeom.analyses import intrinsic_dimension as lsm
+from llmgeom.measures.neighbors import TooFewPointsError
+from llmgeom.measures.intrinsic_dimension import id_profile_shape, id_subsamples, mle_id, twonn
+from llmgeom.measures.curvature import local_pca_residuals
+from llmgeom.extract.prompts import PromptDataError, build_prompt_set, text_file_passages
+from llmgeom.core.store import ActivationWriter
+from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
+from llmgeom.analyses.curvature import curvature_table
+from llmgeom.analyses.margins import margin_tables, margin_vs_perplexity_table
+from llmgeom.workflow.config import LSMConfigError, check_lsm_config
 
 
 def _embed(Y, D, rng):
@@ -94,12 +99,12 @@ def test_curvature_flat_is_zero_sphere_is_not():
 
 
 def test_curvature_gram_path_equals_explicit_path(monkeypatch):
-    from llmgeom import manifold
+    from llmgeom.measures import curvature
 
     rng = np.random.default_rng(14)
     X = rng.standard_normal((300, 40))
     a = local_pca_residuals(X, k=20, m=3)["values"]
-    monkeypatch.setattr(manifold, "_GRAM_MAX_POINTS", 0)
+    monkeypatch.setattr(curvature, "GRAM_MAX_POINTS", 0)
     b = local_pca_residuals(X, k=20, m=3)["values"]
     np.testing.assert_allclose(a, b, atol=1e-12)
 
@@ -278,21 +283,21 @@ def test_id_table_disagreement_profile_and_curvature_tables(corpus_h5):
     assert strict.estimators_disagree.any()
     prof = lsm.id_profile_table(idt)
     assert len(prof) == 2 and set(prof.columns) >= {"peak_layer", "peak_id", "shape", "peak_relative_depth"}
-    cv = lsm.curvature_table(corpus_h5, idt, model="toy", k=20, n_points=250, min_points=20)
+    cv = curvature_table(corpus_h5, idt, model="toy", k=20, n_points=250, min_points=20)
     assert len(cv) == 4 and cv.m.isin([5, 6]).all() and (cv.k == 20).all()  # m = round(TwoNN ID)
     assert (cv.curvature_mean < 1e-6).all()  # a linear 5-d cloud is flat at m >= 5
     assert (cv.n == 250).all()
 
 
 def test_margin_tables_on_uniform_margins(corpus_h5):
-    t = lsm.margin_tables(corpus_h5, model="toy", n_boot=20, min_count=10)
+    t = margin_tables(corpus_h5, model="toy", n_boot=20, min_count=10)
     assert set(t) == {"margins", "eta_curve", "expressibility_gap", "margin_histogram"}
     fit = t["expressibility_gap"].iloc[0]
     assert fit.beta == pytest.approx(1, rel=0.1) and fit.alpha == pytest.approx(1, rel=0.1)
     mg = t["margins"].iloc[0]
     assert mg.n_positions == 3000 and mg.spearman_margin_nll < -0.8 and mg.spearman_margin_entropy == pytest.approx(-1)
     assert len(t["eta_curve"]) == 41 and t["margin_histogram"]["count"].sum() + t["margin_histogram"].n_above.iloc[0] == 3000
-    mvp = lsm.margin_vs_perplexity_table(pd.concat([t["margins"], t["margins"].assign(model="toy2", margin_q50=0.2,
+    mvp = margin_vs_perplexity_table(pd.concat([t["margins"], t["margins"].assign(model="toy2", margin_q50=0.2,
                                                                                        perplexity=9.0),
                                                     t["margins"].assign(model="toy3", margin_q50=0.1,
                                                                         perplexity=20.0)]))
@@ -304,11 +309,11 @@ def test_check_lsm_config():
            "margins": {"prompt_set": "corpus", "eps_min": 1e-3, "eps_max": 10, "fit_eps_max": 0.5},
            "fisher": {"prompt_set": "corpus"}, "curvature": {"id_estimator": "twonn"},
            "intrinsic_dimension": {"estimators": ["twonn"]}}
-    lsm.check_lsm_config(cfg)
-    with pytest.raises(lsm.LSMConfigError, match="fisher.prompt_set"):
-        lsm.check_lsm_config({**cfg, "fisher": {"prompt_set": "mixed"}})
-    with pytest.raises(lsm.LSMConfigError, match="curvature.id_estimator"):
-        lsm.check_lsm_config({**cfg, "curvature": {"id_estimator": "mle"}})
+    check_lsm_config(cfg)
+    with pytest.raises(LSMConfigError, match="fisher.prompt_set"):
+        check_lsm_config({**cfg, "fisher": {"prompt_set": "mixed"}})
+    with pytest.raises(LSMConfigError, match="curvature.id_estimator"):
+        check_lsm_config({**cfg, "curvature": {"id_estimator": "mle"}})
 
 
 # --- corpus from a local text file (WikiText-103) ----------------------------------------------

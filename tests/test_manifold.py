@@ -1,4 +1,4 @@
-"""Known-answer tests for llmgeom.manifold (LSM: intrinsic dimension)."""
+"""Known-answer tests for llmgeom.measures.intrinsic_dimension (LSM: intrinsic dimension)."""
 
 import warnings
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import skdim
 
-from llmgeom.manifold import TooFewPointsError, deduplicate, id_subsamples, mle_id, twonn
+from llmgeom.measures.neighbors import TooFewPointsError, deduplicate
+from llmgeom.measures.intrinsic_dimension import id_subsamples, mle_id, twonn
 
 
 def _embed(Y, D, rng):

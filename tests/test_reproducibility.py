@@ -31,7 +31,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from llmgeom import testing
+from llmgeom.models import tiny as testing
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -214,7 +214,7 @@ def test_seeded_tables_are_not_trivially_equal(runs):
 def test_provenance_records_versions_revisions_and_hashes(runs):
     """What the ``provenance`` rule writes (results/provenance.json / .md, in the report), collected
     on run A; equal between the runs apart from the time stamp."""
-    from llmgeom import provenance
+    from llmgeom.workflow import provenance
 
     a, b, _ = runs
     recs = []

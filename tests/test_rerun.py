@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 import slurm_stub
-from llmgeom import cluster, testing
+from llmgeom.workflow import cluster
+from llmgeom.models import tiny as testing
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -146,7 +147,7 @@ def test_package_code_change_reruns_the_rules_that_use_it(full_run):
         jobs = wd.planned()
         rules = {j["rule"] for j in jobs}
         assert "value_manifold" in rules, rules
-        # the main extraction does not import geometry (SULA extraction does, through llmgeom.sula)
+        # the main extraction does not import geometry (SULA extraction does, through llmgeom.analyses.sula)
         assert not rules & {"extract", "prepare_model", "build_prompts"}, rules
         for j in jobs:  # each job reruns because of the edited file, or of an input that will be remade
             assert "geometry.py" in j["reason"] or "updated by another job" in j["reason"], (j["rule"], j["reason"])

@@ -15,9 +15,12 @@ import h5py
 import numpy as np
 import pytest
 
-from llmgeom import architectures as arch
-from llmgeom import extraction, models, store, testing
-from llmgeom.store import CONTRACT_VERSION, StoreError, open_activations
+from llmgeom.models import architectures as arch
+from llmgeom.extract import forward as extraction
+from llmgeom.models import sources as models, tiny as testing
+from llmgeom.core import store
+from llmgeom.core.store import CONTRACT_VERSION, StoreError, open_activations
+from llmgeom.models.loading import load_prepared
 
 FIX = r"run rule extract"  # "rerun rule extract" contains it too
 
@@ -30,7 +33,7 @@ PROMPTS = [{"id": "a", "text": "The cat sat.", "meta": {"topic": "animals", "k":
 
 def _write_prompts(path, recs):
     try:
-        from llmgeom.prompts import write_prompt_set
+        from llmgeom.extract.prompts import write_prompt_set
     except ImportError:  # pragma: no cover
         path.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
     else:
@@ -63,7 +66,7 @@ def _str(x):
 
 
 def test_round_trip_datasets_and_attributes(setup):
-    model, tok = models.load_prepared(setup["prepared"], dtype="float32", attn="eager", device="cpu")
+    model, tok = load_prepared(setup["prepared"], dtype="float32", attn="eager", device="cpu")
     s = arch.summarize(model.config)
     seqs = [tok(r["text"])["input_ids"] for r in PROMPTS]
     ref = extraction.extract_batch(model, seqs, attention=True, top_k=7, prompt_ids=[r["id"] for r in PROMPTS])
@@ -126,7 +129,7 @@ def test_round_trip_datasets_and_attributes(setup):
 
 
 def test_round_trip_corpus(setup):
-    model, tok = models.load_prepared(setup["prepared"], dtype="float32", attn="sdpa", device="cpu")
+    model, tok = load_prepared(setup["prepared"], dtype="float32", attn="sdpa", device="cpu")
     seqs = [tok(r["text"])["input_ids"] for r in PROMPTS]
     with open_activations(setup["corpus"], model="tiny-llama", prompt_set_sha256=setup["sha"]) as f:
         a = store.attrs_dict(f)
@@ -169,7 +172,7 @@ def test_no_partial_left_after_success_and_failure(setup, monkeypatch, tmp_path)
 
 _CHILD = textwrap.dedent("""
     import pathlib, sys, time
-    import llmgeom.extraction as E
+    import llmgeom.extract.forward as E
 
     def slow(*a, **k):
         pathlib.Path(sys.argv[4]).write_text("started")

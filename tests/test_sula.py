@@ -9,65 +9,68 @@ import pandas as pd
 import pytest
 import torch
 
-from llmgeom import extraction, models, sula, testing
-from llmgeom.prompts import read_prompt_set, write_prompt_set
+from llmgeom.extract import forward as extraction, sula_prompts as sula
+from llmgeom.models import sources as models, tiny as testing
+from llmgeom.extract.prompts import read_prompt_set, write_prompt_set
+from llmgeom.analyses.sula import calibration_table, read_sula_h5, sula_tables
+from llmgeom.measures.bayes import bayes_posterior, binary_entropy_bits, h_bayes_bits, model_label_entropy
 
 # --------------------------------------------------------------------------- exact posterior
 
 
 def test_k0_gives_one_bit():
-    assert float(sula.bayes_posterior(0, 0)) == 0.5
-    assert float(sula.h_bayes_bits(0, 0, 0.9)) == pytest.approx(1.0, abs=1e-12)
+    assert float(bayes_posterior(0, 0)) == 0.5
+    assert float(h_bayes_bits(0, 0, 0.9)) == pytest.approx(1.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8, 20])
 def test_all_agreeing_gives_closed_form(k):
     want = 1.0 / (1.0 + 9.0 ** -k)
     q = 9.0 ** -k / (1.0 + 9.0 ** -k)  # 1 - want without cancellation
-    assert float(sula.bayes_posterior(k, 0, 0.9)) == pytest.approx(want, rel=1e-12)
-    assert float(sula.bayes_posterior(0, k, 0.9)) == pytest.approx(q, rel=1e-9)
+    assert float(bayes_posterior(k, 0, 0.9)) == pytest.approx(want, rel=1e-12)
+    assert float(bayes_posterior(0, k, 0.9)) == pytest.approx(q, rel=1e-9)
     h = -(want * math.log2(want) + q * math.log2(q))
-    assert float(sula.h_bayes_bits(k, 0, 0.9)) == pytest.approx(h, rel=1e-9)
-    assert float(sula.h_bayes_bits(0, k, 0.9)) == pytest.approx(h, rel=1e-9)
+    assert float(h_bayes_bits(k, 0, 0.9)) == pytest.approx(h, rel=1e-9)
+    assert float(h_bayes_bits(0, k, 0.9)) == pytest.approx(h, rel=1e-9)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_equal_counts_give_one_bit(n):
-    assert float(sula.h_bayes_bits(n, n, 0.9)) == pytest.approx(1.0, abs=1e-12)
-    assert float(sula.bayes_posterior(n, n, 0.7)) == 0.5
+    assert float(h_bayes_bits(n, n, 0.9)) == pytest.approx(1.0, abs=1e-12)
+    assert float(bayes_posterior(n, n, 0.7)) == 0.5
 
 
 def test_posterior_vectorized_stable_and_monotone():
     n1 = np.array([0, 1, 2, 5, 8, 400])
     n2 = np.array([0, 0, 1, 3, 0, 0])
-    p = sula.bayes_posterior(n1, n2, 0.9)
+    p = bayes_posterior(n1, n2, 0.9)
     assert p.shape == (6,)
-    assert np.all(np.diff(sula.bayes_posterior(np.arange(10), 0)) > 0)
-    h = sula.h_bayes_bits(n1, n2)
+    assert np.all(np.diff(bayes_posterior(np.arange(10), 0)) > 0)
+    h = h_bayes_bits(n1, n2)
     assert np.all((h >= 0) & (h <= 1)) and np.isfinite(h).all()
     assert h[-1] == pytest.approx(0.0, abs=1e-12)  # 9^-400 underflows: no NaN
     # only the difference matters
-    assert float(sula.h_bayes_bits(5, 3)) == pytest.approx(float(sula.h_bayes_bits(2, 0)), rel=1e-12)
+    assert float(h_bayes_bits(5, 3)) == pytest.approx(float(h_bayes_bits(2, 0)), rel=1e-12)
     # alpha = 0.5: labels carry no evidence
-    assert float(sula.h_bayes_bits(8, 0, 0.5)) == pytest.approx(1.0)
+    assert float(h_bayes_bits(8, 0, 0.5)) == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        sula.bayes_posterior(1, 0, 1.0)
+        bayes_posterior(1, 0, 1.0)
     with pytest.raises(ValueError):
-        sula.bayes_posterior(-1, 0, 0.9)
+        bayes_posterior(-1, 0, 0.9)
 
 
 def test_binary_entropy_and_model_renormalization():
-    assert sula.binary_entropy_bits([0.0, 0.5, 1.0]).tolist() == [0.0, 1.0, 0.0]
+    assert binary_entropy_bits([0.0, 0.5, 1.0]).tolist() == [0.0, 1.0, 0.0]
     p = 0.2
-    assert float(sula.binary_entropy_bits(p)) == pytest.approx(-(p * math.log2(p) + 0.8 * math.log2(0.8)))
+    assert float(binary_entropy_bits(p)) == pytest.approx(-(p * math.log2(p) + 0.8 * math.log2(0.8)))
     with pytest.raises(ValueError):
-        sula.binary_entropy_bits(1.5)
+        binary_entropy_bits(1.5)
     # renormalization over the two labels ignores the rest of the vocabulary
     lp1, lp2 = np.log([0.02, 0.3]), np.log([0.02, 0.1])
-    pm, hm = sula.model_label_entropy(lp1, lp2)
+    pm, hm = model_label_entropy(lp1, lp2)
     np.testing.assert_allclose(pm, [0.5, 0.75])
-    np.testing.assert_allclose(hm, [1.0, float(sula.binary_entropy_bits(0.75))], rtol=1e-12)
-    pm, hm = sula.model_label_entropy(np.array([-1.0]), np.array([-900.0]))
+    np.testing.assert_allclose(hm, [1.0, float(binary_entropy_bits(0.75))], rtol=1e-12)
+    pm, hm = model_label_entropy(np.array([-1.0]), np.array([-900.0]))
     assert pm[0] == 1.0 and hm[0] == pytest.approx(0.0, abs=1e-12)
 
 
@@ -94,15 +97,15 @@ def test_generate_sula_structure_and_posteriors():
                 assert line.endswith(": " + m["labels"][e])
             if cond == "shuffled":
                 assert m["h_bayes_bits"] == 1.0 and m["p_bayes"] == 0.5 and m["y"] is None
-                assert m["h_counts_bits"] == pytest.approx(float(sula.h_bayes_bits(m["n_L1"], m["n_L2"])))
+                assert m["h_counts_bits"] == pytest.approx(float(h_bayes_bits(m["n_L1"], m["n_L2"])))
             else:
-                assert m["h_bayes_bits"] == pytest.approx(float(sula.h_bayes_bits(m["n_L1"], m["n_L2"], 0.9)))
-                assert m["p_bayes"] == pytest.approx(float(sula.bayes_posterior(m["n_L1"], m["n_L2"], 0.9)))
+                assert m["h_bayes_bits"] == pytest.approx(float(h_bayes_bits(m["n_L1"], m["n_L2"], 0.9)))
+                assert m["p_bayes"] == pytest.approx(float(bayes_posterior(m["n_L1"], m["n_L2"], 0.9)))
             if m["k"] == 0:
                 assert m["h_bayes_bits"] == 1.0
             want = 0.9 * m["p_bayes"] + 0.1 * (1 - m["p_bayes"])
             assert m["p_pred"] == pytest.approx(want)
-            assert m["h_pred_bits"] >= float(sula.binary_entropy_bits(0.9)) - 1e-12
+            assert m["h_pred_bits"] >= float(binary_entropy_bits(0.9)) - 1e-12
             if cond == "ablation":
                 assert all(line.startswith("[MASK]:") for line in lines)
     # controls are paired with main: same carriers / counts (remap, ablation), same carriers (shuffled)
@@ -249,7 +252,7 @@ def test_bad_candidates_fail_clearly(tmp_path, sula_run):
 
 
 def test_tables(sula_run):
-    t = sula.sula_tables(sula_run["paths"], model="tiny", n_bins=5, layers="all")
+    t = sula_tables(sula_run["paths"], model="tiny", n_bins=5, layers="all")
     per = t["prompts"]
     assert len(per) == 20 + 3 * 16
     assert ((per.h_model_bits >= 0) & (per.h_model_bits <= 1)).all()
@@ -285,12 +288,12 @@ def test_read_sula_h5_refuses_non_sula_file(tmp_path, sula_run):
     extraction.extract_to_hdf5(sula_run["prepared"], tmp_path / "p.jsonl", tmp_path / "p.h5", model_name="tiny",
                                dtype="float32", device="cpu", attention=False, log=lambda *a: None)
     with pytest.raises(KeyError, match="extract_sula"):
-        sula.read_sula_h5(tmp_path / "p.h5")
+        read_sula_h5(tmp_path / "p.h5")
 
 
 def test_calibration_bins_known_answer():
     per = pd.DataFrame({"condition": "main", "h_bayes_bits": [0.0, 0.05, 0.5, 1.0, 1.0],
                         "h_model_bits": [0.1, 0.2, 0.4, 0.9, 0.7]})
-    cal = sula.calibration_table(per, model="m", n_bins=2)
+    cal = calibration_table(per, model="m", n_bins=2)
     assert cal.n.tolist() == [2, 3]
     assert cal.mean_h_model_bits.tolist() == pytest.approx([0.15, (0.4 + 0.9 + 0.7) / 3])

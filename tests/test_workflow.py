@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from llmgeom import testing
+from llmgeom.models import tiny as testing
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

@@ -1,6 +1,6 @@
 # Bayesian geometry at scale (Paper III): domain restriction, key orthogonality, attention focusing,
 # cross-model Table-1 / Table-2 analogues and their figures. Definitions: DESIGN.md sec. 3.
-from llmgeom.config_checks import check_bayes_config, resolve_domain_sets  # light: no numpy/pandas at DAG time
+from llmgeom.workflow.config import check_bayes_config, resolve_domain_sets  # light: no numpy/pandas at DAG time
 
 check_bayes_config(config)
 _DR = resolve_domain_sets(config)
@@ -21,7 +21,7 @@ rule domain_restriction:
     """Paper III sec. 4: entropy-stratified selections (mixed vs single-topic), value-manifold stats per layer."""
     input:
         h5=expand("results/{{model}}/activations/{promptset}.h5", promptset=DR_SETS),
-        code=pkg("bayes_geometry", "tables"),
+        code=code("domain_restriction"),
     output:
         stats="results/{model}/tables/domain_restriction.csv",
         selection="results/{model}/tables/domain_selection.csv",
@@ -55,7 +55,7 @@ rule key_orthogonality:
     """Paper III sec. 4.2: mean |cos| between W_K columns per layer and key head, Gaussian and random-init baselines."""
     input:
         model="resources/models/{model}",
-        code=pkg("keys", "tables"),
+        code=code("key_orthogonality"),
     output:
         "results/{model}/tables/key_orthogonality.csv",
     params:
@@ -80,7 +80,7 @@ rule attention_focusing:
     """Paper III sec. 4.2: final-query attention entropy per head and layer; focusing first -> last layer."""
     input:
         h5=f"results/{{model}}/activations/{AF_SET}.h5",
-        code=pkg("bayes_geometry", "tables"),
+        code=code("attention_focusing"),
     output:
         detail="results/{model}/tables/attention_focusing.csv",
         summary="results/{model}/tables/attention_focusing_summary.csv",
@@ -102,7 +102,7 @@ rule aggregate_bayes:
     """Cross-model Bayesian-geometry tables: each per-model table concatenated over models (one job)."""
     input:
         expand("results/{model}/tables/{table}.csv", table=BAYES_MODEL_TABLES, model=MODELS),
-        code=pkg("tables"),
+        code=code("aggregate_bayes"),
     output:
         **{
             t: report(
@@ -136,7 +136,7 @@ rule bayes_summary:
         dr="results/summary/domain_restriction.csv",
         ko="results/summary/key_orthogonality.csv",
         af="results/summary/attention_focusing_summary.csv",
-        code=pkg("bayes_geometry", "tables"),
+        code=code("bayes_summary"),
     output:
         t1=report("results/summary/table1.csv", caption="../report/bayes_tables.rst",
                   category="Bayesian geometry", subcategory="Cross-model summary", labels={"table": "table1 (csv)"}),
@@ -169,7 +169,7 @@ rule bayes_summary:
 rule figure_pc_scatter:
     input:
         "results/summary/pc_scores.csv",
-        code=pkg("bayes_plots"),
+        code=code("figure_bayes"),
     output:
         png=report("results/figures/pc_scatter.png", caption="../report/pc_scatter.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -192,7 +192,7 @@ rule figure_pc_scatter:
 rule figure_explained_variance_layers:
     input:
         "results/summary/domain_restriction.csv",
-        code=pkg("bayes_plots"),
+        code=code("figure_bayes"),
     output:
         png=report("results/figures/explained_variance_layers.png", caption="../report/explained_variance_layers.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -215,7 +215,7 @@ rule figure_explained_variance_layers:
 rule figure_key_orthogonality:
     input:
         "results/summary/key_orthogonality.csv",
-        code=pkg("bayes_plots"),
+        code=code("figure_bayes"),
     output:
         png=report("results/figures/key_orthogonality.png", caption="../report/key_orthogonality.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -238,7 +238,7 @@ rule figure_key_orthogonality:
 rule figure_attention_focusing:
     input:
         "results/summary/attention_focusing.csv",
-        code=pkg("bayes_plots"),
+        code=code("figure_bayes"),
     output:
         png=report("results/figures/attention_focusing.png", caption="../report/attention_focusing.rst",
                    category="Bayesian geometry", subcategory="Figures"),
@@ -261,7 +261,7 @@ rule figure_attention_focusing:
 rule figure_bayes_summary:
     input:
         "results/summary/table2.csv",
-        code=pkg("bayes_plots"),
+        code=code("figure_bayes"),
     output:
         png=report("results/figures/bayes_summary.png", caption="../report/bayes_summary.rst",
                    category="Bayesian geometry", subcategory="Figures"),

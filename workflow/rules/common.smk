@@ -5,14 +5,14 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # before any h5py impor
 
 import yaml
 
-from llmgeom.workflow_support import (
+from llmgeom.workflow.config import (
     apply_model_defaults,
     check_config,
     check_models,
     extract_mem_mb,
     model_source_params,
 )
-from llmgeom.cluster import (
+from llmgeom.workflow.cluster import (
     GPU_RULES,
     check_gpu_config,
     gpu_job_resources,
@@ -43,15 +43,16 @@ def mcfg(wildcards, key):
     return config["models"][wildcards.model][key]
 
 
-# Resources of the GPU rules (GPU_RULES in llmgeom.cluster), per model entry: `resources: **GPU_RESOURCES`.
+# Resources of the GPU rules (GPU_RULES in llmgeom.workflow.cluster), per model entry: `resources: **GPU_RESOURCES`.
 # CPU rules declare mem_mb=scaled_mem(MB) (grows x1.5 per retry), runtime and, if small, group "analysis".
 GPU_RESOURCES = gpu_job_resources(config["models"])
 
 
-def pkg(*modules):
-    """Package source files a rule runs (the named llmgeom modules and what they import), as a named
-    input `code=pkg("tables")`: editing that code reruns the rule (README "Rerunning only what changed")."""
-    return package_files(*modules)
+def code(script):
+    """Package source files that workflow/scripts/<script>.py runs (the llmgeom modules it imports,
+    transitively), as a named input `code=code("value_manifold")`: editing that code reruns the rule
+    (README "Rerunning only what changed"); llmgeom.workflow (checks, logging) is not tracked."""
+    return package_files(script=workflow.source_path(f"../scripts/{script}.py"))
 
 
 # Each rule file appends its final targets here; `rule all` (Snakefile) requests them all.

@@ -3,7 +3,7 @@ rule extract:
     input:
         model="resources/models/{model}",
         prompts="resources/prompts/{promptset}.jsonl",
-        code=pkg("extraction"),
+        code=code("extract"),
     output:
         "results/{model}/activations/{promptset}.h5",
     params:
@@ -13,6 +13,8 @@ rule extract:
         device=config["extract"]["device"],
         top_k=config["extract"]["top_k"],
         corpus=lambda w: config["prompts"]["sets"][w.promptset]["kind"] == "corpus",
+        attention=lambda w: config["prompts"]["sets"][w.promptset]["kind"] != "corpus",
+        candidates_key=None,
         sample_per_prompt=config["extract"]["sample_per_prompt"],
         max_tokens=lambda w: config["prompts"]["sets"][w.promptset].get(
             "token_budget", config["prompts"]["token_budget"]

@@ -12,7 +12,7 @@ rule aggregate:
     """Cross-model table: concatenation of per-model tables."""
     input:
         lambda w: expand("results/{model}/tables/{table}.csv", model=MODELS, table=w.table),
-        code=pkg("tables"),
+        code=code("aggregate"),
     output:
         report(
             "results/summary/{table}.csv",
@@ -38,7 +38,7 @@ rule aggregate:
 rule figure_value_manifold:
     input:
         "results/summary/value_manifold.csv",
-        code=pkg("plotting"),
+        code=code("figure_value_manifold"),
     output:
         png=report(
             "results/figures/value_manifold.png",
@@ -62,7 +62,7 @@ rule figure_value_manifold:
 rule figure_intrinsic_dimension:
     input:
         "results/summary/intrinsic_dimension.csv",
-        code=pkg("plotting"),
+        code=code("figure_intrinsic_dimension"),
     output:
         png=report(
             "results/figures/intrinsic_dimension.png",

@@ -5,7 +5,7 @@ rule value_manifold:
     """Paper III sec. 4: PCA of last-token value vectors and residual stream, per prompt set and layer."""
     input:
         h5=expand("results/{{model}}/activations/{promptset}.h5", promptset=VM_SETS),
-        code=pkg("tables"),
+        code=code("value_manifold"),
     output:
         "results/{model}/tables/value_manifold.csv",
     params:

@@ -12,7 +12,7 @@ rule intervene:
         model="resources/models/{model}",
         prompts="resources/prompts/sula/{model}/main.jsonl",
         h5="results/{model}/activations/sula_main.h5",
-        code=pkg("interventions"),
+        code=code("intervene"),
     output:
         per_prompt="results/{model}/interventions/sula_interventions_per_prompt.csv",
         axes="results/{model}/interventions/entropy_axes.csv",
@@ -46,7 +46,7 @@ rule intervention_table:
     input:
         per_prompt="results/{model}/interventions/sula_interventions_per_prompt.csv",
         axes="results/{model}/interventions/entropy_axes.csv",
-        code=pkg("interventions"),
+        code=code("intervention_table"),
     output:
         "results/{model}/interventions/sula_interventions.csv",
     params:
@@ -70,7 +70,7 @@ rule figure_interventions:
     """Grouped bars: change in axis-entropy correlation and in SULA MAE, entropy vs random axis, 95% CIs."""
     input:
         table="results/summary/sula_interventions.csv",
-        code=pkg("sula_plots"),
+        code=code("figure_interventions"),
     output:
         png=report(
             "results/figures/sula_interventions.png",

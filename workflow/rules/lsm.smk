@@ -1,6 +1,6 @@
 # Latent semantic manifolds (LSM), the output side: Voronoi margins, the expressibility gap eta(eps),
 # perplexity, the Fisher information metric, cross-model tables and figures. Definitions: DESIGN.md sec. 3.
-from llmgeom.config_checks import check_lsm_config  # light: no torch/scikit-learn at DAG time
+from llmgeom.workflow.config import check_lsm_config  # light: no torch/scikit-learn at DAG time
 
 check_lsm_config(config)
 MARGIN_SET = config["margins"]["prompt_set"]
@@ -17,7 +17,7 @@ rule margins:
     """LSM: margin quantiles, hard core, eta(eps) with its power-law fit, perplexity (no forward pass)."""
     input:
         h5=f"results/{{model}}/activations/{MARGIN_SET}.h5",
-        code=pkg("lsm", "tables"),
+        code=code("margins"),
     output:
         margins="results/{model}/tables/margins.csv",
         eta_curve="results/{model}/tables/eta_curve.csv",
@@ -44,7 +44,7 @@ rule fisher:
     input:
         h5=f"results/{{model}}/activations/{FISHER_SET}.h5",
         model="resources/models/{model}",
-        code=pkg("lsm", "tables"),
+        code=code("fisher"),
     output:
         fisher="results/{model}/tables/fisher.csv",
         fisher_summary="results/{model}/tables/fisher_summary.csv",
@@ -69,7 +69,7 @@ rule aggregate_lsm:
     """Cross-model LSM tables: each per-model table concatenated over models (one job for all)."""
     input:
         expand("results/{model}/tables/{table}.csv", table=LSM_MODEL_TABLES, model=MODELS),
-        code=pkg("tables"),
+        code=code("aggregate_lsm"),
     output:
         [
             report(
@@ -100,7 +100,7 @@ rule margin_vs_perplexity:
     """LSM: median margin and perplexity per model, and their rank correlation across models."""
     input:
         expand("results/{model}/tables/margins.csv", model=MODELS),
-        code=pkg("lsm", "tables"),
+        code=code("margin_vs_perplexity"),
     output:
         report(
             "results/summary/margin_vs_perplexity.csv",
@@ -129,7 +129,7 @@ rule figures_lsm:
         curve="results/summary/eta_curve.csv",
         fit="results/summary/expressibility_gap.csv",
         mvp="results/summary/margin_vs_perplexity.csv",
-        code=pkg("lsm_plots"),
+        code=code("figure_lsm"),
     output:
         curvature=report("results/figures/curvature.png", caption="../report/curvature.rst",
                          category="Latent semantic manifolds"),

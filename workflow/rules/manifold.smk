@@ -9,7 +9,7 @@ rule intrinsic_dimension:
     the profile summary (peak layer, peak value, shape over relative depth)."""
     input:
         h5=f"results/{{model}}/activations/{ID_SET}.h5",
-        code=pkg("lsm", "tables"),
+        code=code("intrinsic_dimension"),
     output:
         ids="results/{model}/tables/intrinsic_dimension.csv",
         profile="results/{model}/tables/id_profile.csv",
@@ -42,7 +42,7 @@ rule curvature:
     input:
         h5=f"results/{{model}}/activations/{ID_SET}.h5",
         ids="results/{model}/tables/intrinsic_dimension.csv",
-        code=pkg("lsm", "tables"),
+        code=code("curvature"),
     output:
         "results/{model}/tables/curvature.csv",
     params:

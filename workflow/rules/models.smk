@@ -1,7 +1,7 @@
 rule prepare_model:
     """Model source (GGUF in a package, local HF directory or HF id) -> plain HF directory + manifest."""
     input:
-        code=pkg("models"),
+        code=code("prepare_model"),
     output:
         directory("resources/models/{model}"),
     params:

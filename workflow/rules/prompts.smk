@@ -1,7 +1,7 @@
 rule build_prompts:
     """Model-independent prompt set from real text (Wikipedia summaries, stdlib source), seeded."""
     input:
-        code=pkg("prompts"),
+        code=code("build_prompts"),
     output:
         "resources/prompts/{promptset}.jsonl",
     params:

@@ -1,7 +1,7 @@
 # Provenance of the run (issue 6): package versions, model revisions, config and prompt-set hashes.
 # Its input is every other final target (an input function, evaluated once all rule files are included),
 # so provenance is written last and reflects the finished run.
-from llmgeom.provenance import config_sha256
+from llmgeom.workflow.provenance import config_sha256
 
 TARGETS += ["results/provenance.json", "results/provenance.md"]
 
@@ -11,7 +11,7 @@ rule provenance:
     input:
         lambda w: [t for t in TARGETS if not t.startswith("results/provenance")],
         models=expand("resources/models/{model}", model=MODELS),
-        code=pkg("provenance"),
+        code=code("provenance"),
     output:
         json=report("results/provenance.json", caption="../report/provenance.rst", category="Provenance"),
         md=report("results/provenance.md", caption="../report/provenance.rst", category="Provenance"),

@@ -20,7 +20,7 @@ rule build_sula:
     """Per-model SULA prompt sets (main + controls) with single-token nonsense labels, seeded."""
     input:
         model="resources/models/{model}",
-        code=pkg("sula", "prompts"),
+        code=code("build_sula"),
     output:
         expand("resources/prompts/sula/{{model}}/{condition}.jsonl", condition=SULA_CONDITIONS),
     params:
@@ -49,7 +49,7 @@ rule extract_sula:
     input:
         model="resources/models/{model}",
         prompts="resources/prompts/sula/{model}/{condition}.jsonl",
-        code=pkg("extraction", "sula"),
+        code=code("extract"),
     output:
         "results/{model}/activations/sula_{condition}.h5",
     wildcard_constraints:
@@ -60,6 +60,9 @@ rule extract_sula:
         device_map=lambda w: mcfg(w, "device_map"),
         device=config["extract"]["device"],
         top_k=config["extract"]["top_k"],
+        attention=False,  # SULA needs no attention weights: sdpa
+        corpus=False,
+        candidates_key="label_token_ids",  # meta key of each SULA prompt (llmgeom.extract.sula_prompts.CANDIDATES_KEY)
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,
@@ -68,14 +71,14 @@ rule extract_sula:
     conda:
         "../../envs/torch.yaml"
     script:
-        "../scripts/extract_sula.py"
+        "../scripts/extract.py"
 
 
 rule sula_tables:
     """SULA MAE / r per condition and k, calibration bins, PC1 geometry per layer, per-prompt values."""
     input:
         h5=expand("results/{{model}}/activations/sula_{condition}.h5", condition=SULA_CONDITIONS),
-        code=pkg("sula"),
+        code=code("sula_tables"),
     output:
         sula="results/{model}/tables/sula.csv",
         calibration="results/{model}/tables/sula_calibration.csv",
@@ -107,7 +110,7 @@ rule aggregate_sula:
             table=w.sula_table,
             folder="interventions" if w.sula_table == "sula_interventions" else "tables",
         ),
-        code=pkg("tables"),
+        code=code("aggregate_sula"),
     output:
         report(
             "results/summary/{sula_table}.csv",
@@ -136,7 +139,7 @@ rule figure_sula:
         sula="results/summary/sula.csv",
         prompts="results/summary/sula_prompts.csv",
         geometry="results/summary/sula_geometry.csv",
-        code=pkg("sula_plots"),
+        code=code("figure_sula"),
     output:
         calibration=report(
             "results/figures/sula_calibration.png",

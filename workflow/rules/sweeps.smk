@@ -2,7 +2,7 @@
 # checkpoints of one run (config/pythia_checkpoints.yaml). Their cross-model summaries (one row per model)
 # are joined by step, so geometry can be traced over training. Adding a checkpoint later reruns only its
 # own jobs, the summaries and this table. Included last: it reads the summary targets of the other files.
-from llmgeom.sweeps import checkpoint_series, checkpoint_steps
+from llmgeom.workflow.sweeps import checkpoint_series, checkpoint_steps
 
 CHECKPOINT_STEPS = checkpoint_steps(config["models"])
 TRAJECTORY_TABLES = [
@@ -18,7 +18,7 @@ rule checkpoint_trajectory:
     """Every numeric column of the per-model summary tables against the training step, per checkpoint series."""
     input:
         tables=expand("results/summary/{t}.csv", t=TRAJECTORY_TABLES),
-        code=pkg("sweeps", "tables"),
+        code=code("checkpoint_trajectory"),
     output:
         table=report(
             "results/summary/checkpoint_trajectory.csv",

@@ -1,5 +1,5 @@
-from llmgeom.tables import concat_tables, write_table
-from llmgeom.workflow_support import run_logged
+from llmgeom.core.io import concat_tables, write_table
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     # only the tables: a rule may also list package code (code=pkg(...)) among its inputs

@@ -1,8 +1,8 @@
 """Rule aggregate_bayes: concatenate each per-model Bayesian-geometry table over models."""
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
-    from llmgeom.tables import concat_tables, write_table
+    from llmgeom.core.io import concat_tables, write_table
 
     for t in snakemake.params.tables:
         paths = [f"results/{m}/tables/{t}.csv" for m in snakemake.params.models]

@@ -1,8 +1,8 @@
 """Cross-model LSM tables: for each table name, concatenate the per-model tables (model order of the config)."""
 from pathlib import Path
 
-from llmgeom.tables import concat_tables, write_table
-from llmgeom.workflow_support import run_logged
+from llmgeom.core.io import concat_tables, write_table
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     for table, out in zip(snakemake.params.tables, snakemake.output):

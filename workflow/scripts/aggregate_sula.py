@@ -1,7 +1,7 @@
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
-    from llmgeom.tables import concat_tables, write_table
+    from llmgeom.core.io import concat_tables, write_table
 
     tables = [p for p in snakemake.input if p.endswith(".csv")]  # not the code=pkg(...) inputs
     df = concat_tables(tables)

@@ -1,9 +1,9 @@
 """Rule attention_focusing: final-query attention entropy per head and layer, focusing summary."""
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
-    from llmgeom.bayes_geometry import attention_focusing_tables
-    from llmgeom.tables import write_table
+    from llmgeom.analyses.attention_focusing import attention_focusing_tables
+    from llmgeom.core.io import write_table
 
     detail, summary = attention_focusing_tables(snakemake.input.h5, model=snakemake.wildcards.model)
     write_table(detail, snakemake.output.detail)

@@ -1,7 +1,7 @@
 """Rule bayes_summary: Table-1 / Table-2 analogues (CSV, Markdown, HTML) from the cross-model tables."""
 from pathlib import Path
 
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 
 def write_text(path, text):
@@ -14,8 +14,8 @@ def write_text(path, text):
 with run_logged(snakemake.log[0]):
     import pandas as pd
 
-    from llmgeom.bayes_geometry import markdown_tables_html, table1, table2, to_markdown
-    from llmgeom.tables import write_table
+    from llmgeom.analyses.bayes_tables import markdown_tables_html, table1, table2, to_markdown
+    from llmgeom.core.io import write_table
 
     dr = pd.read_csv(snakemake.input.dr)
     t1 = table1(dr)

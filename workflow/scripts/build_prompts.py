@@ -1,5 +1,5 @@
-from llmgeom.workflow_support import run_logged
-from llmgeom.prompts import build_prompt_set, write_prompt_set
+from llmgeom.workflow.jobs import run_logged
+from llmgeom.extract.prompts import build_prompt_set, write_prompt_set
 
 with run_logged(snakemake.log[0]):
     spec = dict(snakemake.params.spec)

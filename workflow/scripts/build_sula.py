@@ -1,8 +1,8 @@
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
-    from llmgeom.prompts import write_prompt_set
-    from llmgeom.sula import build_sula_sets, load_tokenizer
+    from llmgeom.extract.prompts import write_prompt_set
+    from llmgeom.extract.sula_prompts import build_sula_sets, load_tokenizer
 
     p = snakemake.params
     tok = load_tokenizer(snakemake.input.model)

@@ -1,10 +1,11 @@
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd
 
-    from llmgeom.sweeps import trajectory_figure, trajectory_table
-    from llmgeom.tables import write_table
+    from llmgeom.plots.sweeps import trajectory_figure
+    from llmgeom.analyses.checkpoint_trajectory import trajectory_table
+    from llmgeom.core.io import write_table
 
     p = snakemake.params
     tables = {t: pd.read_csv(path) for t, path in zip(p.tables, snakemake.input.tables)}

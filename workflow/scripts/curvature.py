@@ -3,9 +3,9 @@ import time
 
 import pandas as pd
 
-from llmgeom.lsm import curvature_table
-from llmgeom.tables import write_table
-from llmgeom.workflow_support import run_logged
+from llmgeom.analyses.curvature import curvature_table
+from llmgeom.core.io import write_table
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params

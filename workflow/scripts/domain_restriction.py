@@ -1,9 +1,9 @@
 """Rule domain_restriction: entropy-stratified selections and their value-manifold statistics."""
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
-    from llmgeom.bayes_geometry import domain_restriction_tables
-    from llmgeom.tables import write_table
+    from llmgeom.analyses.domain_restriction import domain_restriction_tables
+    from llmgeom.core.io import write_table
 
     p = snakemake.params
     out = domain_restriction_tables(

@@ -1,10 +1,10 @@
 """Figure rules of the Bayesian-geometry analyses: dispatch on params.kind."""
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd
 
-    from llmgeom import bayes_plots
+    from llmgeom.plots import bayes as bayes_plots
 
     draw = {
         "pc_scatter": bayes_plots.pc_scatter_figure,

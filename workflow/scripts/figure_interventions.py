@@ -1,8 +1,8 @@
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd
 
-    from llmgeom.sula_plots import interventions_figure
+    from llmgeom.plots.sula import interventions_figure
 
     interventions_figure(pd.read_csv(snakemake.input.table), [snakemake.output.png, snakemake.output.pdf])

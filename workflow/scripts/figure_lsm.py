@@ -1,8 +1,8 @@
 """LSM figures from the cross-model tables (one job draws all of them)."""
 import pandas as pd
 
-from llmgeom import lsm_plots
-from llmgeom.workflow_support import run_logged
+from llmgeom.plots import lsm as lsm_plots
+from llmgeom.workflow.jobs import run_logged
 
 inp, out = snakemake.input, snakemake.output
 

@@ -1,9 +1,9 @@
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd
 
-    from llmgeom.sula_plots import sula_calibration_figure, sula_pc1_figure
+    from llmgeom.plots.sula import sula_calibration_figure, sula_pc1_figure
 
     i, o = snakemake.input, snakemake.output
     sula_calibration_figure(pd.read_csv(i.prompts), pd.read_csv(i.sula), [o.calibration, o.calibration_pdf])

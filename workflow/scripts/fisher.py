@@ -1,15 +1,17 @@
 """LSM: Fisher information metric trace and effective rank at sampled corpus positions."""
 import time
 
-from llmgeom.lsm import fisher_tables
-from llmgeom.tables import write_table
-from llmgeom.workflow_support import run_logged, set_threads
+from llmgeom.analyses.fisher import fisher_tables
+from llmgeom.core.io import write_table
+from llmgeom.weights.unembedding import load_unembedding
+from llmgeom.workflow.jobs import run_logged, set_threads
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     set_threads(snakemake.threads)
     p = snakemake.params
     t0 = time.time()
-    tabs = fisher_tables(snakemake.input.h5, snakemake.input.model, model=snakemake.wildcards.model, **p.opts)
+    unembedding = load_unembedding(snakemake.input.model)  # the only step that reads weights
+    tabs = fisher_tables(snakemake.input.h5, unembedding, model=snakemake.wildcards.model, **p.opts)
     for name, df in tabs.items():
         write_table(df, snakemake.output[name])
     s = tabs["fisher_summary"].iloc[0]

@@ -1,9 +1,9 @@
-from llmgeom.workflow_support import run_logged, set_threads
+from llmgeom.workflow.jobs import run_logged, set_threads
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     set_threads(snakemake.threads)
-    from llmgeom.interventions import intervention_experiment, save_axes
-    from llmgeom.tables import write_table
+    from llmgeom.interventions.runner import intervention_experiment, save_axes
+    from llmgeom.core.io import write_table
 
     p = snakemake.params
     per_prompt, axes, arrays = intervention_experiment(

@@ -1,10 +1,10 @@
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd
 
-    from llmgeom.interventions import intervention_summary
-    from llmgeom.tables import write_table
+    from llmgeom.analyses.interventions import intervention_summary
+    from llmgeom.core.io import write_table
 
     p = snakemake.params
     df = intervention_summary(pd.read_csv(snakemake.input.per_prompt), pd.read_csv(snakemake.input.axes),

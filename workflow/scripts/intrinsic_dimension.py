@@ -1,9 +1,10 @@
 """LSM: intrinsic dimension of the residual stream per layer, and the shape of its profile over depth."""
 import time
 
-from llmgeom.lsm import id_profile_table
-from llmgeom.tables import intrinsic_dimension_table, write_table
-from llmgeom.workflow_support import run_logged
+from llmgeom.analyses.intrinsic_dimension import id_profile_table
+from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
+from llmgeom.core.io import write_table
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params

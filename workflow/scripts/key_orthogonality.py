@@ -1,10 +1,10 @@
 """Rule key_orthogonality: W_K column orthogonality per layer and key head, with baselines."""
-from llmgeom.workflow_support import run_logged, set_threads
+from llmgeom.workflow.jobs import run_logged, set_threads
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     set_threads(snakemake.threads)
-    from llmgeom.keys import key_orthogonality_from_dir
-    from llmgeom.tables import write_table
+    from llmgeom.weights.key_orthogonality import key_orthogonality_from_dir
+    from llmgeom.core.io import write_table
 
     p = snakemake.params
     df = key_orthogonality_from_dir(snakemake.input.model, model_name=snakemake.wildcards.model, seed=p.seed,

@@ -1,9 +1,9 @@
 """LSM: Voronoi margins, expressibility gap eta(eps), perplexity (from the extraction file)."""
 import time
 
-from llmgeom.lsm import margin_tables
-from llmgeom.tables import write_table
-from llmgeom.workflow_support import run_logged
+from llmgeom.analyses.margins import margin_tables
+from llmgeom.core.io import write_table
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params

@@ -1,5 +1,5 @@
-from llmgeom.workflow_support import run_logged
-from llmgeom.models import prepare_model
+from llmgeom.workflow.jobs import run_logged
+from llmgeom.models.sources import prepare_model
 
 with run_logged(snakemake.log[0]):
     prepare_model(snakemake.wildcards.model, snakemake.params.spec, snakemake.output[0])

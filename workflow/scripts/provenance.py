@@ -1,9 +1,9 @@
 from pathlib import Path
 
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
-    from llmgeom import provenance
+    from llmgeom.workflow import provenance
 
     p = snakemake.params
     rec = provenance.collect(snakemake.config, models=p.models, prompt_sets=p.prompt_sets, root=".",

@@ -1,8 +1,8 @@
-from llmgeom.workflow_support import run_logged
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
-    from llmgeom.sula import sula_tables
-    from llmgeom.tables import write_table
+    from llmgeom.analyses.sula import sula_tables
+    from llmgeom.core.io import write_table
 
     p = snakemake.params
     t = sula_tables(dict(zip(p.conditions, snakemake.input.h5)), model=snakemake.wildcards.model,

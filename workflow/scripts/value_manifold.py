@@ -1,5 +1,6 @@
-from llmgeom.workflow_support import run_logged
-from llmgeom.tables import value_manifold_table, write_table
+from llmgeom.workflow.jobs import run_logged
+from llmgeom.analyses.value_manifold import value_manifold_table
+from llmgeom.core.io import write_table
 
 with run_logged(snakemake.log[0]):
     p = snakemake.params

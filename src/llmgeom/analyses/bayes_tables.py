@@ -1,0 +1,167 @@
+"""table1.csv / table2.csv: the Paper III Table-1 and Table-2 analogues across models, and their
+Markdown / HTML renderings for the report. Tables in, tables out; never torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+# ---------------------------------------------------------------------------------------------
+# config helpers (called at DAG construction: must stay cheap and never touch a model or the hub)
+# ---------------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------------
+# cross-model summaries (Table 1 / Table 2 analogues)
+# ---------------------------------------------------------------------------------------------
+
+def _final_values(dr: pd.DataFrame, representation="values", standardized=True) -> pd.DataFrame:
+    d = dr[(dr.representation == representation) & (dr.standardized.astype(str) == str(bool(standardized)))]
+    return d[d.layer == d.groupby("model").layer.transform("max")]
+
+
+def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bool = True) -> pd.DataFrame:
+    """Table-1 analogue (Paper III): PC1 and PC1+PC2 with 95% CIs at the final layer, per model and set.
+
+    Args:
+        dr: concatenated ``domain_restriction`` stats tables (all models).
+
+    Returns:
+        one row per (model, prompt_set), mixed first: model, prompt_set, domain, role, n, layer,
+        representation, standardized, pc1, pc1_lo, pc1_hi, pc12, pc12_lo, pc12_hi, participation_ratio,
+        spearman_rho, spearman_p, delta_pc12, delta_pc12_lo, delta_pc12_hi (fractions of variance).
+    """
+    d = _final_values(dr, representation, standardized).copy()
+    d["_o"] = (d.role != "mixed").astype(int)
+    d = d.sort_values(["model", "_o", "prompt_set"])
+    cols = ["model", "prompt_set", "domain", "role", "n", "layer", "representation", "standardized", "pc1", "pc1_lo",
+            "pc1_hi", "pc12", "pc12_lo", "pc12_hi", "participation_ratio", "spearman_rho", "spearman_p",
+            "delta_pc12", "delta_pc12_lo", "delta_pc12_hi"]
+    return d[cols].reset_index(drop=True)
+
+
+def _attention_label(att: str, n_sliding: int, n_layers: int, window) -> str:
+    if n_sliding and window:
+        part = "all layers" if n_sliding == n_layers else f"{n_sliding}/{n_layers} layers"
+        return f"{att} + sliding window ({int(window)} tokens, {part})"
+    return att
+
+
+def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_set: str,
+           representation: str = "values", standardized: bool = True) -> pd.DataFrame:
+    """Table-2 analogue (Paper III): per model, value manifold mixed vs restricted, key orthogonality
+    range vs baselines, attention focusing and attention type.
+
+    Args:
+        dr: concatenated domain_restriction stats; ko: concatenated key_orthogonality tables;
+        af: concatenated attention_focusing_summary tables; restricted_set: prompt set of the
+            "restricted" column (e.g. domain_mathematics).
+
+    Returns:
+        one row per model: model, attention_type (MHA / GQA / MQA, "+ sliding window (...)" when some
+        layers use one), n_layers, restricted_set, restricted_domain, pc12_mixed (+ _lo/_hi), pc12_restricted
+        (+ _lo/_hi), delta_pc12 (+ _lo/_hi) at the final layer; orth_min, orth_max, orth_mean (per-layer mean
+        over key heads: range over layers), gaussian_min/max, random_init_min/max (same statistic, same
+        shapes), orth_over_random_init (orth_mean / mean random-init baseline); focusing_pct,
+        focusing_pct_global, focusing_rho, focusing_p. Orthogonality values dimensionless in [0, 1].
+    """
+    fin = _final_values(dr, representation, standardized)
+    kl = ko.groupby(["model", "layer"], as_index=False)[["orthogonality", "baseline_gaussian",
+                                                          "baseline_random_init"]].mean()
+    rows = []
+    for m in sorted(set(fin.model) | set(kl.model) | set(af.model)):
+        r = dict(model=m)
+        a = af[af.model == m]
+        if len(a):
+            a = a.iloc[0]
+            r.update(attention_type=_attention_label(a.attention_type, int(a.n_sliding_layers), int(a.n_layers),
+                                                     a.sliding_window if pd.notna(a.sliding_window) else None),
+                     n_layers=int(a.n_layers))
+        f = fin[fin.model == m]
+        mx = f[f.role == "mixed"]
+        rs = f[f.prompt_set == restricted_set]
+        r["restricted_set"] = restricted_set
+        r["restricted_domain"] = rs.domain.iloc[0] if len(rs) else None
+        for tag, g in (("mixed", mx), ("restricted", rs)):
+            for k in ("pc12", "pc12_lo", "pc12_hi"):
+                r[f"{k.replace('pc12', 'pc12_' + tag)}"] = float(g[k].iloc[0]) if len(g) else float("nan")
+        for k in ("delta_pc12", "delta_pc12_lo", "delta_pc12_hi"):
+            r[k] = float(rs[k].iloc[0]) if len(rs) else float("nan")
+        k = kl[kl.model == m]
+        if len(k):
+            r.update(orth_min=k.orthogonality.min(), orth_max=k.orthogonality.max(), orth_mean=k.orthogonality.mean(),
+                     gaussian_min=k.baseline_gaussian.min(), gaussian_max=k.baseline_gaussian.max(),
+                     random_init_min=k.baseline_random_init.min(), random_init_max=k.baseline_random_init.max(),
+                     orth_over_random_init=k.orthogonality.mean() / k.baseline_random_init.mean())
+        if len(a):
+            r.update(focusing_pct=float(a.focusing_pct), focusing_pct_global=float(a.focusing_pct_global),
+                     focusing_rho=float(a.spearman_rho), focusing_p=float(a.spearman_p))
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def _pct(v, lo=None, hi=None) -> str:
+    if v is None or not np.isfinite(v):
+        return "n/a"
+    s = f"{100 * v:.1f}"
+    if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
+        s += f" [{100 * lo:.1f}, {100 * hi:.1f}]"
+    return s
+
+
+def to_markdown(df: pd.DataFrame, kind: str) -> str:
+    """Markdown rendering of :func:`table1` (``kind="table1"``) or :func:`table2` (``kind="table2"``),
+    with percentages and 95% CIs in brackets (a GitHub-flavoured pipe table plus a legend line)."""
+    if kind == "table1":
+        head = ["Model", "Prompt set", "n", "PC1 % [95% CI]", "PC1+PC2 % [95% CI]", "PR", "rho(PC1, H)",
+                "Δ PC1+PC2 vs mixed (pp)"]
+        body = [[r.model, r.domain if r.role == "restricted" else "mixed", str(int(r.n)),
+                 _pct(r.pc1, r.pc1_lo, r.pc1_hi), _pct(r.pc12, r.pc12_lo, r.pc12_hi), f"{r.participation_ratio:.2f}",
+                 f"{r.spearman_rho:.2f} (p={r.spearman_p:.2g})",
+                 "-" if r.role == "mixed" else _pct(r.delta_pc12, r.delta_pc12_lo, r.delta_pc12_hi)]
+                for r in df.itertuples()]
+        legend = ("Table 1 analogue (Paper III): standardized last-token value vectors at the final layer, "
+                  "entropy-stratified selections; PC1 sign fixed so that rho >= 0; Δ = restricted - mixed in "
+                  "percentage points (CI from independent bootstraps).")
+    elif kind == "table2":
+        head = ["Model", "Attention", "PC1+PC2 mixed %", "PC1+PC2 restricted %", "Key orthogonality (range over layers)",
+                "Gaussian baseline", "Random-init baseline", "Focusing %", "rho(H, depth)"]
+        body = []
+        for r in df.itertuples():
+            g = lambda k: getattr(r, k, float("nan"))  # noqa: E731
+            body.append([r.model, str(g("attention_type")), _pct(g("pc12_mixed"), g("pc12_mixed_lo"), g("pc12_mixed_hi")),
+                         f"{_pct(g('pc12_restricted'), g('pc12_restricted_lo'), g('pc12_restricted_hi'))} "
+                         f"({g('restricted_domain')})",
+                         f"{g('orth_min'):.3f}–{g('orth_max'):.3f}", f"{g('gaussian_min'):.3f}–{g('gaussian_max'):.3f}",
+                         f"{g('random_init_min'):.3f}–{g('random_init_max'):.3f}",
+                         f"{g('focusing_pct'):.1f}", f"{g('focusing_rho'):.2f}"])
+        legend = ("Table 2 analogue (Paper III): PC1+PC2 of standardized final-layer value vectors (mixed vs "
+                  "restricted selection); key orthogonality = mean |cos| between W_K columns, per-layer mean over "
+                  "key heads, range over layers, vs a Gaussian matrix and the random-init architecture of the same "
+                  "shape; focusing = % reduction of the mean final-query attention entropy from the first to the last "
+                  "layer; rho = Spearman of entropy vs layer index.")
+    else:
+        raise ValueError(f"kind must be table1 or table2, got {kind!r}")
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
+    return "\n".join(lines) + "\n\n" + legend + "\n"
+
+
+def markdown_tables_html(sections: dict) -> str:
+    """A standalone HTML page with the pipe tables of :func:`to_markdown` outputs
+    (``{"Table 1 analogue": md1, ...}``), each followed by its legend (for the Snakemake report)."""
+    import html
+
+    style = ("<style>body{font-family:sans-serif;font-size:13px} table{border-collapse:collapse} "
+             "td,th{border:1px solid #bbb;padding:3px 6px}</style>")
+    parts = []
+    for title, md in sections.items():
+        lines = [ln for ln in md.splitlines() if ln.startswith("|")]
+        legend = " ".join(ln for ln in md.splitlines() if ln and not ln.startswith("|"))
+        rows = [[html.escape(c.strip().replace("\\|", "|")) for c in ln.strip().strip("|").split(" | ")]
+                for ln in lines]
+        head = "".join(f"<th>{c}</th>" for c in rows[0]) if rows else ""
+        body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows[2:])
+        parts.append(f"<h3>{html.escape(title)}</h3><table><tr>{head}</tr>{body}</table><p>{html.escape(legend)}</p>")
+    return f"<html><head><meta charset='utf-8'>{style}</head><body>{''.join(parts)}</body></html>\n"

@@ -1,0 +1,36 @@
+"""checkpoint_trajectory.csv: value-manifold and ID statistics across training checkpoints of one
+model series (Paper II: geometry over training). Tables in, table out; never torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the workflow calls checkpoint_steps while it builds the DAG
+    import pandas as pd
+
+
+def trajectory_table(tables: dict[str, pd.DataFrame], steps: dict[str, int], series: dict[str, str]) -> pd.DataFrame:
+    """Long table of every numeric column of the one-row-per-model summary ``tables`` for the checkpoint
+    models: columns series, model, step, table, metric, value; sorted by series, metric and step.
+    Tables with several rows per model contribute their per-model mean (``n_rows`` says how many)."""
+    import numpy as np
+    import pandas as pd
+
+    rows = []
+    for tname, df in sorted(tables.items()):
+        if "model" not in df.columns:
+            continue
+        df = df[df["model"].isin(list(steps))]
+        num = [c for c in df.columns if c != "model" and pd.api.types.is_numeric_dtype(df[c])
+               and not pd.api.types.is_bool_dtype(df[c])]
+        for model, g in df.groupby("model", sort=True):
+            for c in num:
+                vals = g[c].to_numpy(dtype=float)
+                if not np.isfinite(vals).any():
+                    continue
+                rows.append({"series": series[model], "model": model, "step": steps[model], "table": tname,
+                             "metric": c, "value": float(np.nanmean(vals)), "n_rows": int(len(g))})
+    cols = ["series", "model", "step", "table", "metric", "value", "n_rows"]
+    out = pd.DataFrame(rows, columns=cols)
+    return out.sort_values(["series", "table", "metric", "step"], kind="stable").reset_index(drop=True)

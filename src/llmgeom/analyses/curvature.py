@@ -1,0 +1,75 @@
+"""curvature.csv: the LSM local-PCA curvature proxy per residual-stream layer (LSM sec. 13.3), m = the
+layer's rounded ID from intrinsic_dimension.csv. HDF5 in, table out; never torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from llmgeom.core.store import attrs_dict, open_activations
+from llmgeom.measures.curvature import local_pca_residuals
+from llmgeom.measures.neighbors import deduplicate
+
+
+def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_estimator: str = "twonn",
+                    n_points: int = 1000, seed: int = 0, min_points: int = 50) -> pd.DataFrame:
+    """Curvature proxy (local PCA residual variance) of the residual stream per layer.
+
+    Points: ``tokens/residual_sample[:, layer]`` (float64, duplicates removed), a seeded subset
+    of ``n_points`` (the same subset for every layer). m = the ID estimate of ``id_estimator``
+    for that layer (``id_mean`` in ``intrinsic_dimension.csv``), rounded, at least 1. If m >= k
+    the neighbourhood cannot show curvature, so k is raised to 2 m for that layer; k is lowered to
+    the number of distinct points - 1 when fewer exist (both recorded in ``k``, ``k_adjusted`` and
+    ``note``). A layer with fewer than ``min_points`` distinct points (or k <= m after lowering)
+    gets NaN values and a note instead of an error (typically the embedding layer, a discrete set).
+
+    Returns:
+        DataFrame: model, prompt_set, layer, relative_depth (layer / L), d_model, id_estimator,
+        id_used (the unrounded ID), m, k, k_adjusted, n (distinct points), n_duplicates_removed,
+        n_anchors, curvature_mean, curvature_median, curvature_std, curvature_q25, curvature_q75
+        (fractions of local variance outside the top-m local PCA directions, 0..1), note.
+
+    Raises:
+        StoreError: untrusted file. ValueError: no ID row for a layer. TooFewPointsError.
+
+    Source: LSM sec. 13.3 (curvature proxy); DESIGN.md sec. 3.
+    """
+    ids = id_table[(id_table.model == model) & (id_table.estimator == id_estimator)].set_index("layer")
+    if ids.empty:
+        raise ValueError(f"intrinsic_dimension table has no {id_estimator!r} rows for model {model!r}; "
+                         "add the estimator to intrinsic_dimension.estimators")
+    rows = []
+    with open_activations(h5_path, model=model) as f:
+        a = attrs_dict(f)
+        X = f["tokens/residual_sample"]
+        n_total, n_layers = X.shape[0], X.shape[1] - 1
+        d_model = X.shape[2]
+        rng = np.random.default_rng(seed)
+        sel = np.sort(rng.choice(n_total, size=n_points, replace=False)) if n_points < n_total else np.arange(n_total)
+        data = X[sel] if sel.size < n_total else X[:]
+        for layer in range(n_layers + 1):
+            if layer not in ids.index:
+                raise ValueError(f"no {id_estimator} intrinsic dimension for layer {layer} of {model}")
+            id_used = float(ids.loc[layer, "id_mean"])
+            m = max(1, int(round(id_used)))
+            pts = data[:, layer, :]
+            n_distinct = deduplicate(pts)[0].shape[0]
+            k_used, note = k, ""
+            if m >= k_used:
+                k_used, note = 2 * m, f"k raised to 2m (m={m} >= k={k})"
+            if k_used > n_distinct - 1:
+                k_used, note = n_distinct - 1, f"k lowered to n_distinct - 1 ({n_distinct} distinct points)"
+            row = dict(model=model, prompt_set=a.get("prompt_set"), layer=layer, relative_depth=layer / n_layers,
+                       d_model=d_model, id_estimator=id_estimator, id_used=id_used, m=m, k=k_used,
+                       k_adjusted=k_used != k, n=n_distinct, n_duplicates_removed=pts.shape[0] - n_distinct)
+            cols = ("curvature_mean", "curvature_median", "curvature_std", "curvature_q25", "curvature_q75")
+            if n_distinct < min_points or k_used <= m:
+                # e.g. the embedding layer of a tiny vocabulary: a handful of distinct token vectors
+                note = f"too few distinct points ({n_distinct}; min_points={min_points}, m={m})"
+                rows.append(dict(row, n_anchors=0, **{c: np.nan for c in cols}, note=note))
+                continue
+            r = local_pca_residuals(pts, k=k_used, m=m, min_points=min_points)
+            rows.append(dict(row, n=r["n_points"], n_duplicates_removed=r["n_duplicates_removed"],
+                             n_anchors=r["n_anchors"], **{c: r[c] for c in cols}, note=note))
+    return pd.DataFrame(rows)

@@ -1,0 +1,277 @@
+"""Bayesian geometry over the HDF5 store: domain restriction, PC scores, attention focusing, and the
+cross-model Table-1 / Table-2 analogues of Paper III.
+
+Source: Paper III ("Geometric Scaling of Bayesian Inference in LLMs"), sec. 4 (value manifolds and
+domain restriction, Table 1), sec. 4.2 (key orthogonality and attention focusing, Table 2);
+DESIGN.md sec. 3. Everything here reads activation files (``llmgeom.core.store``) or tidy tables; nothing
+touches a model. Key orthogonality (weights) is in :mod:`llmgeom.weights.key_orthogonality`.
+
+Domain restriction (Paper III): per model, the model's own next-token entropy (nats) of every candidate
+prompt decides its quantile bin (quintiles by default); ``per_quantile`` prompts are drawn at random
+(seeded) from every bin, for the mixed candidate pool and for each single-topic pool, and the
+value-manifold statistics are recomputed on each selection.
+
+Quantile edges (decision, see README "Domain restriction"): ``per_set`` (default) cuts each candidate
+pool at its own entropy quantiles, which is the paper's entropy-stratified sampling: every selection
+spans its pool's whole entropy range with equal weight per quintile and is always feasible.
+``pooled`` cuts all pools of the model at common edges (entropy-matched selections); it fails to fill
+bins whenever a pool's entropy distribution differs strongly from the others (Python code has almost
+no prompts above the pooled median for both embedded models), so bins are filled with as many prompts
+as exist and the shortfall is recorded (``n_available`` / ``selected`` in the selection table).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from llmgeom.core.layers import select_layers
+from llmgeom.core.stats import bootstrap_interval, derived_seed
+from llmgeom.core.store import open_activations
+from llmgeom.measures import pca as geometry
+
+# ---------------------------------------------------------------------------------------------
+# config helpers (called at DAG construction: must stay cheap and never touch a model or the hub)
+# ---------------------------------------------------------------------------------------------
+
+
+
+EDGE_MODES = ("per_set", "pooled")
+
+
+def quantile_edges(values, n_quantiles: int) -> np.ndarray:
+    """Interior quantile edges of ``values``: array [n_quantiles - 1] at probabilities k / n_quantiles
+    (numpy's default linear interpolation). Units: those of ``values`` (nats for entropies).
+
+    Raises:
+        ValueError: empty or non-finite values, n_quantiles < 1.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size == 0 or not np.all(np.isfinite(v)):
+        raise ValueError("values must be a non-empty finite array")
+    if int(n_quantiles) < 1:
+        raise ValueError(f"n_quantiles must be >= 1, got {n_quantiles}")
+    q = np.arange(1, int(n_quantiles)) / int(n_quantiles)
+    return np.quantile(v, q)
+
+
+def quantile_bins(values, edges) -> np.ndarray:
+    """Bin index 0..len(edges) of each value: bin k holds edges[k-1] <= v < edges[k]
+    (a value equal to an edge goes to the upper bin). int64 array of the shape of ``values``."""
+    return np.searchsorted(np.asarray(edges, dtype=np.float64), np.asarray(values, dtype=np.float64),
+                           side="right").astype(np.int64)
+
+
+def stratified_sample(entropy, *, n_quantiles: int, per_quantile: int, seed: int, edges=None) -> dict:
+    """Draw ``per_quantile`` prompts at random from each entropy-quantile bin.
+
+    Args:
+        entropy: [n_candidates] next-token entropies (nats) of the candidate prompts.
+        n_quantiles: number of bins (5 = quintiles, Paper III).
+        per_quantile: prompts drawn per bin without replacement (Paper III: 15).
+        seed: ``numpy.random.default_rng(seed)``; one draw per bin, bins in order.
+        edges: interior edges [n_quantiles - 1]; default: the quantiles of ``entropy`` itself.
+
+    Returns:
+        dict with ``indices`` (sorted int64 candidate indices of the selection), ``bins`` (bin of every
+        candidate, [n_candidates]), ``edges``, ``n_available`` ([n_quantiles] candidates per bin) and
+        ``n_selected`` ([n_quantiles]). A bin with fewer than ``per_quantile`` candidates contributes
+        all of them (its shortfall is n_available < per_quantile); the caller decides whether to warn.
+
+    Raises:
+        ValueError: non-finite entropies, per_quantile < 1, edges of the wrong length.
+
+    Source: Paper III sec. 4 (entropy-stratified selection, 15 x 5 = 75 prompts).
+    """
+    e = np.asarray(entropy, dtype=np.float64).ravel()
+    if int(per_quantile) < 1:
+        raise ValueError(f"per_quantile must be >= 1, got {per_quantile}")
+    ed = quantile_edges(e, n_quantiles) if edges is None else np.asarray(edges, dtype=np.float64)
+    if ed.shape != (int(n_quantiles) - 1,):
+        raise ValueError(f"edges must have {int(n_quantiles) - 1} entries, got {ed.shape}")
+    if not np.all(np.isfinite(e)):
+        raise ValueError("entropy contains non-finite values")
+    bins = quantile_bins(e, ed)
+    rng = np.random.default_rng(seed)
+    chosen, n_av, n_sel = [], [], []
+    for k in range(int(n_quantiles)):
+        cand = np.flatnonzero(bins == k)
+        m = min(int(per_quantile), cand.size)
+        pick = rng.choice(cand, size=m, replace=False) if m else np.empty(0, np.int64)
+        chosen.append(pick)
+        n_av.append(int(cand.size))
+        n_sel.append(int(m))
+    idx = np.sort(np.concatenate(chosen).astype(np.int64))
+    return {"indices": idx, "bins": bins, "edges": ed, "n_available": np.array(n_av), "n_selected": np.array(n_sel)}
+
+
+# ---------------------------------------------------------------------------------------------
+# value-manifold statistics with their bootstrap replicates
+# ---------------------------------------------------------------------------------------------
+
+def value_manifold_stats_with_boot(X, next_token_entropy, *, n_boot: int, seed: int, standardize: bool = True,
+                                   ci: float = 0.95) -> tuple[dict, np.ndarray]:
+    """:func:`llmgeom.measures.pca.value_manifold_stats` plus its bootstrap replicates.
+
+    Returns (stats, boot): ``stats`` is exactly the dict of ``geometry.value_manifold_stats`` with the
+    same arguments (tested); ``boot`` is float64 [n_boot, 3] with the (PC1, PC2, PC1+PC2)
+    explained-variance fractions of every resample (NaN rows for resamples without variance), used
+    for CIs of differences between prompt sets.
+
+    Raises: as ``geometry.value_manifold_stats``.
+    """
+    return geometry.value_manifold_stats(X, next_token_entropy, n_boot=n_boot, seed=seed,
+                                         standardize=standardize, ci=ci, return_boot=True)
+
+
+def _diff_ci(a: np.ndarray, b: np.ndarray, ci: float, estimate: float) -> tuple[float, float]:
+    """Basic-bootstrap CI of a - b from independent bootstrap replicates (rows paired by index);
+    ``estimate`` is the observed difference (see geometry.bootstrap_interval)."""
+    return bootstrap_interval(estimate, a - b, ci=ci, method="basic")
+
+
+def _topics(meta_ds) -> list[str]:
+    out = []
+    for m in meta_ds[:]:
+        m = m.decode() if isinstance(m, bytes) else m
+        try:
+            out.append(str(json.loads(m).get("topic", "")))
+        except (json.JSONDecodeError, AttributeError):
+            out.append("")
+    return out
+
+
+def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, labels: dict | None = None,
+                              n_quantiles: int = 5, per_quantile: int = 15, edges: str = "per_set",
+                              n_boot: int = 100, ci: float = 0.95, seed: int = 0, layers="all",
+                              standardize=(True, False), score_layers="last", log=print) -> dict:
+    """Domain restriction (Paper III sec. 4, Table 1): value-manifold statistics of entropy-stratified
+    selections from the mixed pool and from each single-topic pool, and their change vs mixed.
+
+    Args:
+        h5_paths: prompt set -> activation file of ``model``; must contain ``mixed_set``.
+        labels: prompt set -> domain label (e.g. "Mathematics"); default: the set name.
+        n_quantiles, per_quantile: bins of the model's next-token entropy and prompts drawn per bin.
+        edges: "per_set" (each pool's own quantiles; default) or "pooled" (common edges over all pools
+            in ``h5_paths``); see the module docstring.
+        n_boot, ci, seed: percentile bootstrap over prompts; the selection of set s uses
+            ``derived_seed(seed, s)`` and its bootstrap ``derived_seed(seed, s + "/boot")``.
+        layers: "all", "last" or block indices (value layers 0..L-1; residual stream = output of block l).
+        standardize: variants (True = z-scored coordinates, Paper III; False = raw, centred only).
+        score_layers: layers at which per-prompt PC1/PC2 scores are kept ("last" by default).
+
+    Returns:
+        dict of three DataFrames:
+
+        ``stats`` - one row per (prompt_set, representation, layer, standardized): model, prompt_set,
+        domain, role ("mixed" / "restricted"), edges, n_quantiles, per_quantile, n_candidates, n (selected),
+        entropy_mean, entropy_median (nats, of the selection), representation ("values" = last-token
+        value vectors concatenated over key heads; "residual_stream" = output of the block), layer,
+        relative_depth ((layer+1)/L), standardized, every key of ``geometry.value_manifold_stats`` (pc1,
+        pc2, pc12 fractions of variance with *_lo/*_hi basic-bootstrap bounds, participation_ratio,
+        spearman_rho / spearman_p of the PC1 score vs next-token entropy with PC1's sign fixed so that
+        rho >= 0, ...), boot_seed, and the change vs the mixed selection at the same representation,
+        layer and variant: delta_pc1, delta_pc2, delta_pc12 (restricted - mixed; *_lo/*_hi = basic-bootstrap
+        CI of the difference of independent bootstrap replicates), delta_participation_ratio,
+        delta_spearman_rho (0 for the mixed rows).
+
+        ``selection`` - one row per candidate prompt: model, prompt_set, domain, prompt_index (row in the
+        activation file), topic, next_token_entropy (nats), entropy_quantile (0 = lowest entropy), quantile_lo,
+        quantile_hi (bin edges in nats; -inf / inf at the ends), n_available (candidates in that bin),
+        edges, selection_seed, selected (bool).
+
+        ``scores`` - per selected prompt at ``score_layers``: model, prompt_set, domain, representation,
+        layer, standardized (True), prompt_index, topic, next_token_entropy, entropy_quantile, pc1, pc2 (scores of
+        the standardized data; each component's sign fixed so that its Spearman rho with entropy >= 0).
+
+    Raises:
+        ValueError: unknown ``edges``; ``mixed_set`` not in ``h5_paths``; a selection with < 3 prompts.
+        StoreError: an activation file that must not be trusted.
+    """
+    if edges not in EDGE_MODES:
+        raise ValueError(f"edges must be one of {EDGE_MODES}, got {edges!r}")
+    if mixed_set not in h5_paths:
+        raise ValueError(f"mixed_set {mixed_set!r} is not among the prompt sets {list(h5_paths)}")
+    labels = dict(labels or {})
+    order = [mixed_set] + [s for s in h5_paths if s != mixed_set]
+
+    # pass 1: entropies and topics of every candidate; bin edges; seeded selections
+    ent, topics = {}, {}
+    for s in order:
+        with open_activations(h5_paths[s], model=model) as f:
+            ent[s] = f["next_token/entropy"][:].astype(np.float64)
+            topics[s] = _topics(f["prompts/meta"])
+    common = quantile_edges(np.concatenate([ent[s] for s in order]), n_quantiles) if edges == "pooled" else None
+    sel, sel_rows = {}, []
+    for s in order:
+        sseed = derived_seed(seed, s)
+        r = stratified_sample(ent[s], n_quantiles=n_quantiles, per_quantile=per_quantile, seed=sseed, edges=common)
+        sel[s] = r
+        short = [k for k in range(n_quantiles) if r["n_available"][k] < per_quantile]
+        if short:
+            msg = (f"{model} / {s}: quantile bin(s) {short} hold only {r['n_available'][short].tolist()} candidates "
+                   f"(< per_quantile={per_quantile}, edges={edges}); took all of them: n = {r['indices'].size}")
+            log(f"[domain_restriction] WARNING {msg}")
+            warnings.warn(msg, stacklevel=2)
+        if r["indices"].size < 3:
+            raise ValueError(f"{model} / {s}: only {r['indices'].size} prompts selected; need >= 3 "
+                             f"(candidates: {ent[s].size}; n_quantiles={n_quantiles}, per_quantile={per_quantile})")
+        ext = np.concatenate([[-np.inf], r["edges"], [np.inf]])
+        chosen = np.zeros(ent[s].size, bool)
+        chosen[r["indices"]] = True
+        for i in range(ent[s].size):
+            b = int(r["bins"][i])
+            sel_rows.append(dict(model=model, prompt_set=s, domain=labels.get(s, s), prompt_index=i, topic=topics[s][i],
+                                 next_token_entropy=ent[s][i], entropy_quantile=b, quantile_lo=ext[b], quantile_hi=ext[b + 1],
+                                 n_available=int(r["n_available"][b]), edges=edges, selection_seed=sseed,
+                                 selected=bool(chosen[i])))
+
+    # pass 2: statistics on the selections
+    rows, score_rows, mixed_ref = [], [], {}
+    for s in order:
+        idx = sel[s]["indices"]
+        h = ent[s][idx]
+        bseed = derived_seed(seed, s + "/boot")
+        with open_activations(h5_paths[s], model=model) as f:
+            vals = np.asarray(f["last_token/values"][idx], dtype=np.float64)      # [n, L, F]
+            resid = np.asarray(f["last_token/residual"][idx], dtype=np.float64)   # [n, L+1, d]
+        L = vals.shape[1]
+        keep_scores = set(select_layers(score_layers, L))
+        for layer in select_layers(layers, L):
+            reps = {"values": vals[:, layer, :], "residual_stream": resid[:, layer + 1, :]}
+            for rep, X in reps.items():
+                for std in standardize:
+                    st, boot = value_manifold_stats_with_boot(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std),
+                                                              ci=ci)
+                    key = (rep, layer, bool(std))
+                    row = dict(model=model, prompt_set=s, domain=labels.get(s, s),
+                               role="mixed" if s == mixed_set else "restricted", edges=edges,
+                               n_quantiles=int(n_quantiles), per_quantile=int(per_quantile),
+                               n_candidates=int(ent[s].size), entropy_mean=float(h.mean()),
+                               entropy_median=float(np.median(h)), representation=rep, layer=layer,
+                               relative_depth=(layer + 1) / L, **st)
+                    row["standardized"] = bool(std)
+                    row["boot_seed"] = bseed
+                    if s == mixed_set:
+                        mixed_ref[key] = (st, boot)
+                    mst, mboot = mixed_ref[key]
+                    for j, k in enumerate(("pc1", "pc2", "pc12")):
+                        row[f"delta_{k}"] = st[k] - mst[k]
+                        if k != "pc2":
+                            row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = _diff_ci(boot[:, j], mboot[:, j], ci, row[f"delta_{k}"])
+                    row["delta_participation_ratio"] = st["participation_ratio"] - mst["participation_ratio"]
+                    row["delta_spearman_rho"] = st["spearman_rho"] - mst["spearman_rho"]
+                    rows.append(row)
+                if layer in keep_scores:
+                    S = geometry.pc_scores(X, True, 2, sign_reference=h)
+                    for i, pi in enumerate(idx):
+                        score_rows.append(dict(model=model, prompt_set=s, domain=labels.get(s, s), representation=rep,
+                                               layer=layer, standardized=True, prompt_index=int(pi),
+                                               topic=topics[s][pi], next_token_entropy=h[i],
+                                               entropy_quantile=int(sel[s]["bins"][pi]), pc1=S[i, 0], pc2=S[i, 1]))
+    return {"stats": pd.DataFrame(rows), "selection": pd.DataFrame(sel_rows), "scores": pd.DataFrame(score_rows)}
+
+

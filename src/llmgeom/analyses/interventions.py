@@ -1,0 +1,110 @@
+"""sula_interventions.csv: summary of the causal interventions on the entropy axis (Paper III sec. 4.5-4.6):
+axis-entropy correlation, SULA MAE / r per condition, with bootstrap intervals. Numpy/pandas only; never torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llmgeom.core.stats import pearson
+
+# an edited projection whose spread is below this fraction of sigma carries no entropy information:
+# its correlation is reported as 0 (and flagged) instead of correlating rounding noise
+DEGENERATE_FRACTION = 0.01
+
+
+# --------------------------------------------------------------------------- summary (tables only)
+
+
+def axis_entropy_corr(proj, h_model, sigma: float) -> tuple[float, bool]:
+    """Pearson corr(v.u, H_model) after an edit; (0.0, True) when the projection's spread is below
+    ``DEGENERATE_FRACTION * sigma`` (e.g. after axis_cut on the entropy axis: no entropy information left
+    on the axis, rather than correlating rounding noise); NaN if H_model is constant."""
+    proj = np.asarray(proj, np.float64)
+    if np.std(proj) <= DEGENERATE_FRACTION * sigma:
+        return 0.0, True
+    return pearson(proj, h_model)[0], False
+
+
+def _cond_stats(hm, hb, proj_e, proj_f, sig_e, sig_f) -> dict:
+    from llmgeom.analyses.sula import sula_stats
+
+    st = sula_stats(hm, hb)
+    ce, de = axis_entropy_corr(proj_e, hm, sig_e) if proj_e is not None else (np.nan, False)
+    cf, df_ = axis_entropy_corr(proj_f, hm, sig_f)
+    return {"mae_bits": st["mae_bits"], "pearson_r": st["pearson_r"], "axis_corr_edited": ce,
+            "axis_corr_final": cf, "degenerate_edited": de, "degenerate_final": df_,
+            "mean_h_model_bits": st["mean_h_model_bits"]}
+
+
+def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.95, seed: int = 0):
+    """One row per condition: SULA MAE / r and the axis-entropy correlation after the edit, their changes
+    against the unedited baseline, and paired percentile-bootstrap CIs over prompts for the changes.
+
+    Args:
+        per_prompt, axes: the DataFrames of :func:`intervention_experiment` (or read back from CSV).
+        n_boot: bootstrap resamples (the same resampled prompts for the condition and the baseline).
+
+    Returns:
+        DataFrame with model, run, layers, axis, edit, shift_sigmas, positions, n, probe_layer_edited (the
+        last edited layer), probe_layer_final (the model's last layer), mae_bits, pearson_r,
+        axis_corr_edited / axis_corr_final (Pearson corr(v.u_ent, H_model) at the probe layer after the
+        edit; 0 and degenerate_* = True when the projection is (numerically) constant), mean_h_model_bits,
+        mean_abs_dh_model_bits (mean |H_model(edit) - H_model(baseline)| per prompt), mean_label_mass,
+        baseline values (*_base), and delta_* = edited - baseline with delta_*_lo / _hi bounds.
+
+    Raises:
+        ValueError: no baseline rows, or n_boot < 1.
+
+    Source: Paper III sec. 4.5-4.6.
+    """
+    import pandas as pd
+
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    base = per_prompt[per_prompt.condition == "baseline"].set_index("prompt")
+    if base.empty:
+        raise ValueError("no baseline rows in the intervention results")
+    sig = dict(zip(axes.layer, axes.sigma))
+    final = int(axes.layer.max())
+    rng = np.random.default_rng(seed)
+    n = len(base)
+    boot_idx = rng.integers(0, n, size=(n_boot, n))
+    q = [50 * (1 - ci), 50 * (1 + ci)]
+    rows = []
+    for cond, g in per_prompt.groupby("condition", sort=False):
+        g = g.set_index("prompt").loc[base.index]
+        # a column of single layers reads back from CSV as float ("1.0"); "1+2" stays a string
+        layers = [int(float(x)) for x in str(g.layers.iloc[0]).split("+") if x not in ("", "nan")]
+        le = layers[-1] if layers else None
+        hb = base.h_bayes_bits.to_numpy(np.float64)
+        hm, hm0 = g.h_model_bits.to_numpy(np.float64), base.h_model_bits.to_numpy(np.float64)
+        pf, pf0 = g[f"proj_L{final}"].to_numpy(np.float64), base[f"proj_L{final}"].to_numpy(np.float64)
+        pe = g[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
+        pe0 = base[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
+        args = (sig.get(le, np.nan), sig[final])
+        st = _cond_stats(hm, hb, pe, pf, *args)
+        st0 = _cond_stats(hm0, hb, pe0, pf0, *args)
+        keys = ("mae_bits", "pearson_r", "axis_corr_edited", "axis_corr_final")
+        boots = np.full((n_boot, len(keys)), np.nan)
+        for b in range(n_boot):
+            ix = boot_idx[b]
+            s1 = _cond_stats(hm[ix], hb[ix], pe[ix] if pe is not None else None, pf[ix], *args)
+            s0 = _cond_stats(hm0[ix], hb[ix], pe0[ix] if pe0 is not None else None, pf0[ix], *args)
+            boots[b] = [s1[k] - s0[k] for k in keys]
+        row = dict(model=g.model.iloc[0], run=g.run.iloc[0], layers=str(g.layers.iloc[0]) if layers else "",
+                   axis=g.axis.iloc[0], edit=g.edit.iloc[0], shift_sigmas=float(g.shift_sigmas.iloc[0]),
+                   positions=g.positions.iloc[0], n=n, probe_layer_edited=le if le is not None else np.nan,
+                   probe_layer_final=final, **st,
+                   mean_abs_dh_model_bits=float(np.mean(np.abs(hm - hm0))),
+                   mean_label_mass=float(g.label_mass.mean()))
+        for k in keys:
+            row[f"{k}_base"] = st0[k]
+            row[f"delta_{k}"] = st[k] - st0[k]
+            col = boots[:, keys.index(k)]
+            ok = np.isfinite(col)
+            lo, hi = np.percentile(col[ok], q) if ok.any() else (np.nan, np.nan)
+            row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = float(lo), float(hi)
+        row.update(n_boot=n_boot, ci=ci, seed=seed)
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,138 @@
+"""Latent semantic manifolds (LSM): tidy tables from the HDF5 store (and, for the Fisher metric,
+the prepared model's unembedding).
+
+Source: LSM, "Latent Semantic Manifolds in Large Language Models"; DESIGN.md sec. 3. The
+measurements themselves live in :mod:`llmgeom.measures.intrinsic_dimension` (intrinsic dimension, curvature proxy,
+profile shape), :mod:`llmgeom.measures.margins` (Voronoi margins, expressibility gap, perplexity) and
+:mod:`llmgeom.measures.fisher` (Fisher information metric); this module reads inputs, loops over layers and
+returns one row per measurement. Every row carries ``model`` and ``prompt_set``.
+
+Tables (``results/{model}/tables/``):
+
+* ``id_profile.csv``      (:func:`id_profile_table`) peak layer / value and shape of the ID profile
+* ``curvature.csv``       (:func:`curvature_table`) local-PCA curvature proxy per layer, with k and m
+* ``margins.csv``         (:func:`margin_tables`) margin quantiles, Pr(m < 0.5), hard core,
+  perplexity, Spearman rho of margin with NLL and entropy
+* ``eta_curve.csv``       eta(eps) on the eps grid (the curve behind the fit)
+* ``expressibility_gap.csv`` beta, R^2, fit range, alpha, bootstrap CI of beta
+* ``margin_histogram.csv`` histogram of margins (for the figure)
+* ``fisher.csv`` / ``fisher_summary.csv`` (:func:`fisher_tables`) per position / per model
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from llmgeom.core.store import attrs_dict, open_activations
+from llmgeom.measures import intrinsic_dimension as manifold
+
+# --------------------------------------------------------------------------------------------
+# Intrinsic-dimension profile and curvature
+# --------------------------------------------------------------------------------------------
+
+
+def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: str = "blocks") -> pd.DataFrame:
+    """Shape of the intrinsic-dimension profile over depth, per model, prompt set and estimator.
+
+    Args:
+        id_table: rows of ``intrinsic_dimension.csv`` (columns model, prompt_set, estimator,
+            layer, relative_depth, d_model, id_mean, ...).
+        shape_tol: see :func:`llmgeom.measures.intrinsic_dimension.id_profile_shape`.
+        layers: "blocks" (default): the outputs of blocks 1..L; "all": also layer 0, the token
+            embeddings, whose points are a discrete set (one per vocabulary entry seen, many exact
+            duplicates) and whose ID often exceeds every hidden layer's, which would hide the shape
+            of the hidden-layer profile.
+
+    Returns:
+        DataFrame, one row per (model, prompt_set, estimator): n_layers (blocks), d_model,
+        peak_layer, peak_relative_depth, peak_id, peak_id_over_d_model, trough_layer,
+        trough_relative_depth, trough_id, embedding_id (layer 0, reported even when excluded),
+        first_id (first layer of the profile), final_id (last block), mean_id (over the profile),
+        spearman_depth (ID vs depth), shape ("rise-then-fall", "fall-then-rise", "increasing",
+        "decreasing", "flat"), shape_tol, embeddings_included (True: layer 0 is part of the profile).
+
+    Source: LSM (universal ID profile over relative depth); DESIGN.md sec. 3.
+    """
+    if layers not in ("blocks", "all"):
+        raise ValueError(f"layers must be 'blocks' or 'all', got {layers!r}")
+    rows = []
+    for (model, pset, est), g in id_table.groupby(["model", "prompt_set", "estimator"], sort=True):
+        g = g.sort_values("layer")
+        emb = g[g.layer == 0].id_mean
+        n_layers = int(g.layer.max())
+        if layers == "blocks" and n_layers >= 2:
+            g = g[g.layer > 0]
+        s = manifold.id_profile_shape(g.relative_depth.to_numpy(), g.id_mean.to_numpy(), tol=shape_tol)
+        lay = g.layer.to_numpy()
+        d_model = int(g.d_model.iloc[0])
+        rows.append(dict(
+            model=model, prompt_set=pset, estimator=est, n_layers=n_layers, d_model=d_model,
+            peak_layer=int(lay[s["peak_index"]]), peak_relative_depth=s["peak_depth"], peak_id=s["peak_id"],
+            peak_id_over_d_model=s["peak_id"] / d_model,
+            trough_layer=int(lay[s["trough_index"]]), trough_relative_depth=s["trough_depth"],
+            trough_id=s["trough_id"], embedding_id=float(emb.iloc[0]) if len(emb) else np.nan,
+            first_id=s["first_id"], final_id=s["last_id"], mean_id=float(g.id_mean.mean()),
+            spearman_depth=s["spearman_depth"], shape=s["shape"], shape_tol=shape_tol,
+            embeddings_included=bool(lay.min() == 0)))
+    return pd.DataFrame(rows)
+
+
+def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_subsamples: int,
+                              subsample_size: int, seed: int, min_points: int = 20,
+                              mle_k: int = 20, disagreement_factor: float = 1.5) -> pd.DataFrame:
+    """Intrinsic dimension of the residual stream per layer at sampled corpus tokens.
+
+    Points: ``tokens/residual_sample`` [n_sample, L+1, d_model] (position 0 excluded at
+    extraction), float64, exact duplicates removed and counted. Layer 0 = embeddings,
+    layer l = output of block l. Every estimator sees the same subsamples (same seed).
+
+    Returns:
+        DataFrame with model, prompt_set, estimator, layer, relative_depth (layer / L), d_model,
+        n (distinct points), n_duplicates_removed, n_subsamples, subsample_size (requested),
+        subsample_size_used (= n when fewer distinct points exist; then a warning), id_mean, id_std, id_min,
+        id_max, id_over_d_model, mle_k (neighbours of MLE; empty for TwoNN), estimator_ratio (largest /
+        smallest id_mean over the estimators at that layer; NaN with one estimator),
+        estimators_disagree (estimator_ratio > disagreement_factor), disagreement_factor.
+
+    Raises:
+        StoreError: untrusted file. manifold.TooFewPointsError: too few distinct points in a layer.
+    """
+    rows, short = [], []
+    with open_activations(h5_path, model=model) as f:
+        a = attrs_dict(f)
+        X = f["tokens/residual_sample"]
+        n_layers = X.shape[1] - 1
+        d_model = X.shape[2]
+        for layer in range(n_layers + 1):
+            pts = np.asarray(X[:, layer, :], dtype=np.float64)
+            for est in estimators:
+                kw = {"min_points": min_points}
+                if est == "mle":
+                    kw["k"] = mle_k
+                r = manifold.id_subsamples(pts, estimator=est, n_subsamples=n_subsamples,
+                                           subsample_size=subsample_size, seed=seed, **kw)
+                if r["subsample_size"] < subsample_size and not short:
+                    short.append(layer)
+                    import warnings
+
+                    warnings.warn(f"{h5_path}: layer {layer} has only {r['n_points']} distinct points, fewer than "
+                                  f"intrinsic_dimension.subsample_size={subsample_size}: every subsample is all of "
+                                  "them (id_std = 0; column subsample_size_used). Extract more corpus positions "
+                                  "(prompts.sets.<corpus>.n, extract.sample_per_prompt) for a spread", stacklevel=2)
+                rows.append(dict(model=model, prompt_set=a.get("prompt_set"), estimator=est, layer=layer,
+                                 relative_depth=layer / n_layers, d_model=d_model, n=r["n_points"],
+                                 n_duplicates_removed=r["n_duplicates_removed"], n_subsamples=r["n_subsamples"],
+                                 subsample_size=subsample_size, subsample_size_used=r["subsample_size"],
+                                 id_mean=r["id_mean"], id_std=r["id_std"],
+                                 id_min=r["id_min"], id_max=r["id_max"],
+                                 id_over_d_model=r["id_mean"] / d_model,
+                                 mle_k=mle_k if est == "mle" else None))
+    df = pd.DataFrame(rows)
+    # LSM (issue 5): flag layers where the estimators disagree by more than a factor
+    g = df.groupby("layer").id_mean
+    ratio = g.transform("max") / g.transform("min")
+    df["estimator_ratio"] = ratio.where(df.groupby("layer").estimator.transform("nunique") > 1)
+    df["estimators_disagree"] = df.estimator_ratio > disagreement_factor
+    df["disagreement_factor"] = disagreement_factor
+    return df

@@ -1,0 +1,104 @@
+"""margins.csv, eta_curve.csv, expressibility_gap.csv, margin_histogram.csv and margin_vs_perplexity.csv:
+Voronoi margins and the expressibility gap eta(eps) (LSM). HDF5 in, tables out; never torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from llmgeom.core.store import attrs_dict, open_activations
+from llmgeom.measures import margins
+
+# --------------------------------------------------------------------------------------------
+# Margins, expressibility gap, perplexity
+# --------------------------------------------------------------------------------------------
+
+
+def margin_tables(h5_path, *, model: str, threshold: float = 0.5, hard_core_quantile: float = 0.05,
+                  eps_min: float = 1e-3, eps_max: float = 10.0, n_eps: int = 41, fit_eps_max: float = 0.5,
+                  min_count: int = 10, n_boot: int = 200, ci: float = 0.95, seed: int = 0,
+                  hist_bins: int = 60) -> dict[str, pd.DataFrame]:
+    """Voronoi margins, the expressibility gap and perplexity of one model on a corpus set.
+
+    Reads ``tokens/margin`` (logits, float32, top-1 minus top-2 of the final layer, computed at
+    extraction: no second forward pass), ``tokens/nll`` and ``tokens/entropy`` (nats) at every
+    scored position (positions 1..len-2 of each passage: BOS excluded, the last token has no
+    target).
+
+    Returns:
+        dict of DataFrames:
+        ``margins``: one row: model, prompt_set, vocab_size, d_model, n_positions, margin_mean,
+        margin_q05/q25/q50/q75/q95, threshold, p_margin_below, hard_core_quantile,
+        hard_core_margin, hard_core_fraction, hard_core_count, hard_core_nll_share, mean_nll,
+        perplexity, spearman_margin_nll(_p), mean_entropy, spearman_margin_entropy(_p)
+        (see :func:`llmgeom.measures.margins.margin_summary`);
+        ``eta_curve``: per eps: model, prompt_set, eps, eta, count, in_fit;
+        ``expressibility_gap``: one row: beta, intercept, r2, alpha, beta_lo, beta_hi,
+        beta_boot_std, alpha_lo, alpha_hi, fit_eps_lo, fit_eps_hi, n_fit_points, n_positions,
+        n_boot, ci, min_count (see :func:`llmgeom.measures.margins.expressibility_gap`);
+        ``margin_histogram``: per bin: bin_lo, bin_hi, count, density, n_above, plus the
+        hard-core level for the figure.
+
+    Raises:
+        StoreError: untrusted file. KeyError: not a corpus activation file. ValueError: see
+        :mod:`llmgeom.measures.margins`.
+
+    Source: LSM (Voronoi margins, expressibility gap, hard core, perplexity); DESIGN.md sec. 3.
+    """
+    with open_activations(h5_path, model=model) as f:
+        a = attrs_dict(f)
+        if "tokens/margin" not in f:
+            raise KeyError(f"{h5_path} has no tokens/margin: it is not a corpus activation file")
+        m = f["tokens/margin"][:]
+        nll = f["tokens/nll"][:]
+        ent = f["tokens/entropy"][:]
+    base = dict(model=model, prompt_set=a.get("prompt_set"))
+    # float32 rounding can leave a tie at -0.0 or a tiny negative; the margin is >= 0 by definition
+    m = np.clip(m.astype(np.float64), 0.0, None)
+    summ = margins.margin_summary(m, nll, ent, threshold=threshold, hard_core_quantile=hard_core_quantile)
+    curve, fit = margins.expressibility_gap(m, eps_min=eps_min, eps_max=eps_max, n_eps=n_eps,
+                                            fit_eps_max=fit_eps_max, min_count=min_count, n_boot=n_boot,
+                                            ci=ci, seed=seed)
+    hist = margins.margin_histogram(m, n_bins=hist_bins)
+    return {
+        "margins": pd.DataFrame([dict(base, vocab_size=a.get("vocab_size"), d_model=a.get("d_model"), **summ)]),
+        "eta_curve": pd.DataFrame(dict(base, **curve)),
+        "expressibility_gap": pd.DataFrame([dict(base, **fit, min_count=int(min_count))]),
+        "margin_histogram": pd.DataFrame(dict(base, **hist, hard_core_margin=summ["hard_core_margin"])),
+    }
+
+
+def margin_vs_perplexity_table(margins_table: pd.DataFrame) -> pd.DataFrame:
+    """Cross-model relation of median margin and perplexity.
+
+    Args:
+        margins_table: concatenated ``margins.csv`` rows (one per model and prompt set).
+
+    Returns:
+        DataFrame, one row per model and prompt set: model, prompt_set, vocab_size,
+        median_margin (logits), margin_q25, margin_q75, perplexity (per token), log_perplexity
+        (= mean NLL, nats),
+        p_margin_below, hard_core_margin, spearman_margin_nll, n_positions, and across models of the
+        same prompt set: n_models, spearman_rho_across_models and spearman_p_across_models
+        (rank correlation of median margin with perplexity; NaN with fewer than 3 models).
+        Perplexities of models with different tokenizers count different tokens: compare them
+        with care.
+
+    Source: LSM (margin distribution as a geometric decomposition of perplexity).
+    """
+    from scipy.stats import spearmanr
+
+    cols = ["model", "prompt_set", "vocab_size", "margin_q50", "margin_q25", "margin_q75", "perplexity", "mean_nll",
+            "p_margin_below", "hard_core_margin", "spearman_margin_nll", "n_positions"]
+    d = margins_table[[c for c in cols if c in margins_table.columns]].rename(
+        columns={"margin_q50": "median_margin", "mean_nll": "log_perplexity"}).copy()
+    d["n_models"] = d.groupby("prompt_set").model.transform("nunique")
+    d["spearman_rho_across_models"] = np.nan
+    d["spearman_p_across_models"] = np.nan
+    for ps, g in d.groupby("prompt_set"):
+        if len(g) >= 3:
+            r = spearmanr(g.median_margin, g.perplexity)
+            d.loc[g.index, "spearman_rho_across_models"] = float(r.statistic)
+            d.loc[g.index, "spearman_p_across_models"] = float(r.pvalue)
+    return d.sort_values(["prompt_set", "model"]).reset_index(drop=True)

@@ -1,0 +1,209 @@
+"""SULA tables (Paper III sec. 4.3 / 5.2): sula.csv (MAE in bits, Pearson r per condition and k),
+sula_calibration.csv, sula_geometry.csv (rho of PC1 with H_Bayes and k) and sula_prompts.csv,
+from the SULA activation files. Never torch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from llmgeom.core.layers import select_layers
+from llmgeom.core.stats import pearson, spearman
+from llmgeom.core.units import LN2
+from llmgeom.measures.bayes import model_label_entropy
+
+
+def read_sula_h5(path, *, model: str | None = None):
+    """Per-prompt SULA quantities from one activation file written with candidate log-probs.
+
+    Returns:
+        (pandas DataFrame with one row per prompt: id-free columns condition, k, i, n_L1, n_L2, labels,
+        alpha, p_bayes, h_bayes_bits, h_counts_bits, h_pred_bits, logp_l1, logp_l2 (nats), p_model, h_model_bits,
+        label_mass (p(L1) + p(L2) over the full vocabulary), h_vocab_bits (full next-token entropy, bits);
+        values h5 dataset is not loaded).
+
+    Raises:
+        StoreError: untrusted file; KeyError: the file has no ``next_token/candidate_logprobs`` (it was
+        not extracted as a SULA set: rerun rule extract_sula).
+    """
+    import pandas as pd
+
+    from llmgeom.core.store import open_activations
+
+    with open_activations(path, model=model) as f:
+        if "next_token/candidate_logprobs" not in f:
+            raise KeyError(f"{path} has no next_token/candidate_logprobs; it is not a SULA extraction "
+                           "(rerun rule extract_sula)")
+        meta = [json.loads(m) for m in f["prompts/meta"].asstr()[:]]
+        lp = f["next_token/candidate_logprobs"][:].astype(np.float64)
+        hv = f["next_token/entropy"][:].astype(np.float64) / LN2
+    p_model, h_model = model_label_entropy(lp[:, 0], lp[:, 1])
+    df = pd.DataFrame({
+        "condition": [m["condition"] for m in meta], "k": [int(m["k"]) for m in meta],
+        "i": [int(m["i"]) for m in meta], "n_L1": [m["n_L1"] for m in meta], "n_L2": [m["n_L2"] for m in meta],
+        "labels": ["/".join(m["labels"]) for m in meta], "alpha": [m["alpha"] for m in meta],
+        "p_bayes": [m["p_bayes"] for m in meta], "h_bayes_bits": [m["h_bayes_bits"] for m in meta],
+        "h_counts_bits": [m["h_counts_bits"] for m in meta],
+        "h_pred_bits": [m.get("h_pred_bits", np.nan) for m in meta],
+        "logp_l1": lp[:, 0], "logp_l2": lp[:, 1], "p_model": p_model, "h_model_bits": h_model,
+        "label_mass": np.exp(lp[:, 0]) + np.exp(lp[:, 1]), "h_vocab_bits": hv,
+    })
+    return df
+
+
+def sula_stats(h_model, h_bayes, p_model=None, p_bayes=None) -> dict:
+    """MAE |H_model - H_Bayes| (bits) and Pearson r between them (NaN when either is constant, e.g.
+    at k = 0 or in the shuffled control, where H_Bayes = 1 bit for every prompt).
+
+    Source: Paper III sec. 5.2 (SULA calibration: MAE and r).
+    """
+    hm, hb = np.asarray(h_model, np.float64), np.asarray(h_bayes, np.float64)
+    r, p = pearson(hm, hb)
+    out = {"n": int(hm.size), "mae_bits": float(np.mean(np.abs(hm - hb))) if hm.size else float("nan"),
+           "pearson_r": r, "pearson_p": p, "mean_h_model_bits": float(np.mean(hm)) if hm.size else float("nan"),
+           "mean_h_bayes_bits": float(np.mean(hb)) if hb.size else float("nan")}
+    if p_model is not None and p_bayes is not None:
+        out["mae_p"] = float(np.mean(np.abs(np.asarray(p_model) - np.asarray(p_bayes))))
+    return out
+
+
+def sula_table(per_prompt, *, model: str):
+    """Per condition, per k and overall (k = "all"): n, mae_bits, pearson_r, pearson_p, mean_h_model_bits,
+    mean_h_bayes_bits, mae_p (|p_model(L1) - p_bayes(L1)|), mean_h_pred_bits / mae_pred_bits (against the
+    posterior predictive entropy), mean_label_mass, mean_h_vocab_bits, labels, alpha.
+
+    Args:
+        per_prompt: DataFrame from :func:`read_sula_h5` (all conditions concatenated).
+
+    Source: Paper III sec. 5.2.
+    """
+    import pandas as pd
+
+    rows = []
+    for cond, g in per_prompt.groupby("condition", sort=False):
+        groups = [(str(k), gk) for k, gk in g.groupby("k")] + [("all", g)]
+        for k, gk in groups:
+            st = sula_stats(gk.h_model_bits, gk.h_bayes_bits, gk.p_model, gk.p_bayes)
+            rows.append(dict(model=model, condition=cond, labels=gk.labels.iloc[0], k=k, **st,
+                             mean_h_pred_bits=float(gk.h_pred_bits.mean()),
+                             mae_pred_bits=float(np.mean(np.abs(gk.h_model_bits - gk.h_pred_bits))),
+                             mean_label_mass=float(gk.label_mass.mean()),
+                             mean_h_vocab_bits=float(gk.h_vocab_bits.mean()), alpha=float(gk.alpha.iloc[0])))
+    return pd.DataFrame(rows)
+
+
+def calibration_table(per_prompt, *, model: str, n_bins: int = 10):
+    """Calibration: prompts binned by H_Bayes (equal-width bins on [0, 1] bit, last bin closed), per
+    condition: bin, bin_lo, bin_hi, n, mean_h_bayes_bits, mean_h_model_bits, sd_h_model_bits,
+    mean_abs_error_bits. Empty bins are omitted. A calibrated model has mean_h_model ~ mean_h_bayes.
+
+    Source: Paper III sec. 5.2 (calibration of H_model against H_Bayes).
+    """
+    import pandas as pd
+
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    rows = []
+    for cond, g in per_prompt.groupby("condition", sort=False):
+        hb = g.h_bayes_bits.to_numpy(np.float64)
+        hm = g.h_model_bits.to_numpy(np.float64)
+        b = np.clip(np.searchsorted(edges, hb, side="right") - 1, 0, n_bins - 1)
+        for j in range(n_bins):
+            sel = b == j
+            if not sel.any():
+                continue
+            rows.append(dict(model=model, condition=cond, bin=j, bin_lo=edges[j], bin_hi=edges[j + 1],
+                             n=int(sel.sum()), mean_h_bayes_bits=float(hb[sel].mean()),
+                             mean_h_model_bits=float(hm[sel].mean()),
+                             sd_h_model_bits=float(hm[sel].std(ddof=1)) if sel.sum() > 1 else float("nan"),
+                             mean_abs_error_bits=float(np.abs(hm[sel] - hb[sel]).mean())))
+    return pd.DataFrame(rows)
+
+
+def pc1_scores(X, reference) -> tuple[np.ndarray, float, bool]:
+    """PC1 score of standardized rows X [n, d] with the sign fixed so that Pearson corr(score, reference)
+    >= 0 (the interventions' convention: reference = H_model); returns (score [n], explained-variance
+    fraction of PC1, flipped). Constant reference -> no flip.
+
+    Source: Paper III sec. 4.3/4.5 (PC1 of last-token values; entropy axis sign).
+    """
+    from llmgeom.measures.pca import fit_pca, standardize_columns
+
+    Z, _ = standardize_columns(X, True)
+    pca = fit_pca(Z, 1)
+    s = np.asarray(pca.transform(Z)[:, 0], np.float64)
+    r, _ = pearson(s, np.asarray(reference, np.float64))
+    flipped = bool(np.isfinite(r) and r < 0)
+    return (-s if flipped else s), float(pca.explained_variance_ratio_[0]), flipped
+
+
+def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
+    """SULA geometry per condition and layer: PC1 of the standardized last-token values
+    (``last_token/values`` [n, L, n_kv*head_dim]); its sign is fixed so that Pearson corr(PC1, H_model) >= 0.
+
+    Returns:
+        (table, scores) where table has model, condition, layer, relative_depth ((layer+1)/L), n, pc1_var
+        (explained-variance fraction), rho_pc1_h_bayes / p (Spearman, PC1 vs H_Bayes; NaN if H_Bayes is
+        constant, e.g. shuffled), rho_k_pc1 / p (Spearman, k vs PC1), rho_pc1_h_model / p,
+        pc1_sign_flipped (all NaN at a layer where the values do not vary across prompts, e.g. layer 0: the
+        final token is always ":"); and scores = {condition: PC1 score [n] at the last layer analysed}.
+
+    Source: Paper III sec. 4.3 (geometry on SULA).
+    """
+    import pandas as pd
+
+    from llmgeom.core.store import open_activations
+
+    rows, last_scores = [], {}
+    for cond, path in h5_paths.items():
+        g = per_prompt[per_prompt.condition == cond]
+        hb, hm, k = (g[c].to_numpy(np.float64) for c in ("h_bayes_bits", "h_model_bits", "k"))
+        with open_activations(path, model=model) as f:
+            V = f["last_token/values"]
+            L = V.shape[1]
+            for layer in select_layers(layers, L):
+                X = np.asarray(V[:, layer, :], np.float64)
+                if not np.any(np.ptp(X, axis=0) > 0):
+                    # e.g. layer 0: the value at the final token ":" depends on that token only
+                    rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=(layer + 1) / L,
+                                     n=len(X), pc1_var=np.nan, rho_pc1_h_bayes=np.nan, p_pc1_h_bayes=np.nan,
+                                     rho_k_pc1=np.nan, p_k_pc1=np.nan, rho_pc1_h_model=np.nan, p_pc1_h_model=np.nan,
+                                     pc1_sign_flipped=False))
+                    last_scores[cond] = np.full(len(X), np.nan)
+                    continue
+                s, var, flipped = pc1_scores(X, hm)
+                r1, p1 = spearman(s, hb)
+                r2, p2 = spearman(k, s)
+                r3, p3 = spearman(s, hm)
+                rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=(layer + 1) / L,
+                                 n=len(s), pc1_var=var, rho_pc1_h_bayes=r1, p_pc1_h_bayes=p1, rho_k_pc1=r2,
+                                 p_k_pc1=p2, rho_pc1_h_model=r3, p_pc1_h_model=p3, pc1_sign_flipped=flipped))
+                last_scores[cond] = s
+    return pd.DataFrame(rows), last_scores
+
+
+def sula_tables(h5_paths: dict, *, model: str, n_bins: int = 10, layers="all") -> dict:
+    """All SULA tables for one model: {"sula", "calibration", "geometry", "prompts"} DataFrames.
+
+    Args:
+        h5_paths: condition -> ``results/{model}/activations/sula_{condition}.h5``.
+
+    ``prompts`` holds one row per prompt (condition, k, i, counts, p_bayes, h_bayes_bits, p_model,
+    h_model_bits, label_mass, h_vocab_bits, logp_l1/l2 in nats) plus ``pc1_last`` (PC1 score of the values at
+    the last analysed layer, sign convention of :func:`geometry_table`).
+
+    Source: Paper III sec. 4.3 / 5.2.
+    """
+    import pandas as pd
+
+    per = pd.concat([read_sula_h5(p, model=model) for p in h5_paths.values()], ignore_index=True)
+    geo, scores = geometry_table(h5_paths, per, model=model, layers=layers)
+    per["pc1_last"] = np.nan
+    for cond, s in scores.items():
+        per.loc[per.condition == cond, "pc1_last"] = s
+    per.insert(0, "model", model)
+    return {"sula": sula_table(per, model=model), "calibration": calibration_table(per, model=model, n_bins=n_bins),
+            "geometry": geo, "prompts": per}

@@ -1,0 +1,59 @@
+"""Analyses that read the HDF5 store and return tidy tables (one row per measurement).
+
+Each function takes paths and parameters, never a model; each row carries
+model, prompt_set, representation, layer, n. Rows are the unit that the
+report, the cross-model summaries and the tests compare.
+
+Sources: Paper III ("Geometric Scaling of Bayesian Inference in LLMs") sec. 4
+for value manifolds; LSM ("Latent Semantic Manifolds in Large Language
+Models") for intrinsic dimension.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from llmgeom.core.layers import select_layers
+from llmgeom.core.store import open_activations
+from llmgeom.measures import pca as geometry
+
+
+def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, ci: float = 0.95,
+                         layers="all", standardize=(True, False)) -> pd.DataFrame:
+    """Value-manifold statistics per prompt set, representation, layer and variant.
+
+    Args:
+        h5_paths: prompt set name -> activation file of ``model``.
+        layers: "all", "last" or a list of layer indices (of the value layers 0..L-1;
+            the residual stream uses the same block index, output of block l = index l+1).
+        standardize: variants to compute; True = per-coordinate z-score (Paper III), False = raw (centred).
+
+    Returns:
+        DataFrame with columns model, prompt_set, representation ("values" = last-token value vectors
+        concatenated over key heads [n_prompts, n_kv_heads*head_dim]; "residual_stream" = output of the
+        block [n_prompts, d_model]), layer (0-based block index), relative_depth ((layer+1)/L),
+        standardized, n, pc1, pc2, pc12 and their CI bounds (fractions of variance, 0..1),
+        participation_ratio, spearman_rho, spearman_p (PC1 score vs next-token entropy in nats; PC1 sign
+        fixed so rho >= 0), pc1_sign_flipped.
+
+    Raises:
+        StoreError: an activation file that must not be trusted.
+    """
+    rows = []
+    for pset, path in h5_paths.items():
+        with open_activations(path, model=model) as f:
+            ent = f["next_token/entropy"][:].astype(np.float64)
+            vals = f["last_token/values"]
+            resid = f["last_token/residual"]
+            L = vals.shape[1]
+            for layer in select_layers(layers, L):
+                reps = {"values": vals[:, layer, :], "residual_stream": resid[:, layer + 1, :]}
+                for rep, X in reps.items():
+                    for std in standardize:
+                        st = geometry.value_manifold_stats(np.asarray(X, np.float64), ent, n_boot=n_boot,
+                                                           seed=seed, standardize=bool(std), ci=ci)
+                        st["standardized"] = bool(std)
+                        rows.append(dict(model=model, prompt_set=pset, representation=rep, layer=layer,
+                                         relative_depth=(layer + 1) / L, **st))
+    return pd.DataFrame(rows)

@@ -1,0 +1,108 @@
+"""Statistics used by every table: one Pearson, one Spearman, bootstrap intervals, derived seeds.
+
+Correlations (DESIGN.md sec. 3, "Correlations"): constant input in exact arithmetic gives NaN
+("undefined: constant input"), never a number; ties are ranked by average rank on the exact
+values. Quantities that are equal in theory must therefore be computed bit-identically upstream
+(e.g. the SULA posterior entropy depends on |n_L1 - n_L2| only).
+
+May import: numpy, scipy. Nothing of llmgeom.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+
+import numpy as np
+from scipy import stats as _stats
+
+MIN_POINTS = 3
+
+
+def _pair(x, y) -> tuple[np.ndarray, np.ndarray] | None:
+    x = np.asarray(x, np.float64).ravel()
+    y = np.asarray(y, np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"correlation needs two arrays of equal length, got {x.size} and {y.size}")
+    if x.size < MIN_POINTS or not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        return None
+    if np.all(x == x[0]) or np.all(y == y[0]):  # constant input: undefined, not a correlation
+        return None
+    return x, y
+
+
+def pearson(x, y) -> tuple[float, float]:
+    """Pearson r and its two-sided p-value.
+
+    Args:
+        x, y: 1-d arrays of equal length n (any real units; cast to float64).
+
+    Returns:
+        (r, p). (NaN, NaN) when n < 3, when either input holds a non-finite value, or when either
+        input is constant (all values exactly equal): the correlation is undefined there.
+
+    Raises:
+        ValueError: arrays of different length.
+    """
+    xy = _pair(x, y)
+    if xy is None:
+        return float("nan"), float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _stats.ConstantInputWarning)
+        res = _stats.pearsonr(*xy)
+    return float(res.statistic), float(res.pvalue)
+
+
+def spearman(x, y) -> tuple[float, float]:
+    """Spearman rho (ties ranked by their average rank) and its two-sided p-value.
+
+    Args:
+        x, y: 1-d arrays of equal length n (cast to float64; ties are exact equalities).
+
+    Returns:
+        (rho, p). (NaN, NaN) when n < 3, on non-finite input, or when either input is constant.
+        Known answer: spearman([0, 1, 2, 3, 4], [a, b, a, b, c]) with a > b > c is -0.7071.
+
+    Raises:
+        ValueError: arrays of different length.
+    """
+    xy = _pair(x, y)
+    if xy is None:
+        return float("nan"), float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _stats.ConstantInputWarning)
+        res = _stats.spearmanr(*xy)
+    return float(res.statistic), float(res.pvalue)
+
+
+def derived_seed(seed: int, name: str) -> int:
+    """A 32-bit seed derived from (seed, name) (stable across runs, platforms and set order)."""
+    return int(np.random.SeedSequence([int(seed), zlib.crc32(name.encode())]).generate_state(1)[0])
+
+
+def bootstrap_interval(estimate: float, replicates, *, ci: float = 0.95, method: str = "basic",
+                       bounds: tuple[float, float] | None = None) -> tuple[float, float]:
+    """Bootstrap confidence interval from replicates of a statistic.
+
+    ``method="percentile"``: the (1-ci)/2 and (1+ci)/2 quantiles of the replicates.
+    ``method="basic"`` (reverse percentile): [2 t - q_hi, 2 t - q_lo], which corrects a shift of
+    the replicates against the estimate t (Davison & Hinkley 1997, sec. 5.2). Optional ``bounds``
+    clip the interval (e.g. (0, 1) for explained-variance fractions). Non-finite replicates are
+    ignored; none left gives (nan, nan).
+
+    Raises:
+        ValueError: unknown method or ci outside (0, 1).
+    """
+    if method not in ("basic", "percentile"):
+        raise ValueError(f"ci_method must be 'basic' or 'percentile', got {method!r}")
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must be in (0, 1), got {ci!r}")
+    r = np.asarray(replicates, dtype=np.float64)
+    r = r[np.isfinite(r)]
+    if r.size == 0:
+        return float("nan"), float("nan")
+    q_lo, q_hi = np.percentile(r, [50.0 * (1.0 - ci), 50.0 * (1.0 + ci)])
+    lo, hi = (q_lo, q_hi) if method == "percentile" else (2 * estimate - q_hi, 2 * estimate - q_lo)
+    if bounds is not None:
+        lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
+    return float(lo), float(hi)

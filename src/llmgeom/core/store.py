@@ -1,0 +1,222 @@
+"""HDF5 activation store: the contract between extraction and the analyses.
+
+Layout (DESIGN.md section 2, contract version ``CONTRACT_VERSION``):
+
+Root attributes: model, source, revision, torch_dtype, device, attn_implementation,
+n_layers, d_model, d_unembed, n_heads, n_kv_heads, head_dim, vocab_size,
+architecture (JSON), prompt_set, prompt_set_sha256, versions (JSON),
+created (UTC), contract_version, complete (True only once every dataset is written).
+
+Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
+
+- ``prompts/text`` vlen utf-8 [n_prompts]; ``prompts/n_tokens`` int32; ``prompts/meta`` JSON str
+- ``last_token/residual`` [n_prompts, n_layers+1, d_model] (0 = embeddings, l = output of block l, pre final norm)
+- ``last_token/final_normed`` [n_prompts, d_unembed] (input of the unembedding; d_unembed == d_model
+  except OPT with a narrower ``word_embed_proj_dim``)
+- ``last_token/values`` [n_prompts, n_layers, n_kv_heads*head_dim]
+- ``last_token/keys`` [n_prompts, n_layers, n_kv_heads, head_dim] (pre-RoPE)
+- ``attention/entropy`` [n_prompts, n_layers, n_heads] nats (prompt sets with attention)
+- ``next_token/entropy`` [n_prompts] nats; ``next_token/top_ids`` int64 / ``top_logits`` [n_prompts, k]
+- SULA sets (extracted with candidate tokens): ``next_token/candidate_logprobs`` [n_prompts, n_candidates]
+  log-probabilities in nats over the full vocabulary (float32), ``next_token/candidate_ids`` int64 (same shape)
+- corpus sets: ``tokens/residual_sample`` [n_sample, n_layers+1, d_model], ``tokens/final_normed_sample``
+  [n_sample, d_unembed] (unembedding input at the same positions, for the Fisher metric), ``tokens/sample_prompt``,
+  ``tokens/sample_position`` int32 [n_sample]; ``tokens/margin`` (top-1 minus top-2 logit),
+  ``tokens/nll`` (nats), ``tokens/entropy`` (nats), ``tokens/prompt``, ``tokens/position`` int32 [n_positions].
+
+Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; a
+crashed job leaves only the ``.partial`` file, which nothing reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from llmgeom.core.io import partial_path
+from llmgeom.core.versions import package_versions
+
+os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems; set before h5py import
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+CONTRACT_VERSION = 1
+
+UNITS = {
+    "last_token/residual": ("activation", "prompt,layer(0=embeddings),d_model"),
+    "last_token/final_normed": ("activation", "prompt,d_unembed"),
+    "last_token/values": ("activation", "prompt,layer,n_kv_heads*head_dim"),
+    "last_token/keys": ("activation", "prompt,layer,kv_head,head_dim"),
+    "attention/entropy": ("nats", "prompt,layer,head"),
+    "next_token/entropy": ("nats", "prompt"),
+    "next_token/top_ids": ("token id", "prompt,rank"),
+    "next_token/top_logits": ("logits", "prompt,rank"),
+    "next_token/candidate_logprobs": ("log-probability (nats)", "prompt,candidate"),
+    "next_token/candidate_ids": ("token id", "prompt,candidate"),
+    "tokens/residual_sample": ("activation", "sample,layer(0=embeddings),d_model"),
+    "tokens/final_normed_sample": ("activation", "sample,d_unembed"),
+    "tokens/sample_prompt": ("index", "sample"),
+    "tokens/sample_position": ("token position", "sample"),
+    "tokens/margin": ("logits", "position"),
+    "tokens/nll": ("nats", "position"),
+    "tokens/entropy": ("nats", "position"),
+    "tokens/prompt": ("index", "position"),
+    "tokens/position": ("token position", "position"),
+    "prompts/n_tokens": ("tokens", "prompt"),
+    "prompts/text": ("text", "prompt"),
+    "prompts/meta": ("JSON object", "prompt"),
+}
+
+
+class StoreError(ValueError):
+    """An activation file that must not be trusted; the message names the rule to rerun."""
+
+
+class ActivationWriter:
+    """Create ``<path>.partial``, fill datasets by row slices, then ``commit()``.
+
+    ``shapes`` maps dataset name -> (shape tuple, numpy dtype). Rows are written
+    with ``write(name, rows, values)``; non-finite float values raise ValueError
+    (callers name model, layer and prompt before that point).
+    """
+
+    def __init__(self, path, attrs: dict, shapes: dict, compression="lzf"):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = partial_path(self.path)
+        if self.tmp.exists():
+            self.tmp.unlink()
+        self.f = h5py.File(self.tmp, "w")
+        for k, v in attrs.items():
+            self.f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else ("" if v is None else v)
+        self.f.attrs["contract_version"] = CONTRACT_VERSION
+        self.f.attrs["created"] = datetime.now(timezone.utc).isoformat()
+        self.f.attrs["versions"] = json.dumps(package_versions())
+        self.f.attrs["complete"] = False
+        for name, (shape, dtype) in shapes.items():
+            if dtype == "str":
+                ds = self.f.create_dataset(name, shape=shape, dtype=h5py.string_dtype("utf-8"))
+            else:
+                chunks = (1,) + tuple(shape[1:]) if len(shape) > 1 and shape[0] > 0 else None
+                ds = self.f.create_dataset(name, shape=shape, dtype=dtype, chunks=chunks,
+                                           compression=compression if chunks else None)
+            units, axes = UNITS.get(name, ("", ""))
+            ds.attrs["units"] = units
+            ds.attrs["axes"] = axes
+
+    def write(self, name: str, rows, values) -> None:
+        """Write ``values`` at row indices ``rows`` (sorted int array or slice) of dataset ``name``."""
+        v = np.asarray(values) if not isinstance(values, list) else values
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
+            raise ValueError(f"refusing to store non-finite values in {name}")
+        ds = self.f[name]
+        if isinstance(rows, slice):
+            ds[rows] = v
+            return
+        rows = np.asarray(rows)
+        order = np.argsort(rows)
+        rows = rows[order]
+        v = [v[i] for i in order] if isinstance(v, list) else v[order]
+        if len(rows) and np.all(np.diff(rows) == 1):
+            ds[rows[0]:rows[-1] + 1] = v
+        else:
+            for r, x in zip(rows, v):
+                ds[int(r)] = x
+
+    def commit(self) -> Path:
+        """Mark complete, close, and atomically rename to the final path."""
+        self.f.attrs["complete"] = True
+        self.f.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Close and delete the partial file."""
+        try:
+            self.f.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _workflow_prompt_file(h5_path: Path, prompt_set) -> Path | None:
+    """The prompt file a workflow activation file was extracted from, when it exists; else None:
+    ``<root>/resources/prompts/<set>.jsonl`` for ``<root>/results/<model>/activations/<set>.h5``, and
+    ``<root>/resources/prompts/sula/<model>/<cond>.jsonl`` for ``.../activations/sula_<cond>.h5``."""
+    p = Path(h5_path)
+    if not prompt_set or p.parent.name != "activations" or len(p.parents) < 4 or p.parents[2].name != "results":
+        return None
+    prompts = p.parents[3] / "resources" / "prompts"
+    if p.stem == prompt_set:
+        cand = prompts / f"{prompt_set}.jsonl"
+    elif p.stem == f"sula_{prompt_set}":
+        cand = prompts / "sula" / p.parents[1].name / f"{prompt_set}.jsonl"
+    else:
+        return None
+    return cand if cand.is_file() else None
+
+
+def open_activations(path, *, model: str | None = None, prompt_set_sha256: str | None = None) -> h5py.File:
+    """Open a committed activation file read-only and check that it can be trusted.
+
+    Without ``prompt_set_sha256``, a file at the workflow's place
+    (``<root>/results/<model>/activations/<set>.h5``) is checked against the current prompt file
+    ``<root>/resources/prompts/<set>.jsonl`` when that exists (a copied-in or stale file is refused).
+
+    Raises:
+        StoreError: missing, truncated, not an HDF5 file, incomplete, other contract
+            version, other model or other prompt set; the message says to rerun rule ``extract``.
+    """
+    path = Path(path)
+    fix = (f"rerun rule extract (extract_sula for SULA sets) for it: snakemake --forcerun {path} "
+           "(reruns it and every analysis that reads it)")
+    if not path.is_file():
+        raise StoreError(f"{path} does not exist; run rule extract")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise StoreError(f"{path} is not a readable HDF5 file ({e}); {fix}") from None
+    a = f.attrs
+    problems = []
+    if a.get("contract_version") != CONTRACT_VERSION:
+        problems.append(f"contract version {a.get('contract_version')} != {CONTRACT_VERSION}")
+    if not bool(a.get("complete", False)):
+        problems.append("file is incomplete")
+    if model is not None and a.get("model") != model:
+        problems.append(f"file is for model {a.get('model')!r}, expected {model!r}")
+    if prompt_set_sha256 is not None and a.get("prompt_set_sha256") != prompt_set_sha256:
+        problems.append("prompt set sha256 differs from the current prompt file")
+    elif prompt_set_sha256 is None:
+        current = _workflow_prompt_file(path, a.get("prompt_set"))
+        if current is not None and a.get("prompt_set_sha256") != _sha256(current):
+            problems.append(f"it was extracted from another version of the prompt set (sha256 "
+                            f"{str(a.get('prompt_set_sha256'))[:12]}.. != {_sha256(current)[:12]}.. of {current})")
+    if problems:
+        f.close()
+        raise StoreError(f"{path}: {'; '.join(problems)}; {fix}")
+    return f
+
+
+def attrs_dict(f: h5py.File) -> dict:
+    """Root attributes with JSON fields decoded."""
+    out = {}
+    for k, v in f.attrs.items():
+        if isinstance(v, str) and v[:1] in "{[":
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError:
+                pass
+        out[k] = v.item() if hasattr(v, "item") else v
+    return out

@@ -1,0 +1,312 @@
+"""Running the interventions (Paper III sec. 4.5-4.6): SULA prompts through the model with value edits
+at chosen layers, recording the label log-probs and the axis projections.
+
+May import: torch, llmgeom.models, llmgeom.extract, llmgeom.interventions, llmgeom.measures, llmgeom.core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from llmgeom.core.layers import select_layers
+from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
+from llmgeom.interventions.edits import AXES, EDIT_NAMES, ValueEdit, value_edits
+from llmgeom.models import architectures as arch
+
+
+def intervention_conditions(single_layers: Sequence[int], multi_layers: Sequence[int] | None,
+                            edits: Sequence[str]) -> list[dict]:
+    """The conditions of one experiment: the unedited baseline, then for each run (one per single layer,
+    plus one multi-layer run when ``multi_layers`` has >= 1 layer) x axis (entropy, random) x edit.
+
+    Returns:
+        list of dicts {condition, run, layers (tuple), axis, edit, kind, shift_sign}.
+    """
+    bad = [e for e in edits if e not in EDIT_NAMES]
+    if bad:
+        raise ValueError(f"unknown edits {bad}; valid: {sorted(EDIT_NAMES)}")
+    runs = [(f"L{l}", (int(l),)) for l in single_layers]
+    if multi_layers:
+        runs.append(("multi_" + "+".join(f"L{l}" for l in multi_layers), tuple(int(l) for l in multi_layers)))
+    out = [dict(condition="baseline", run="baseline", layers=(), axis="none", edit="none", kind="none",
+                shift_sign=0.0)]
+    for run, layers in runs:
+        for axis in AXES:
+            for e in edits:
+                kind, sign = EDIT_NAMES[e]
+                out.append(dict(condition=f"{run}/{axis}/{e}", run=run, layers=layers, axis=axis, edit=e,
+                                kind=kind, shift_sign=sign))
+    return out
+
+
+# --------------------------------------------------------------------------- experiment (needs a model)
+
+
+_MISSING = object()
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, min_fill: float = 0.75) -> list[list[int]]:
+    """Indices grouped into batches of at most ``batch_size``, longest first; a new batch starts when a
+    prompt is shorter than ``min_fill`` x the batch's longest (bounds padding waste; SULA prompts of one k
+    have nearly the same length, so batches follow k)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and len(out[-1]) < batch_size and lengths[i] >= min_fill * lengths[out[-1][0]]:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+@contextlib.contextmanager
+def skip_layers(model, upto: int, output):
+    """Context manager: decoder blocks 0..upto-1 do not compute; each returns ``output``, the recorded output
+    of block ``upto - 1`` for the same batch (tensor or tuple, exactly as the block returned it).
+
+    Exact when nothing before block ``upto`` changes (edits at layers >= upto only): the blocks that run
+    see the same input as in the full forward pass. Used to rerun only the layers an edit can affect.
+    The blocks' own ``forward`` is restored on exit, also when the body raises.
+    """
+    layers = arch.decoder_layers(model)
+    saved = []
+    try:
+        for i in range(int(upto)):
+            blk = layers[i]
+            saved.append((blk, blk.__dict__.get("forward", _MISSING)))
+            blk.forward = lambda *a, **k: output
+        yield
+    finally:
+        for blk, old in saved:
+            if old is _MISSING:
+                blk.__dict__.pop("forward", None)
+            else:
+                blk.forward = old
+
+
+def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, probe_layers: Sequence[int] = (),
+                  record_blocks: Sequence[int] = (), head=None, pad_id: int = 0) -> dict:
+    """One forward pass (inside whatever :func:`value_edits` / :func:`skip_layers` contexts are active).
+
+    Returns:
+        {"logp": [B, C] float32 log-probabilities (nats, full vocabulary) of the candidate tokens at the final
+        real position, "values": {layer: [B, D] float32 value vectors at the final position as the rest of the
+        model sees them (after any edit); absent for layers that did not run}, "blocks": {i: raw output of
+        block i} for ``record_blocks``}.
+
+    Raises:
+        NonFiniteActivationError: non-finite logits.
+    """
+    from llmgeom.extract.forward import (
+        Float32Head,
+        NonFiniteActivationError,
+        first_tensor,
+        hooks,
+        last_positions,
+        pad_batch,
+    )
+
+    dev = next(model.parameters()).device
+    head = head or Float32Head(model)
+    ids, mask, pos = pad_batch(seqs, pad_id, dev)
+    last = last_positions(mask)
+    b_idx = torch.arange(len(seqs), device=dev)
+    cols = arch.v_columns(model)
+    vals, blocks = {}, {}
+
+    def vhook(layer):
+        def fn(mod, args, out):
+            o = first_tensor(out)
+            v = o if cols is None else o[..., cols.to(o.device)]
+            vals[layer] = v[b_idx.to(o.device), last.to(o.device)].float()  # device_map="auto": blocks on several GPUs
+        return fn
+
+    def bhook(i):
+        def fn(mod, args, out):
+            blocks[i] = out
+        return fn
+
+    layers = arch.decoder_layers(model)
+    handles: list = []
+    with hooks(handles), torch.inference_mode():
+        for layer in probe_layers:
+            handles.append(arch.v_module(model, layer).register_forward_hook(vhook(layer)))
+        for i in record_blocks:
+            handles.append(layers[i].register_forward_hook(bhook(i)))
+        out = arch.base_model(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        hT = out.last_hidden_state
+        logits = head(hT[b_idx.to(hT.device), last.to(hT.device)])
+        if not torch.isfinite(logits).all():
+            raise NonFiniteActivationError("non-finite logits at the final token during an intervention run")
+        cand = torch.as_tensor(candidates, dtype=torch.long, device=logits.device).reshape(len(seqs), -1)
+        logp = torch.log_softmax(logits, -1).gather(1, cand)
+    return {"logp": logp.cpu().numpy(), "values": {k: v.cpu().numpy() for k, v in vals.items()}, "blocks": blocks}
+
+
+def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]], conditions: list[dict],
+                      axes: Mapping[int, EntropyAxis], random_axes: Mapping[int, np.ndarray], *,
+                      probe_layers: Sequence[int], shift_scale: float = 1.0, positions: str = "all",
+                      batch_size: int = 32, pad_id: int = 0, skip: bool = True, log=print) -> dict:
+    """Run every condition over the prompts and collect per-prompt outputs.
+
+    Prompts are batched by length (:func:`length_batches`, at most ``batch_size``). Per batch, the unedited
+    baseline runs first and records the output of block l_min - 1 for every first
+    edited layer l_min; each edited condition then reruns only blocks l_min..L-1 (:func:`skip_layers`), which
+    is exact because an edit at layer l cannot change anything before block l. ``skip=False`` runs every
+    block for every condition (same numbers; used by the tests).
+
+    Args:
+        seqs: token ids per prompt; candidates: the two label token ids per prompt.
+        conditions: from :func:`intervention_conditions`.
+        axes / random_axes: per edited layer, the entropy axis and its random control (unit [D]).
+        probe_layers: layers whose post-edit last-token values are projected on the entropy axis.
+        shift_scale: axis_shift moves by shift_sign * shift_scale * sigma.
+        positions: "all" (every token) or "last" (final real token of each prompt).
+
+    Returns:
+        {condition: {"logp": [n, 2] nats, "proj": {layer: [n]}}} (v.u_ent after the edit, raw units).
+
+    Source: Paper III sec. 4.5-4.6.
+    """
+    from llmgeom.extract.forward import Float32Head
+
+    if positions not in ("all", "last"):
+        raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
+    head = Float32Head(model)
+    n = len(seqs)
+    out = {c["condition"]: {"logp": np.zeros((n, 2)), "proj": {l: np.zeros(n) for l in probe_layers}}
+           for c in conditions}
+    starts = {min(c["layers"]) for c in conditions if c["layers"]}
+    record = sorted(l0 - 1 for l0 in starts if l0 > 0) if skip else []
+    dev = next(model.parameters()).device
+    t0 = time.time()
+    for idx in length_batches([len(s) for s in seqs], batch_size):
+        batch = [seqs[i] for i in idx]
+        cands = [candidates[i] for i in idx]
+        last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
+        base = None
+        for c in sorted(conditions, key=lambda c: bool(c["layers"])):  # the baseline first
+            edits = {}
+            for l in c["layers"]:
+                ax = axes[l]
+                u = ax.u if c["axis"] == "entropy" else random_axes[l]
+                edits[l] = ValueEdit(c["kind"], torch.as_tensor(u, dtype=torch.float32),
+                                     c["shift_sign"] * shift_scale * ax.sigma)
+            l0 = min(c["layers"]) if c["layers"] else 0
+            use_skip = skip and base is not None and l0 > 0
+            with contextlib.ExitStack() as st:
+                st.enter_context(value_edits(model, edits, positions=last if positions == "last" else None))
+                if use_skip:
+                    st.enter_context(skip_layers(model, l0, base["blocks"][l0 - 1]))
+                r = forward_probe(model, batch, cands, probe_layers=[l for l in probe_layers if not use_skip or l >= l0],
+                                  record_blocks=record if not c["layers"] else (), head=head, pad_id=pad_id)
+            if not c["layers"]:
+                base = r
+            rec = out[c["condition"]]
+            rec["logp"][idx] = r["logp"]
+            for l in probe_layers:
+                v = r["values"].get(l, base["values"][l] if base is not None else None)
+                rec["proj"][l][idx] = v.astype(np.float64) @ axes[l].u
+    log(f"[interventions] {len(conditions)} conditions x {n} prompts in {time.time() - t0:.1f} s")
+    return out
+
+
+def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str, layers=("middle", "last"),
+                            multi_layers=("middle", "last"), edits=tuple(EDIT_NAMES), shift_scale: float = 1.0,
+                            positions: str = "all", n_per_k: int | None = None, batch_size: int = 32,
+                            seed: int = 0, dtype: str = "auto", device: str = "auto",
+                            device_map: str | None = None, log=print):
+    """Fit entropy axes on the SULA main activations, then run the baseline and every edit.
+
+    Args:
+        model_dir: prepared model; prompts_path: ``resources/prompts/sula/{model}/main.jsonl``;
+        h5_path: ``results/{model}/activations/sula_main.h5`` (extracted from the same prompt file).
+        layers: single-layer runs ("first"/"middle"/"last"/ints); multi_layers: one run editing all of
+            them at once (empty = none).
+        n_per_k: run on the first n_per_k prompts of each k (default all); the axes are fit on all.
+
+    Returns:
+        (per_prompt DataFrame, axes DataFrame, arrays dict for ``numpy.savez``). per_prompt has one row per
+        condition and prompt: model, condition, run, layers ("15+29"), axis, edit, shift_sigmas, positions,
+        prompt, k, n_L1, n_L2, h_bayes_bits, logp_l1, logp_l2 (nats), p_model, h_model_bits, label_mass, and
+        proj_L{l} (post-edit v.u_ent at probe layer l, raw units). axes has layer, sigma, corr_fit, pc1_var,
+        n_fit, flipped, random_dot_u (|u . r|), random_norm.
+
+    Raises:
+        StoreError: the activation file is not for this model / prompt file.
+
+    Source: Paper III sec. 4.5-4.6.
+    """
+    import pandas as pd
+
+    from llmgeom.core.store import open_activations
+    from llmgeom.extract.forward import tokenize_prompts
+    from llmgeom.extract.prompts import read_prompt_set
+    from llmgeom.measures.bayes import model_label_entropy
+    from llmgeom.models.loading import load_prepared
+
+    records, sha = read_prompt_set(prompts_path)
+    with open_activations(h5_path, model=model_name, prompt_set_sha256=sha) as f:
+        V = f["last_token/values"][:]
+        lp_fit = f["next_token/candidate_logprobs"][:].astype(np.float64)
+    n_layers = V.shape[1]
+    single = select_layers(layers, n_layers, key="interventions.layers")
+    multi = select_layers(multi_layers, n_layers, key="interventions.layers") if multi_layers else []
+    _, h_fit = model_label_entropy(lp_fit[:, 0], lp_fit[:, 1])
+    edited = sorted(set(single) | set(multi))
+    axes = {l: entropy_axis(V[:, l, :], h_fit, layer=l) for l in edited}
+    rnd = {l: random_axis(axes[l].u, seed, l) for l in edited}
+    probe = sorted(set(edited) | {n_layers - 1})
+    for l in probe:
+        if l not in axes:
+            axes[l] = entropy_axis(V[:, l, :], h_fit, layer=l)
+
+    meta = [r.get("meta", {}) for r in records]
+    keep = [i for i, m in enumerate(meta) if n_per_k is None or int(m.get("i", 0)) < n_per_k]
+    model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device, device_map=device_map)
+    s = arch.summarize(model.config)
+    seqs = tokenize_prompts(tok, [records[i]["text"] for i in keep], [records[i].get("id", str(i)) for i in keep],
+                            max_tokens=None, truncate=False, context=s.max_positions)
+    cands = [meta[i]["label_token_ids"] for i in keep]
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    conds = intervention_conditions(single, multi, edits)
+    log(f"[interventions] {model_name}: layers {single}, multi {multi}, {len(conds)} conditions, "
+        f"{len(keep)} prompts, positions={positions}, dtype {model.dtype}, device {next(model.parameters()).device}")
+    res = run_interventions(model, seqs, cands, conds, axes, rnd, probe_layers=probe, shift_scale=shift_scale,
+                            positions=positions, batch_size=batch_size, pad_id=pad_id, log=log)
+    rows = []
+    for c in conds:
+        lp = res[c["condition"]]["logp"]
+        p, h = model_label_entropy(lp[:, 0], lp[:, 1])
+        d = {"model": model_name, "condition": c["condition"], "run": c["run"],
+             "layers": "+".join(str(l) for l in c["layers"]), "axis": c["axis"], "edit": c["edit"],
+             "shift_sigmas": c["shift_sign"] * shift_scale, "positions": positions,
+             "prompt": [records[i].get("id", str(i)) for i in keep], "k": [meta[i]["k"] for i in keep],
+             "n_L1": [meta[i]["n_L1"] for i in keep], "n_L2": [meta[i]["n_L2"] for i in keep],
+             "h_bayes_bits": [meta[i]["h_bayes_bits"] for i in keep], "logp_l1": lp[:, 0], "logp_l2": lp[:, 1],
+             "p_model": p, "h_model_bits": h, "label_mass": np.exp(lp[:, 0]) + np.exp(lp[:, 1])}
+        for l in probe:
+            d[f"proj_L{l}"] = res[c["condition"]]["proj"][l]
+        rows.append(pd.DataFrame(d))
+    per_prompt = pd.concat(rows, ignore_index=True)
+    ax_rows = [dict(model=model_name, layer=l, edited=l in edited, sigma=a.sigma, corr_fit=a.corr, pc1_var=a.pc1_var,
+                    n_fit=a.n_fit, flipped=a.flipped,
+                    random_dot_u=float(abs(rnd[l] @ a.u)) if l in rnd else np.nan,
+                    random_norm=float(np.linalg.norm(rnd[l])) if l in rnd else np.nan)
+               for l, a in sorted(axes.items())]
+    arrays = {f"u_L{l}": a.u for l, a in axes.items()}
+    arrays.update({f"random_L{l}": r for l, r in rnd.items()})
+    return per_prompt, pd.DataFrame(ax_rows), arrays
+
+
+def save_axes(arrays: dict, path) -> None:
+    """Write the axes (u_L{l}, random_L{l}) as a compressed .npz, atomically."""
+    from llmgeom.core.io import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez_compressed(fh, **arrays)

@@ -1,0 +1,320 @@
+"""All family-specific knowledge about decoder-only transformers lives here.
+
+Where the decoder blocks, the input norms, the key/value projections and the
+unembedding are; how fused QKV layouts are split (GPT-NeoX interleaves per head,
+GPT-2 uses a transposed Conv1D); grouped-/multi-query head sharing; which layers
+use a sliding window. Extraction, interventions and the weight analyses use
+these accessors and never look at a model's attributes themselves.
+
+Adding a family = one ``Family`` entry in ``FAMILIES`` plus its tiny-model test
+(tests/test_architectures.py).
+
+Source: DESIGN.md section 1 ("one architectures module") and Paper III
+("Geometric Scaling of Bayesian Inference in LLMs") sec. 4.2 for W_K slicing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # torch is imported where it is used: the workflow reads configs here without it (fast DAG)
+    import torch
+
+
+class UnsupportedArchitectureError(ValueError):
+    """A model family that the architectures module does not describe."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to find the parts of one decoder-only family.
+
+    Paths are dotted attribute paths: ``layers`` and ``final_norm`` from the base
+    model (``model.base_model``), ``input_norm``/``attention``/``k_proj``/``v_proj``
+    from one decoder layer. ``qkv`` is one of ``"separate"`` (q/k/v Linear),
+    ``"neox_fused"`` (one Linear, per-head interleaved [q_h, k_h, v_h]) or
+    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]).
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    layers: str
+    final_norm: str | None
+    input_norm: str
+    qkv: str
+    k_proj: str = "self_attn.k_proj"
+    v_proj: str = "self_attn.v_proj"
+    fused_proj: str | None = None
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3"), "layers", "norm", "input_layernorm", "separate"),
+    Family("gemma3", ("gemma3_text", "gemma2", "gemma"), "layers", "norm", "input_layernorm", "separate"),
+    Family("phi", ("phi",), "layers", "final_layernorm", "input_layernorm", "separate"),
+    Family("opt", ("opt",), "decoder.layers", "decoder.final_layer_norm", "self_attn_layer_norm", "separate"),
+    Family("gpt_neox", ("gpt_neox",), "layers", "final_layer_norm", "input_layernorm", "neox_fused",
+           fused_proj="attention.query_key_value"),
+    Family("gpt2", ("gpt2",), "h", "ln_f", "ln_1", "gpt2_conv1d", fused_proj="attn.c_attn"),
+)
+
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+#: model_types whose activations exceed the float16 range (65504) in real checkpoints: Gemma 2/3
+#: residual streams grow to ~1e5 (their embeddings are scaled by sqrt(d_model) and trained in bf16).
+FP16_OVERFLOW_MODEL_TYPES = frozenset({"gemma3_text", "gemma3", "gemma2"})
+
+
+def fp16_overflows(config) -> bool:
+    """True for families known to overflow in float16 (load them in bfloat16 or float32 instead)."""
+    return getattr(_text_config(config), "model_type", None) in FP16_OVERFLOW_MODEL_TYPES or \
+        getattr(config, "model_type", None) in FP16_OVERFLOW_MODEL_TYPES
+
+
+def supported_model_types() -> list[str]:
+    """Sorted list of ``config.model_type`` values this package supports."""
+    return sorted(_BY_TYPE)
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def family_for(config) -> Family:
+    """Return the ``Family`` for a transformers config.
+
+    Raises:
+        UnsupportedArchitectureError: naming the model_type and the supported ones.
+    """
+    cfg = _text_config(config)
+    mt = getattr(cfg, "model_type", None)
+    if mt not in _BY_TYPE:
+        raise UnsupportedArchitectureError(
+            f"model_type {mt!r} is not supported by llmgeom.models.architectures; supported: "
+            f"{', '.join(supported_model_types())}. Add a Family entry in src/llmgeom/architectures.py "
+            "(and its tiny-model test) to support it."
+        )
+    return _BY_TYPE[mt]
+
+
+def _get(obj, path: str | None):
+    if path is None:
+        return None
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class ArchSummary:
+    """Shape facts of one model, read from its config (no weights needed).
+
+    ``attention_type`` is "MHA" (n_kv_heads == n_heads), "MQA" (n_kv_heads == 1)
+    or "GQA"; ``sliding_layers`` lists 0-based layer indices that attend within a
+    sliding window of ``sliding_window`` tokens.
+    """
+
+    family: str
+    model_type: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    attention_type: str
+    sliding_window: int | None
+    sliding_layers: tuple[int, ...]
+    max_positions: int | None
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["sliding_layers"] = list(self.sliding_layers)
+        return d
+
+
+def summarize(config) -> ArchSummary:
+    """Summarize a transformers config into an ``ArchSummary``.
+
+    Raises:
+        UnsupportedArchitectureError: for a family not in ``FAMILIES``.
+    """
+    fam = family_for(config)
+    cfg = _text_config(config)
+    n_layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    d_model = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
+    n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
+    attention_type = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types:
+        sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    elif window:
+        sliding = tuple(range(n_layers))
+    else:
+        sliding = ()
+    if not sliding:
+        window = None
+    max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    return ArchSummary(
+        family=fam.name,
+        model_type=cfg.model_type,
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv),
+        head_dim=int(head_dim),
+        vocab_size=int(cfg.vocab_size),
+        attention_type=attention_type,
+        sliding_window=int(window) if window else None,
+        sliding_layers=sliding,
+        max_positions=int(max_pos) if max_pos else None,
+    )
+
+
+def base_model(model):
+    """The decoder stack under a ``*ForCausalLM`` (``model.base_model``)."""
+    return model.base_model
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The decoder blocks, in depth order (length n_layers)."""
+    fam = family_for(model.config)
+    return list(_get(base_model(model), fam.layers))
+
+
+def input_norm(model, layer: int) -> torch.nn.Module:
+    """The norm applied to the residual stream before attention in block ``layer``."""
+    fam = family_for(model.config)
+    return _get(decoder_layers(model)[layer], fam.input_norm)
+
+
+def final_norm(model) -> torch.nn.Module | None:
+    """The final norm before the unembedding, or None (e.g. OPT-350m post-LN)."""
+    fam = family_for(model.config)
+    return _get(base_model(model), fam.final_norm) if fam.final_norm else None
+
+
+def unembedding(model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W_U [vocab, d_unembed], bias [vocab] or None) of the output head."""
+    head = model.get_output_embeddings()
+    return head.weight, getattr(head, "bias", None)
+
+
+def logit_softcap(model) -> float | None:
+    """Final-logit soft-capping constant (Gemma 2/3 configs), or None."""
+    return getattr(_text_config(model.config), "final_logit_softcapping", None)
+
+
+def kv_module(model, layer: int) -> torch.nn.Module:
+    """The module whose forward output holds the keys and values of block ``layer``.
+
+    For separate projections this is ``k_proj`` (keys); values come from
+    ``v_module``. For fused layouts both come from the one fused projection.
+    """
+    fam = family_for(model.config)
+    blk = decoder_layers(model)[layer]
+    return _get(blk, fam.fused_proj or fam.k_proj)
+
+
+def v_module(model, layer: int) -> torch.nn.Module:
+    """The module whose output holds the value vectors of block ``layer``."""
+    fam = family_for(model.config)
+    blk = decoder_layers(model)[layer]
+    return _get(blk, fam.fused_proj or fam.v_proj)
+
+
+def split_fused(model, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split a fused QKV projection output [..., 3*d] into q, k, v [..., n_heads*head_dim].
+
+    Only for fused families; GPT-NeoX is interleaved per head ([q_h k_h v_h] per
+    head h), GPT-2 is three contiguous blocks.
+    """
+    fam = family_for(model.config)
+    s = summarize(model.config)
+    if fam.qkv == "gpt2_conv1d":
+        d = s.n_heads * s.head_dim
+        return out[..., :d], out[..., d:2 * d], out[..., 2 * d:]
+    if fam.qkv == "neox_fused":
+        lead = out.shape[:-1]
+        x = out.reshape(*lead, s.n_heads, 3 * s.head_dim)
+        q, k, v = x.split(s.head_dim, dim=-1)
+        return (q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1))
+    raise ValueError(f"family {fam.name} has separate projections; split_fused does not apply")
+
+
+def v_columns(model) -> torch.Tensor | None:
+    """Output columns of ``v_module(model, layer)`` that hold the value vectors, or None when the
+    module's whole output is the values (separate projections).
+
+    For fused layouts, ``out[..., v_columns(model)]`` equals ``split_fused(model, out)[2]``
+    ([..., n_heads*head_dim], head-major), so an edit of the values can be written back into the fused
+    output in place (interventions; Paper III sec. 4.5).
+    """
+    import torch
+
+    fam = family_for(model.config)
+    if fam.qkv == "separate":
+        return None
+    s = summarize(model.config)
+    d = s.n_heads * s.head_dim
+    if fam.qkv == "gpt2_conv1d":
+        return torch.arange(2 * d, 3 * d)
+    if fam.qkv == "neox_fused":
+        h = torch.arange(s.n_heads).unsqueeze(1) * 3 * s.head_dim + 2 * s.head_dim
+        return (h + torch.arange(s.head_dim).unsqueeze(0)).reshape(-1)
+    raise ValueError(f"family {fam.name}: unknown qkv layout {fam.qkv!r}")
+
+
+def key_value_extractors(model) -> list[tuple[torch.nn.Module, Callable, torch.nn.Module, Callable]]:
+    """Per layer: (key_module, key_fn, value_module, value_fn).
+
+    ``key_fn(output) -> keys [..., n_kv_heads*head_dim]`` and ``value_fn`` likewise,
+    applied to the forward output of the corresponding module. Keys are pre-RoPE
+    and, for Gemma 3, before the per-head ``k_norm`` (i.e. input_norm(h) @ W_K).
+    """
+    fam = family_for(model.config)
+    res = []
+    for i in range(len(decoder_layers(model))):
+        if fam.qkv == "separate":
+            res.append((kv_module(model, i), lambda o: o, v_module(model, i), lambda o: o))
+        else:
+            m = kv_module(model, i)
+            res.append((m, lambda o: split_fused(model, o)[1], m, lambda o: split_fused(model, o)[2]))
+    return res
+
+
+def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """W_K of each key head of block ``layer``: list (length n_kv_heads) of
+    (W [d_model, head_dim], bias [head_dim] or None), sliced so that
+    ``input_norm(h) @ W + b`` equals the model's own keys for that head
+    (pre-RoPE). Under GQA/MQA there is one entry per key head, shared by
+    n_heads / n_kv_heads query heads.
+
+    Source: Paper III sec. 4.2 (key orthogonality).
+    """
+    fam = family_for(model.config)
+    s = summarize(model.config)
+    hd = s.head_dim
+    blk = decoder_layers(model)[layer]
+    if fam.qkv == "separate":
+        lin = _get(blk, fam.k_proj)
+        W = lin.weight.T  # [d_model, n_kv*hd]
+        b = lin.bias
+        return [(W[:, h * hd:(h + 1) * hd], None if b is None else b[h * hd:(h + 1) * hd]) for h in range(s.n_kv_heads)]
+    lin = _get(blk, fam.fused_proj)
+    if fam.qkv == "gpt2_conv1d":
+        W = lin.weight  # Conv1D stores [in, out]
+        b = lin.bias
+        d = s.n_heads * hd
+        return [(W[:, d + h * hd:d + (h + 1) * hd], b[d + h * hd:d + (h + 1) * hd]) for h in range(s.n_heads)]
+    # neox: out index = h*3*hd + [0:hd]=q, [hd:2hd]=k, [2hd:3hd]=v
+    W = lin.weight.T
+    b = lin.bias
+    out = []
+    for h in range(s.n_heads):
+        lo = h * 3 * hd + hd
+        out.append((W[:, lo:lo + hd], None if b is None else b[lo:lo + hd]))
+    return out

@@ -1,0 +1,199 @@
+"""Cluster-scale helpers for the Snakemake rules: GPU-rule resources per model, memory that grows
+with the retry attempt, and tracking of the package code a rule runs (issue 7).
+
+* ``GPU_RULES`` is the one list of rules that need a GPU; the SLURM profile, the README and
+  ``tests/test_cluster.py`` refer to it. Every other rule is CPU-only.
+* ``gpu_job_resources(models)`` returns the ``resources:`` of a GPU rule, per model entry:
+  ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` (x1.5 per retry) and ``runtime``.
+  A rule writes ``resources: **GPU_RESOURCES`` (defined in ``workflow/rules/common.smk``).
+* ``apply_size_defaults(config)``: a model entry that gives ``params_b`` (parameters, billions) but not
+  ``mem_mb`` / ``runtime`` gets them derived from its size and dtype (see ``size_resources``).
+* ``package_files(*modules)`` lists the source files of ``llmgeom`` modules and of every ``llmgeom``
+  module they import (transitively, found with ``ast``; imports inside functions count). A rule lists
+  them as a named input, ``code=code("value_manifold")`` (the modules its script imports), so that
+  editing that code reruns the rule (Snakemake compares input mtimes and, for files under 1 MB,
+  checksums: touching a file without changing it reruns nothing). ``llmgeom.workflow`` (config checks,
+  logging, cluster) and ``models.tiny`` are not tracked.
+
+Source: DESIGN.md section 1 (model sweeps; params as rule ``params:``); issue 7.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import math
+import os
+from pathlib import Path
+
+GPU_RULES = ("extract", "extract_sula", "intervene")
+
+UNTRACKED_PACKAGES = frozenset({"workflow"})  # config checks, logging, cluster: never change a stored value
+UNTRACKED_MODULES = frozenset({"models.tiny"})
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}  # auto: float32 on CPU (worst case)
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/llmgeom
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def size_resources(params_b: float, dtype: str = "auto") -> dict:
+    """Host memory (MB) and runtime (minutes) of one GPU-rule job for a model of ``params_b`` billion
+    parameters: mem_mb = 4000 + 1.25 x weight bytes (weights pass through host memory while loading,
+    plus tokenizer, prompts and HDF5 buffers); runtime = 20 + 30 min per billion parameters (one prompt
+    set of a few hundred prompts; generous: a wall-clock limit, not an estimate)."""
+    weight_mb = params_b * 1e9 * DTYPE_BYTES.get(dtype, 4) / 2**20
+    return {"mem_mb": int(math.ceil((4000 + 1.25 * weight_mb) / 100.0) * 100),
+            "runtime": int(math.ceil(20 + 30 * params_b))}
+
+
+def apply_size_defaults(config: dict) -> dict:
+    """For model entries with ``params_b`` and no explicit ``mem_mb`` / ``runtime``: derive them from
+    the size (``size_resources``). Run before the schema defaults are filled in. Mutates ``config``."""
+    for spec in config.get("models", {}).values():
+        if spec.get("params_b"):
+            for key, value in size_resources(float(spec["params_b"]), spec.get("dtype", "auto")).items():
+                spec.setdefault(key, value)
+    return config
+
+
+def retry_mem_mb(mem_mb: int, attempt: int = 1, factor: float = 0.5) -> int:
+    """Memory grown by ``factor`` x the base for every retry (attempt 1 = the base)."""
+    return int(mem_mb * (1 + factor * (attempt - 1)))
+
+
+def scaled_mem(mem_mb: int, factor: float = 0.5):
+    """``resources: mem_mb=scaled_mem(4000)`` in a CPU rule: 4000, 6000, 8000 MB on attempts 1, 2, 3
+    (``retries:`` in the SLURM profile), so a job killed for memory is resubmitted with more."""
+
+    def fn(wildcards, attempt):
+        return retry_mem_mb(mem_mb, attempt, factor)
+
+    return fn
+
+
+def gpu_job_resources(models: dict) -> dict:
+    """``resources:`` of a GPU rule whose jobs have a ``{model}`` wildcard, read from the model entry:
+    gpu = ``gpus`` (more than 1 only with ``device_map: auto``), gpu_model (omitted when null; the SLURM
+    plugin turns it into ``--gpus=<model>:<n>``), mem_mb (host memory, x1.5 per retry) and runtime
+    (minutes)."""
+    return {
+        "gpu": lambda w: int(models[w.model].get("gpus", 1)),
+        "gpu_model": lambda w: models[w.model].get("gpu_model"),
+        "mem_mb": lambda w, attempt: retry_mem_mb(models[w.model]["mem_mb"], attempt),
+        "runtime": lambda w: int(models[w.model]["runtime"]),
+    }
+
+
+def check_gpu_config(config: dict) -> None:
+    """Raises ``ConfigError`` for ``gpus`` > 1 without ``device_map: auto`` (the model would use one GPU
+    and the others would sit idle in the allocation)."""
+    from llmgeom.workflow.config import ConfigError
+
+    for name, spec in sorted(config.get("models", {}).items()):
+        if int(spec.get("gpus") or 1) > 1 and spec.get("device_map") != "auto":
+            raise ConfigError(f"models.{name}.gpus = {spec['gpus']} needs models.{name}.device_map = auto "
+                              "(without it the model runs on one GPU); valid: gpus: 1, or add device_map: auto")
+
+
+# --------------------------------------------------------------------------- code tracking
+
+
+def _module_file(name: str) -> Path | None:
+    """Source file of the dotted llmgeom module ``name`` ("analyses.value_manifold"; "models" is the
+    subpackage's ``__init__.py``), or None."""
+    base = PACKAGE_DIR / Path(*name.split("."))
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return None
+
+
+def _resolve(pkg_parts: list[str], names: list[str]) -> set[str]:
+    """``from llmgeom.<pkg_parts> import names``: each name that is a submodule, else the module itself."""
+    mod = ".".join(pkg_parts)
+    out = set()
+    for n in names:
+        sub = f"{mod}.{n}" if mod else n
+        if _module_file(sub) is not None and not (mod and _module_file(mod) and _module_file(mod).name != "__init__.py"):
+            out.add(sub)
+        elif mod:
+            out.add(mod)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def module_imports(path: str) -> tuple[str, ...]:
+    """Dotted names (relative to ``llmgeom``) of the package modules that the source file ``path``
+    imports, at any nesting level (imports inside functions count)."""
+    tree = ast.parse(Path(path).read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                raise ValueError(f"{path}: relative import 'from {'.' * node.level}{mod} import ...'; the package "
+                                 "uses absolute imports (from llmgeom.<stage>.<module> import ...)")
+            if mod == "llmgeom" or mod.startswith("llmgeom."):
+                found |= _resolve(mod.split(".")[1:], [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "llmgeom" and len(parts) > 1:
+                    found.add(".".join(parts[1:]))
+    return tuple(sorted(found))
+
+
+def _untracked(name: str) -> bool:
+    return name.split(".")[0] in UNTRACKED_PACKAGES or name in UNTRACKED_MODULES or name.endswith("__init__")
+
+
+def all_modules() -> list[str]:
+    """Every module of the package, dotted ("core.store", ...), subpackage ``__init__`` files left out."""
+    return sorted(".".join(p.relative_to(PACKAGE_DIR).with_suffix("").parts) for p in PACKAGE_DIR.rglob("*.py")
+                  if p.name != "__init__.py")
+
+
+def package_modules(*modules: str) -> list[str]:
+    """``modules`` (dotted, e.g. "analyses.value_manifold") and every ``llmgeom`` module they import,
+    transitively; workflow support, tiny test models and package ``__init__`` files are left out.
+
+    Raises:
+        ValueError: a named module that is not a file of the package.
+    """
+    for m in modules:
+        if _module_file(m) is None:
+            raise ValueError(f"pkg({m!r}): there is no module llmgeom.{m}; valid: {', '.join(all_modules())}")
+    seen: set[str] = set()
+    stack = list(modules)
+    while stack:
+        m = stack.pop()
+        p = _module_file(m)
+        if m in seen or p is None:
+            continue
+        seen.add(m)
+        stack.extend(module_imports(str(p)))
+    return sorted(m for m in seen if not _untracked(m))
+
+
+def script_modules(script: str | os.PathLike) -> list[str]:
+    """The package modules a workflow script runs: what it imports, transitively (see package_modules)."""
+    return package_modules(*[m for m in module_imports(str(script)) if _module_file(m) is not None])
+
+
+def package_files(*modules: str, cwd: str | os.PathLike | None = None, script: str | os.PathLike | None = None) -> list[str]:
+    """Source files of ``package_modules(*modules)`` (plus, with ``script``, of what that script imports):
+    relative to ``cwd`` (the Snakemake working directory) when the package lies below it, absolute otherwise."""
+    base = Path(cwd or os.getcwd()).resolve()
+    mods = set(package_modules(*modules)) | (set(script_modules(script)) if script else set())
+    out = []
+    for m in sorted(mods):
+        p = _module_file(m)
+        try:
+            out.append(str(p.relative_to(base)))
+        except ValueError:
+            out.append(str(p))
+    return out

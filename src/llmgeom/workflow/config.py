@@ -1,0 +1,340 @@
+"""Config checks that run while Snakemake builds the DAG (imported by workflow/rules/*.smk).
+
+Pure Python on the config dict: this module imports nothing heavy (no torch, numpy, pandas, scipy,
+scikit-learn), so that a no-op ``snakemake -n`` stays fast (issue 7: <= 3 s on 20 models). The functions
+are defined here and re-exported by their home modules (``llmgeom.analyses``, ``llmgeom.analyses.domain_restriction``),
+where their documentation and tests live. ``tests/test_cluster.py`` checks that every module a rule file
+imports stays light.
+"""
+
+from __future__ import annotations
+
+"""Config helpers used by the Snakemake rules (kept here so they are tested).
+
+Source: DESIGN.md section 1 (model sweeps, params as rule ``params:``).
+"""
+
+
+
+# --- LSM (llmgeom.analyses) ---
+
+
+class LSMConfigError(ValueError):
+    """An LSM config value that is schema-valid but cannot work; names the key and the fix."""
+
+
+def check_lsm_config(config: dict) -> None:
+    """Cross-key checks for the LSM sections of the config.
+
+    Raises:
+        LSMConfigError: ``margins.prompt_set`` / ``fisher.prompt_set`` not a corpus prompt set;
+            ``curvature.id_estimator`` not among ``intrinsic_dimension.estimators``;
+            ``margins.fit_eps_max`` outside [eps_min, eps_max].
+    """
+    sets = config["prompts"]["sets"]
+    for sec in ("margins", "fisher"):
+        ps = config[sec]["prompt_set"]
+        if ps not in sets or sets[ps]["kind"] != "corpus":
+            raise LSMConfigError(f"{sec}.prompt_set is {ps!r}; it must name a prompt set of kind corpus in "
+                                 f"prompts.sets (defined: {', '.join(sorted(sets))})")
+    est = config["curvature"]["id_estimator"]
+    if est not in config["intrinsic_dimension"]["estimators"]:
+        raise LSMConfigError(f"curvature.id_estimator is {est!r} but intrinsic_dimension.estimators is "
+                             f"{config['intrinsic_dimension']['estimators']}; add it there or change it")
+    mg = config["margins"]
+    if not (mg["eps_min"] < mg["fit_eps_max"] <= mg["eps_max"]):
+        raise LSMConfigError(f"margins.fit_eps_max={mg['fit_eps_max']} must lie in (eps_min={mg['eps_min']}, "
+                             f"eps_max={mg['eps_max']}]")
+
+
+def check_bayes_config(config: dict) -> None:
+    """Cross-key checks of the Bayesian-geometry sections that JSON schema cannot express.
+
+    Raises:
+        llmgeom.workflow.config.ConfigError: a named prompt set is missing from ``prompts.sets`` or is
+            a corpus set; no restricted set; ``summary_set`` not among the restricted sets.
+    """
+    from llmgeom.workflow.config import ConfigError
+
+    sets = config["prompts"]["sets"]
+    r = resolve_domain_sets(config)
+    named = {"domain_restriction.mixed_set": [r["mixed"]],
+             "domain_restriction.restricted_sets": r["restricted"],
+             "attention_focusing.prompt_set": [config["attention_focusing"]["prompt_set"]]}
+    for key, names in named.items():
+        for s in names:
+            if s not in sets:
+                raise ConfigError(f"{key} names prompt set {s!r}, which is not in prompts.sets "
+                                  f"({', '.join(sorted(sets))}); add it under prompts.sets or change {key}")
+            if sets[s]["kind"] == "corpus":
+                raise ConfigError(f"{key} names {s!r}, a corpus set (no last-token or attention data); "
+                                  "use a set of kind mixed, domain or code")
+    if not r["restricted"]:
+        raise ConfigError("domain_restriction: no restricted prompt set (define a set of kind domain or code, "
+                          "or list them in domain_restriction.restricted_sets)")
+    if r["summary"] not in r["restricted"]:
+        raise ConfigError(f"domain_restriction.summary_set is {r['summary']!r}; it must be one of the restricted "
+                          f"sets {r['restricted']}")
+
+SOURCE_KEYS = ("source", "package", "gguf_file", "path", "repo_id", "revision")
+
+
+class ConfigError(ValueError):
+    """A config value that is valid JSON-schema-wise but cannot work; names key, value and fix."""
+
+
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+               "array": "a list", "object": "a mapping (key: value)", "null": "null"}
+
+
+def _show(value, limit: int = 70) -> str:
+    import json
+
+    try:
+        s = json.dumps(value, default=str, sort_keys=True)
+    except (TypeError, ValueError):
+        s = repr(value)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+def describe_schema(s: dict) -> str:
+    """Plain-English description of what a JSON-schema node accepts ("an integer >= 1", "one of a, b")."""
+    if "const" in s:
+        return _show(s["const"])
+    if "enum" in s:
+        return "one of " + ", ".join(_show(v) for v in s["enum"])
+    for comb in ("oneOf", "anyOf"):
+        if comb in s:
+            return ", or ".join(describe_schema(x) for x in s[comb])
+    types = s.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    words = " or ".join(_TYPE_WORDS.get(t, t) for t in types) or "a value"
+    bounds = []
+    for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<")):
+        if key in s:
+            bounds.append(f"{op} {s[key]}")
+    if bounds:
+        words += " " + " and ".join(bounds)
+    if "array" in types and isinstance(s.get("items"), dict):
+        words += " of " + describe_schema(s["items"]).replace("an integer", "integers").replace(
+            "a string", "strings").replace("a number", "numbers")
+    if "minItems" in s:
+        words += f" (at least {s['minItems']} item{'s' if s['minItems'] != 1 else ''})"
+    if "minProperties" in s:
+        words += f" with at least {s['minProperties']} entr{'ies' if s['minProperties'] != 1 else 'y'}"
+    return words
+
+
+def _key_path(path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def _schema_error_message(err) -> str:
+    import difflib
+
+    path, v, s, inst = _key_path(err.absolute_path), err.validator, err.schema, err.instance
+    hint = f" ({s['description']})" if isinstance(s, dict) and s.get("description") else ""
+    if "propertyNames" in err.schema_path:
+        return (f"{path}: the name {inst!r} is not allowed; valid names match {s.get('pattern')} "
+                "(letters, digits and, after the first character, . _ -)")
+    if v == "additionalProperties" and isinstance(inst, dict):
+        known = sorted(s.get("properties", {}))
+        unknown = sorted(k for k in inst if k not in s.get("properties", {}))
+        msgs = []
+        for k in unknown:
+            close = difflib.get_close_matches(str(k), known, n=1)
+            msgs.append(f"{_key_path([*err.absolute_path, k])}: unknown key {k!r}"
+                        + (f" (did you mean {close[0]!r}?)" if close else "")
+                        + f"; valid keys{' of ' + path if err.absolute_path else ''}: {', '.join(known)}")
+        return "\n  - ".join(msgs)
+    if v == "required":
+        missing = [k for k in err.validator_value if not (isinstance(inst, dict) and k in inst)]
+        props = s.get("properties", {}) if isinstance(s, dict) else {}
+        why = ""
+        if "then" in err.schema_path and isinstance(inst, dict) and "source" in inst:
+            why = f" (needed for source {inst['source']})"
+        descs = "; ".join(f"{k}: {props[k]['description']}" for k in missing
+                          if isinstance(props.get(k), dict) and props[k].get("description"))
+        where = "the config" if not err.absolute_path else path
+        return (f"{where} is missing the required key{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(repr(k) for k in missing)}{why}" + (f" ({descs})" if descs else ""))
+    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return f"{path} = {_show(inst)} is out of range; valid: {describe_schema(s)}{hint}"
+    if v == "type":
+        return f"{path} = {_show(inst)} has the wrong type; valid: {describe_schema(s)}{hint}"
+    if v in ("enum", "const", "oneOf", "anyOf"):
+        return f"{path} = {_show(inst)} is not allowed; valid: {describe_schema(s)}{hint}"
+    if v == "minProperties":
+        what = "at least one model, e.g. {my-model: {source: hf_hub, repo_id: EleutherAI/pythia-160m}}" \
+            if path == "models" else f"at least {err.validator_value} entr{'ies' if err.validator_value > 1 else 'y'}"
+        return f"{path} = {_show(inst)} is empty; valid: a mapping with {what}"
+    if v == "minItems":
+        return f"{path} = {_show(inst)} is empty; valid: {describe_schema(s)}{hint}"
+    return f"{path} = {_show(inst)}: {err.message}; valid: {describe_schema(s)}{hint}"
+
+
+def validate_config(config: dict, schema: dict) -> None:
+    """Check ``config`` against the JSON schema and report EVERY problem in plain words.
+
+    Runs before Snakemake's own ``validate`` (whose jsonschema messages print the whole schema).
+    Each line names the key (dotted path), the value given and what would be valid; unknown keys
+    get a "did you mean" suggestion.
+
+    Raises:
+        ConfigError: listing all problems, one per line.
+    """
+    from jsonschema.validators import validator_for
+
+    cls = validator_for(schema)
+    errors = sorted(cls(schema).iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    msgs: list[str] = []
+    for e in errors:
+        m = _schema_error_message(e)
+        if m not in msgs:
+            msgs.append(m)
+    if msgs:
+        raise ConfigError(f"invalid config ({len(msgs)} problem{'s' if len(msgs) > 1 else ''}; all keys, "
+                          "defaults and valid values: workflow/schemas/config.schema.yaml):\n  - "
+                          + "\n  - ".join(msgs))
+
+
+
+def validate_config_file(config: dict, schema_path) -> None:
+    """:func:`validate_config` with the schema read from a YAML file (called by the Snakefile)."""
+    import yaml
+
+    with open(schema_path) as fh:
+        validate_config(config, yaml.safe_load(fh))
+
+def apply_model_defaults(config: dict, schema: dict) -> dict:
+    """Fill per-model defaults from the schema (``validate`` does not descend into
+    ``additionalProperties``). Mutates and returns ``config``."""
+    props = schema["properties"]["models"]["additionalProperties"]["properties"]
+    for spec in config.get("models", {}).values():
+        for key, p in props.items():
+            if "default" in p and key not in spec:
+                spec[key] = p["default"]
+    return config
+
+
+def check_config(config: dict) -> None:
+    """Cross-key checks that JSON schema cannot express.
+
+    Raises:
+        ConfigError: an analysis names a prompt set that is not defined, the
+            intrinsic-dimension set is not a corpus set, or the value-manifold
+            sets include a corpus set.
+    """
+    sets = config["prompts"]["sets"]
+    for s in config["value_manifold"]["prompt_sets"]:
+        if s not in sets:
+            raise ConfigError(f"value_manifold.prompt_sets contains {s!r}, which is not in prompts.sets "
+                              f"({', '.join(sorted(sets))}); add it under prompts.sets or remove it")
+    ids = config["intrinsic_dimension"]["prompt_set"]
+    if ids not in sets or sets[ids]["kind"] != "corpus":
+        raise ConfigError(f"intrinsic_dimension.prompt_set is {ids!r}; it must name a prompt set of kind "
+                          "corpus in prompts.sets")
+    # sizes that can never work: every subsample / point set would be rejected by the estimator
+    idc = config["intrinsic_dimension"]
+    if idc["subsample_size"] < idc["min_points"]:
+        raise ConfigError(f"intrinsic_dimension.subsample_size = {idc['subsample_size']} is smaller than "
+                          f"intrinsic_dimension.min_points = {idc['min_points']}; valid: subsample_size >= "
+                          f"{idc['min_points']} (or lower min_points)")
+    cv = config.get("curvature")
+    if cv and cv.get("n_points") is not None and cv.get("min_points") is not None:
+        if cv["n_points"] < cv["min_points"]:
+            raise ConfigError(f"curvature.n_points = {cv['n_points']} is smaller than curvature.min_points = "
+                              f"{cv['min_points']}; valid: n_points >= {cv['min_points']}")
+        if cv.get("k") is not None and cv["k"] >= cv["n_points"]:
+            raise ConfigError(f"curvature.k = {cv['k']} nearest neighbours needs more points than "
+                              f"curvature.n_points = {cv['n_points']}; valid: k < {cv['n_points']}")
+
+
+def token_budgets(config: dict) -> dict:
+    """Prompt set -> its token budget (the set's own ``token_budget`` or ``prompts.token_budget``)."""
+    default = config["prompts"].get("token_budget", 48)
+    return {s: spec.get("token_budget", default) for s, spec in config["prompts"]["sets"].items()}
+
+
+def check_models(config: dict, root=".") -> dict:
+    """Before any job starts: cheap source checks and token budgets against each model's context.
+
+    The context length is read without weights (``llmgeom.models.sources.model_context``): from the prepared
+    manifest ``<root>/resources/models/<model>/manifest.json`` when present, else from the source's
+    ``config.json`` or GGUF header. An ``hf_hub`` model not yet in the local cache is skipped here
+    (rule ``prepare_model`` reports it with the download command).
+
+    Returns:
+        model -> context length (None where unknown).
+
+    Raises:
+        ConfigError: a prompt set's token budget exceeds a model's context (names the key, the value,
+            the model and the largest valid value).
+        llmgeom.models.sources.ModelSourceError: a missing GGUF package / file, an ``hf_local`` path that is not
+            a Hugging Face directory with weights (message names the fix).
+    """
+    from pathlib import Path
+
+    from llmgeom.models.sources import model_context
+
+    budgets = token_budgets(config)
+    contexts, problems = {}, []
+    for name, spec in sorted(config["models"].items()):
+        ctx, where = model_context(name, spec, prepared_dir=Path(root) / "resources" / "models" / name)
+        contexts[name] = ctx
+        if not ctx:
+            continue
+        for s, b in sorted(budgets.items()):
+            if b > ctx:
+                key = (f"prompts.sets.{s}.token_budget" if "token_budget" in config["prompts"]["sets"][s]
+                       else "prompts.token_budget")
+                problems.append(f"{key} = {b} (prompt set {s!r}) is larger than the context of model {name!r} "
+                                f"({ctx} tokens, read from {where}); valid: at most {ctx} for this model")
+    if problems:
+        raise ConfigError("token budget larger than a model's context:\n  - " + "\n  - ".join(problems))
+    return contexts
+
+
+def model_source_params(spec: dict) -> dict:
+    """Only the keys that determine the prepared model (so batch size changes don't re-prepare)."""
+    return {k: spec[k] for k in SOURCE_KEYS if spec.get(k) is not None}
+
+
+def extract_mem_mb(spec: dict, attempt: int = 1) -> int:
+    """Memory for the GPU rules: the model's declared mem_mb, scaled by the retry attempt."""
+    return int(spec["mem_mb"] * (1 + 0.5 * (attempt - 1)))
+
+
+def prompt_set_label(spec: dict) -> str:
+    """Human label of a prompt-set config entry: its topics (domain), "mixed (all topics)", "code"."""
+    kind = spec.get("kind")
+    if kind == "domain" or spec.get("topics"):
+        return ", ".join(spec.get("topics") or [])
+    if kind == "mixed":
+        return "mixed (all topics)"
+    return str(kind)
+
+
+def resolve_domain_sets(config: dict) -> dict:
+    """The domain-restriction sets of a validated config.
+
+    Returns dict with ``mixed`` (set name), ``restricted`` (list of set names: ``restricted_sets``, or
+    every set of kind domain or code when it is null, in config order), ``summary`` (the restricted set
+    of Table 1/2: ``summary_set`` or the first restricted set of kind domain, else the first one) and
+    ``labels`` (set -> :func:`prompt_set_label`).
+    """
+    dr = config["domain_restriction"]
+    sets = config["prompts"]["sets"]
+    restricted = dr.get("restricted_sets")
+    if restricted is None:
+        restricted = [s for s, v in sets.items() if v["kind"] in ("domain", "code")]
+    restricted = [s for s in restricted if s != dr["mixed_set"]]
+    summary = dr.get("summary_set")
+    if summary is None:
+        doms = [s for s in restricted if sets.get(s, {}).get("kind") == "domain"]
+        summary = (doms or restricted or [None])[0]
+    labels = {s: prompt_set_label(sets[s]) for s in [dr["mixed_set"], *restricted] if s in sets}
+    return {"mixed": dr["mixed_set"], "restricted": list(restricted), "summary": summary, "labels": labels}

@@ -1,0 +1,135 @@
+"""The package layout shows the pipeline (issue 10): stages import only those below them, the
+analyses / measures / core / plots never load torch, no module imports another's private names, and no
+function is defined twice. DESIGN.md section 1."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from llmgeom.workflow import cluster
+
+PKG = cluster.PACKAGE_DIR
+
+# A subpackage may import itself and the subpackages of a lower rank, never one of its own rank or above.
+RANK = {"core": 0, "measures": 1, "models": 1, "extract": 2, "weights": 2, "interventions": 3,
+        "wind_tunnel": 3, "analyses": 3, "plots": 4, "workflow": 5}
+ALLOWED_EXTRA = {("measures", "models"): False}  # measures import nothing of the package but core
+TORCH_FREE = ("core", "measures", "analyses", "plots")
+
+
+def _graph() -> dict[str, set[str]]:
+    g = {}
+    for m in cluster.all_modules():
+        g[m] = {d for d in cluster.module_imports(str(cluster._module_file(m))) if d != m}
+    return g
+
+
+def test_every_subpackage_is_ranked_and_documented():
+    subs = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").is_file())
+    assert set(subs) <= set(RANK), f"new subpackage without a rank in this test: {set(subs) - set(RANK)}"
+    for s in subs:
+        doc = ast.get_docstring(ast.parse((PKG / s / "__init__.py").read_text()))
+        assert doc and "May import" in doc, f"llmgeom.{s}/__init__.py must say what it may import"
+    assert not [p.name for p in PKG.glob("*.py") if p.name != "__init__.py"], "modules belong in a stage subpackage"
+
+
+def test_imports_go_down_the_stages_only():
+    bad = []
+    for m, deps in _graph().items():
+        top = m.split(".")[0]
+        for d in deps:
+            dt = d.split(".")[0]
+            if dt == top:
+                continue
+            if top == "measures" and dt != "core":
+                bad.append(f"{m} -> {d} (measures import only core)")
+            elif RANK[dt] >= RANK[top]:
+                bad.append(f"{m} -> {d} (rank {RANK[top]} imports rank {RANK[dt]})")
+    assert not bad, "\n".join(bad)
+
+
+def test_import_graph_has_no_cycle():
+    g = _graph()
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        path.append(m)
+        for d in g.get(m, ()):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
+            if d in g and state.get(d) is None:
+                visit(d)
+        path.pop()
+        state[m] = 2
+
+    for m in g:
+        if m not in state:
+            visit(m)
+
+
+@pytest.mark.parametrize("stage", TORCH_FREE)
+def test_torch_free_stages_never_import_torch(stage):
+    mods = [m for m in cluster.all_modules() if m.split(".")[0] == stage]
+    assert mods
+    code = "import sys\n" + "".join(f"import llmgeom.{m}\n" for m in mods) + \
+        "print(sorted(x for x in ('torch', 'transformers') if x in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", f"llmgeom.{stage} imported {r.stdout.strip()}"
+
+
+def test_no_private_names_imported_across_modules():
+    bad = []
+    for p in sorted(PKG.rglob("*.py")) + sorted((PKG.parents[1] / "workflow" / "scripts").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llmgeom"):
+                bad += [f"{p.name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")]
+    assert not bad, "\n".join(bad)
+
+
+def _body_key(fn: ast.FunctionDef) -> str:
+    body = fn.body[1:] if ast.get_docstring(fn) else fn.body
+    return hashlib.sha256(ast.dump(ast.Module(body=body, type_ignores=[])).encode()).hexdigest()
+
+
+def test_no_function_defined_twice():
+    seen = defaultdict(list)
+    for p in sorted(PKG.rglob("*.py")):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and len(node.body) > 2:
+                seen[_body_key(node)].append(f"{p.relative_to(PKG)}:{node.name}")
+    dups = [v for v in seen.values() if len(v) > 1]
+    assert not dups, f"same function body defined more than once: {dups}"
+    names = defaultdict(list)
+    for p in sorted(PKG.rglob("*.py")):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in {"pearson", "spearman", "_pearson", "_spearman",
+                                                                     "atomic_path", "select_layers", "_layers"}:
+                names[node.name].append(str(p.relative_to(PKG)))
+    assert names == {"pearson": ["core/stats.py"], "spearman": ["core/stats.py"],
+                     "atomic_path": ["core/io.py"], "select_layers": ["core/layers.py"]}, dict(names)
+
+
+def test_public_functions_are_documented():
+    import importlib
+    import inspect
+
+    bad = []
+    for m in cluster.all_modules():
+        mod = importlib.import_module(f"llmgeom.{m}")
+        if not (mod.__doc__ and len(mod.__doc__.strip()) > 20):
+            bad.append(f"module llmgeom.{m}")
+        for n, o in vars(mod).items():
+            if n.startswith("_") or not callable(o) or getattr(o, "__module__", None) != mod.__name__:
+                continue
+            if not (inspect.getdoc(o) and len(inspect.getdoc(o)) > 20):
+                bad.append(f"llmgeom.{m}.{n}")
+    assert not bad, bad
