@@ -27,16 +27,19 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/prompts.smk"
 include: "workflow/rules/extract.smk"
-include: "workflow/rules/geometry.smk"
-include: "workflow/rules/manifold.smk"
-include: "workflow/rules/lsm.smk"
-include: "workflow/rules/bayes.smk"
+include: "workflow/rules/value_manifold.smk"
+include: "workflow/rules/domain_restriction.smk"
+include: "workflow/rules/key_orthogonality.smk"
+include: "workflow/rules/attention_focusing.smk"
+include: "workflow/rules/intrinsic_dimension.smk"
+include: "workflow/rules/curvature.smk"
+include: "workflow/rules/margins.smk"
+include: "workflow/rules/fisher.smk"
 include: "workflow/rules/sula.smk"
 include: "workflow/rules/interventions.smk"
-include: "workflow/rules/figures.smk"
+include: "workflow/rules/summary.smk"  # after every file that registers tables with summarize(...)
 include: "workflow/rules/provenance.smk"
 include: "workflow/rules/sweeps.smk"
-
 
 rule all:
     input:

@@ -202,8 +202,10 @@ def test_gpu_job_resources_per_model():
     assert res["gpu"](W("a")) == 2 and res["gpu_model"](W("a")) == "a100"
     assert res["gpu_model"](W("b")) is None  # omitted by Snakemake: plain --gpus=1
     assert [res["mem_mb"](W("b"), a) for a in (1, 2, 3)] == [4000, 6000, 8000]
-    assert res["runtime"](W("a")) == 90
+    assert [res["runtime"](W("a"), a) for a in (1, 2)] == [90, 135]
     assert [cluster.scaled_mem(2000)(W("a"), a) for a in (1, 2)] == [2000, 3000]
+    assert [cluster.scaled_mem(lambda w: models_cfg[w.model]["mem_mb"])(W("a"), a) for a in (1, 3)] == [10000, 20000]
+    assert [cluster.scaled_runtime(30)(W("a"), a) for a in (1, 2)] == [30, 45]
 
 
 def test_size_defaults_scale_with_parameters_and_dtype():

@@ -9,7 +9,6 @@ from llmgeom.workflow.config import (
     apply_model_defaults,
     check_config,
     check_models,
-    extract_mem_mb,
     model_source_params,
 )
 from llmgeom.workflow.cluster import (
@@ -18,6 +17,7 @@ from llmgeom.workflow.cluster import (
     gpu_job_resources,
     package_files,
     scaled_mem,
+    scaled_runtime,
 )
 
 with open(workflow.source_path("../schemas/config.schema.yaml")) as _fh:
@@ -43,9 +43,15 @@ def mcfg(wildcards, key):
     return config["models"][wildcards.model][key]
 
 
-# Resources of the GPU rules (GPU_RULES in llmgeom.workflow.cluster), per model entry: `resources: **GPU_RESOURCES`.
-# CPU rules declare mem_mb=scaled_mem(MB) (grows x1.5 per retry), runtime and, if small, group "analysis".
+# Resources of the GPU rules (GPU_RULES in llmgeom.workflow.cluster), per model entry: `resources: **GPU_RESOURCES`
+# (mem_mb and runtime grow x1.5 per retry). Every other rule declares mem_mb=scaled_mem(MB) (x1.5 per retry;
+# tests/test_cluster.py checks every rule), a runtime and, if small, group "analysis" or "summary".
 GPU_RESOURCES = gpu_job_resources(config["models"])
+
+
+def model_mem(wildcards):
+    """The model entry's mem_mb (host memory), for CPU rules that load a whole model: scaled_mem(model_mem)."""
+    return config["models"][wildcards.model]["mem_mb"]
 
 
 def code(script):
@@ -61,3 +67,25 @@ TARGETS = []
 
 def all_targets():
     return TARGETS
+
+
+# Per-model tables that rule `aggregate` (summary.smk) concatenates over models into
+# results/summary/{table}.csv: table -> folder under results/{model}/ and its report family.
+SUMMARY_TABLES = {}
+
+
+def summarize(*tables, family, folder="tables"):
+    """Registers per-model tables results/{model}/<folder>/<table>.csv for rule `aggregate` and requests
+    their cross-model tables results/summary/<table>.csv. Call it before summary.smk is included."""
+    for t in tables:
+        SUMMARY_TABLES[t] = {"folder": folder, "family": family}
+        TARGETS.append(f"results/summary/{t}.csv")
+
+
+# Where rule `aggregate` puts each family's cross-model tables in the report (others: category "Tables").
+SUMMARY_REPORT = {"bayes": {"category": "Bayesian geometry", "subcategory": "Tables"}}
+
+
+def summary_report(key):
+    """report(category=summary_report("category"), ...) of rule `aggregate`, by the table's family."""
+    return lambda w: SUMMARY_REPORT.get(SUMMARY_TABLES[w.table]["family"], {"category": "Tables"}).get(key)

@@ -1,8 +1,10 @@
 # Causal interventions on the entropy axis of the value vectors during SULA (Paper III sec. 4.5-4.6).
+# Code: llmgeom.interventions (axes, edits, runner; GPU rule), llmgeom.analyses.interventions (table),
+# llmgeom.plots.sula (figure).
 IV = config["interventions"]
 
+summarize("sula_interventions", family="sula", folder="interventions")
 TARGETS += expand("results/{model}/interventions/sula_interventions.csv", model=MODELS)
-TARGETS += ["results/summary/sula_interventions.csv"]
 TARGETS += expand("results/figures/sula_interventions.{ext}", ext=["png", "pdf"])
 
 
@@ -40,13 +42,13 @@ rule intervene:
         "../scripts/intervene.py"
 
 
-rule intervention_table:
+rule sula_interventions:
     """Per condition: SULA MAE / r and axis-entropy correlation after the edit, changes vs the unedited
     model with paired bootstrap CIs over prompts."""
     input:
         per_prompt="results/{model}/interventions/sula_interventions_per_prompt.csv",
         axes="results/{model}/interventions/entropy_axes.csv",
-        code=code("intervention_table"),
+        code=code("sula_interventions"),
     output:
         "results/{model}/interventions/sula_interventions.csv",
     params:
@@ -59,11 +61,11 @@ rule intervention_table:
     group:
         "analysis"
     log:
-        "logs/intervention_table/{model}.log",
+        "logs/sula_interventions/{model}.log",
     conda:
         "../../envs/analysis.yaml"
     script:
-        "../scripts/intervention_table.py"
+        "../scripts/sula_interventions.py"
 
 
 rule figure_interventions:
@@ -84,7 +86,7 @@ rule figure_interventions:
     group:
         "summary"
     log:
-        "logs/figure_interventions/figure_interventions.log",
+        "logs/figure_interventions.log",
     conda:
         "../../envs/analysis.yaml"
     script:

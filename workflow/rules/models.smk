@@ -7,7 +7,7 @@ rule prepare_model:
     params:
         spec=lambda w: model_source_params(config["models"][w.model]),
     resources:
-        mem_mb=lambda w, attempt: extract_mem_mb(config["models"][w.model], attempt),
+        mem_mb=scaled_mem(model_mem),
         runtime=30,
     log:
         "logs/prepare_model/{model}.log",

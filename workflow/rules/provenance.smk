@@ -20,7 +20,7 @@ rule provenance:
         models=MODELS,
         prompt_sets=PROMPT_SETS,
     resources:
-        mem_mb=1000,
+        mem_mb=scaled_mem(1000),
         runtime=5,
     group:
         "summary"

@@ -1,5 +1,6 @@
 # SULA in-context inference with exact Bayesian posteriors and its controls (Paper III sec. 4.3 / 5.2).
-# Prompts depend on the tokenizer (single-token labels), so they are built per model.
+# Prompts depend on the tokenizer (single-token labels), so they are built per model. Code:
+# llmgeom.extract.sula_prompts (prompts), llmgeom.analyses.sula (tables), llmgeom.plots.sula (figures).
 SULA = config["sula"]
 SULA_CONDITIONS = list(SULA["conditions"])
 SULA_TABLES = ["sula", "sula_calibration", "sula_geometry", "sula_prompts"]
@@ -11,8 +12,8 @@ for _s in PROMPT_SETS:
             "(results/{model}/activations/sula_{condition}.h5); rename the prompt set"
         )
 
+summarize(*SULA_TABLES, family="sula")
 TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS, table=SULA_TABLES)
-TARGETS += expand("results/summary/{table}.csv", table=SULA_TABLES)
 TARGETS += expand("results/figures/{fig}.{ext}", fig=["sula_calibration", "sula_pc1"], ext=["png", "pdf"])
 
 
@@ -74,11 +75,11 @@ rule extract_sula:
         "../scripts/extract.py"
 
 
-rule sula_tables:
-    """SULA MAE / r per condition and k, calibration bins, PC1 geometry per layer, per-prompt values."""
+rule sula:
+    """SULA MAE / r per condition and k (sula.csv), calibration bins, PC1 geometry per layer, per-prompt values."""
     input:
         h5=expand("results/{{model}}/activations/sula_{condition}.h5", condition=SULA_CONDITIONS),
-        code=code("sula_tables"),
+        code=code("sula"),
     output:
         sula="results/{model}/tables/sula.csv",
         calibration="results/{model}/tables/sula_calibration.csv",
@@ -94,43 +95,11 @@ rule sula_tables:
     group:
         "analysis"
     log:
-        "logs/sula_tables/{model}.log",
+        "logs/sula/{model}.log",
     conda:
         "../../envs/analysis.yaml"
     script:
-        "../scripts/sula_tables.py"
-
-
-rule aggregate_sula:
-    """Cross-model SULA / intervention tables: concatenation of the per-model tables."""
-    input:
-        tables=lambda w: expand(
-            "results/{model}/{folder}/{table}.csv",
-            model=MODELS,
-            table=w.sula_table,
-            folder="interventions" if w.sula_table == "sula_interventions" else "tables",
-        ),
-        code=code("aggregate_sula"),
-    output:
-        report(
-            "results/summary/{sula_table}.csv",
-            caption="../report/summary_table.rst",
-            category="Tables",
-            labels={"table": "{sula_table}"},
-        ),
-    wildcard_constraints:
-        sula_table="sula|sula_calibration|sula_geometry|sula_prompts|sula_interventions",
-    resources:
-        mem_mb=scaled_mem(1000),
-        runtime=5,
-    group:
-        "summary"
-    log:
-        "logs/aggregate_sula/{sula_table}.log",
-    conda:
-        "../../envs/analysis.yaml"
-    script:
-        "../scripts/aggregate_sula.py"
+        "../scripts/sula.py"
 
 
 rule figure_sula:
@@ -159,7 +128,7 @@ rule figure_sula:
     group:
         "summary"
     log:
-        "logs/figure_sula/figure_sula.log",
+        "logs/figure_sula.log",
     conda:
         "../../envs/analysis.yaml"
     script:

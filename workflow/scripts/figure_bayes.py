@@ -1,4 +1,4 @@
-"""Figure rules of the Bayesian-geometry analyses: dispatch on params.kind."""
+"""Rule figure_bayes: the Bayesian-geometry figures (Paper III) from the cross-model tables."""
 from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
@@ -6,11 +6,11 @@ with run_logged(snakemake.log[0]):
 
     from llmgeom.plots import bayes as bayes_plots
 
-    draw = {
-        "pc_scatter": bayes_plots.pc_scatter_figure,
-        "explained_variance_layers": bayes_plots.explained_variance_layers_figure,
-        "key_orthogonality": bayes_plots.key_orthogonality_figure,
-        "attention_focusing": bayes_plots.attention_focusing_figure,
-        "bayes_summary": bayes_plots.bayes_summary_figure,
-    }[snakemake.params.kind]
-    draw(pd.read_csv(snakemake.input[0]), [snakemake.output.png, snakemake.output.pdf])
+    inp, out = snakemake.input, snakemake.output
+    for fig, draw in (("pc_scatter", bayes_plots.pc_scatter_figure),
+                      ("explained_variance_layers", bayes_plots.explained_variance_layers_figure),
+                      ("key_orthogonality", bayes_plots.key_orthogonality_figure),
+                      ("attention_focusing", bayes_plots.attention_focusing_figure),
+                      ("bayes_summary", bayes_plots.bayes_summary_figure)):
+        pdf = next(p for p in out.pdf if p.endswith(f"/{fig}.pdf"))
+        draw(pd.read_csv(inp[fig]), [out[fig], pdf])

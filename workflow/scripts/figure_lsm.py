@@ -1,4 +1,4 @@
-"""LSM figures from the cross-model tables (one job draws all of them)."""
+"""Rule figure_lsm: LSM figures from the cross-model tables (one job draws all of them)."""
 import pandas as pd
 
 from llmgeom.plots import lsm as lsm_plots
@@ -12,6 +12,7 @@ def paths(name):
 
 
 with run_logged(snakemake.log[0]):
+    lsm_plots.intrinsic_dimension_figure(pd.read_csv(inp.intrinsic_dimension), paths("intrinsic_dimension"))
     lsm_plots.curvature_figure(pd.read_csv(inp.curvature), paths("curvature"))
     lsm_plots.margin_histogram_figure(pd.read_csv(inp.hist), paths("margin_histogram"),
                                       margins=pd.read_csv(inp.margins))

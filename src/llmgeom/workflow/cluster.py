@@ -4,7 +4,7 @@ with the retry attempt, and tracking of the package code a rule runs (issue 7).
 * ``GPU_RULES`` is the one list of rules that need a GPU; the SLURM profile, the README and
   ``tests/test_cluster.py`` refer to it. Every other rule is CPU-only.
 * ``gpu_job_resources(models)`` returns the ``resources:`` of a GPU rule, per model entry:
-  ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` (x1.5 per retry) and ``runtime``.
+  ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry).
   A rule writes ``resources: **GPU_RESOURCES`` (defined in ``workflow/rules/common.smk``).
 * ``apply_size_defaults(config)``: a model entry that gives ``params_b`` (parameters, billions) but not
   ``mem_mb`` / ``runtime`` gets them derived from its size and dtype (see ``size_resources``).
@@ -60,30 +60,42 @@ def apply_size_defaults(config: dict) -> dict:
 
 
 def retry_mem_mb(mem_mb: int, attempt: int = 1, factor: float = 0.5) -> int:
-    """Memory grown by ``factor`` x the base for every retry (attempt 1 = the base)."""
+    """Memory (MB; or any resource) grown by ``factor`` x the base for every retry (attempt 1 = the base):
+    4000 -> 4000, 6000, 8000 on attempts 1, 2, 3 at the default factor 0.5."""
     return int(mem_mb * (1 + factor * (attempt - 1)))
 
 
-def scaled_mem(mem_mb: int, factor: float = 0.5):
-    """``resources: mem_mb=scaled_mem(4000)`` in a CPU rule: 4000, 6000, 8000 MB on attempts 1, 2, 3
-    (``retries:`` in the SLURM profile), so a job killed for memory is resubmitted with more."""
-
+def _scaled(base, factor: float):
     def fn(wildcards, attempt):
-        return retry_mem_mb(mem_mb, attempt, factor)
+        return retry_mem_mb(base(wildcards) if callable(base) else base, attempt, factor)
 
     return fn
+
+
+def scaled_mem(mem_mb, factor: float = 0.5):
+    """``resources: mem_mb=scaled_mem(4000)`` in a rule: 4000, 6000, 8000 MB on attempts 1, 2, 3
+    (``retries:`` in the SLURM profile), so a job killed for memory is resubmitted with more.
+    ``mem_mb`` is a number of MB or a function of the wildcards (e.g. the model entry's ``mem_mb``).
+    Every rule's mem_mb grows this way; ``tests/test_cluster.py`` checks it for every rule."""
+    return _scaled(mem_mb, factor)
+
+
+def scaled_runtime(minutes, factor: float = 0.5):
+    """``resources: runtime=scaled_runtime(30)``: the wall-clock limit (minutes), grown like
+    :func:`scaled_mem` on each retry (a job killed at its time limit is resubmitted with more)."""
+    return _scaled(minutes, factor)
 
 
 def gpu_job_resources(models: dict) -> dict:
     """``resources:`` of a GPU rule whose jobs have a ``{model}`` wildcard, read from the model entry:
     gpu = ``gpus`` (more than 1 only with ``device_map: auto``), gpu_model (omitted when null; the SLURM
-    plugin turns it into ``--gpus=<model>:<n>``), mem_mb (host memory, x1.5 per retry) and runtime
-    (minutes)."""
+    plugin turns it into ``--gpus=<model>:<n>``), mem_mb (host memory) and runtime (minutes), both x1.5
+    per retry."""
     return {
         "gpu": lambda w: int(models[w.model].get("gpus", 1)),
         "gpu_model": lambda w: models[w.model].get("gpu_model"),
-        "mem_mb": lambda w, attempt: retry_mem_mb(models[w.model]["mem_mb"], attempt),
-        "runtime": lambda w: int(models[w.model]["runtime"]),
+        "mem_mb": scaled_mem(lambda w: models[w.model]["mem_mb"]),
+        "runtime": scaled_runtime(lambda w: int(models[w.model]["runtime"])),
     }
 
 

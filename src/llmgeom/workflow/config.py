@@ -303,11 +303,6 @@ def model_source_params(spec: dict) -> dict:
     return {k: spec[k] for k in SOURCE_KEYS if spec.get(k) is not None}
 
 
-def extract_mem_mb(spec: dict, attempt: int = 1) -> int:
-    """Memory for the GPU rules: the model's declared mem_mb, scaled by the retry attempt."""
-    return int(spec["mem_mb"] * (1 + 0.5 * (attempt - 1)))
-
-
 def prompt_set_label(spec: dict) -> str:
     """Human label of a prompt-set config entry: its topics (domain), "mixed (all topics)", "code"."""
     kind = spec.get("kind")

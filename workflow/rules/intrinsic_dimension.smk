@@ -1,7 +1,10 @@
-# Latent semantic manifolds (LSM), geometry of the residual stream: intrinsic dimension per layer,
-# the shape of its profile over depth, and the local-PCA curvature proxy. Definitions: DESIGN.md sec. 3.
-TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS,
-                  table=["intrinsic_dimension", "id_profile", "curvature"])
+# Intrinsic dimension of the residual stream per layer (LSM) and the shape of its profile over depth.
+# Code: llmgeom.analyses.intrinsic_dimension (tables), llmgeom.measures.intrinsic_dimension (TwoNN, MLE).
+from llmgeom.workflow.config import check_lsm_config  # light: no torch/scikit-learn at DAG time
+
+check_lsm_config(config)
+summarize("intrinsic_dimension", "id_profile", family="lsm")
+TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS, table=["intrinsic_dimension", "id_profile"])
 
 
 rule intrinsic_dimension:
@@ -25,7 +28,7 @@ rule intrinsic_dimension:
         profile_layers=config["intrinsic_dimension"]["profile_layers"],
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=scaled_mem(4000),
         runtime=30,
     group:
         "analysis"
@@ -35,31 +38,3 @@ rule intrinsic_dimension:
         "../../envs/analysis.yaml"
     script:
         "../scripts/intrinsic_dimension.py"
-
-
-rule curvature:
-    """LSM sec. 13.3: fraction of local variance outside the top-m local PCA directions per layer."""
-    input:
-        h5=f"results/{{model}}/activations/{ID_SET}.h5",
-        ids="results/{model}/tables/intrinsic_dimension.csv",
-        code=code("curvature"),
-    output:
-        "results/{model}/tables/curvature.csv",
-    params:
-        k=config["curvature"]["k"],
-        id_estimator=config["curvature"]["id_estimator"],
-        n_points=config["curvature"]["n_points"],
-        min_points=config["curvature"]["min_points"],
-        seed=config["curvature"]["seed"],
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
-    group:
-        "analysis"
-    log:
-        "logs/curvature/{model}.log",
-    conda:
-        "../../envs/analysis.yaml"
-    script:
-        "../scripts/curvature.py"

@@ -1,0 +1,43 @@
+# Domain restriction (Paper III sec. 4): entropy-stratified mixed vs single-topic selections and the
+# value-manifold statistics of each. Code: llmgeom.analyses.domain_restriction. Definitions: DESIGN.md sec. 3.
+from llmgeom.workflow.config import check_bayes_config, resolve_domain_sets  # light: no numpy/pandas at DAG time
+
+check_bayes_config(config)
+DR = resolve_domain_sets(config)
+DR_SETS = [DR["mixed"], *DR["restricted"]]
+
+summarize("domain_restriction", "domain_selection", "pc_scores", family="bayes")
+
+
+rule domain_restriction:
+    """Paper III sec. 4: entropy-stratified selections (mixed vs single-topic), value-manifold stats per layer."""
+    input:
+        h5=expand("results/{{model}}/activations/{promptset}.h5", promptset=DR_SETS),
+        code=code("domain_restriction"),
+    output:
+        stats="results/{model}/tables/domain_restriction.csv",
+        selection="results/{model}/tables/domain_selection.csv",
+        scores="results/{model}/tables/pc_scores.csv",
+    params:
+        prompt_sets=DR_SETS,
+        mixed_set=DR["mixed"],
+        labels=DR["labels"],
+        n_quantiles=config["domain_restriction"]["n_quantiles"],
+        per_quantile=config["domain_restriction"]["per_quantile"],
+        edges=config["domain_restriction"]["edges"],
+        n_boot=config["domain_restriction"]["n_boot"],
+        ci=config["domain_restriction"]["ci"],
+        seed=config["domain_restriction"]["seed"],
+        layers=config["domain_restriction"]["layers"],
+    threads: 1
+    resources:
+        mem_mb=scaled_mem(4000),
+        runtime=30,
+    group:
+        "analysis"
+    log:
+        "logs/domain_restriction/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/domain_restriction.py"

@@ -1,0 +1,28 @@
+# Key orthogonality (Paper III sec. 4.2): W_K read from the weights, no prompts.
+# Code: llmgeom.weights.key_orthogonality.
+summarize("key_orthogonality", family="bayes")
+
+
+rule key_orthogonality:
+    """Paper III sec. 4.2: mean |cos| between W_K columns per layer and key head, Gaussian and random-init baselines."""
+    input:
+        model="resources/models/{model}",
+        code=code("key_orthogonality"),
+    output:
+        "results/{model}/tables/key_orthogonality.csv",
+    params:
+        seed=config["key_orthogonality"]["seed"],
+        random_init=config["key_orthogonality"]["random_init"],
+        dtype=lambda w: mcfg(w, "dtype"),
+    threads: 1
+    resources:
+        mem_mb=scaled_mem(model_mem),  # the trained model is loaded: the model entry's memory
+        runtime=30,
+    group:
+        "analysis"
+    log:
+        "logs/key_orthogonality/{model}.log",
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/key_orthogonality.py"

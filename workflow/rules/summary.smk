@@ -1,0 +1,145 @@
+# Cross-model tables and the figures drawn from them. Included after every rule file that registers
+# per-model tables with summarize(...) (common.smk): rule `aggregate` concatenates each over models.
+# Code: llmgeom.core.io.concat_tables (aggregate), llmgeom.analyses.bayes_tables (Table 1 / Table 2),
+# llmgeom.plots.bayes and llmgeom.plots.lsm (figures).
+BAYES_FIGURES = ["pc_scatter", "explained_variance_layers", "key_orthogonality", "attention_focusing",
+                 "bayes_summary"]
+LSM_FIGURES = ["intrinsic_dimension", "curvature", "margin_histogram", "expressibility_gap", "margin_vs_perplexity"]
+TARGETS += expand("results/summary/{t}.{ext}", t=["table1", "table2"], ext=["csv", "md"])
+TARGETS += ["results/summary/bayes_tables.html"]
+TARGETS += expand("results/figures/{fig}.{ext}", fig=BAYES_FIGURES + LSM_FIGURES, ext=["png", "pdf"])
+
+
+rule aggregate:
+    """Cross-model table results/summary/{table}.csv: the per-model tables concatenated (model order of
+    MODELS); one job per table. Which tables: summarize(...) in each rule file."""
+    input:
+        tables=lambda w: expand("results/{model}/{folder}/{table}.csv", model=MODELS, table=w.table,
+                                folder=SUMMARY_TABLES[w.table]["folder"]),
+        code=code("aggregate"),
+    output:
+        report(
+            "results/summary/{table}.csv",
+            caption="../report/summary_table.rst",
+            category=summary_report("category"),
+            subcategory=summary_report("subcategory"),
+            labels={"table": "{table}"},
+        ),
+    params:
+        family=lambda w: SUMMARY_TABLES[w.table]["family"],  # selects the caption's paragraph
+    wildcard_constraints:
+        table="|".join(map(re.escape, SUMMARY_TABLES)),
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/aggregate/{table}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/aggregate.py"
+
+
+rule bayes_tables:
+    """Table-1 and Table-2 analogues of Paper III across models: CSV, Markdown and an HTML rendering."""
+    input:
+        dr="results/summary/domain_restriction.csv",
+        ko="results/summary/key_orthogonality.csv",
+        af="results/summary/attention_focusing_summary.csv",
+        code=code("bayes_tables"),
+    output:
+        t1=report("results/summary/table1.csv", caption="../report/bayes_tables.rst",
+                  category="Bayesian geometry", subcategory="Cross-model summary", labels={"table": "table1 (csv)"}),
+        t2=report("results/summary/table2.csv", caption="../report/bayes_tables.rst",
+                  category="Bayesian geometry", subcategory="Cross-model summary", labels={"table": "table2 (csv)"}),
+        md1=report("results/summary/table1.md", caption="../report/bayes_tables.rst",
+                   category="Bayesian geometry", subcategory="Cross-model summary",
+                   labels={"table": "table1 (markdown)"}),
+        md2=report("results/summary/table2.md", caption="../report/bayes_tables.rst",
+                   category="Bayesian geometry", subcategory="Cross-model summary",
+                   labels={"table": "table2 (markdown)"}),
+        html=report("results/summary/bayes_tables.html", caption="../report/bayes_tables.rst",
+                    category="Bayesian geometry", subcategory="Cross-model summary",
+                    labels={"table": "tables 1 and 2"}),
+    params:
+        restricted_set=DR["summary"],
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/bayes_tables.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/bayes_tables.py"
+
+
+rule figure_bayes:
+    """Bayesian-geometry figures (one job): PC scatter, explained variance over layers, key orthogonality,
+    attention focusing, the Table-2 summary."""
+    input:
+        pc_scatter="results/summary/pc_scores.csv",
+        explained_variance_layers="results/summary/domain_restriction.csv",
+        key_orthogonality="results/summary/key_orthogonality.csv",
+        attention_focusing="results/summary/attention_focusing.csv",
+        bayes_summary="results/summary/table2.csv",
+        code=code("figure_bayes"),
+    output:
+        **{
+            fig: report(f"results/figures/{fig}.png", caption=f"../report/{fig}.rst",
+                        category="Bayesian geometry", subcategory="Figures")
+            for fig in BAYES_FIGURES
+        },
+        pdf=expand("results/figures/{fig}.pdf", fig=BAYES_FIGURES),
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/figure_bayes.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/figure_bayes.py"
+
+
+rule figure_lsm:
+    """LSM figures (one job): intrinsic dimension, curvature, margin histogram, expressibility gap, margin
+    vs perplexity."""
+    input:
+        intrinsic_dimension="results/summary/intrinsic_dimension.csv",
+        curvature="results/summary/curvature.csv",
+        hist="results/summary/margin_histogram.csv",
+        margins="results/summary/margins.csv",
+        curve="results/summary/eta_curve.csv",
+        fit="results/summary/expressibility_gap.csv",
+        mvp="results/summary/margin_vs_perplexity.csv",
+        code=code("figure_lsm"),
+    output:
+        intrinsic_dimension=report("results/figures/intrinsic_dimension.png",
+                                   caption="../report/intrinsic_dimension.rst", category="Latent semantic manifolds"),
+        curvature=report("results/figures/curvature.png", caption="../report/curvature.rst",
+                         category="Latent semantic manifolds"),
+        margin_histogram=report("results/figures/margin_histogram.png", caption="../report/margin_histogram.rst",
+                                category="Latent semantic manifolds"),
+        expressibility_gap=report("results/figures/expressibility_gap.png",
+                                  caption="../report/expressibility_gap.rst", category="Latent semantic manifolds"),
+        margin_vs_perplexity=report("results/figures/margin_vs_perplexity.png",
+                                    caption="../report/margin_vs_perplexity.rst", category="Latent semantic manifolds"),
+        pdf=expand("results/figures/{fig}.pdf", fig=LSM_FIGURES),
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/figure_lsm.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/figure_lsm.py"
