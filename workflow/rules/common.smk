@@ -82,7 +82,7 @@ def summarize(*tables, family, folder="tables"):
         TARGETS.append(f"results/summary/{t}.csv")
 
 
-# Where rule `aggregate` puts each family's cross-model tables in the report (others: category "Tables").
+# Where `aggregate` (summary.smk) puts the cross-model tables of each family in the report; others go to "Tables".
 SUMMARY_REPORT = {"bayes": {"category": "Bayesian geometry", "subcategory": "Tables"}}
 
 
