@@ -40,7 +40,8 @@ def smk(*args, cwd, env=None, check=True, timeout=900):
 
 def workflow_rules(cwd, configfile) -> set[str]:
     r = smk("--list-rules", "--configfile", str(configfile), "-d", str(cwd), cwd=cwd)
-    return {ln.strip() for ln in r.stdout.splitlines() if re.fullmatch(r"\s*\w+\s*", ln)}
+    # one rule a line, unindented, followed by its docstring in parentheses (continued on indented lines)
+    return {m.group(1) for m in re.finditer(r"^(\w+)(?: \(|$)", r.stdout, flags=re.M)}
 
 
 def site_profile(dest: Path) -> Path:
@@ -206,6 +207,37 @@ def test_gpu_job_resources_per_model():
     assert [cluster.scaled_mem(2000)(W("a"), a) for a in (1, 2)] == [2000, 3000]
     assert [cluster.scaled_mem(lambda w: models_cfg[w.model]["mem_mb"])(W("a"), a) for a in (1, 3)] == [10000, 20000]
     assert [cluster.scaled_runtime(30)(W("a"), a) for a in (1, 2)] == [30, 45]
+
+
+# the default study and a checkpoint sweep: together they schedule every rule of the workflow
+RETRY_CONFIGS = ("config.yaml", "pythia_checkpoints.yaml")
+
+
+@pytest.mark.slow
+def test_every_rule_grows_memory_with_the_retry_attempt(tmp_path):
+    """Every rule declares mem_mb=scaled_mem(...) (GPU rules: GPU_RESOURCES): a job resubmitted by the
+    profile's ``retries`` (attempt 2) asks for 1.5x the memory of attempt 1, and the GPU rules for 1.5x
+    the runtime. Read from ``snakemake -n --attempt N`` on empty directories, so a new rule that declares
+    a plain number (or nothing: Snakemake's default) fails here; every rule of ``--list-rules`` is seen."""
+    seen = set()
+    for name in RETRY_CONFIGS:
+        jobs = {}
+        for attempt in (1, 2):
+            r = smk("-n", "--configfile", str(REPO / "config" / name), "-d", str(tmp_path / name), "--cores", "1",
+                    "--attempt", str(attempt), cwd=tmp_path)
+            jobs[attempt] = {slurm_stub.job_key(j["rule"], j["wildcards"]): j for j in slurm_stub.dry_run_jobs(r.stdout)
+                             if j["rule"] != "all"}
+        assert jobs[1] and jobs[1].keys() == jobs[2].keys(), name
+        for key, first in jobs[1].items():
+            again = jobs[2][key]["resources"]
+            m1, m2 = int(first["resources"]["mem_mb"]), int(again["mem_mb"])
+            assert m2 == int(m1 * 1.5), f"{name}: {key} mem_mb {m1} -> {m2} on attempt 2; declare mem_mb=scaled_mem(...)"
+            if first["rule"] in cluster.GPU_RULES:
+                t1, t2 = int(first["resources"]["runtime"]), int(again["runtime"])
+                assert t2 == int(t1 * 1.5), f"{name}: {key} runtime {t1} -> {t2} on attempt 2"
+            seen.add(first["rule"])
+    rules = workflow_rules(tmp_path, REPO / "config" / "config.yaml") - {"all"}
+    assert len(rules) >= 20 and rules <= seen, sorted(rules - seen)
 
 
 def test_size_defaults_scale_with_parameters_and_dtype():

@@ -166,7 +166,7 @@ def test_rerun_completes_and_leaves_no_partials(runs):
     stats = _dry_run_stats(runs)
     for rule in ("prepare_model", "build_prompts", "extract", "build_sula", "extract_sula", "value_manifold",
                  "intrinsic_dimension", "margins", "domain_restriction", "key_orthogonality", "intervene",
-                 "intervention_table"):
+                 "sula_interventions"):
         assert rule not in stats, (rule, stats)
 
 
@@ -246,7 +246,7 @@ def test_provenance_rule_runs_last_and_is_in_the_report(runs):
     """The provenance rule is part of the default target, takes every other final output as input
     (so it is written last) and registers its files in the report."""
     stats = _dry_run_stats(runs)
-    assert "provenance" in stats and "figure_value_manifold" in stats and "aggregate_sula" in stats
+    assert "provenance" in stats and "figure_value_manifold" in stats and "aggregate" in stats
     smk = (REPO / "workflow/rules/provenance.smk").read_text()
     assert 'report("results/provenance.json"' in smk and 'report("results/provenance.md"' in smk
     assert 'include: "workflow/rules/provenance.smk"' in (REPO / "Snakefile").read_text()

@@ -4,7 +4,7 @@ After a full run (one tiny model, run for real): two consecutive ``snakemake -n`
 changing an analysis parameter schedules only that analysis and what depends on it (never extraction);
 adding a model schedules only its jobs and the cross-model aggregates; editing package code reruns the
 rules that use it (and touching it without a change reruns nothing). Every rule that runs a script
-importing ``llmgeom`` lists that code as an input (``code=pkg(...)``).
+importing ``llmgeom`` lists that code as an input (``code=code(<script>)``).
 
 The run uses a copy of the package (PYTHONPATH), so that the code-change test edits the copy, never the
 source tree.
@@ -38,7 +38,7 @@ ANALYSIS_CHANGES = [
     ("intrinsic_dimension", "n_subsamples", 3, "intrinsic_dimension"),
     ("margins", "threshold", 0.25, "margins"),
     ("domain_restriction", "n_boot", 11, "domain_restriction"),
-    ("interventions", "n_boot", 13, "intervention_table"),
+    ("interventions", "n_boot", 13, "sula_interventions"),
 ]
 
 
@@ -137,7 +137,7 @@ def test_adding_a_model_schedules_only_its_jobs_and_the_aggregates(full_run):
 
 def test_package_code_change_reruns_the_rules_that_use_it(full_run):
     wd, *_ = full_run
-    target = wd.pkg_src / "llmgeom" / "geometry.py"
+    target = wd.pkg_src / "llmgeom" / "measures" / "pca.py"
     # touching without a change: checksums match, nothing reruns
     os.utime(target)
     assert wd.planned() == []
@@ -147,12 +147,12 @@ def test_package_code_change_reruns_the_rules_that_use_it(full_run):
         jobs = wd.planned()
         rules = {j["rule"] for j in jobs}
         assert "value_manifold" in rules, rules
-        # the main extraction does not import geometry (SULA extraction does, through llmgeom.analyses.sula)
-        assert not rules & {"extract", "prepare_model", "build_prompts"}, rules
+        # neither extraction imports the PCA (extract.py is the script of extract and extract_sula)
+        assert not rules & {"extract", "extract_sula", "prepare_model", "build_prompts"}, rules
         for j in jobs:  # each job reruns because of the edited file, or of an input that will be remade
-            assert "geometry.py" in j["reason"] or "updated by another job" in j["reason"], (j["rule"], j["reason"])
-            if "geometry.py" in j["reason"]:
-                assert "geometry" in cluster.package_modules(*_script_imports(j["rule"])), j["rule"]
+            assert "pca.py" in j["reason"] or "updated by another job" in j["reason"], (j["rule"], j["reason"])
+            if "pca.py" in j["reason"]:
+                assert "measures.pca" in cluster.package_modules(*_script_imports(j["rule"])), j["rule"]
     finally:
         target.write_text(original)
 
@@ -180,12 +180,13 @@ def _script_imports(rule: str) -> list[str]:
 
 
 def test_every_rule_lists_the_package_code_its_script_runs(full_run):
-    """Rules declare `code=pkg(<modules their script imports>)` (README "Rerunning only what changed")."""
+    """Rules declare `code=code(<script>)` (README "Rerunning only what changed")."""
     _, _, fresh = full_run
     missing = {}
     for j in fresh:
         needed = set(cluster.package_modules(*_script_imports(j["rule"]))) if _script_imports(j["rule"]) else set()
-        listed = {Path(f).stem for f in j["input"] if f.endswith(".py") and "llmgeom" in f}
+        listed = {".".join(Path(f).with_suffix("").parts[Path(f).parts.index("llmgeom") + 1:])
+                  for f in j["input"] if f.endswith(".py") and "llmgeom" in Path(f).parts}
         if needed - listed:
             missing[j["rule"]] = sorted(needed - listed)
-    assert not missing, f"rules without code=pkg(...) for the package modules their scripts import: {missing}"
+    assert not missing, f"rules whose code=code(...) misses the package modules their scripts import: {missing}"
