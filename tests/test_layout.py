@@ -133,3 +133,68 @@ def test_public_functions_are_documented():
             if not (inspect.getdoc(o) and len(inspect.getdoc(o)) > 20):
                 bad.append(f"llmgeom.{m}.{n}")
     assert not bad, bad
+
+
+# --------------------------------------------------------------------------- environments (issue 10 item 4)
+
+REPO = PKG.parents[1]
+
+
+def _pins(env_file: Path) -> dict[str, str]:
+    """``name==version`` lines of a conda env file's pip section -> {normalized name: version}."""
+    import re
+
+    import yaml
+
+    env = yaml.safe_load(env_file.read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    pins = {}
+    for req in pip:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([^\s;]+)", req.strip())
+        if m:
+            pins[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+    return pins
+
+
+@pytest.mark.parametrize("env", ["analysis.yaml", "torch.yaml"])
+def test_env_files_pin_the_installed_versions(env):
+    """Every dependency in envs/<env> is pinned, and a pinned package that is installed here has exactly
+    that version (the local build label, e.g. torch's ``+cpu``, is ignored); one not installed is skipped."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import yaml
+
+    pip = next(d["pip"] for d in yaml.safe_load((REPO / "envs" / env).read_text())["dependencies"]
+               if isinstance(d, dict) and "pip" in d)
+    unpinned = [r for r in pip if not r.startswith("-e ") and "==" not in r]
+    assert not unpinned, f"envs/{env}: pin these to the tested versions: {unpinned}"
+    pins = _pins(REPO / "envs" / env)
+    assert pins
+    wrong = {}
+    for name, pinned in pins.items():
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            continue
+        if installed.split("+")[0] != pinned:
+            wrong[name] = (pinned, installed)
+    assert not wrong, f"envs/{env} pins differ from the installed versions (pinned, installed): {wrong}"
+
+
+def test_analysis_env_is_the_base_dependencies_and_torch_is_an_extra():
+    """pyproject: base dependencies = the analysis stack of envs/analysis.yaml (no torch); torch,
+    transformers, accelerate, gguf come with the ``[models]`` extra, which envs/torch.yaml installs."""
+    import re
+    import tomllib
+
+    proj = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def names(reqs):
+        return {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", r).group(0)).lower() for r in reqs}
+
+    base, models = names(proj["dependencies"]), names(proj["optional-dependencies"]["models"])
+    assert models == {"torch", "transformers", "accelerate", "gguf"} and not base & models
+    assert base == set(_pins(REPO / "envs" / "analysis.yaml"))
+    assert models == set(_pins(REPO / "envs" / "torch.yaml"))
+    assert "-e ../[models]" in (REPO / "envs" / "torch.yaml").read_text()
+    assert '".[models,test,workflow]"' in (REPO / "install.sh").read_text()
