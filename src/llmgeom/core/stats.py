@@ -31,6 +31,17 @@ def _pair(x, y) -> tuple[np.ndarray, np.ndarray] | None:
     return x, y
 
 
+def _correlation(test, x, y) -> tuple[float, float]:
+    """(statistic, p) of a scipy correlation test on the checked pair; (NaN, NaN) where undefined."""
+    xy = _pair(x, y)
+    if xy is None:
+        return float("nan"), float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _stats.ConstantInputWarning)
+        res = test(*xy)
+    return float(res.statistic), float(res.pvalue)
+
+
 def pearson(x, y) -> tuple[float, float]:
     """Pearson r and its two-sided p-value.
 
@@ -44,13 +55,7 @@ def pearson(x, y) -> tuple[float, float]:
     Raises:
         ValueError: arrays of different length.
     """
-    xy = _pair(x, y)
-    if xy is None:
-        return float("nan"), float("nan")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", _stats.ConstantInputWarning)
-        res = _stats.pearsonr(*xy)
-    return float(res.statistic), float(res.pvalue)
+    return _correlation(_stats.pearsonr, x, y)
 
 
 def spearman(x, y) -> tuple[float, float]:
@@ -66,13 +71,7 @@ def spearman(x, y) -> tuple[float, float]:
     Raises:
         ValueError: arrays of different length.
     """
-    xy = _pair(x, y)
-    if xy is None:
-        return float("nan"), float("nan")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", _stats.ConstantInputWarning)
-        res = _stats.spearmanr(*xy)
-    return float(res.statistic), float(res.pvalue)
+    return _correlation(_stats.spearmanr, x, y)
 
 
 def derived_seed(seed: int, name: str) -> int:

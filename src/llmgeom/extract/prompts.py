@@ -701,12 +701,19 @@ def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> l
     ]
 
 
-def _check_record(rec, where: str) -> None:
+def _check_record(rec, where: str, ids: set) -> None:
+    """Raises PromptDataError for a record that is not an object, lacks a non-empty ``text``, or repeats
+    an ``id`` already in ``ids`` (which collects the ids seen)."""
     if not isinstance(rec, dict):
         raise PromptDataError(f"{where}: record is not a JSON object")
     text = rec.get("text")
     if not isinstance(text, str) or not text.strip():
         raise PromptDataError(f"{where}: record has no non-empty 'text'")
+    rid = rec.get("id")
+    if rid is not None:
+        if rid in ids:
+            raise PromptDataError(f"{where}: duplicate id {rid!r}")
+        ids.add(rid)
 
 
 def write_prompt_set(records: list[dict], path) -> str:
@@ -729,12 +736,7 @@ def write_prompt_set(records: list[dict], path) -> str:
     ids = set()
     lines = []
     for i, rec in enumerate(records):
-        _check_record(rec, f"record {i}")
-        rid = rec.get("id")
-        if rid is not None:
-            if rid in ids:
-                raise PromptDataError(f"record {i}: duplicate id {rid!r}")
-            ids.add(rid)
+        _check_record(rec, f"record {i}", ids)
         lines.append(json.dumps(rec, sort_keys=True, ensure_ascii=False))
     data = ("\n".join(lines) + "\n").encode("utf-8")
     with atomic_path(path, fsync=True) as tmp:
@@ -776,12 +778,7 @@ def read_prompt_set(path) -> tuple[list[dict], str]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise PromptDataError(f"prompt set {path}: invalid JSON on line {lineno}: {exc.msg}") from exc
-        _check_record(rec, f"prompt set {path}: line {lineno}")
-        rid = rec.get("id")
-        if rid is not None:
-            if rid in ids:
-                raise PromptDataError(f"prompt set {path}: line {lineno}: duplicate id {rid!r}")
-            ids.add(rid)
+        _check_record(rec, f"prompt set {path}: line {lineno}", ids)
         records.append(rec)
     if not records:
         raise PromptDataError(f"prompt set {path} is empty (no records)")
