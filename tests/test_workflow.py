@@ -101,7 +101,7 @@ def test_every_target_exists_and_is_sane(tiny_run):
 
 
 def test_bayes_geometry_outputs(tiny_run):
-    """Paper III tables, cross-model summaries and figures (workflow/rules/bayes.smk) with schema defaults:
+    """Paper III tables, cross-model summaries and figures (domain_restriction, key_orthogonality, attention_focusing and summary .smk) with schema defaults:
     restricted sets = every domain/code set; 15 per quintile exceeds the 12 candidates, so all are taken."""
     wd, cfg = tiny_run
     for m in cfg["models"]:
@@ -126,7 +126,7 @@ def test_bayes_geometry_outputs(tiny_run):
 
 
 def test_lsm_outputs(tiny_run):
-    """LSM tables, cross-model summaries and figures (workflow/rules/manifold.smk, lsm.smk; issue 5)."""
+    """LSM tables, cross-model summaries and figures (intrinsic_dimension, curvature, margins, fisher and summary .smk; issue 5)."""
     wd, cfg = tiny_run
     for m in cfg["models"]:
         t = wd / f"results/{m}/tables"
