@@ -323,3 +323,171 @@ def test_writer_refuses_non_finite_and_abort_removes_partial(tmp_path):
     w2 = store.ActivationWriter(tmp_path / "v.h5", {"model": "m"}, {"next_token/entropy": ((2,), "float32")})
     w2.abort()
     assert not (tmp_path / "v.h5").exists() and not (tmp_path / "v.h5.partial").exists()
+
+
+# --------------------------------------------------------------------------- silent corruption (issue 12)
+# Every numeric dataset carries HDF5's per-chunk Fletcher-32 checksum; string datasets a sha256 recorded at
+# commit. A copy of a real file with bytes overwritten inside the chunks of one dataset must make every
+# analysis that reads that dataset raise StoreError (file, dataset, rerun command), never return a table.
+
+
+@pytest.fixture(scope="module")
+def sula_h5(setup):
+    from llmgeom.extract import sula_prompts as sula
+
+    d = setup["dir"] / "sula"
+    d.mkdir()
+    sets, _ = sula.build_sula_sets(testing.tiny_tokenizer(), label_pairs=[("x", "y"), ("p", "q")], prefix="",
+                                   ks=[0, 1, 2, 4], n_per_k=5, n_per_k_controls=4, seed=0, conditions=["main"])
+    _write_prompts(d / "main.jsonl", sets["main"])
+    out = d / "sula_main.h5"
+    extraction.extract_to_hdf5(setup["prepared"], d / "main.jsonl", out, model_name="tiny-llama", dtype="float32",
+                               device="cpu", batch_size=3, attention=False, candidates_key=sula.CANDIDATES_KEY,
+                               log=lambda *a: None)
+    return out
+
+
+def _analyses(setup, sula_h5):
+    """name -> (clean file, function of a file path that runs the analysis the way its rule does)."""
+    from llmgeom.analyses.attention_focusing import attention_focusing_tables
+    from llmgeom.analyses.curvature import curvature_table
+    from llmgeom.analyses.domain_restriction import domain_restriction_tables
+    from llmgeom.analyses.fisher import fisher_tables
+    from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
+    from llmgeom.analyses.margins import margin_tables
+    from llmgeom.analyses.sula import sula_tables
+    from llmgeom.analyses.value_manifold import value_manifold_table
+    from llmgeom.weights.unembedding import load_unembedding
+
+    m = "tiny-llama"
+    unemb = load_unembedding(setup["prepared"])
+    id_kw = dict(model=m, estimators=("twonn",), n_subsamples=1, subsample_size=20, seed=0, min_points=10)
+    id_clean = intrinsic_dimension_table(setup["corpus"], **id_kw)
+    return {
+        "value_manifold": (setup["h5"], lambda p: value_manifold_table({"mixed": p}, model=m, n_boot=2, seed=0)),
+        "domain_restriction": (setup["h5"], lambda p: domain_restriction_tables(
+            {"mixed": p, "dom": p}, model=m, mixed_set="mixed", n_quantiles=1, per_quantile=4, n_boot=2,
+            log=lambda *a: None)),
+        "attention_focusing": (setup["h5"], lambda p: attention_focusing_tables(p, model=m)),
+        "intrinsic_dimension": (setup["corpus"], lambda p: intrinsic_dimension_table(p, **id_kw)),
+        "curvature": (setup["corpus"], lambda p: curvature_table(p, id_clean, model=m, k=5, n_points=20,
+                                                                 min_points=10)),
+        "margins": (setup["corpus"], lambda p: margin_tables(p, model=m, n_boot=2, min_count=1)),
+        "fisher": (setup["corpus"], lambda p: fisher_tables(p, unemb, model=m, n_positions=8, max_tokens=16)),
+        "sula": (sula_h5, lambda p: sula_tables({"main": p}, model=m, n_bins=2)),
+    }
+
+
+def _datasets_read(fn, path, monkeypatch):
+    """Names of the datasets that ``fn(path)`` reads (on a clean file: it must succeed)."""
+    seen = set()
+    orig = store.CheckedDataset.__getitem__
+
+    def spy(self, args, new_dtype=None):
+        seen.add(self.name.lstrip("/"))
+        return orig(self, args, new_dtype=new_dtype)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(store.CheckedDataset, "__getitem__", spy)
+        fn(path)
+    return seen
+
+
+def _corrupt_chunks(path, name, n_bytes=8, seed=0):
+    """Overwrite ``n_bytes`` random bytes inside EVERY stored chunk of dataset ``name`` (a different offset
+    in each chunk); string datasets: inside the stored text of several records. Returns the offsets."""
+    rng = np.random.default_rng(seed)
+    spans = []
+    with h5py.File(path, "r") as f:
+        ds = f[name]
+        if h5py.check_string_dtype(ds.dtype) is None:
+            assert ds.compression == "lzf" and ds.fletcher32 and ds.chunks, (name, ds.chunks)
+            for i in range(ds.id.get_num_chunks()):
+                info = ds.id.get_chunk_info(i)
+                spans.append((info.byte_offset, info.size))
+        else:
+            texts = [t.encode() for t in ds.asstr()[()] if len(t.encode()) > n_bytes]
+    data = bytearray(path.read_bytes())
+    if not spans:  # vlen strings live in the global heap: find the records' bytes in the file
+        for t in texts[:3]:
+            at = data.find(t)
+            assert at > 0, t
+            spans.append((at, len(t)))
+    offsets = []
+    for start, size in spans:
+        off = start + int(rng.integers(0, max(1, size - n_bytes)))
+        new = bytes(b ^ 0xFF for b in data[off:off + n_bytes])  # every byte changes
+        data[off:off + n_bytes] = new
+        offsets.append(off)
+    path.write_bytes(bytes(data))
+    return offsets
+
+
+ANALYSES = ["value_manifold", "domain_restriction", "attention_focusing", "intrinsic_dimension", "curvature",
+            "margins", "fisher", "sula"]
+
+
+@pytest.mark.parametrize("analysis", ANALYSES)
+def test_corrupted_chunks_never_become_a_table(setup, sula_h5, tmp_path, monkeypatch, analysis):
+    clean, fn = _analyses(setup, sula_h5)[analysis]
+    fn(clean)  # the clean file gives a table
+    read = _datasets_read(fn, clean, monkeypatch)
+    assert read, analysis
+    for name in sorted(read):
+        bad = tmp_path / name.replace("/", "_") / clean.name
+        bad.parent.mkdir()
+        shutil.copy(clean, bad)
+        offsets = _corrupt_chunks(bad, name)
+        assert len(offsets) >= 1
+        with pytest.raises(StoreError) as ei:
+            fn(bad)
+        msg = str(ei.value)
+        assert str(bad) in msg and repr(name) in msg, msg
+        assert f"snakemake --forcerun {bad}" in msg, msg
+
+
+def test_every_dataset_kind_is_checksummed(setup, sula_h5):
+    """Numeric datasets of every kind (N-D per-row chunks, 1-D, int and float) have Fletcher-32 after lzf;
+    strings carry a recorded sha256."""
+    kinds = set()
+    for path in (setup["h5"], setup["corpus"], sula_h5):
+        with h5py.File(path, "r") as f:
+            assert f.attrs["contract_version"] == CONTRACT_VERSION == 2
+            names = []
+            f.visit(lambda x: names.append(x) if isinstance(f[x], h5py.Dataset) else None)
+            for x in names:
+                ds = f[x]
+                if h5py.check_string_dtype(ds.dtype) is not None:
+                    assert len(ds.attrs["sha256"]) == 64, x
+                    kinds.add("str")
+                    continue
+                assert ds.fletcher32 and ds.compression == "lzf", x
+                pl = ds.id.get_create_plist()
+                filters = [pl.get_filter(i)[0] for i in range(pl.get_nfilters())]
+                assert filters[-1] == h5py.h5z.FILTER_FLETCHER32, (x, filters)  # checksum of the stored bytes
+                kinds.add((ds.dtype.kind, min(ds.ndim, 2)))
+    assert kinds >= {"str", ("f", 1), ("f", 2), ("i", 1), ("i", 2)}
+
+
+def test_corruption_as_reported_in_the_issue(setup, tmp_path):
+    """64 bytes in the data area of the value vectors (header intact): the analysis used to rewrite the table
+    with pc1 = 1.0; now it names the file, the dataset and the rerun command."""
+    from llmgeom.analyses.value_manifold import value_manifold_table
+
+    bad = tmp_path / "mixed.h5"
+    shutil.copy(setup["h5"], bad)
+    with h5py.File(bad, "r") as f:
+        info = f["last_token/values"].id.get_chunk_info(2)
+    data = bytearray(bad.read_bytes())
+    data[info.byte_offset:info.byte_offset + min(64, info.size)] = np.random.default_rng(1).bytes(min(64, info.size))
+    bad.write_bytes(bytes(data))
+    with open_activations(bad) as f:  # the header and other datasets still read fine
+        assert f["next_token/entropy"][:].shape == (5,)
+        f["last_token/values"][:2]  # chunks 0, 1: intact
+        with pytest.raises(StoreError, match=r"dataset 'last_token/values' cannot be read"):
+            f["last_token/values"][2]
+        with pytest.raises(StoreError, match=r"dataset 'last_token/values' cannot be read"):
+            np.asarray(f["last_token"]["values"])  # through a group and numpy as well
+    with pytest.raises(StoreError, match=rf"{bad}: dataset 'last_token/values' cannot be read.*"
+                                         rf"snakemake --forcerun {bad}"):
+        value_manifold_table({"mixed": bad}, model="tiny-llama", n_boot=2, seed=0)

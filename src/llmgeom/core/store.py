@@ -26,6 +26,14 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
 
 Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; a
 crashed job leaves only the ``.partial`` file, which nothing reads.
+
+Integrity (contract version 2, issue 12): every numeric dataset is chunked with HDF5's per-chunk
+Fletcher-32 checksum filter (``fletcher32=True``, after lzf compression), so a stored value that is not
+what was written is detected when its chunk is read: :func:`open_activations` returns a file whose
+datasets turn any read error into a :class:`StoreError` naming the file, the dataset and the command to
+rerun. Variable-length string datasets (``prompts/text``, ``prompts/meta``) cannot be filtered by HDF5;
+their content SHA-256 is recorded at commit (dataset attribute ``sha256``) and checked when the file is
+opened. Cost: benchmarks/README.md ("Checksums").
 """
 
 from __future__ import annotations
@@ -43,7 +51,9 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems;
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2  # 2: Fletcher-32 checksums on every numeric dataset, sha256 of string datasets
+
+NUMERIC_1D_CHUNK = 4096   # elements per chunk of a 1-D numeric dataset (16-32 KB)
 
 UNITS = {
     "last_token/residual": ("activation", "prompt,layer(0=embeddings),d_model"),
@@ -75,6 +85,86 @@ class StoreError(ValueError):
     """An activation file that must not be trusted; the message names the rule to rerun."""
 
 
+def rerun_hint(path) -> str:
+    """What to run when the activation file ``path`` cannot be trusted (part of every StoreError)."""
+    return (f"rerun rule extract (extract_sula for SULA sets) for it: snakemake --forcerun {path} "
+            "(reruns it and every analysis that reads it)")
+
+
+def chunk_layout(shape: tuple, dtype) -> dict:
+    """``create_dataset`` keywords of one dataset of the store (contract version 2).
+
+    Numeric datasets with rows: chunked (one row per chunk for N-D, ``NUMERIC_1D_CHUNK`` elements
+    for 1-D), lzf-compressed and Fletcher-32 checksummed. Empty datasets and strings: contiguous (HDF5
+    cannot filter variable-length data; strings get a recorded sha256 instead).
+    """
+    if dtype == "str" or not shape or shape[0] == 0 or 0 in tuple(shape):
+        return {}
+    chunks = (1,) + tuple(shape[1:]) if len(shape) > 1 else (min(int(shape[0]), NUMERIC_1D_CHUNK),)
+    return {"chunks": chunks, "compression": "lzf", "fletcher32": True}
+
+
+def strings_sha256(values) -> str:
+    """SHA-256 of a sequence of strings (each UTF-8 encoded, prefixed by its byte length)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for v in values:
+        b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def _is_string(ds) -> bool:
+    return h5py.check_string_dtype(ds.dtype) is not None
+
+
+class CheckedDataset(h5py.Dataset):
+    """A dataset of a trusted activation file: any failed read (Fletcher-32 checksum mismatch, a
+    corrupt compressed chunk, a damaged chunk index) raises :class:`StoreError` naming the file, the
+    dataset and the rerun command instead of h5py's ``OSError``."""
+
+    def _fail(self, e):
+        return StoreError(f"{self.file.filename}: dataset {self.name.lstrip('/')!r} cannot be read: its stored "
+                          f"bytes are not what was written (corrupted on disk or in transfer: {e}); "
+                          f"{rerun_hint(self.file.filename)}")
+
+    def __getitem__(self, args, new_dtype=None):
+        try:
+            return super().__getitem__(args, new_dtype=new_dtype)
+        except OSError as e:
+            raise self._fail(e) from None
+
+    def read_direct(self, dest, source_sel=None, dest_sel=None):
+        try:
+            return super().read_direct(dest, source_sel=source_sel, dest_sel=dest_sel)
+        except OSError as e:
+            raise self._fail(e) from None
+
+
+class CheckedGroup(h5py.Group):
+    """Group whose datasets are :class:`CheckedDataset`."""
+
+    def __getitem__(self, name):
+        return _checked(super().__getitem__(name))
+
+
+class CheckedFile(h5py.File):
+    """Read-only activation file returned by :func:`open_activations` (datasets are checked on read)."""
+
+    def __getitem__(self, name):
+        return _checked(super().__getitem__(name))
+
+
+def _checked(obj):
+    if isinstance(obj, h5py.Dataset):
+        return CheckedDataset(obj.id)
+    if isinstance(obj, h5py.Group):
+        return CheckedGroup(obj.id)
+    return obj
+
+
 class ActivationWriter:
     """Create ``<path>.partial``, fill datasets by row slices, then ``commit()``.
 
@@ -97,12 +187,11 @@ class ActivationWriter:
         self.f.attrs["versions"] = json.dumps(package_versions())
         self.f.attrs["complete"] = False
         for name, (shape, dtype) in shapes.items():
-            if dtype == "str":
-                ds = self.f.create_dataset(name, shape=shape, dtype=h5py.string_dtype("utf-8"))
-            else:
-                chunks = (1,) + tuple(shape[1:]) if len(shape) > 1 and shape[0] > 0 else None
-                ds = self.f.create_dataset(name, shape=shape, dtype=dtype, chunks=chunks,
-                                           compression=compression if chunks else None)
+            layout = chunk_layout(tuple(shape), dtype)
+            if layout and compression != "lzf":
+                layout["compression"] = compression
+            ds = self.f.create_dataset(name, shape=shape, dtype=h5py.string_dtype("utf-8") if dtype == "str"
+                                       else dtype, **layout)
             units, axes = UNITS.get(name, ("", ""))
             ds.attrs["units"] = units
             ds.attrs["axes"] = axes
@@ -127,7 +216,12 @@ class ActivationWriter:
                 ds[int(r)] = x
 
     def commit(self) -> Path:
-        """Mark complete, close, and atomically rename to the final path."""
+        """Record the sha256 of every string dataset, mark complete, close, and atomically rename
+        to the final path."""
+        names = []
+        self.f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and _is_string(o) else None)
+        for n in names:
+            self.f[n].attrs["sha256"] = strings_sha256(self.f[n].asstr()[()] if self.f[n].size else [])
         self.f.attrs["complete"] = True
         self.f.close()
         os.replace(self.tmp, self.path)
@@ -168,8 +262,12 @@ def _workflow_prompt_file(h5_path: Path, prompt_set) -> Path | None:
     return cand if cand.is_file() else None
 
 
-def open_activations(path, *, model: str | None = None, prompt_set_sha256: str | None = None) -> h5py.File:
+def open_activations(path, *, model: str | None = None, prompt_set_sha256: str | None = None) -> CheckedFile:
     """Open a committed activation file read-only and check that it can be trusted.
+
+    Every numeric read from the returned file is verified by HDF5's Fletcher-32 chunk checksums (a
+    failed read raises :class:`StoreError`); string datasets are checked here against their recorded
+    sha256.
 
     Without ``prompt_set_sha256``, a file at the workflow's place
     (``<root>/results/<model>/activations/<set>.h5``) is checked against the current prompt file
@@ -177,15 +275,16 @@ def open_activations(path, *, model: str | None = None, prompt_set_sha256: str |
 
     Raises:
         StoreError: missing, truncated, not an HDF5 file, incomplete, other contract
-            version, other model or other prompt set; the message says to rerun rule ``extract``.
+            version, other model or other prompt set, a string dataset whose content differs from
+            its recorded sha256; later, a dataset read whose chunk checksum fails. The message names
+            the file (and dataset) and says to rerun rule ``extract``.
     """
     path = Path(path)
-    fix = (f"rerun rule extract (extract_sula for SULA sets) for it: snakemake --forcerun {path} "
-           "(reruns it and every analysis that reads it)")
+    fix = rerun_hint(path)
     if not path.is_file():
         raise StoreError(f"{path} does not exist; run rule extract")
     try:
-        f = h5py.File(path, "r")
+        f = CheckedFile(path, "r")
     except OSError as e:
         raise StoreError(f"{path} is not a readable HDF5 file ({e}); {fix}") from None
     a = f.attrs
@@ -203,10 +302,29 @@ def open_activations(path, *, model: str | None = None, prompt_set_sha256: str |
         if current is not None and a.get("prompt_set_sha256") != _sha256(current):
             problems.append(f"it was extracted from another version of the prompt set (sha256 "
                             f"{str(a.get('prompt_set_sha256'))[:12]}.. != {_sha256(current)[:12]}.. of {current})")
+    if not problems:
+        problems = _string_problems(f)
     if problems:
         f.close()
         raise StoreError(f"{path}: {'; '.join(problems)}; {fix}")
     return f
+
+
+def _string_problems(f) -> list[str]:
+    """String datasets whose content does not match the sha256 recorded at commit."""
+    names: list[str] = []
+    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and _is_string(o) else None)
+    out = []
+    for n in names:
+        ds = h5py.Dataset(f[n].id)
+        try:
+            got = strings_sha256(ds.asstr()[()] if ds.size else [])
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            out.append(f"dataset {n!r} cannot be read: its stored bytes are not what was written ({e})")
+            continue
+        if ds.attrs.get("sha256") != got:
+            out.append(f"dataset {n!r} does not match its recorded sha256 (corrupted on disk or in transfer)")
+    return out
 
 
 def attrs_dict(f: h5py.File) -> dict:
