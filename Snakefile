@@ -4,6 +4,13 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 
 
+# Config files' text first: YAML errors with line and column, a key given twice with both lines (Snakemake's
+# own load reports neither; for --configfile it has already loaded them, for config/config.yaml not yet).
+from llmgeom.workflow.config import check_config_files
+
+check_config_files(workflow.overwrite_configfiles or ["config/config.yaml"])
+
+
 # The embedded default; `--configfile config/paper3.yaml` replaces it (it is not merged with it).
 if not workflow.overwrite_configfiles:
 

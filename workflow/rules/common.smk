@@ -8,7 +8,9 @@ import yaml
 from llmgeom.workflow.config import (
     apply_model_defaults,
     check_config,
+    check_device,
     check_models,
+    check_prompt_sources,
     model_source_params,
 )
 from llmgeom.workflow.cluster import (
@@ -25,7 +27,10 @@ with open(workflow.source_path("../schemas/config.schema.yaml")) as _fh:
 apply_model_defaults(config, _SCHEMA)
 check_config(config)
 check_gpu_config(config)
-check_models(config)  # sources exist, token budgets fit each model's context (no weights read)
+check_models(config)  # sources exist, token budgets and layer indices fit each model (no weights read)
+check_prompt_sources(config)  # Wikipedia topics, pool sizes and corpus files exist (no prompt built)
+# CUDA devices are looked up only where the jobs run here: the main process of a local run (no --jobs/executor)
+check_device(config, here=workflow.is_main_process and workflow.resource_settings.nodes is None)
 
 MODELS = sorted(config["models"])
 PROMPT_SETS = sorted(config["prompts"]["sets"])

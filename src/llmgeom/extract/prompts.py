@@ -166,6 +166,24 @@ def wiki_topics(records: list[dict] | None = None) -> list[str]:
     return sorted({r["topic"] for r in records})
 
 
+def wiki_topic_pool(records: list[dict] | None = None) -> dict[str, dict]:
+    """Size of each topic's pool: ``{topic: {"summaries": int, "words": int}}`` over the usable
+    summaries (those :func:`load_wiki_summaries` keeps), default: the shipped file.
+
+    An upper bound for a prompt set's ``n``: a mixed/domain set takes at most one prompt per summary of
+    its topics, a corpus set at most ``words // max_words`` passages. Used by the workflow's config
+    check before any job (``llmgeom.workflow.config.check_prompt_sources``), which caches it.
+    """
+    if records is None:
+        records = load_wiki_summaries()
+    out: dict[str, dict] = {}
+    for r in records:
+        d = out.setdefault(r["topic"], {"summaries": 0, "words": 0})
+        d["summaries"] += 1
+        d["words"] += len(r["text"].split())
+    return dict(sorted(out.items()))
+
+
 def _norm_topic(name: str) -> str:
     return " ".join(re.split(r"[\s_\-]+", name.strip().lower()))
 

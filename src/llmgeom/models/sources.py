@@ -264,28 +264,38 @@ def gguf_metadata(path: str | Path, wanted: set[str] | None = None) -> dict:
                 skip(vtype)
             arch_key = out.get("general.architecture")
             if arch_key:
-                wanted |= {f"{arch_key}.context_length"}
+                wanted |= {f"{arch_key}.context_length", f"{arch_key}.block_count"}
             if wanted <= set(out):
                 break
     return out
 
 
-def _hf_config_context(cfg: dict) -> int | None:
+def _hf_config_int(cfg: dict, keys) -> int | None:
     for c in (cfg, cfg.get("text_config") or {}):
-        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
-            if isinstance(c.get(key), int) and c[key] > 0:
+        for key in keys:
+            if isinstance(c.get(key), int) and not isinstance(c.get(key), bool) and c[key] > 0:
                 return int(c[key])
     return None
 
 
-def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None) -> tuple[int | None, str]:
-    """Context length (tokens) of a model entry WITHOUT loading weights or importing transformers,
-    and where it was read: the prepared manifest when ``prepared_dir`` holds one, else the source
-    (``config.json`` of an ``hf_local`` directory or of a cached ``hf_hub`` snapshot, the GGUF
-    header's ``<arch>.context_length``). ``(None, reason)`` when it cannot be known cheaply (an
-    ``hf_hub`` model not downloaded yet: ``prepare_model`` checks it later).
+def _hf_config_context(cfg: dict) -> int | None:
+    return _hf_config_int(cfg, ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"))
 
-    Also a cheap source check for the DAG (see ``workflow_support.check_models``).
+
+def _hf_config_layers(cfg: dict) -> int | None:
+    return _hf_config_int(cfg, ("num_hidden_layers", "n_layer", "num_layers"))
+
+
+def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None) -> dict:
+    """Context length (tokens) and number of decoder layers of a model entry WITHOUT loading weights or
+    importing transformers: from the prepared manifest when ``prepared_dir`` holds one, else from the
+    source (``config.json`` of an ``hf_local`` directory or of a cached ``hf_hub`` snapshot; the GGUF
+    header's ``<arch>.context_length`` and ``<arch>.block_count``).
+
+    Returns:
+        ``{"context": int | None, "n_layers": int | None, "where": str}``; None where it cannot be known
+        cheaply (an ``hf_hub`` model not downloaded yet: ``prepare_model`` checks it later), and
+        ``where`` says where the numbers were read (or why not).
 
     Raises:
         ModelSourceError: a package_gguf package or file that is not installed, an hf_local path
@@ -294,21 +304,24 @@ def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None)
     """
     if prepared_dir is not None and (Path(prepared_dir) / MANIFEST).is_file():
         try:
-            man = json.loads((Path(prepared_dir) / MANIFEST).read_text())
-            ctx = (man.get("architecture") or {}).get("max_positions")
-            if ctx:
-                return int(ctx), f"{Path(prepared_dir) / MANIFEST}"
-        except (OSError, ValueError):
+            a = json.loads((Path(prepared_dir) / MANIFEST).read_text()).get("architecture") or {}
+            if a.get("max_positions") or a.get("n_layers"):
+                return {"context": int(a["max_positions"]) if a.get("max_positions") else None,
+                        "n_layers": int(a["n_layers"]) if a.get("n_layers") else None,
+                        "where": str(Path(prepared_dir) / MANIFEST)}
+        except (OSError, ValueError, TypeError):
             pass
     src = spec.get("source")
     if src == "package_gguf":
         paths, _ = locate_gguf(spec["package"], spec["gguf_file"])
         meta = gguf_metadata(paths[0])
-        key = f"{meta.get('general.architecture')}.context_length"
-        return (int(meta[key]), f"{paths[0].name} ({key})") if meta.get(key) else (None, "no context_length in GGUF")
+        arch_name = meta.get("general.architecture")
+        ck, lk = f"{arch_name}.context_length", f"{arch_name}.block_count"
+        return {"context": int(meta[ck]) if meta.get(ck) else None,
+                "n_layers": int(meta[lk]) if meta.get(lk) else None,
+                "where": f"{paths[0].name} ({ck}, {lk})"}
     if src == "hf_local":
-        p = check_hf_dir(name, spec["path"])
-        cfg_path = p / "config.json"
+        cfg_path = check_hf_dir(name, spec["path"]) / "config.json"
     elif src == "hf_hub":
         try:
             from huggingface_hub import try_to_load_from_cache
@@ -317,15 +330,34 @@ def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None)
         except Exception:  # noqa: BLE001 - cache layout problems are reported by prepare_model
             hit = None
         if not isinstance(hit, str):
-            return None, "not in the local Hugging Face cache yet"
+            return {"context": None, "n_layers": None, "where": "not in the local Hugging Face cache yet"}
         cfg_path = Path(hit)
     else:
-        return None, f"unknown source {src!r}"
+        return {"context": None, "n_layers": None, "where": f"unknown source {src!r}"}
     try:
-        ctx = _hf_config_context(json.loads(Path(cfg_path).read_text()))
+        cfg = json.loads(Path(cfg_path).read_text())
     except (OSError, ValueError):
-        return None, f"unreadable {cfg_path}"
-    return (ctx, str(cfg_path)) if ctx else (None, f"no max_position_embeddings in {cfg_path}")
+        return {"context": None, "n_layers": None, "where": f"unreadable {cfg_path}"}
+    return {"context": _hf_config_context(cfg), "n_layers": _hf_config_layers(cfg), "where": str(cfg_path)}
+
+
+def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None) -> tuple[int | None, str]:
+    """Context length (tokens) of a model entry WITHOUT loading weights or importing transformers,
+    and where it was read (see :func:`model_facts`). ``(None, reason)`` when it cannot be known cheaply.
+
+    Also a cheap source check for the DAG (see ``llmgeom.workflow.config.check_models``).
+
+    Raises:
+        ModelSourceError: see :func:`model_facts`.
+    """
+    facts = model_facts(name, spec, prepared_dir)
+    if facts["context"]:
+        return facts["context"], facts["where"]
+    if "(" in facts["where"] and facts["where"].endswith(")"):  # GGUF without the key
+        return None, "no context_length in GGUF"
+    if facts["where"].endswith("config.json"):
+        return None, f"no max_position_embeddings in {facts['where']}"
+    return None, facts["where"]
 
 
 def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:

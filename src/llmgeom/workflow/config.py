@@ -259,12 +259,18 @@ def token_budgets(config: dict) -> dict:
     return {s: spec.get("token_budget", default) for s, spec in config["prompts"]["sets"].items()}
 
 
-def check_models(config: dict, root=".") -> dict:
-    """Before any job starts: cheap source checks and token budgets against each model's context.
+#: Config keys that name layers (resolved by llmgeom.core.layers.select_layers against each model's layers).
+LAYER_KEYS = ("value_manifold.layers", "domain_restriction.layers", "sula.layers", "interventions.layers",
+              "interventions.multi_layers")
 
-    The context length is read without weights (``llmgeom.models.sources.model_context``): from the prepared
-    manifest ``<root>/resources/models/<model>/manifest.json`` when present, else from the source's
-    ``config.json`` or GGUF header. An ``hf_hub`` model not yet in the local cache is skipped here
+
+def check_models(config: dict, root=".") -> dict:
+    """Before any job starts: cheap source checks, token budgets against each model's context and layer
+    indices against each model's number of layers.
+
+    Context and number of layers are read without weights (``llmgeom.models.sources.model_facts``): from
+    the prepared manifest ``<root>/resources/models/<model>/manifest.json`` when present, else from the
+    source's ``config.json`` or GGUF header. An ``hf_hub`` model not yet in the local cache is skipped here
     (rule ``prepare_model`` reports it with the download command).
 
     Returns:
@@ -272,30 +278,265 @@ def check_models(config: dict, root=".") -> dict:
 
     Raises:
         ConfigError: a prompt set's token budget exceeds a model's context (names the key, the value,
-            the model and the largest valid value).
+            the model and the largest valid value); a layer index in one of ``LAYER_KEYS`` outside a
+            model's layers (names the key, the value, the model and the valid range).
         llmgeom.models.sources.ModelSourceError: a missing GGUF package / file, an ``hf_local`` path that is not
             a Hugging Face directory with weights (message names the fix).
     """
     from pathlib import Path
 
-    from llmgeom.models.sources import model_context
+    from llmgeom.core.layers import select_layers
+    from llmgeom.models.sources import model_facts
 
     budgets = token_budgets(config)
-    contexts, problems = {}, []
+    contexts, problems, layer_problems = {}, [], []
     for name, spec in sorted(config["models"].items()):
-        ctx, where = model_context(name, spec, prepared_dir=Path(root) / "resources" / "models" / name)
+        facts = model_facts(name, spec, prepared_dir=Path(root) / "resources" / "models" / name)
+        ctx, where = facts["context"], facts["where"]
         contexts[name] = ctx
-        if not ctx:
-            continue
         for s, b in sorted(budgets.items()):
-            if b > ctx:
+            if ctx and b > ctx:
                 key = (f"prompts.sets.{s}.token_budget" if "token_budget" in config["prompts"]["sets"][s]
                        else "prompts.token_budget")
                 problems.append(f"{key} = {b} (prompt set {s!r}) is larger than the context of model {name!r} "
                                 f"({ctx} tokens, read from {where}); valid: at most {ctx} for this model")
+        n_layers = facts["n_layers"]
+        if not n_layers:
+            continue
+        for key in LAYER_KEYS:
+            sec, sub = key.split(".")
+            spec_l = (config.get(sec) or {}).get(sub)
+            if spec_l is None or spec_l == []:
+                continue
+            try:
+                select_layers(spec_l, n_layers, key=key)
+            except ValueError as e:
+                layer_problems.append(f"{key} = {_show(spec_l)}: {str(e).split(': ', 1)[1]} (model {name!r}, "
+                                      f"{n_layers} layers read from {where})")
     if problems:
         raise ConfigError("token budget larger than a model's context:\n  - " + "\n  - ".join(problems))
+    if layer_problems:
+        raise ConfigError("layer index outside a model's layers:\n  - " + "\n  - ".join(layer_problems))
     return contexts
+
+
+# --- prompt data sources (Wikipedia topics and pool sizes, corpus files) ---
+
+WIKI_POOL_CACHE = ".snakemake/llmgeom/wiki_topic_pool.json"
+
+
+def wiki_pool(root=".") -> dict:
+    """``llmgeom.extract.prompts.wiki_topic_pool()`` of the installed summaries file, cached in
+    ``<root>/.snakemake/llmgeom/wiki_topic_pool.json`` keyed by the file's path, size and mtime (reading
+    and counting the ~10k summaries takes ~0.2 s; the cache ~1 ms). An unwritable cache is skipped.
+
+    Raises:
+        llmgeom.extract.prompts.PromptDataError: the Wikipedia package is not installed (names the fix).
+    """
+    import json
+    from pathlib import Path
+
+    from llmgeom.extract.prompts import wiki_summaries_path
+
+    src = wiki_summaries_path()
+    st = src.stat()
+    key = f"{src}:{st.st_size}:{st.st_mtime_ns}"
+    cache = Path(root) / WIKI_POOL_CACHE
+    try:
+        data = json.loads(cache.read_text())
+        if data.get("key") == key:
+            return data["pool"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    from llmgeom.extract.prompts import wiki_topic_pool
+
+    pool = wiki_topic_pool()
+    try:
+        from llmgeom.core.io import write_text
+
+        write_text(json.dumps({"key": key, "pool": pool}), cache)
+    except OSError:
+        pass
+    return pool
+
+
+def check_prompt_sources(config: dict, root=".") -> None:
+    """Before any job starts: the data each prompt set is built from exists and is large enough, without
+    building it (``build_prompts`` would otherwise fail inside its job after Snakemake removed the
+    previous prompt file).
+
+    Checks per set of ``prompts.sets``: a corpus ``path`` exists (relative to ``root``, the working
+    directory); Wikipedia ``topics`` exist (the same matching as ``build_prompt_set``: exact, or
+    case-insensitive with ``_``/``-`` as spaces); ``n`` is at most the pool of its topics: the number
+    of summaries (mixed, domain) or ``words // max_words`` passages (corpus), an upper bound (prompts that
+    do not end at a clause boundary are found only when the set is built).
+
+    Raises:
+        ConfigError: naming the key, the value and what is valid.
+        llmgeom.extract.prompts.PromptDataError: the Wikipedia package is missing (names the fix).
+    """
+    from pathlib import Path
+
+    from llmgeom.extract.prompts import WORDS_PER_TOKEN, PromptDataError, resolve_topics
+
+    budgets = token_budgets(config)
+    problems, pool = [], None
+    for s, spec in config["prompts"]["sets"].items():
+        key = f"prompts.sets.{s}"
+        if spec.get("path") is not None:
+            p = Path(spec["path"])
+            full = p if p.is_absolute() else Path(root) / p
+            if spec["kind"] != "corpus":
+                problems.append(f"{key}.path = {_show(spec['path'])} is only valid for kind corpus (this set is "
+                                f"{spec['kind']!r}); valid: remove 'path' or set kind: corpus")
+            elif not full.is_file():
+                problems.append(f"{key}.path = {_show(spec['path'])}: no such file ({full.resolve()}); valid: an "
+                                "existing UTF-8 text file (e.g. WikiText-103 wiki.valid.tokens), or no 'path' "
+                                "(the Wikipedia summaries)")
+            continue
+        if spec["kind"] == "code":
+            continue
+        if pool is None:
+            pool = wiki_pool(root)
+        topics = list(pool)
+        if spec.get("topics"):
+            try:
+                topics = resolve_topics(spec["topics"], pool)
+            except PromptDataError:
+                bad = [t for t in spec["topics"] if _unresolved(t, pool, resolve_topics)]
+                problems.append(f"{key}.topics = {_show(spec['topics'])}: {', '.join(map(repr, bad))} "
+                                f"{'is not a topic' if len(bad) == 1 else 'are not topics'} of the Wikipedia "
+                                f"summaries; valid topics: {', '.join(pool)}")
+                continue
+        n = spec["n"]
+        if spec["kind"] == "corpus":
+            max_words = int(budgets[s] * WORDS_PER_TOKEN)
+            cap = sum(pool[t]["words"] for t in topics) // max(1, max_words)
+            what = (f"{cap} passages of {max_words} words (token_budget {budgets[s]}) from the "
+                    f"{sum(pool[t]['summaries'] for t in topics)} summaries of {_topic_words(topics, pool)}")
+        else:
+            cap = sum(pool[t]["summaries"] for t in topics)
+            what = f"{cap} Wikipedia summaries in {_topic_words(topics, pool)}"
+        if n > cap:
+            problems.append(f"{key}.n = {n} is larger than the pool: at most {what}; valid: n <= {cap} "
+                            "(or more topics)")
+    if problems:
+        raise ConfigError("prompt set that cannot be built:\n  - " + "\n  - ".join(problems))
+
+
+def _unresolved(t, pool, resolve_topics) -> bool:
+    try:
+        resolve_topics([t], pool)
+        return False
+    except ValueError:
+        return True
+
+
+def _topic_words(topics, pool) -> str:
+    return "all topics" if len(topics) == len(pool) else "topic " + ", ".join(map(repr, topics))
+
+
+# --- device ---
+
+_DEVICE = r"auto|cpu|mps|cuda(:[0-9]+)?"
+
+
+def check_device(config: dict, *, here: bool = True) -> None:
+    """``extract.device`` (used by the GPU rules extract, extract_sula, intervene) names a device that exists.
+
+    The form is always checked; with ``here`` (the jobs run on this machine: a local run) a CUDA device is
+    also looked up with ``torch.cuda.device_count()`` (torch imported only then, ~1-2 s). On a cluster
+    the DAG is built on a login node without GPUs, so the workflow passes ``here=False`` there.
+
+    Raises:
+        ConfigError: naming the key, the value and the devices that exist.
+    """
+    import re
+
+    dev = (config.get("extract") or {}).get("device", "auto")
+    if not re.fullmatch(_DEVICE, str(dev)):
+        raise ConfigError(f"extract.device = {_show(dev)} is not a device; valid: \"auto\" (CUDA when present, "
+                          "else CPU), \"cpu\", \"cuda\", \"cuda:<index>\" or \"mps\"")
+    if not here or not dev.startswith("cuda"):
+        return
+    import torch
+
+    n = torch.cuda.device_count()
+    idx = int(dev.split(":")[1]) if ":" in dev else 0
+    if idx >= n:
+        have = ", ".join(["cpu"] + [f"cuda:{i}" for i in range(n)])
+        raise ConfigError(f"extract.device = {_show(dev)}, but this machine has "
+                          f"{'no CUDA device' if n == 0 else f'{n} CUDA device' + ('s' if n > 1 else '')}; "
+                          f"devices that exist: {have}; valid: one of them or \"auto\" (CUDA when present, "
+                          "else CPU)")
+
+
+# --- config files: duplicate keys and YAML syntax, with line numbers ---
+
+
+def check_config_files(paths) -> None:
+    """Check the text of config YAML files before (or besides) Snakemake's own load, which reports only
+    "not valid JSON or YAML" and lets a repeated key silently win.
+
+    Raises:
+        ConfigError: a YAML syntax error (file, line, column and the problem; a tab used for
+            indentation is named as such), or a key that appears twice in one mapping (file, the key's
+            dotted path and both line numbers).
+    """
+    import yaml
+    from pathlib import Path
+
+    problems = []
+    for path in paths:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # Snakemake reports a missing or unreadable file itself
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as e:
+            m = e.problem_mark
+            line = text.splitlines()[m.line] if m is not None and m.line < len(text.splitlines()) else ""
+            tab = line.find("\t")
+            if tab >= 0:
+                problems.append(f"{path}, line {m.line + 1}, column {tab + 1}: a tab character; YAML indents "
+                                "with spaces only: replace the tab by spaces")
+            else:
+                where = f", line {m.line + 1}, column {m.column + 1}" if m is not None else ""
+                problems.append(f"{path}{where}: not valid YAML: {e.problem}"
+                                + (f" ({e.context})" if e.context else ""))
+            continue
+        except yaml.YAMLError as e:
+            problems.append(f"{path}: not valid YAML: {e}")
+            continue
+        if node is not None:
+            problems += [f"{path}: {p}" for p in _duplicate_keys(node, [])]
+    if problems:
+        raise ConfigError("config file problem:\n  - " + "\n  - ".join(problems))
+
+
+def _duplicate_keys(node, path) -> list[str]:
+    import yaml
+
+    out = []
+    if isinstance(node, yaml.MappingNode):
+        first = {}
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if key is not None and key != "<<":
+                if key in first:
+                    dotted = ".".join(map(str, path + [key]))
+                    out.append(f"key {dotted!r} appears twice (line {first[key] + 1} and line "
+                               f"{k.start_mark.line + 1}); YAML keeps only the last one silently: remove or "
+                               "rename one of them")
+                else:
+                    first[key] = k.start_mark.line
+            out += _duplicate_keys(v, path + [key if key is not None else "?"])
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out += _duplicate_keys(v, path[:-1] + [f"{path[-1]}[{i}]"] if path else [f"[{i}]"])
+    return out
 
 
 def model_source_params(spec: dict) -> dict:
