@@ -71,6 +71,9 @@ def test_slurm_profile_declares_what_the_issue_asks():
     # the workflow profile (applied on top of every profile) must not override cluster settings
     wf = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
     assert not set(wf) & {"executor", "jobs", "latency-wait", "default-resources", "set-resources", "retries"}
+    # nor cap threads: Snakemake applies `cores` to submitted jobs too (issue 12: --cpus-per-task=2 for every job)
+    assert not set(wf) & {"cores", "max-threads", "set-threads"}
+    assert not set(prof) & {"cores", "max-threads"}
 
 
 @pytest.mark.slow
@@ -137,6 +140,8 @@ def stub_cluster_run(tmp_path_factory):
     cfg = tiny_config(dirs)
     cfg["models"]["tiny-llama"]["gpu_model"] = "h100"
     cfg["models"]["tiny-gpt2"]["mem_mb"] = 3000
+    cfg["extract"]["threads"] = 4  # more than the 2 cores the development machine has (issue 12)
+    cfg.setdefault("fisher", {})["threads"] = 3
     (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
     prof = site_profile(wd / "profile")
     base = ["--configfile", str(wd / "config.yaml"), "-d", str(wd)]
@@ -178,6 +183,25 @@ def test_stub_sbatch_gpu_flags_only_on_gpu_rules(stub_cluster_run):
     assert seen_gpu == gpu_rules  # extraction and intervention jobs (whichever exist) all got a GPU
     # small CPU jobs were bundled: at least one submission holds several analysis jobs
     assert max(len(s["targets"]) for s in subs if not set(s["rules"]) & gpu_rules) > 1
+
+
+def _cpus(s) -> int:
+    return int(re.search(r"--cpus-per-task[= ](\d+)", s["flags"]).group(1))
+
+
+@pytest.mark.slow
+def test_stub_sbatch_cpus_per_task_are_the_rules_threads(stub_cluster_run):
+    """Issue 12: no `cores` from the workflow profile caps the threads of submitted jobs: a GPU rule gets
+    extract.threads, an analysis rule fisher.threads (in its group job: at least that), single-threaded
+    rules 1."""
+    wd, cfg, jobs, run, subs = stub_cluster_run
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    ext = [s for s in subs if s["rules"] == ["extract"]]
+    assert ext and all(_cpus(s) == 4 for s in ext), [s["flags"] for s in ext]
+    fisher = [s for s in subs if "fisher" in s["rules"]]
+    assert fisher and all(_cpus(s) >= 3 for s in fisher), [(s["rules"], s["flags"]) for s in fisher]
+    single = [s for s in subs if s["rules"] == ["prepare_model"]]
+    assert single and all(_cpus(s) == 1 for s in single), [s["flags"] for s in single]
 
 
 @pytest.mark.slow
