@@ -298,6 +298,51 @@ def test_provenance_writer_is_atomic(tmp_path, monkeypatch):
     assert (tmp_path / "p.json").is_file() and not (tmp_path / "p.md").exists()  # complete or absent
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002], ids=["umask022", "umask002"])
+def test_outputs_follow_the_umask(ws, tmp_path, umask):
+    """Issue 12, point 4: every kind of output gets the mode the umask gives any new file (0644 / 0664;
+    directories 0755 / 0775), never 0600: a lab group reads each other's results on a shared file system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from llmgeom.core.io import write_table, write_text
+    from llmgeom.core.store import ActivationWriter
+    from llmgeom.interventions.runner import save_axes
+    from llmgeom.plots.base import plt, save_figure
+    from llmgeom.workflow import provenance
+    from llmgeom.workflow.config import wiki_pool
+
+    old = os.umask(umask)
+    try:
+        root = tmp_path / "study"
+        write_table(pd.DataFrame({"a": [1.5]}), root / "results/m/tables/t.csv")
+        write_text("x", root / "results/m/tables/t.md")
+        w = ActivationWriter(root / "results/m/activations/mixed.h5", {"model": "m"},
+                             {"next_token/entropy": ((3,), "float32"), "prompts/text": ((3,), "str")})
+        w.write("next_token/entropy", slice(None), np.ones(3, np.float32))
+        w.write("prompts/text", slice(None), ["a", "b", "c"])
+        w.commit()
+        write_prompt_set(PROMPTS, root / "resources/prompts/mixed.jsonl")
+        fig = plt.figure()
+        save_figure(fig, [root / "results/figures/f.png", root / "results/figures/f.pdf"])
+        rec = {"created": "t", "config_sha256": "0" * 64, "packages": {}, "workflow_git": None, "models": {},
+               "prompt_sets": {}, "mismatches": [], "config": {}}
+        provenance.write(rec, root / "results/provenance.json", root / "results/provenance.md")
+        save_axes({"u_L0": np.ones(4)}, root / "results/m/interventions/axes.npz")
+        models.prepare_model("m", {"source": "hf_local", "path": str(ws["src"]), "dtype": "float32"},
+                             root / "resources/models/m")
+        wiki_pool(root)  # the DAG-time cache of the Wikipedia topic pools
+    finally:
+        os.umask(old)
+    files = [p for p in root.rglob("*") if p.is_file()]
+    dirs = [p for p in root.rglob("*") if p.is_dir()]
+    assert len(files) == 11 and (root / "resources/models/m/manifest.json") in files
+    assert (root / ".snakemake/llmgeom/wiki_topic_pool.json") in files
+    want_f, want_d = 0o666 & ~umask, 0o777 & ~umask
+    assert {str(p.relative_to(root)): oct(p.stat().st_mode & 0o777) for p in files if p.stat().st_mode & 0o777 != want_f} == {}
+    assert {str(p.relative_to(root)): oct(p.stat().st_mode & 0o777) for p in dirs if p.stat().st_mode & 0o777 != want_d} == {}
+
+
 WRITERS = re.compile(r"\.to_csv\(|\.savefig\(|np\.save|json\.dump\(|open\(snakemake\.output|"
                      r"h5py\.File\(snakemake\.output")
 
