@@ -278,8 +278,6 @@ def test_size_defaults_scale_with_parameters_and_dtype():
 def test_float32_loading_rules_are_sized_for_float32():
     """Issue 12, point 5: `fisher` (and `prepare_model`) load the model in float32 on the CPU; a bf16 entry sized
     from params_b declares memory for bf16 weights, too small for that."""
-    from llmgeom.workflow.config import extract_mem_mb
-
     cfg = {"models": {"m": {"source": "hf_hub", "repo_id": "x/y", "dtype": "bfloat16", "params_b": 7.0},
                       "big": {"source": "hf_hub", "repo_id": "x/y", "dtype": "bfloat16", "params_b": 7.0,
                               "mem_mb": 64000},
@@ -289,9 +287,9 @@ def test_float32_loading_rules_are_sized_for_float32():
     assert m["mem_mb"] == cluster.size_resources(7.0, "bfloat16")["mem_mb"] == 20700  # 4000 + 1.25 x 13,351 MiB of bf16 weights
     f32 = cluster.size_resources(7.0, "float32")["mem_mb"]
     assert f32 == 37400  # 4000 + 1.25 x 26,703 MiB of float32 weights
-    assert extract_mem_mb(m) == f32 and extract_mem_mb(m, attempt=2) == int(f32 * 1.5)
-    assert extract_mem_mb(cfg["models"]["big"]) == 64000  # a larger declaration is kept
-    assert extract_mem_mb(cfg["models"]["plain"]) == 9000  # no size known: as declared (check_memory guards it)
+    assert cluster.extract_mem_mb(m) == f32 and cluster.extract_mem_mb(m, attempt=2) == int(f32 * 1.5)
+    assert cluster.extract_mem_mb(cfg["models"]["big"]) == 64000  # a larger declaration is kept
+    assert cluster.extract_mem_mb(cfg["models"]["plain"]) == 9000  # no size known: as declared (check_memory guards it)
 
 
 def test_gpus_without_device_map_is_a_config_error():

@@ -16,6 +16,7 @@ from llmgeom.workflow.config import (
 from llmgeom.workflow.cluster import (
     GPU_RULES,
     check_gpu_config,
+    extract_mem_mb,
     gpu_job_resources,
     package_files,
     scaled_mem,
