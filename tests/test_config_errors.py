@@ -436,3 +436,19 @@ def test_dry_run_tab_in_config_gives_line_and_column(good, tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "not valid JSON or YAML" in out and f"line {line}, column 1" in out, out[-3000:]
     assert _tree(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_cuda_device_not_looked_up_when_jobs_go_to_a_cluster(good, tmp_path):
+    """The DAG of a cluster run is built on a login node without GPUs: `extract.device: cuda` must pass there
+    (the form is still checked)."""
+    cfg = copy.deepcopy(good)
+    cfg["extract"] = {"device": "cuda"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    r = _run(tmp_path, "--configfile", str(tmp_path / "config.yaml"), "--profile", str(REPO / "profiles" / "slurm"))
+    assert r.returncode == 0 and "This was a dry-run" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    import torch
+
+    if not torch.cuda.is_available():  # a local run on a machine without CUDA: refused
+        r = _run(tmp_path, "--configfile", str(tmp_path / "config.yaml"))
+        assert r.returncode != 0 and 'extract.device = "cuda"' in r.stdout + r.stderr
