@@ -147,17 +147,23 @@ class CheckedGroup(h5py.Group):
     """Group whose datasets are :class:`CheckedDataset`."""
 
     def __getitem__(self, name):
-        return _checked(super().__getitem__(name))
+        return _checked(self, name, h5py.Group.__getitem__)
 
 
 class CheckedFile(h5py.File):
     """Read-only activation file returned by :func:`open_activations` (datasets are checked on read)."""
 
     def __getitem__(self, name):
-        return _checked(super().__getitem__(name))
+        return _checked(self, name, h5py.File.__getitem__)
 
 
-def _checked(obj):
+def _checked(group, name, get):
+    try:
+        obj = get(group, name)
+    except OSError as e:  # a damaged object header or chunk index (a missing name stays a KeyError)
+        where = f"{group.name.rstrip('/')}/{name}".lstrip("/")
+        raise StoreError(f"{group.file.filename}: dataset {where!r} cannot be opened: the file's structure is "
+                         f"damaged ({e}); {rerun_hint(group.file.filename)}") from None
     if isinstance(obj, h5py.Dataset):
         return CheckedDataset(obj.id)
     if isinstance(obj, h5py.Group):
