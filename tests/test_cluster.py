@@ -287,9 +287,9 @@ def test_float32_loading_rules_are_sized_for_float32():
     assert m["mem_mb"] == cluster.size_resources(7.0, "bfloat16")["mem_mb"] == 20700  # 4000 + 1.25 x 13,351 MiB of bf16 weights
     f32 = cluster.size_resources(7.0, "float32")["mem_mb"]
     assert f32 == 37400  # 4000 + 1.25 x 26,703 MiB of float32 weights
-    assert cluster.extract_mem_mb(m) == f32 and cluster.extract_mem_mb(m, attempt=2) == int(f32 * 1.5)
-    assert cluster.extract_mem_mb(cfg["models"]["big"]) == 64000  # a larger declaration is kept
-    assert cluster.extract_mem_mb(cfg["models"]["plain"]) == 9000  # no size known: as declared (check_memory guards it)
+    assert cluster.float32_mem_mb(m) == f32
+    assert cluster.float32_mem_mb(cfg["models"]["big"]) == 64000  # a larger declaration is kept
+    assert cluster.float32_mem_mb(cfg["models"]["plain"]) == 9000  # no size known: as declared (check_memory guards it)
 
 
 def test_gpus_without_device_map_is_a_config_error():

@@ -16,7 +16,7 @@ from llmgeom.workflow.config import (
 from llmgeom.workflow.cluster import (
     GPU_RULES,
     check_gpu_config,
-    extract_mem_mb,
+    float32_mem_mb,
     gpu_job_resources,
     package_files,
     scaled_mem,
@@ -56,8 +56,9 @@ GPU_RESOURCES = gpu_job_resources(config["models"])
 
 
 def model_mem(wildcards):
-    """The model entry's mem_mb (host memory), for CPU rules that load a whole model: scaled_mem(model_mem)."""
-    return config["models"][wildcards.model]["mem_mb"]
+    """Host memory of the CPU rules that load a whole model, in float32 (scaled_mem(model_mem)): the entry's
+    mem_mb, at least the float32 size when it gives params_b (llmgeom.workflow.cluster.float32_mem_mb)."""
+    return float32_mem_mb(config["models"][wildcards.model])
 
 
 def code(script):

@@ -16,7 +16,7 @@ rule key_orthogonality:
         dtype=lambda w: mcfg(w, "dtype"),
     threads: 1
     resources:
-        mem_mb=scaled_mem(model_mem),  # the trained model is loaded: the model entry's memory
+        mem_mb=scaled_mem(model_mem),  # the trained model, and a float32 random-init copy: model_mem (float32)
         runtime=30,
     group:
         "analysis"

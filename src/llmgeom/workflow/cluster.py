@@ -59,20 +59,21 @@ def apply_size_defaults(config: dict) -> dict:
     return config
 
 
-def extract_mem_mb(spec: dict, attempt: int = 1) -> int:
-    """Host memory (MB) of the CPU rules that load a whole model in float32: ``fisher`` (reads the
-    unembedding that way) and ``prepare_model`` (dequantizes GGUF to float32). (The GPU rules use
-    :func:`gpu_job_resources`.)
+def float32_mem_mb(spec: dict) -> int:
+    """Host memory (MB) of the CPU rules that load a whole model in float32 (``common.smk``'s ``model_mem``):
+    ``fisher`` (reads the unembedding that way), ``prepare_model`` (dequantizes GGUF to float32) and
+    ``key_orthogonality`` (its random-initialization baseline is built in float32). Grown per retry by
+    ``scaled_mem(model_mem)``.
 
     The entry's ``mem_mb``, raised to the float32 size ``size_resources(params_b, "float32")`` when the
-    entry gives ``params_b`` (a bfloat16 entry sized from ``params_b`` holds half the float32 weights),
-    x1.5 per retry attempt. Without ``params_b`` the declared ``mem_mb`` is used as given; the memory
-    check before loading (``llmgeom.models.loading.check_memory``) names both numbers when it is too small.
+    entry gives ``params_b`` (a bfloat16 entry sized from ``params_b`` holds half the float32 weights).
+    Without ``params_b`` the declared ``mem_mb`` is used as given; the memory check before loading
+    (``llmgeom.models.loading.check_memory``) names both numbers when it is too small.
     """
     base = int(spec["mem_mb"])
     if spec.get("params_b"):
         base = max(base, size_resources(float(spec["params_b"]), "float32")["mem_mb"])
-    return int(base * (1 + 0.5 * (attempt - 1)))
+    return base
 
 
 def retry_mem_mb(mem_mb: int, attempt: int = 1, factor: float = 0.5) -> int:
