@@ -92,8 +92,9 @@ def test_posterior_in_unit_interval_and_symmetric_under_label_swap(n1, n2, alpha
 def test_bayes_entropy_in_0_1_bits_and_swap_invariant(n1, n2, alpha):
     h = float(sula.h_bayes_bits(n1, n2, alpha))
     assert 0.0 <= h <= 1.0
-    assert h == pytest.approx(float(sula.h_bayes_bits(n2, n1, alpha)), abs=1e-12)
+    assert h == float(sula.h_bayes_bits(n2, n1, alpha))  # bit-identical (issue 11)
     p = float(sula.bayes_posterior(n1, n2, alpha))
+    assert p == 1.0 - float(sula.bayes_posterior(n2, n1, alpha))
     if 1e-12 < p < 1 - 1e-12:
         assert h == pytest.approx(float(sula.binary_entropy_bits(p)), abs=1e-9)
 

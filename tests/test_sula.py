@@ -297,3 +297,59 @@ def test_calibration_bins_known_answer():
     cal = calibration_table(per, model="m", n_bins=2)
     assert cal.n.tolist() == [2, 3]
     assert cal.mean_h_model_bits.tolist() == pytest.approx([0.15, (0.4 + 0.9 + 0.7) / 3])
+
+
+# --------------------------------------------------------------------------- exact ties (issue 11, point 1)
+
+
+def test_symmetric_evidence_is_bit_identical():
+    h = lambda a, b: float(h_bayes_bits(a, b))  # noqa: E731
+    assert h(1, 0) == h(0, 1)  # exactly: was 3.3e-16 apart
+    for a, b in [(2, 0), (3, 1), (8, 0), (5, 2), (40, 0)]:
+        assert h(a, b) == h(b, a) == h(a - b, 0)
+        assert float(bayes_posterior(a, b)) == 1.0 - float(bayes_posterior(b, a))
+    assert float(bayes_posterior(1, 0)) == pytest.approx(0.9, abs=1e-15)
+
+
+def test_ties_give_average_ranks_and_constant_input_nan():
+    from llmgeom.core.stats import pearson, spearman
+
+    h = lambda a, b: float(h_bayes_bits(a, b))  # noqa: E731
+    rho, _ = spearman([0, 1, 2, 3, 4], [h(1, 0), h(0, 1), h(1, 0), h(0, 1), h(2, 0)])
+    assert round(rho, 4) == -0.7071
+    r, p = pearson(np.arange(50.0), [h(1, 0), h(0, 1)] * 25)
+    assert np.isnan(r) and np.isnan(p)
+
+
+def test_official_prompt_set_has_one_h_bayes_per_abs_difference():
+    sets = sula.generate_sula(PAIRS)  # the defaults of the study: ks 0, 1, 2, 4, 8; 50 per k; seed 0
+    for cond in ("main", "remap", "ablation"):
+        meta = [r["meta"] for r in sets[cond]]
+        diffs = {abs(m["n_L1"] - m["n_L2"]) for m in meta}
+        assert len({m["h_bayes_bits"] for m in meta}) == len(diffs)
+    main = [r["meta"] for r in sets["main"]]
+    assert len({abs(m["n_L1"] - m["n_L2"]) for m in main}) == 6  # issue 11: 6 distinct values, not 11
+    assert len({m["h_bayes_bits"] for m in main}) == 6
+
+
+def test_k1_rows_have_undefined_correlation():
+    from llmgeom.analyses.sula import sula_table
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for cond in sula.CONDITIONS:
+        for k in (0, 1, 2):
+            for i in range(20):
+                n1 = int(rng.integers(0, k + 1))
+                hb = 1.0 if cond == "shuffled" else float(h_bayes_bits(n1, k - n1))
+                rows.append(dict(condition=cond, k=k, i=i, n_L1=n1, n_L2=k - n1, labels="pim/dop", alpha=0.9,
+                                 p_bayes=float(bayes_posterior(n1, k - n1)), h_bayes_bits=hb,
+                                 h_counts_bits=hb, h_pred_bits=0.5, p_model=rng.uniform(),
+                                 h_model_bits=rng.uniform(), label_mass=0.5, h_vocab_bits=3.0))
+    per = pd.DataFrame(rows)
+    assert per[per.k == 1].groupby("condition").n_L1.nunique().min() == 2  # both (1,0) and (0,1) occur
+    t = sula_table(per, model="m")
+    k1 = t[t.k == "1"]
+    assert len(k1) == len(sula.CONDITIONS) and k1.pearson_r.isna().all() and k1.pearson_p.isna().all()
+    k2 = t[(t.k == "2") & (t.condition == "main")]
+    assert np.isfinite(k2.pearson_r.iloc[0])  # k = 2 has |d| in {0, 2}: defined

@@ -85,6 +85,17 @@ def posterior_logit(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
     return (n1 - n2) * np.log(alpha / (1.0 - alpha))
 
 
+def _abs_logit(n_l1, n_l2, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """(|z|, sign) with z = (n_L1 - n_L2) log(alpha/(1-alpha)): |z| is computed from |n_L1 - n_L2| alone,
+    so symmetric evidence (n1, n2) / (n2, n1) gives bit-identical |z| (DESIGN.md sec. 4, floating-point ties)."""
+    alpha = check_alpha(alpha)
+    n1, n2 = np.asarray(n_l1, dtype=np.float64), np.asarray(n_l2, dtype=np.float64)
+    if np.any(n1 < 0) or np.any(n2 < 0):
+        raise ValueError("counts must be non-negative")
+    diff = n1 - n2
+    return np.abs(diff) * np.log(alpha / (1.0 - alpha)), np.sign(diff)
+
+
 def bayes_posterior(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
     """Exact posterior p(y = L1 | examples) = 1 / (1 + (alpha/(1-alpha))^-(n_L1 - n_L2)).
 
@@ -95,21 +106,34 @@ def bayes_posterior(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
 
     Returns:
         float64 array p(L1) in [0, 1]; k = 0 or equal counts give 0.5; all k examples agreeing on L1
-        give 1 / (1 + 9^-k) at alpha = 0.9.
+        give 1 / (1 + 9^-k) at alpha = 0.9. Computed from |n_L1 - n_L2| only: q = sigmoid(-|z|) is the
+        smaller of the two posteriors, and p(L1) = q or 1 - q by the sign of n_L1 - n_L2, so
+        ``bayes_posterior(a, b) == 1 - bayes_posterior(b, a)`` holds bit for bit.
 
-    Source: Paper III sec. 4.3; DESIGN.md sec. 3 (SULA).
+    Raises:
+        ValueError: alpha outside [0.5, 1) or negative counts.
+
+    Source: Paper III sec. 4.3; DESIGN.md sec. 3 (SULA) and sec. 4 (floating-point ties).
     """
-    z = posterior_logit(n_l1, n_l2, alpha)
-    return sigmoid(np.atleast_1d(z)).reshape(np.shape(z))
+    az, sgn = _abs_logit(n_l1, n_l2, alpha)
+    q = sigmoid(-np.atleast_1d(az)).reshape(np.shape(az))
+    return np.where(sgn > 0, 1.0 - q, np.where(sgn < 0, q, 0.5))
 
 
 def h_bayes_bits(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
     """Binary entropy (bits) of the exact posterior :func:`bayes_posterior`; 1 bit at k = 0 or equal counts.
 
-    Source: Paper III sec. 4.3 ("H_Bayes").
+    Computed from |n_L1 - n_L2| only (the entropy of sigmoid(|z|)), so symmetric evidence gives
+    bit-identical values: ``h_bayes_bits(1, 0) == h_bayes_bits(0, 1)`` exactly, and a set of prompts that
+    is constant in exact arithmetic (e.g. every k = 1 prompt) is constant in float64 too.
+
+    Raises:
+        ValueError: alpha outside [0.5, 1) or negative counts.
+
+    Source: Paper III sec. 4.3 ("H_Bayes"); DESIGN.md sec. 4 (floating-point ties).
     """
-    z = posterior_logit(n_l1, n_l2, alpha)
-    return binary_entropy_from_logit(np.atleast_1d(z)).reshape(np.shape(z))
+    az, _ = _abs_logit(n_l1, n_l2, alpha)
+    return binary_entropy_from_logit(np.atleast_1d(az)).reshape(np.shape(az))
 
 
 def posterior_predictive(p_l1, alpha: float = 0.9) -> np.ndarray:
