@@ -12,6 +12,7 @@ import pandas as pd
 # ---------------------------------------------------------------------------------------------
 # config helpers (called at DAG construction: must stay cheap and never touch a model or the hub)
 # ---------------------------------------------------------------------------------------------
+from llmgeom.core.layers import relative_depth
 from llmgeom.core.stats import spearman
 from llmgeom.core.store import attrs_dict, open_activations
 
@@ -93,7 +94,7 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
     rows = []
     head_mean = E.mean(axis=0)  # [L, H]
     for layer in range(L):
-        common = dict(model=model, prompt_set=pset, layer=layer, relative_depth=(layer + 1) / L,
+        common = dict(model=model, prompt_set=pset, layer=layer, relative_depth=relative_depth(layer, L),
                       sliding=bool(sliding[layer]), window=window if sliding[layer] else None,
                       attention_type=att, n_prompts=n)
         for h in range(nh):

@@ -7,6 +7,26 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from llmgeom.core.published import add_published
+
+#: measured column -> quantity looked up in llmgeom/data/published.yaml (absent quantity: empty cell)
+TABLE1_PUBLISHED = {"pc1": "paper3_table1_pc1", "pc12": "paper3_table1_pc12",
+                    "participation_ratio_top10": "paper3_table1_participation_ratio_top10"}
+TABLE2_PUBLISHED = {"pc12_mixed": "paper3_table2_pc12_mixed", "pc12_restricted": "paper3_table2_pc12_restricted",
+                    "orth_mean": "key_orthogonality_trained", "random_init_mean": "key_orthogonality_random_init",
+                    "focusing_pct": "paper3_table2_focusing_pct"}
+
+BC_NOTE = ("Each share is shown as 'estimate (bias-corrected) [95% basic-bootstrap CI]': with n = 75 prompts < d "
+           "features the sample share is biased upward, the bootstrap estimates that bias, and the basic "
+           "(reverse-percentile) interval is centred on the bias-corrected value 2 x estimate - mean(replicates), "
+           "so the raw estimate may lie above its interval.")
+DEPTH_NOTE = ("Relative depth = (layer + 1) / L for block outputs (the final layer is 1.0); residual-stream "
+              "layer h (0 = embeddings) is at h / L.")
+RANDOM_INIT_NOTE = ("Published random-init baselines of 0.35-0.45 cannot be reproduced: the mean |cos| between "
+                    "the columns of a randomly initialized W_K is about sqrt(2 / (pi d_model)) (0.033 at d_model = "
+                    "576; column gaussian_expected), and trained keys (e.g. SmolLM2: 0.068) are less orthogonal than "
+                    "at initialization, not more.")
+
 # ---------------------------------------------------------------------------------------------
 # config helpers (called at DAG construction: must stay cheap and never touch a model or the hub)
 # ---------------------------------------------------------------------------------------------
@@ -27,17 +47,22 @@ def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bo
         dr: concatenated ``domain_restriction`` stats tables (all models).
 
     Returns:
-        one row per (model, prompt_set), mixed first: model, prompt_set, domain, role, n, layer,
-        representation, standardized, pc1, pc1_lo, pc1_hi, pc12, pc12_lo, pc12_hi, participation_ratio,
-        spearman_rho, spearman_p, delta_pc12, delta_pc12_lo, delta_pc12_hi (fractions of variance).
+        one row per (model, prompt_set), mixed first: model, prompt_set, domain, role, n, layer, relative_depth
+        ((layer+1)/L = 1.0), representation, standardized, pc1, pc1_bc (bias-corrected, 2 t - mean of the
+        replicates), pc1_lo, pc1_hi (basic bootstrap), pc12, pc12_bc, pc12_lo, pc12_hi, participation_ratio (full
+        spectrum), participation_ratio_top10 (10 largest eigenvalues), spearman_rho, spearman_p, delta_pc12,
+        delta_pc12_bc, delta_pc12_lo, delta_pc12_hi (fractions of variance), and beside pc1, pc12 and
+        participation_ratio_top10 the published value (``*_published``) and what it was measured on
+        (``*_published_on``) from ``llmgeom/data/published.yaml`` (empty where the file holds none).
     """
     d = _final_values(dr, representation, standardized).copy()
     d["_o"] = (d.role != "mixed").astype(int)
     d = d.sort_values(["model", "_o", "prompt_set"])
-    cols = ["model", "prompt_set", "domain", "role", "n", "layer", "representation", "standardized", "pc1", "pc1_lo",
-            "pc1_hi", "pc12", "pc12_lo", "pc12_hi", "participation_ratio", "spearman_rho", "spearman_p",
-            "delta_pc12", "delta_pc12_lo", "delta_pc12_hi"]
-    return d[cols].reset_index(drop=True)
+    cols = ["model", "prompt_set", "domain", "role", "n", "layer", "relative_depth", "representation", "standardized",
+            "pc1", "pc1_bc", "pc1_lo", "pc1_hi", "pc12", "pc12_bc", "pc12_lo", "pc12_hi", "participation_ratio",
+            "participation_ratio_top10", "spearman_rho", "spearman_p", "delta_pc12", "delta_pc12_bc", "delta_pc12_lo",
+            "delta_pc12_hi"]
+    return add_published(d[[c for c in cols if c in d.columns]].reset_index(drop=True), TABLE1_PUBLISHED)
 
 
 def _attention_label(att: str, n_sliding: int, n_layers: int, window) -> str:
@@ -59,15 +84,18 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
 
     Returns:
         one row per model: model, attention_type (MHA / GQA / MQA, "+ sliding window (...)" when some
-        layers use one), n_layers, restricted_set, restricted_domain, pc12_mixed (+ _lo/_hi), pc12_restricted
-        (+ _lo/_hi), delta_pc12 (+ _lo/_hi) at the final layer; orth_min, orth_max, orth_mean (per-layer mean
-        over key heads: range over layers), gaussian_min/max, random_init_min/max (same statistic, same
-        shapes), orth_over_random_init (orth_mean / mean random-init baseline); focusing_pct,
-        focusing_pct_global, focusing_rho, focusing_p. Orthogonality values dimensionless in [0, 1].
+        layers use one), n_layers, restricted_set, restricted_domain, pc12_mixed (+ _bc/_lo/_hi), pc12_restricted
+        (+ _bc/_lo/_hi), delta_pc12 (+ _bc/_lo/_hi) at the final layer; orth_min, orth_max, orth_mean (per-layer mean
+        over key heads: range over layers), gaussian_min/max, gaussian_expected (sqrt(2/(pi d_model))),
+        random_init_min/max/mean (same statistic, same shapes), orth_over_random_init (orth_mean / mean
+        random-init baseline); focusing_pct, focusing_pct_global, focusing_rho, focusing_p. Orthogonality values
+        dimensionless in [0, 1]. Beside pc12_mixed, pc12_restricted, orth_mean, random_init_mean and
+        focusing_pct: ``*_published`` / ``*_published_on`` (``llmgeom/data/published.yaml``; empty where none).
     """
     fin = _final_values(dr, representation, standardized)
-    kl = ko.groupby(["model", "layer"], as_index=False)[["orthogonality", "baseline_gaussian",
-                                                          "baseline_random_init"]].mean()
+    kcols = [c for c in ("orthogonality", "baseline_gaussian", "baseline_random_init", "gaussian_expected")
+             if c in ko.columns]
+    kl = ko.groupby(["model", "layer"], as_index=False)[kcols].mean()
     rows = []
     for m in sorted(set(fin.model) | set(kl.model) | set(af.model)):
         r = dict(model=m)
@@ -83,63 +111,94 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         r["restricted_set"] = restricted_set
         r["restricted_domain"] = rs.domain.iloc[0] if len(rs) else None
         for tag, g in (("mixed", mx), ("restricted", rs)):
-            for k in ("pc12", "pc12_lo", "pc12_hi"):
-                r[f"{k.replace('pc12', 'pc12_' + tag)}"] = float(g[k].iloc[0]) if len(g) else float("nan")
-        for k in ("delta_pc12", "delta_pc12_lo", "delta_pc12_hi"):
-            r[k] = float(rs[k].iloc[0]) if len(rs) else float("nan")
+            for k in ("pc12", "pc12_bc", "pc12_lo", "pc12_hi"):
+                ok = len(g) and k in g
+                r[f"{k.replace('pc12', 'pc12_' + tag)}"] = float(g[k].iloc[0]) if ok else float("nan")
+        for k in ("delta_pc12", "delta_pc12_bc", "delta_pc12_lo", "delta_pc12_hi"):
+            r[k] = float(rs[k].iloc[0]) if len(rs) and k in rs else float("nan")
         k = kl[kl.model == m]
         if len(k):
             r.update(orth_min=k.orthogonality.min(), orth_max=k.orthogonality.max(), orth_mean=k.orthogonality.mean(),
                      gaussian_min=k.baseline_gaussian.min(), gaussian_max=k.baseline_gaussian.max(),
+                     gaussian_expected=(float(k.gaussian_expected.mean()) if "gaussian_expected" in k
+                                        else float("nan")),
                      random_init_min=k.baseline_random_init.min(), random_init_max=k.baseline_random_init.max(),
+                     random_init_mean=k.baseline_random_init.mean(),
                      orth_over_random_init=k.orthogonality.mean() / k.baseline_random_init.mean())
         if len(a):
             r.update(focusing_pct=float(a.focusing_pct), focusing_pct_global=float(a.focusing_pct_global),
                      focusing_rho=float(a.spearman_rho), focusing_p=float(a.spearman_p))
         rows.append(r)
-    return pd.DataFrame(rows)
+    return add_published(pd.DataFrame(rows), TABLE2_PUBLISHED)
 
 
-def _pct(v, lo=None, hi=None) -> str:
+def _pct(v, lo=None, hi=None, bc=None) -> str:
+    """'estimate (bias-corrected) [lo, hi]' in percent (one decimal); parts that are missing are left out."""
     if v is None or not np.isfinite(v):
         return "n/a"
     s = f"{100 * v:.1f}"
+    if bc is not None and np.isfinite(bc):
+        s += f" ({100 * bc:.1f})"
     if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
         s += f" [{100 * lo:.1f}, {100 * hi:.1f}]"
     return s
 
 
+def _published(r, col: str) -> str:
+    """Markdown cell: the published value of ``col`` and what it was measured on, or '-' (none known)."""
+    txt = getattr(r, f"{col}_published", "")
+    if not isinstance(txt, str) or not txt:
+        return "-"
+    on = getattr(r, f"{col}_published_on", "")
+    return f"{txt} ({on})" if isinstance(on, str) and on else txt
+
+
 def to_markdown(df: pd.DataFrame, kind: str) -> str:
-    """Markdown rendering of :func:`table1` (``kind="table1"``) or :func:`table2` (``kind="table2"``),
-    with percentages and 95% CIs in brackets (a GitHub-flavoured pipe table plus a legend line)."""
+    """Markdown rendering of :func:`table1` (``kind="table1"``) or :func:`table2` (``kind="table2"``):
+    shares in percent as 'estimate (bias-corrected) [95% CI]', a 'published' column beside the measured
+    values (value and the model it was measured on, '-' where ``published.yaml`` holds none), and a legend
+    (a GitHub-flavoured pipe table plus legend lines)."""
+    g0 = lambda r, k: getattr(r, k, float("nan"))  # noqa: E731
     if kind == "table1":
-        head = ["Model", "Prompt set", "n", "PC1 % [95% CI]", "PC1+PC2 % [95% CI]", "PR", "rho(PC1, H)",
-                "Δ PC1+PC2 vs mixed (pp)"]
+        head = ["Model", "Prompt set", "n", "PC1 % (bc) [95% CI]", "PC1 published %", "PC1+PC2 % (bc) [95% CI]",
+                "PC1+PC2 published %", "PR (full)", "PR (top 10)", "PR top 10 published", "rho(PC1, H)",
+                "Δ PC1+PC2 vs mixed (pp) (bc) [95% CI]"]
         body = [[r.model, r.domain if r.role == "restricted" else "mixed", str(int(r.n)),
-                 _pct(r.pc1, r.pc1_lo, r.pc1_hi), _pct(r.pc12, r.pc12_lo, r.pc12_hi), f"{r.participation_ratio:.2f}",
+                 _pct(r.pc1, r.pc1_lo, r.pc1_hi, g0(r, "pc1_bc")), _published(r, "pc1"),
+                 _pct(r.pc12, r.pc12_lo, r.pc12_hi, g0(r, "pc12_bc")), _published(r, "pc12"),
+                 f"{r.participation_ratio:.2f}", f"{g0(r, 'participation_ratio_top10'):.2f}",
+                 _published(r, "participation_ratio_top10"),
                  f"{r.spearman_rho:.2f} (p={r.spearman_p:.2g})",
-                 "-" if r.role == "mixed" else _pct(r.delta_pc12, r.delta_pc12_lo, r.delta_pc12_hi)]
+                 "-" if r.role == "mixed" else _pct(r.delta_pc12, r.delta_pc12_lo, r.delta_pc12_hi,
+                                                    g0(r, "delta_pc12_bc"))]
                 for r in df.itertuples()]
-        legend = ("Table 1 analogue (Paper III): standardized last-token value vectors at the final layer, "
-                  "entropy-stratified selections; PC1 sign fixed so that rho >= 0; Δ = restricted - mixed in "
-                  "percentage points (CI from independent bootstraps).")
+        legend = ("Table 1 analogue (Paper III): standardized last-token value vectors at the final layer "
+                  "(relative depth 1.0), entropy-stratified selections; PC1 sign fixed so that rho >= 0; Δ = "
+                  "restricted - mixed in percentage points (CI from independent bootstraps). " + BC_NOTE + " PR: "
+                  "participation ratio over the full spectrum and over the 10 largest eigenvalues (the published "
+                  "code's definition). Published: Paper III values with the model they were measured on "
+                  "(llmgeom/data/published.yaml); '-' = not in the file. " + DEPTH_NOTE)
     elif kind == "table2":
-        head = ["Model", "Attention", "PC1+PC2 mixed %", "PC1+PC2 restricted %", "Key orthogonality (range over layers)",
-                "Gaussian baseline", "Random-init baseline", "Focusing %", "rho(H, depth)"]
+        head = ["Model", "Attention", "PC1+PC2 mixed % (bc) [95% CI]", "PC1+PC2 restricted % (bc) [95% CI]",
+                "Key orthogonality (range over layers)", "Key orthogonality published", "Gaussian baseline",
+                "Random-init baseline", "Random-init published", "Focusing %", "Focusing published", "rho(H, depth)"]
         body = []
         for r in df.itertuples():
-            g = lambda k: getattr(r, k, float("nan"))  # noqa: E731
-            body.append([r.model, str(g("attention_type")), _pct(g("pc12_mixed"), g("pc12_mixed_lo"), g("pc12_mixed_hi")),
-                         f"{_pct(g('pc12_restricted'), g('pc12_restricted_lo'), g('pc12_restricted_hi'))} "
+            g = lambda k: g0(r, k)  # noqa: E731
+            body.append([r.model, str(g("attention_type")),
+                         _pct(g("pc12_mixed"), g("pc12_mixed_lo"), g("pc12_mixed_hi"), g("pc12_mixed_bc")),
+                         f"{_pct(g('pc12_restricted'), g('pc12_restricted_lo'), g('pc12_restricted_hi'), g('pc12_restricted_bc'))} "
                          f"({g('restricted_domain')})",
-                         f"{g('orth_min'):.3f}–{g('orth_max'):.3f}", f"{g('gaussian_min'):.3f}–{g('gaussian_max'):.3f}",
-                         f"{g('random_init_min'):.3f}–{g('random_init_max'):.3f}",
-                         f"{g('focusing_pct'):.1f}", f"{g('focusing_rho'):.2f}"])
+                         f"{g('orth_min'):.3f}–{g('orth_max'):.3f}", _published(r, "orth_mean"),
+                         f"{g('gaussian_min'):.3f}–{g('gaussian_max'):.3f}",
+                         f"{g('random_init_min'):.3f}–{g('random_init_max'):.3f}", _published(r, "random_init_mean"),
+                         f"{g('focusing_pct'):.1f}", _published(r, "focusing_pct"), f"{g('focusing_rho'):.2f}"])
         legend = ("Table 2 analogue (Paper III): PC1+PC2 of standardized final-layer value vectors (mixed vs "
                   "restricted selection); key orthogonality = mean |cos| between W_K columns, per-layer mean over "
                   "key heads, range over layers, vs a Gaussian matrix and the random-init architecture of the same "
                   "shape; focusing = % reduction of the mean final-query attention entropy from the first to the last "
-                  "layer; rho = Spearman of entropy vs layer index.")
+                  "layer; rho = Spearman of entropy vs layer index. " + BC_NOTE + " Published: value and the models "
+                  "it was measured on (llmgeom/data/published.yaml); '-' = not in the file. " + RANDOM_INIT_NOTE)
     else:
         raise ValueError(f"kind must be table1 or table2, got {kind!r}")
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731

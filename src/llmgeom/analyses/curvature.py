@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from llmgeom.core.layers import relative_depth
 from llmgeom.core.store import attrs_dict, open_activations
 from llmgeom.measures.curvature import local_pca_residuals
 from llmgeom.measures.neighbors import deduplicate
@@ -35,6 +36,9 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
 
     Source: LSM sec. 13.3 (curvature proxy); DESIGN.md sec. 3.
     """
+    from llmgeom.measures.intrinsic_dimension import canonical_estimator
+
+    id_estimator = canonical_estimator(id_estimator)
     ids = id_table[(id_table.model == model) & (id_table.estimator == id_estimator)].set_index("layer")
     if ids.empty:
         raise ValueError(f"intrinsic_dimension table has no {id_estimator!r} rows for model {model!r}; "
@@ -60,7 +64,7 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
                 k_used, note = 2 * m, f"k raised to 2m (m={m} >= k={k})"
             if k_used > n_distinct - 1:
                 k_used, note = n_distinct - 1, f"k lowered to n_distinct - 1 ({n_distinct} distinct points)"
-            row = dict(model=model, prompt_set=a.get("prompt_set"), layer=layer, relative_depth=layer / n_layers,
+            row = dict(model=model, prompt_set=a.get("prompt_set"), layer=layer, relative_depth=relative_depth(layer, n_layers, index="residual"),
                        d_model=d_model, id_estimator=id_estimator, id_used=id_used, m=m, k=k_used,
                        k_adjusted=k_used != k, n=n_distinct, n_duplicates_removed=pts.shape[0] - n_distinct)
             cols = ("curvature_mean", "curvature_median", "curvature_std", "curvature_q25", "curvature_q75")

@@ -28,8 +28,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from llmgeom.core.layers import select_layers
-from llmgeom.core.stats import bootstrap_interval, derived_seed
+from llmgeom.core.layers import relative_depth, select_layers
+from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed
 from llmgeom.core.store import open_activations
 from llmgeom.measures import pca as geometry
 
@@ -157,7 +157,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         n_quantiles, per_quantile: bins of the model's next-token entropy and prompts drawn per bin.
         edges: "per_set" (each pool's own quantiles; default) or "pooled" (common edges over all pools
             in ``h5_paths``); see the module docstring.
-        n_boot, ci, seed: percentile bootstrap over prompts; the selection of set s uses
+        n_boot, ci, seed: basic (reverse-percentile) bootstrap over prompts; the selection of set s uses
             ``derived_seed(seed, s)`` and its bootstrap ``derived_seed(seed, s + "/boot")``.
         layers: "all", "last" or block indices (value layers 0..L-1; residual stream = output of block l).
         standardize: variants (True = z-scored coordinates, Paper III; False = raw, centred only).
@@ -171,11 +171,14 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         entropy_mean, entropy_median (nats, of the selection), representation ("values" = last-token
         value vectors concatenated over key heads; "residual_stream" = output of the block), layer,
         relative_depth ((layer+1)/L), standardized, every key of ``geometry.value_manifold_stats`` (pc1,
-        pc2, pc12 fractions of variance with *_lo/*_hi basic-bootstrap bounds, participation_ratio,
+        pc2, pc12 fractions of variance with *_lo/*_hi basic-bootstrap bounds and *_bc bias-corrected
+        estimates 2 t - mean(replicates), participation_ratio (full spectrum), participation_ratio_top10,
         spearman_rho / spearman_p of the PC1 score vs next-token entropy with PC1's sign fixed so that
         rho >= 0, ...), boot_seed, and the change vs the mixed selection at the same representation,
         layer and variant: delta_pc1, delta_pc2, delta_pc12 (restricted - mixed; *_lo/*_hi = basic-bootstrap
-        CI of the difference of independent bootstrap replicates), delta_participation_ratio,
+        CI of the difference of independent bootstrap replicates; delta_pc1_bc / delta_pc12_bc = 2 delta -
+        mean(replicate differences), the centre of that interval), delta_participation_ratio,
+        delta_participation_ratio_top10,
         delta_spearman_rho (0 for the mixed rows).
 
         ``selection`` - one row per candidate prompt: model, prompt_set, domain, prompt_index (row in the
@@ -252,7 +255,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                                n_quantiles=int(n_quantiles), per_quantile=int(per_quantile),
                                n_candidates=int(ent[s].size), entropy_mean=float(h.mean()),
                                entropy_median=float(np.median(h)), representation=rep, layer=layer,
-                               relative_depth=(layer + 1) / L, **st)
+                               relative_depth=relative_depth(layer, L), **st)
                     row["standardized"] = bool(std)
                     row["boot_seed"] = bseed
                     if s == mixed_set:
@@ -262,7 +265,10 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                         row[f"delta_{k}"] = st[k] - mst[k]
                         if k != "pc2":
                             row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = _diff_ci(boot[:, j], mboot[:, j], ci, row[f"delta_{k}"])
+                            row[f"delta_{k}_bc"] = bias_corrected(row[f"delta_{k}"], boot[:, j] - mboot[:, j])
                     row["delta_participation_ratio"] = st["participation_ratio"] - mst["participation_ratio"]
+                    row["delta_participation_ratio_top10"] = (st["participation_ratio_top10"]
+                                                              - mst["participation_ratio_top10"])
                     row["delta_spearman_rho"] = st["spearman_rho"] - mst["spearman_rho"]
                     rows.append(row)
                 if layer in keep_scores:

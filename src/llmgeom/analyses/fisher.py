@@ -41,7 +41,7 @@ def fisher_tables(h5_path, unembedding, *, model: str, n_positions: int = 128, m
 
     Source: LSM (Fisher information metric, G(h) = W^T (diag p - p p^T) W).
     """
-    from scipy.stats import spearmanr
+    from llmgeom.core.stats import spearman
 
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
@@ -80,8 +80,8 @@ def fisher_tables(h5_path, unembedding, *, model: str, n_positions: int = 128, m
                 participation_ratio_median=float(np.nanmedian(per.participation_ratio)),
                 trace_fraction_topk_median=float(np.nanmedian(per.trace_fraction_topk)),
                 mass_topk_median=float(per.mass_topk.median()),
-                spearman_trace_margin=float(spearmanr(tr, per.margin).statistic) if len(per) > 2 else np.nan,
-                spearman_trace_entropy=float(spearmanr(tr, per.entropy).statistic) if len(per) > 2 else np.nan,
+                spearman_trace_margin=spearman(tr, per.margin)[0],
+                spearman_trace_entropy=spearman(tr, per.entropy)[0],
                 margin_check_max_abs_diff=float(diff.max()) if diff.size else np.nan,
                 margin_check_n=int(diff.size))
     return {"fisher": per, "fisher_summary": pd.DataFrame([summ])}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmgeom.core.stats import pearson
+from llmgeom.core.stats import bias_corrected, bootstrap_interval, pearson
 
 # an edited projection whose spread is below this fraction of sigma carries no entropy information:
 # its correlation is reported as 0 (and flagged) instead of correlating rounding noise
@@ -39,7 +39,8 @@ def _cond_stats(hm, hb, proj_e, proj_f, sig_e, sig_f) -> dict:
 
 def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.95, seed: int = 0):
     """One row per condition: SULA MAE / r and the axis-entropy correlation after the edit, their changes
-    against the unedited baseline, and paired percentile-bootstrap CIs over prompts for the changes.
+    against the unedited baseline, and paired basic (reverse-percentile) bootstrap CIs over prompts for the
+    changes with the bias-corrected change they are centred on.
 
     Args:
         per_prompt, axes: the DataFrames of :func:`intervention_experiment` (or read back from CSV).
@@ -51,7 +52,9 @@ def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.9
         axis_corr_edited / axis_corr_final (Pearson corr(v.u_ent, H_model) at the probe layer after the
         edit; 0 and degenerate_* = True when the projection is (numerically) constant), mean_h_model_bits,
         mean_abs_dh_model_bits (mean |H_model(edit) - H_model(baseline)| per prompt), mean_label_mass,
-        baseline values (*_base), and delta_* = edited - baseline with delta_*_lo / _hi bounds.
+        baseline values (*_base), and delta_* = edited - baseline with delta_*_lo / _hi bounds (basic
+        bootstrap, resampling prompts jointly for the edit and the baseline) and delta_*_bc = 2 delta -
+        mean(replicates) (:func:`llmgeom.core.stats.bias_corrected`).
 
     Raises:
         ValueError: no baseline rows, or n_boot < 1.
@@ -70,7 +73,6 @@ def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.9
     rng = np.random.default_rng(seed)
     n = len(base)
     boot_idx = rng.integers(0, n, size=(n_boot, n))
-    q = [50 * (1 - ci), 50 * (1 + ci)]
     rows = []
     for cond, g in per_prompt.groupby("condition", sort=False):
         g = g.set_index("prompt").loc[base.index]
@@ -102,9 +104,10 @@ def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.9
             row[f"{k}_base"] = st0[k]
             row[f"delta_{k}"] = st[k] - st0[k]
             col = boots[:, keys.index(k)]
-            ok = np.isfinite(col)
-            lo, hi = np.percentile(col[ok], q) if ok.any() else (np.nan, np.nan)
-            row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = float(lo), float(hi)
+            d = row[f"delta_{k}"]
+            lo, hi = bootstrap_interval(d, col, ci=ci, method="basic") if np.isfinite(d) else (np.nan, np.nan)
+            row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = lo, hi
+            row[f"delta_{k}_bc"] = bias_corrected(d, col)
         row.update(n_boot=n_boot, ci=ci, seed=seed)
         rows.append(row)
     return pd.DataFrame(rows)

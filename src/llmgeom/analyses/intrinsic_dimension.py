@@ -24,8 +24,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from llmgeom.core.layers import relative_depth
+from llmgeom.core.published import add_published
 from llmgeom.core.store import attrs_dict, open_activations
 from llmgeom.measures import intrinsic_dimension as manifold
+
+#: measured column -> quantity of llmgeom/data/published.yaml (LSM)
+ID_PROFILE_PUBLISHED = {"peak_id": "id_peak", "peak_relative_depth": "id_peak_relative_depth",
+                        "peak_id_over_d_model": "id_over_d_model"}
 
 # --------------------------------------------------------------------------------------------
 # Intrinsic-dimension profile and curvature
@@ -49,8 +55,11 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
         peak_layer, peak_relative_depth, peak_id, peak_id_over_d_model, trough_layer,
         trough_relative_depth, trough_id, embedding_id (layer 0, reported even when excluded),
         first_id (first layer of the profile), final_id (last block), mean_id (over the profile),
-        spearman_depth (ID vs depth), shape ("rise-then-fall", "fall-then-rise", "increasing",
-        "decreasing", "flat"), shape_tol, embeddings_included (True: layer 0 is part of the profile).
+        spearman_depth (ID vs depth; NaN for a constant profile), shape ("rise-then-fall", "fall-then-rise",
+        "increasing", "decreasing", "flat"), shape_tol, embeddings_included (True: layer 0 is part of the
+        profile); beside peak_id, peak_relative_depth and peak_id_over_d_model the LSM values
+        (``*_published``, ``*_published_on``; ``llmgeom/data/published.yaml``, empty where it has none).
+        Relative depth = layer / L for residual-stream layer l (output of block l; 0 = embeddings).
 
     Source: LSM (universal ID profile over relative depth); DESIGN.md sec. 3.
     """
@@ -75,7 +84,7 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
             first_id=s["first_id"], final_id=s["last_id"], mean_id=float(g.id_mean.mean()),
             spearman_depth=s["spearman_depth"], shape=s["shape"], shape_tol=shape_tol,
             embeddings_included=bool(lay.min() == 0)))
-    return pd.DataFrame(rows)
+    return add_published(pd.DataFrame(rows), ID_PROFILE_PUBLISHED)
 
 
 def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_subsamples: int,
@@ -88,7 +97,9 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
     layer l = output of block l. Every estimator sees the same subsamples (same seed).
 
     Returns:
-        DataFrame with model, prompt_set, estimator, layer, relative_depth (layer / L), d_model,
+        DataFrame with model, prompt_set, estimator ("twonn"; "mle_mg" = MLE with MacKay-Ghahramani's harmonic
+        mean, skdim's default; "mle_lb" = MLE with Levina-Bickel's arithmetic mean), layer, relative_depth
+        (layer / L = (block index + 1) / L: the one convention of every table), d_model,
         n (distinct points), n_duplicates_removed, n_subsamples, subsample_size (requested),
         subsample_size_used (= n when fewer distinct points exist; then a warning), id_mean, id_std, id_min,
         id_max, id_over_d_model, mle_k (neighbours of MLE; empty for TwoNN), estimator_ratio (largest /
@@ -107,8 +118,9 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
         for layer in range(n_layers + 1):
             pts = np.asarray(X[:, layer, :], dtype=np.float64)
             for est in estimators:
+                est = manifold.canonical_estimator(est)
                 kw = {"min_points": min_points}
-                if est == "mle":
+                if est.startswith("mle"):
                     kw["k"] = mle_k
                 r = manifold.id_subsamples(pts, estimator=est, n_subsamples=n_subsamples,
                                            subsample_size=subsample_size, seed=seed, **kw)
@@ -121,13 +133,13 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
                                   "them (id_std = 0; column subsample_size_used). Extract more corpus positions "
                                   "(prompts.sets.<corpus>.n, extract.sample_per_prompt) for a spread", stacklevel=2)
                 rows.append(dict(model=model, prompt_set=a.get("prompt_set"), estimator=est, layer=layer,
-                                 relative_depth=layer / n_layers, d_model=d_model, n=r["n_points"],
+                                 relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model, n=r["n_points"],
                                  n_duplicates_removed=r["n_duplicates_removed"], n_subsamples=r["n_subsamples"],
                                  subsample_size=subsample_size, subsample_size_used=r["subsample_size"],
                                  id_mean=r["id_mean"], id_std=r["id_std"],
                                  id_min=r["id_min"], id_max=r["id_max"],
                                  id_over_d_model=r["id_mean"] / d_model,
-                                 mle_k=mle_k if est == "mle" else None))
+                                 mle_k=mle_k if est.startswith("mle") else None))
     df = pd.DataFrame(rows)
     # LSM (issue 5): flag layers where the estimators disagree by more than a factor
     g = df.groupby("layer").id_mean

@@ -7,8 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from llmgeom.core.published import add_published
+from llmgeom.core.stats import derived_seed
 from llmgeom.core.store import attrs_dict, open_activations
 from llmgeom.measures import margins
+
+#: measured column -> quantity of llmgeom/data/published.yaml
+MARGINS_PUBLISHED = {"hard_core_margin": "hard_core_margin"}
+GAP_PUBLISHED = {"beta": "eta_slope", "r2": "eta_r2"}
 
 # --------------------------------------------------------------------------------------------
 # Margins, expressibility gap, perplexity
@@ -16,6 +22,7 @@ from llmgeom.measures import margins
 
 
 def margin_tables(h5_path, *, model: str, threshold: float = 0.5, hard_core_quantile: float = 0.05,
+                  hard_core_thresholds=margins.HARD_CORE_THRESHOLDS,
                   eps_min: float = 1e-3, eps_max: float = 10.0, n_eps: int = 41, fit_eps_max: float = 0.5,
                   min_count: int = 10, n_boot: int = 200, ci: float = 0.95, seed: int = 0,
                   hist_bins: int = 60) -> dict[str, pd.DataFrame]:
@@ -30,11 +37,16 @@ def margin_tables(h5_path, *, model: str, threshold: float = 0.5, hard_core_quan
         dict of DataFrames:
         ``margins``: one row: model, prompt_set, vocab_size, d_model, n_positions, margin_mean,
         margin_q05/q25/q50/q75/q95, threshold, p_margin_below, hard_core_quantile,
-        hard_core_margin, hard_core_fraction, hard_core_count, hard_core_nll_share, mean_nll,
-        perplexity, spearman_margin_nll(_p), mean_entropy, spearman_margin_entropy(_p)
-        (see :func:`llmgeom.measures.margins.margin_summary`);
+        hard_core_margin (+ hard_core_margin_published / _published_on), hard_core_fraction, hard_core_count,
+        hard_core_nll_share, mean_nll, perplexity, spearman_margin_nll(_p), mean_entropy,
+        spearman_margin_entropy(_p) (see :func:`llmgeom.measures.margins.margin_summary`), and per threshold t of
+        ``hard_core_thresholds`` (logits, config ``margins.hard_core_thresholds``) the fraction of positions with
+        margin < t: hard_core_frac_lt_{t} with _count, _lo / _hi (basic bootstrap over passages, ``n_boot``
+        resamples, seeded) and _bc (bias-corrected), hard_core_boot, hard_core_n_boot
+        (see :func:`llmgeom.measures.margins.fraction_below`);
         ``eta_curve``: per eps: model, prompt_set, eps, eta, count, in_fit;
-        ``expressibility_gap``: one row: beta, intercept, r2, alpha, beta_lo, beta_hi,
+        ``expressibility_gap``: one row: beta (+ beta_published / _published_on), intercept, r2 (+ r2_published /
+        _published_on), alpha, beta_lo, beta_hi,
         beta_boot_std, alpha_lo, alpha_hi, fit_eps_lo, fit_eps_hi, n_fit_points, n_positions,
         n_boot, ci, min_count (see :func:`llmgeom.measures.margins.expressibility_gap`);
         ``margin_histogram``: per bin: bin_lo, bin_hi, count, density, n_above, plus the
@@ -53,18 +65,23 @@ def margin_tables(h5_path, *, model: str, threshold: float = 0.5, hard_core_quan
         m = f["tokens/margin"][:]
         nll = f["tokens/nll"][:]
         ent = f["tokens/entropy"][:]
+        passage = f["tokens/prompt"][:] if "tokens/prompt" in f else None
     base = dict(model=model, prompt_set=a.get("prompt_set"))
     # float32 rounding can leave a tie at -0.0 or a tiny negative; the margin is >= 0 by definition
     m = np.clip(m.astype(np.float64), 0.0, None)
     summ = margins.margin_summary(m, nll, ent, threshold=threshold, hard_core_quantile=hard_core_quantile)
+    summ.update(margins.fraction_below(m, hard_core_thresholds, groups=passage, n_boot=n_boot, ci=ci,
+                                       seed=derived_seed(seed, "hard_core")))
     curve, fit = margins.expressibility_gap(m, eps_min=eps_min, eps_max=eps_max, n_eps=n_eps,
                                             fit_eps_max=fit_eps_max, min_count=min_count, n_boot=n_boot,
                                             ci=ci, seed=seed)
     hist = margins.margin_histogram(m, n_bins=hist_bins)
     return {
-        "margins": pd.DataFrame([dict(base, vocab_size=a.get("vocab_size"), d_model=a.get("d_model"), **summ)]),
+        "margins": add_published(pd.DataFrame([dict(base, vocab_size=a.get("vocab_size"), d_model=a.get("d_model"),
+                                                    **summ)]), MARGINS_PUBLISHED),
         "eta_curve": pd.DataFrame(dict(base, **curve)),
-        "expressibility_gap": pd.DataFrame([dict(base, **fit, min_count=int(min_count))]),
+        "expressibility_gap": add_published(pd.DataFrame([dict(base, **fit, min_count=int(min_count))]),
+                                            GAP_PUBLISHED),
         "margin_histogram": pd.DataFrame(dict(base, **hist, hard_core_margin=summ["hard_core_margin"])),
     }
 
@@ -79,7 +96,9 @@ def margin_vs_perplexity_table(margins_table: pd.DataFrame) -> pd.DataFrame:
         DataFrame, one row per model and prompt set: model, prompt_set, vocab_size,
         median_margin (logits), margin_q25, margin_q75, perplexity (per token), log_perplexity
         (= mean NLL, nats),
-        p_margin_below, hard_core_margin, spearman_margin_nll, n_positions, and across models of the
+        p_margin_below, hard_core_margin with hard_core_margin_published / _published_on (LSM; from
+        ``llmgeom/data/published.yaml``), the hard-core fractions below fixed thresholds with their intervals
+        (hard_core_frac_lt_*), spearman_margin_nll, n_positions, and across models of the
         same prompt set: n_models, spearman_rho_across_models and spearman_p_across_models
         (rank correlation of median margin with perplexity; NaN with fewer than 3 models).
         Perplexities of models with different tokenizers count different tokens: compare them
@@ -87,10 +106,12 @@ def margin_vs_perplexity_table(margins_table: pd.DataFrame) -> pd.DataFrame:
 
     Source: LSM (margin distribution as a geometric decomposition of perplexity).
     """
-    from scipy.stats import spearmanr
+    from llmgeom.core.stats import spearman
 
     cols = ["model", "prompt_set", "vocab_size", "margin_q50", "margin_q25", "margin_q75", "perplexity", "mean_nll",
-            "p_margin_below", "hard_core_margin", "spearman_margin_nll", "n_positions"]
+            "p_margin_below", "hard_core_margin"]
+    cols += [c for c in margins_table.columns if c.startswith("hard_core_frac_lt_")]
+    cols += ["spearman_margin_nll", "n_positions"]
     d = margins_table[[c for c in cols if c in margins_table.columns]].rename(
         columns={"margin_q50": "median_margin", "mean_nll": "log_perplexity"}).copy()
     d["n_models"] = d.groupby("prompt_set").model.transform("nunique")
@@ -98,7 +119,8 @@ def margin_vs_perplexity_table(margins_table: pd.DataFrame) -> pd.DataFrame:
     d["spearman_p_across_models"] = np.nan
     for ps, g in d.groupby("prompt_set"):
         if len(g) >= 3:
-            r = spearmanr(g.median_margin, g.perplexity)
-            d.loc[g.index, "spearman_rho_across_models"] = float(r.statistic)
-            d.loc[g.index, "spearman_p_across_models"] = float(r.pvalue)
-    return d.sort_values(["prompt_set", "model"]).reset_index(drop=True)
+            r, p = spearman(g.median_margin, g.perplexity)
+            d.loc[g.index, "spearman_rho_across_models"] = r
+            d.loc[g.index, "spearman_p_across_models"] = p
+    d = d.drop(columns=[c for c in d.columns if c.startswith("hard_core_margin_published")])
+    return add_published(d.sort_values(["prompt_set", "model"]).reset_index(drop=True), MARGINS_PUBLISHED)

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from llmgeom.core.layers import select_layers
+from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
 from llmgeom.core.units import LN2
 from llmgeom.measures.bayes import model_label_entropy
@@ -146,7 +146,9 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
 
     Returns:
         (table, scores) where table has model, condition, layer, relative_depth ((layer+1)/L), n, pc1_var
-        (explained-variance fraction), rho_pc1_h_bayes / p (Spearman, PC1 vs H_Bayes; NaN if H_Bayes is
+        (explained-variance fraction; not bootstrapped), participation_ratio (full spectrum of the standardized
+        values) and participation_ratio_top10 (10 largest eigenvalues, the published code's definition),
+        rho_pc1_h_bayes / p (Spearman, PC1 vs H_Bayes; NaN if H_Bayes is
         constant, e.g. shuffled), rho_k_pc1 / p (Spearman, k vs PC1), rho_pc1_h_model / p,
         pc1_sign_flipped (all NaN at a layer where the values do not vary across prompts, e.g. layer 0: the
         final token is always ":"); and scores = {condition: PC1 score [n] at the last layer analysed}.
@@ -156,6 +158,7 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
     import pandas as pd
 
     from llmgeom.core.store import open_activations
+    from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top
 
     rows, last_scores = [], {}
     for cond, path in h5_paths.items():
@@ -168,18 +171,21 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
                 X = np.asarray(V[:, layer, :], np.float64)
                 if not np.any(np.ptp(X, axis=0) > 0):
                     # e.g. layer 0: the value at the final token ":" depends on that token only
-                    rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=(layer + 1) / L,
-                                     n=len(X), pc1_var=np.nan, rho_pc1_h_bayes=np.nan, p_pc1_h_bayes=np.nan,
+                    rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=relative_depth(layer, L),
+                                     n=len(X), pc1_var=np.nan, participation_ratio=np.nan,
+                                     participation_ratio_top10=np.nan, rho_pc1_h_bayes=np.nan, p_pc1_h_bayes=np.nan,
                                      rho_k_pc1=np.nan, p_k_pc1=np.nan, rho_pc1_h_model=np.nan, p_pc1_h_model=np.nan,
                                      pc1_sign_flipped=False))
                     last_scores[cond] = np.full(len(X), np.nan)
                     continue
                 s, var, flipped = pc1_scores(X, hm)
+                evr = explained_variance(X, True)
                 r1, p1 = spearman(s, hb)
                 r2, p2 = spearman(k, s)
                 r3, p3 = spearman(s, hm)
-                rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=(layer + 1) / L,
-                                 n=len(s), pc1_var=var, rho_pc1_h_bayes=r1, p_pc1_h_bayes=p1, rho_k_pc1=r2,
+                rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=relative_depth(layer, L),
+                                 n=len(s), pc1_var=var, participation_ratio=participation_ratio(evr),
+                                 participation_ratio_top10=participation_ratio_top(evr), rho_pc1_h_bayes=r1, p_pc1_h_bayes=p1, rho_k_pc1=r2,
                                  p_k_pc1=p2, rho_pc1_h_model=r3, p_pc1_h_model=p3, pc1_sign_flipped=flipped))
                 last_scores[cond] = s
     return pd.DataFrame(rows), last_scores

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from llmgeom.core.layers import select_layers
+from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.store import open_activations
 from llmgeom.measures import pca as geometry
 
@@ -33,8 +33,9 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
         DataFrame with columns model, prompt_set, representation ("values" = last-token value vectors
         concatenated over key heads [n_prompts, n_kv_heads*head_dim]; "residual_stream" = output of the
         block [n_prompts, d_model]), layer (0-based block index), relative_depth ((layer+1)/L),
-        standardized, n, pc1, pc2, pc12 and their CI bounds (fractions of variance, 0..1),
-        participation_ratio, spearman_rho, spearman_p (PC1 score vs next-token entropy in nats; PC1 sign
+        standardized, n, pc1, pc2, pc12 and their basic-bootstrap CI bounds *_lo / *_hi and
+        bias-corrected estimates *_bc = 2 t - mean(replicates) (fractions of variance, 0..1),
+        participation_ratio (full spectrum), participation_ratio_top10 (10 largest eigenvalues), spearman_rho, spearman_p (PC1 score vs next-token entropy in nats; PC1 sign
         fixed so rho >= 0), pc1_sign_flipped.
 
     Raises:
@@ -55,5 +56,5 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
                                                            seed=seed, standardize=bool(std), ci=ci)
                         st["standardized"] = bool(std)
                         rows.append(dict(model=model, prompt_set=pset, representation=rep, layer=layer,
-                                         relative_depth=(layer + 1) / L, **st))
+                                         relative_depth=relative_depth(layer, L), **st))
     return pd.DataFrame(rows)

@@ -44,3 +44,39 @@ def select_layers(spec, n_layers: int, *, key: str = "layers") -> list[int]:
                              f"{', '.join(map(repr, NAMED_LAYERS))}")
         out.add(i if i >= 0 else n_layers + i)
     return sorted(out)
+
+
+#: The one relative-depth convention of every table (DESIGN.md sec. 3, "Depth"), quoted in the captions.
+DEPTH_CONVENTION = ("relative depth = number of transformer blocks applied / L: (layer + 1) / L for block-indexed "
+                    "quantities (values, keys, attention, block output, layer 0..L-1), layer / L for residual-stream "
+                    "layers (0 = embeddings, l = output of block l); the final block is 1.0")
+
+
+def relative_depth(layer: int, n_layers: int, *, index: str = "block") -> float:
+    """Relative depth of a layer: the number of transformer blocks applied, divided by ``n_layers`` (L).
+
+    Args:
+        layer: 0-based index. ``index="block"``: a block (values, keys, attention, or the block's output
+            in the residual stream), 0..L-1 -> (layer + 1) / L. ``index="residual"``: a residual-stream
+            hidden state, 0 = embeddings .. L = output of the last block -> layer / L.
+        n_layers: number of transformer blocks L (>= 1).
+
+    Returns:
+        float in [1/L, 1] for blocks, [0, 1] for residual layers. The output of block b has the same
+        relative depth in both indexings ((b + 1) / L), so every table uses one convention.
+
+    Raises:
+        ValueError: n_layers < 1, an unknown ``index``, or a layer outside its range.
+    """
+    L = int(n_layers)
+    if L < 1:
+        raise ValueError(f"n_layers must be >= 1, got {n_layers!r}")
+    if index == "block":
+        if not 0 <= int(layer) < L:
+            raise ValueError(f"block index {layer} outside 0..{L - 1}")
+        return (int(layer) + 1) / L
+    if index == "residual":
+        if not 0 <= int(layer) <= L:
+            raise ValueError(f"residual layer {layer} outside 0..{L}")
+        return int(layer) / L
+    raise ValueError(f"index must be 'block' or 'residual', got {index!r}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import skdim
 
+from llmgeom.core.stats import spearman
 from llmgeom.measures.neighbors import as_points, deduplicate, prepare_neighbors
 
 
@@ -73,12 +74,20 @@ def twonn(X, *, min_points: int = 20, discard_fraction: float = 0.1, method: str
 
 
 def mle_id(X, *, k: int = 20, min_points=None, comb: str = "mle") -> dict:
-    """Levina-Bickel maximum-likelihood intrinsic dimension via ``skdim.id.MLE``.
+    """Maximum-likelihood intrinsic dimension (Levina & Bickel 2004 pointwise estimates) via ``skdim.id.MLE``.
 
     Each point's estimate uses its ``k`` nearest neighbours,
-    m_k(x) = (k - 1) / sum_{j<k} log(T_k(x) / T_j(x)); the pointwise values are combined by
-    ``comb``: 'mle' (skdim's default: 1 / mean(1 / m), the MacKay-Ghahramani correction),
-    'mean' (Levina & Bickel's original average) or 'median'.
+    m_k(x) = (k - 1) / sum_{j<k} log(T_k(x) / T_j(x)) (skdim's pointwise estimator); the pointwise
+    values are combined by ``comb`` (skdim's names):
+
+    * ``'mle'`` (skdim's default): the harmonic mean 1 / mean(1 / m_k(x)), MacKay & Ghahramani's
+      correction (2005, "Comments on 'Maximum likelihood estimation of intrinsic dimension'"):
+      estimator ``mle_mg`` of this package;
+    * ``'mean'``: the arithmetic mean of m_k(x), Levina & Bickel's (2004) own aggregate: ``mle_lb``;
+    * ``'median'``: the median.
+
+    On curved, noisy or high-dimensional data the two aggregates differ a lot (issue 11: 11.49 vs 18.49
+    at SmolLM2 layer 15); on a uniform cube both recover its dimension (tested).
 
     Parameters
     ----------
@@ -106,13 +115,48 @@ def mle_id(X, *, k: int = 20, min_points=None, comb: str = "mle") -> dict:
     if min_points is None:
         min_points = max(20, k + 1)
     min_points = max(int(min_points), k + 1)
+    if comb not in MLE_COMBS:
+        raise ValueError(f"comb must be one of {MLE_COMBS}, got {comb!r}")
     X, dist, idx, n_exact, n_zero = prepare_neighbors(X, k, min_points, "MLE")
     est = skdim.id.MLE()
     d = est.fit(X, precomputed_knn_arrays=(dist, idx), n_neighbors=k, comb=comb).dimension_
     return _id_result(d, X, n_exact, n_zero, "MLE")
 
 
-_ESTIMATORS = {"twonn": twonn, "mle": mle_id}
+MLE_COMBS = ("mle", "mean", "median")
+
+
+def mle_mg(X, *, k: int = 20, min_points=None) -> dict:
+    """MLE intrinsic dimension aggregated by the harmonic mean of the pointwise Levina-Bickel estimates
+    (MacKay & Ghahramani 2005; skdim's default ``comb="mle"``). Arguments and result as :func:`mle_id`."""
+    return mle_id(X, k=k, min_points=min_points, comb="mle")
+
+
+def mle_lb(X, *, k: int = 20, min_points=None) -> dict:
+    """MLE intrinsic dimension aggregated by the arithmetic mean of the pointwise estimates (Levina &
+    Bickel 2004, their eq. 9; skdim ``comb="mean"``). Arguments and result as :func:`mle_id`."""
+    return mle_id(X, k=k, min_points=min_points, comb="mean")
+
+
+_ESTIMATORS = {"twonn": twonn, "mle_mg": mle_mg, "mle_lb": mle_lb}
+#: former name of mle_mg (skdim's default aggregate), still accepted; tables say "mle_mg"
+ESTIMATOR_ALIASES = {"mle": "mle_mg"}
+ESTIMATOR_LABELS = {"twonn": "TwoNN (Facco et al. 2017)",
+                    "mle_mg": "MLE, MacKay-Ghahramani (harmonic mean of pointwise estimates)",
+                    "mle_lb": "MLE, Levina-Bickel (arithmetic mean of pointwise estimates)"}
+
+
+def canonical_estimator(name: str) -> str:
+    """Canonical estimator name ('twonn', 'mle_mg', 'mle_lb'; 'mle' -> 'mle_mg'), case-insensitive.
+
+    Raises:
+        ValueError: unknown name (lists the valid ones).
+    """
+    n = ESTIMATOR_ALIASES.get(str(name).lower(), str(name).lower())
+    if n not in _ESTIMATORS:
+        raise ValueError(f"estimator must be one of {sorted(_ESTIMATORS)} (or the alias 'mle' = 'mle_mg'), "
+                         f"got {name!r}")
+    return n
 
 
 def id_subsamples(
@@ -129,7 +173,8 @@ def id_subsamples(
     Parameters
     ----------
     X : array [n_points, n_features] (cast to float64; exact duplicates removed first).
-    estimator : 'twonn' or 'mle' (case-insensitive).
+    estimator : 'twonn', 'mle_mg' (MacKay-Ghahramani aggregate; alias 'mle') or 'mle_lb' (Levina-Bickel
+        aggregate), case-insensitive.
     n_subsamples : number of random subsets (>= 1).
     subsample_size : points per subset, drawn without replacement from the distinct points; if
         fewer distinct points exist, every subset is all of them (then id_std = 0).
@@ -141,7 +186,7 @@ def id_subsamples(
     dict: ``id_mean``, ``id_std`` (ddof=0), ``id_min``, ``id_max`` over subsets (dimensionless),
     ``ids`` (list of per-subset estimates), ``n_subsamples``, ``subsample_size`` (points per
     subset actually used), ``n_points`` (distinct points in X), ``n_duplicates_removed`` (exact
-    duplicate rows in X), ``estimator``.
+    duplicate rows in X), ``estimator`` (canonical name).
 
     Raises
     ------
@@ -150,9 +195,7 @@ def id_subsamples(
 
     Source: LSM (mean and spread of the ID over several random subsamples); DESIGN.md sec. 3.
     """
-    name = str(estimator).lower()
-    if name not in _ESTIMATORS:
-        raise ValueError(f"estimator must be one of {sorted(_ESTIMATORS)}, got {estimator!r}")
+    name = canonical_estimator(estimator)
     if int(n_subsamples) < 1:
         raise ValueError(f"n_subsamples must be >= 1, got {n_subsamples}")
     if int(subsample_size) < 1:
@@ -196,7 +239,7 @@ def id_profile_shape(depth, ids, *, tol: float = 0.1) -> dict:
     -------
     dict: ``peak_index`` (position in the depth-sorted profile), ``peak_depth``, ``peak_id``,
     ``trough_index``, ``trough_depth``, ``trough_id``, ``first_id``, ``last_id``,
-    ``spearman_depth`` (rank correlation of ID with depth), ``shape`` in
+    ``spearman_depth`` (rank correlation of ID with depth; NaN for a constant profile), ``shape`` in
     {"rise-then-fall" (interior peak: the "hunchback"), "fall-then-rise" (interior trough: the
     "hourglass"), "increasing", "decreasing", "flat"}. When both an interior peak and an
     interior trough qualify, the larger excursion wins.
@@ -207,8 +250,6 @@ def id_profile_shape(depth, ids, *, tol: float = 0.1) -> dict:
 
     Source: LSM (hourglass / hunchback ID profiles across depth); DESIGN.md sec. 3.
     """
-    from scipy.stats import spearmanr
-
     depth = np.asarray(depth, dtype=np.float64)
     ids = np.asarray(ids, dtype=np.float64)
     if depth.shape != ids.shape or depth.ndim != 1 or depth.size < 2:
@@ -220,7 +261,7 @@ def id_profile_shape(depth, ids, *, tol: float = 0.1) -> dict:
     ip, it = int(np.argmax(ids)), int(np.argmin(ids))
     rng = float(ids.max() - ids.min())
     first, last = float(ids[0]), float(ids[-1])
-    rho = float(spearmanr(depth, ids).statistic) if rng > 0 else 0.0
+    rho = spearman(depth, ids)[0]  # NaN for a constant profile
     thr = tol * rng
     bump_up = (0 < ip < ids.size - 1) and ids[ip] - first > thr and ids[ip] - last > thr
     bump_dn = (0 < it < ids.size - 1) and first - ids[it] > thr and last - ids[it] > thr

@@ -22,7 +22,8 @@ Conventions:
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import spearmanr
+
+from llmgeom.core.stats import bias_corrected, bootstrap_interval, spearman
 
 #: Margin quantiles reported (LSM: 5, 25, 50, 75, 95%).
 QUANTILES = (0.05, 0.25, 0.50, 0.75, 0.95)
@@ -219,9 +220,7 @@ def margin_summary(margins, nll=None, entropy=None, *, quantiles=QUANTILES, thre
             raise ValueError(f"{name} has {a.size} values, margins {m.size}; they must be per position")
         if not np.all(np.isfinite(a)):
             raise ValueError(f"{name} contains non-finite values")
-        r = spearmanr(m, a)
-        out[f"spearman_margin_{name}"] = float(r.statistic)
-        out[f"spearman_margin_{name}_p"] = float(r.pvalue)
+        out[f"spearman_margin_{name}"], out[f"spearman_margin_{name}_p"] = spearman(m, a)
         if name == "nll":
             out["mean_nll"] = float(a.mean())
             out["perplexity"] = float(np.exp(a.mean()))
@@ -229,6 +228,79 @@ def margin_summary(margins, nll=None, entropy=None, *, quantiles=QUANTILES, thre
             out["hard_core_nll_share"] = float(a[core].sum() / tot) if tot > 0 else float("nan")
         else:
             out["mean_entropy"] = float(a.mean())
+    return out
+
+
+#: Default fixed margin thresholds (logits) of the hard-core fractions (config ``margins.hard_core_thresholds``).
+HARD_CORE_THRESHOLDS = (0.05, 0.1)
+
+
+def threshold_key(t: float) -> str:
+    """Column stem of threshold ``t`` (logits): ``hard_core_frac_lt_0.05`` etc."""
+    return f"hard_core_frac_lt_{float(t):g}"
+
+
+def fraction_below(margins, thresholds=HARD_CORE_THRESHOLDS, *, groups=None, n_boot: int = 200,
+                   ci: float = 0.95, seed: int = 0) -> dict:
+    """Fraction of positions whose margin lies below fixed thresholds, with bootstrap intervals.
+
+    This is what tests a claim such as "about 5% of positions have a very small margin": the 5% margin
+    quantile (``hard_core_margin``) holds 5% of positions by construction and cannot.
+
+    Args:
+        margins: array [n_positions] (logits, >= 0, finite).
+        thresholds: margin thresholds in logits (each > 0); strict m < t.
+        groups: optional array [n_positions] of cluster labels (e.g. the passage of each position,
+            ``tokens/prompt``): then whole groups are resampled (positions of one passage are not
+            independent). None: positions are resampled independently (the resampled count is then
+            Binomial(n, fraction), drawn directly).
+        n_boot: bootstrap resamples (0 = no interval: NaN bounds).
+        ci: central coverage of the interval, in (0, 1).
+        seed: ``numpy.random.default_rng(seed)``.
+
+    Returns:
+        dict with, per threshold t and stem s = :func:`threshold_key` (t): ``s`` (fraction in [0, 1]),
+        ``s_count``, ``s_lo`` / ``s_hi`` (basic bootstrap interval clipped to [0, 1]), ``s_bc``
+        (bias-corrected estimate 2 f - mean of the replicates); plus ``hard_core_boot`` ("passages" or
+        "positions") and ``hard_core_n_boot``.
+
+    Raises:
+        ValueError: bad margins, a threshold <= 0 or non-finite, groups of another length, n_boot < 0.
+
+    Source: LSM (hard core of boundary-proximal positions); DESIGN.md sec. 3 ("Voronoi margin": the fraction
+    of positions below fixed margin thresholds); bootstrap: Davison & Hinkley 1997, sec. 2.2 / 5.2.
+    """
+    m = _margins(margins)
+    th = [float(t) for t in thresholds]
+    if any(not np.isfinite(t) or t <= 0 for t in th):
+        raise ValueError(f"hard-core thresholds must be finite and > 0 logits, got {list(thresholds)}")
+    if int(n_boot) < 0:
+        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
+    below = np.stack([m < t for t in th], axis=1).astype(np.float64)  # [n, T]
+    frac = below.mean(axis=0)
+    rng = np.random.default_rng(seed)
+    if int(n_boot) == 0:
+        reps = np.full((0, len(th)), np.nan)
+    elif groups is None:
+        reps = rng.binomial(m.size, frac, size=(int(n_boot), len(th))) / m.size
+    else:
+        g = np.asarray(groups).ravel()
+        if g.shape != m.shape:
+            raise ValueError(f"groups has {g.size} labels, margins {m.size}; they must be per position")
+        _, inv = np.unique(g, return_inverse=True)
+        n_g = np.bincount(inv).astype(np.float64)                                   # [G]
+        b_g = np.stack([np.bincount(inv, weights=below[:, j], minlength=n_g.size) for j in range(len(th))], 1)
+        idx = rng.integers(0, n_g.size, size=(int(n_boot), n_g.size))
+        reps = b_g[idx].sum(axis=1) / n_g[idx].sum(axis=1)[:, None]                 # [n_boot, T]
+    out: dict = {}
+    for j, t in enumerate(th):
+        s = threshold_key(t)
+        lo, hi = (bootstrap_interval(frac[j], reps[:, j], ci=ci, method="basic", bounds=(0.0, 1.0))
+                  if reps.shape[0] else (np.nan, np.nan))
+        out.update({s: float(frac[j]), f"{s}_count": int(below[:, j].sum()), f"{s}_lo": lo, f"{s}_hi": hi,
+                    f"{s}_bc": bias_corrected(frac[j], reps[:, j], bounds=(0.0, 1.0)) if reps.shape[0] else np.nan})
+    out["hard_core_boot"] = "positions" if groups is None else "passages"
+    out["hard_core_n_boot"] = int(n_boot)
     return out
 
 

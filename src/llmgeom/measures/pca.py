@@ -4,8 +4,9 @@ Source: Paper III, "Geometric Scaling of Bayesian Inference in LLMs", sec. 4 (va
 and DESIGN.md sec. 3 ("Value manifold"). Per prompt, the final layer's value vectors at the last
 token are concatenated over heads into one row of ``X`` ([n_prompts, n_features]); each coordinate
 is standardized across prompts, PCA is taken, and we report PC1 and PC1+PC2 explained-variance
-fractions with percentile-bootstrap CIs over prompts, the participation ratio
-PR = (sum lambda)^2 / sum lambda^2, and Spearman rho between the PC1 score and next-token entropy.
+fractions with basic (reverse-percentile) bootstrap CIs over prompts and the bias-corrected estimate
+2 t - mean(replicates) they are centred on, the participation ratio PR = (sum lambda)^2 / sum lambda^2
+(over the full spectrum and over the top 10 eigenvalues), and Spearman rho between the PC1 score and next-token entropy.
 The same functions apply unchanged to residual-stream rows.
 
 Nothing here touches a model or an HDF5 file. All computation is in float64.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.decomposition import PCA
 
-from llmgeom.core.stats import bootstrap_interval, spearman
+from llmgeom.core.stats import bias_corrected, bootstrap_interval, spearman
 
 # A column whose standard deviation is below this multiple of (float64 eps * its largest absolute
 # value) is treated as constant: its "variance" is rounding noise from the mean, and z-scoring it
@@ -149,6 +150,37 @@ def participation_ratio(eigvals) -> float:
     return float(np.clip(pr, 1.0, rank))
 
 
+#: Eigenvalues used by the published Paper III code for its participation ratio (the top 10 PCA eigenvalues).
+PR_TOP = 10
+
+
+def participation_ratio_top(eigvals, top: int = PR_TOP) -> float:
+    """Participation ratio of the ``top`` largest eigenvalues only (default 10: the published Paper III
+    code's definition; the full-spectrum value is :func:`participation_ratio`).
+
+    Parameters
+    ----------
+    eigvals : 1-D array-like of non-negative eigenvalues (any order; sorted here).
+    top : number of largest eigenvalues kept (>= 1); all of them if fewer exist.
+
+    Returns
+    -------
+    PR in [1, min(top, rank)] (dimensionless): the PR of a truncated spectrum, so it never exceeds
+    ``top``; compare it only with values computed the same way.
+
+    Raises
+    ------
+    ValueError : as :func:`participation_ratio`, or top < 1.
+
+    Source: Paper III sec. 4 (participation ratio) as computed by its published code (top 10 PCA
+    eigenvalues); issue 11: 5.94 (top 10) vs 16.29 (full) on the official SULA prompts.
+    """
+    if int(top) < 1:
+        raise ValueError(f"top must be >= 1, got {top!r}")
+    lam = np.sort(np.asarray(eigvals, dtype=np.float64).ravel())[::-1]
+    return participation_ratio(lam[: int(top)])
+
+
 def pc_scores(X, standardize: bool = True, n_components: int = 2, *, sign_reference=None) -> np.ndarray:
     """Principal-component scores of the points in ``X``.
 
@@ -259,12 +291,16 @@ def value_manifold_stats(
     dict with keys
         n, n_features (input columns), n_features_used (columns kept after dropping constants),
         pc1, pc2, pc12 : explained-variance fractions in [0, 1] (pc2 = 0 if only one component),
-        pc1_lo, pc1_hi, pc2_lo, pc2_hi, pc12_lo, pc12_hi : percentile-bootstrap CI bounds,
+        pc1_lo, pc1_hi, pc2_lo, pc2_hi, pc12_lo, pc12_hi : bootstrap CI bounds (``ci_method``),
+        pc1_bc, pc2_bc, pc12_bc : bias-corrected estimates 2 t - mean(replicates) clipped to [0, 1]
+            (:func:`llmgeom.core.stats.bias_corrected`): the point the basic interval is centred on;
+            with n_prompts < n_features the raw share is biased upward and may lie above its interval,
         n_boot, n_boot_valid : resamples requested / usable (a resample whose rows are all
             identical has no variance and is skipped; CIs are NaN if none is usable),
         ci, seed, standardized,
-        participation_ratio : PR of the explained-variance spectrum, in [1, rank],
-        spearman_rho, spearman_p : scipy.stats.spearmanr(PC1 score, entropy), two-sided p;
+        participation_ratio : PR of the full explained-variance spectrum, in [1, rank],
+        participation_ratio_top10 : PR of the 10 largest eigenvalues (the published code's definition),
+        spearman_rho, spearman_p : :func:`llmgeom.core.stats.spearman` (PC1 score, entropy), two-sided p;
             NaN when the entropy (or the PC1 score) is constant,
         pc1_sign_flipped : True if the PC1 score from PCA was negated to apply the convention.
 
@@ -318,13 +354,14 @@ def value_manifold_stats(
     idx = rng.integers(0, n, size=(n_boot, n))
     boot = _bootstrap_top2(X, idx, standardize)
     valid = np.all(np.isfinite(boot), axis=1)
+    est = (pc1, pc2, pc1 + pc2)
     if valid.any():
-        est = (pc1, pc2, pc1 + pc2)
         (l1, h1), (l2, h2), (l12, h12) = (
             bootstrap_interval(t, boot[valid, j], ci=ci, method=ci_method, bounds=(0.0, 1.0))
             for j, t in enumerate(est))
     else:
         l1 = l2 = l12 = h1 = h2 = h12 = np.nan
+    bc1, bc2, bc12 = (bias_corrected(t, boot[valid, j], bounds=(0.0, 1.0)) for j, t in enumerate(est))
 
     stats = {
         "n": int(n),
@@ -339,6 +376,9 @@ def value_manifold_stats(
         "pc2_hi": float(h2),
         "pc12_lo": float(l12),
         "pc12_hi": float(h12),
+        "pc1_bc": bc1,
+        "pc2_bc": bc2,
+        "pc12_bc": bc12,
         "n_boot": n_boot,
         "n_boot_valid": int(np.count_nonzero(valid)),
         "ci": float(ci),
@@ -346,6 +386,7 @@ def value_manifold_stats(
         "seed": seed,
         "standardized": bool(standardize),
         "participation_ratio": participation_ratio(evr),
+        "participation_ratio_top10": participation_ratio_top(evr, PR_TOP),
         "spearman_rho": rho,
         "spearman_p": p,
         "pc1_sign_flipped": flipped,

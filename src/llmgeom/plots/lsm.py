@@ -39,7 +39,8 @@ def id_profile_figure(df: pd.DataFrame, paths, profile: pd.DataFrame | None = No
                 ax.scatter(bad.relative_depth, bad.id_mean, s=60, facecolors="none", edgecolors=col[m], lw=1)
             ip = g.id_mean.idxmax()
             ax.scatter([g.relative_depth[ip]], [g.id_mean[ip]], marker="*", s=140, color=col[m], zorder=3)
-        ax.set_title({"twonn": "TwoNN", "mle": "MLE (Levina-Bickel)"}.get(est, est))
+        ax.set_title({"twonn": "TwoNN", "mle_mg": "MLE, MacKay-Ghahramani (harmonic mean)",
+                      "mle_lb": "MLE, Levina-Bickel (mean)"}.get(est, est), fontsize=9)
         ax.set_xlabel("relative depth (0 = embeddings, 1 = last block)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("intrinsic dimension")

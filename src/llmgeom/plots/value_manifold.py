@@ -33,7 +33,7 @@ def value_manifold_figure(df: pd.DataFrame, paths, *, representation: str = "val
         g = g.sort_values("relative_depth")
         ax2.plot(g.relative_depth, 100 * g.pc12, marker=".", label=f"{m} / {ps}")
         ax2.fill_between(g.relative_depth, 100 * g.pc12_lo, 100 * g.pc12_hi, alpha=0.15)
-    ax2.set_xlabel("relative depth (layer / n_layers)")
+    ax2.set_xlabel("relative depth ((layer + 1) / n_layers)")
     ax2.set_ylabel("PC1+PC2 explained variance (%)")
     ax2.legend(fontsize=7)
     save_figure(fig, paths)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from llmgeom.core.layers import relative_depth
 from llmgeom.measures.orthogonality import (
     gaussian_baseline,
     gaussian_expectation,
@@ -115,7 +116,7 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
             arch.kv_module(skeleton, layer).to("meta")  # free it again
         r.update(
             model=model_name,
-            relative_depth=(layer + 1) / s.n_layers,
+            relative_depth=relative_depth(layer, s.n_layers),
             n_query_heads_sharing=share,
             attention_type=s.attention_type,
             sliding=layer in s.sliding_layers,

@@ -38,7 +38,8 @@ def check_lsm_config(config: dict) -> None:
             raise LSMConfigError(f"{sec}.prompt_set is {ps!r}; it must name a prompt set of kind corpus in "
                                  f"prompts.sets (defined: {', '.join(sorted(sets))})")
     est = config["curvature"]["id_estimator"]
-    if est not in config["intrinsic_dimension"]["estimators"]:
+    alias = {"mle": "mle_mg"}  # = llmgeom.measures.intrinsic_dimension.ESTIMATOR_ALIASES (skdim not imported at DAG time)
+    if alias.get(est, est) not in {alias.get(e, e) for e in config["intrinsic_dimension"]["estimators"]}:
         raise LSMConfigError(f"curvature.id_estimator is {est!r} but intrinsic_dimension.estimators is "
                              f"{config['intrinsic_dimension']['estimators']}; add it there or change it")
     mg = config["margins"]
