@@ -38,11 +38,12 @@ def by_title(summaries):
 def test_wiki_data_located_without_import(summaries):
     path = wiki_summaries_path()
     assert path.name == "summaries_en-us.json" and path.is_file()
-    assert len(summaries) == 10033
+    assert len(summaries) == 10033 - summaries.dropped.get("format_char", 0) - summaries.dropped.get("empty_slot", 0)
+    assert len(summaries) == 9956  # 10,033 shipped; 77 start with a broken sentence (issue 11)
     titles = [r["title"] for r in summaries]
     assert titles == sorted(titles)
     assert sorted({r["topic"] for r in summaries}) == TOPICS
-    assert Counter(r["topic"] for r in summaries)["Mathematics"] == 256
+    assert Counter(r["topic"] for r in summaries)["Mathematics"] == 236  # 256 shipped, 20 start with a broken sentence
     assert all(r["text"] and "\n" not in r["text"] and r["text"] == r["text"].strip() for r in summaries)
     assert set(summaries[0]) == {"title", "text", "topic"}
 
@@ -299,3 +300,50 @@ def test_module_has_documented_public_api():
     assert len(public) >= 8
     for obj in public:
         assert inspect.getdoc(obj) and len(inspect.getdoc(obj)) > 20, obj.__name__
+
+
+# ----------------------------------------------------------------------------- broken text (issue 11, point 5)
+
+
+def test_real_summaries_hold_word_joiners_and_loading_cuts_them(summaries):
+    import unicodedata
+
+    raw = json.loads(wiki_summaries_path().read_bytes().decode("utf-8"))
+    assert len(raw) == 10033
+    assert sum("\u2060" in str(e.get("extract") or "") for e in raw.values()) == 24  # the data as shipped
+    assert not any(unicodedata.category(ch) == "Cf" for r in summaries for ch in r["text"])
+    from llmgeom.extract.prompts import wiki_cleaning_report
+
+    rep = wiki_cleaning_report(summaries)
+    assert rep["n_summaries"] == len(summaries) == 10033 - rep["n_dropped"]
+    assert rep["by_reason"]["format_char"] >= 24 and rep["n_cut"] > 0
+
+
+def test_default_mathematics_set_has_no_format_chars_or_empty_slots():
+    import unicodedata
+
+    from llmgeom.extract.prompts import bad_sentence_reason
+
+    recs = build_prompt_set("domain", n=150, seed=0, token_budget=48, topics=["Mathematics"])  # config/config.yaml
+    assert len(recs) == 150
+    for r in recs:
+        assert not any(unicodedata.category(ch) == "Cf" for ch in r["text"]), r
+        assert bad_sentence_reason(r["text"]) is None, r
+        assert not r["text"].rstrip(".,;:").endswith(" or")  # e.g. "... or [U+2060]/2[U+2060] radians"
+    assert not any("radians" in r["text"] and "/2" in r["text"] for r in recs)
+
+
+def test_clean_extract_cuts_before_the_first_broken_sentence():
+    from llmgeom.extract.prompts import clean_extract
+
+    assert clean_extract("A right angle is 90 degrees. Or \u2060\u2060/2\u2060\u2060 radians. More.") == (
+        "A right angle is 90 degrees.", "format_char")
+    assert clean_extract("First e.g. fine. There are no integers  with  such that . Next.") == (
+        "First e.g. fine.", "empty_slot")
+    assert clean_extract("An amino () group.") == ("", "empty_slot")
+    assert clean_extract("Kyushu  is an island. It is large.") == ("Kyushu is an island. It is large.", None)
+
+
+def test_prompt_files_refuse_format_characters(tmp_path):
+    with pytest.raises(PromptDataError, match="U\\+2060"):
+        write_prompt_set([{"id": "x-0", "text": "a \u2060\u2060 b", "meta": {}}], tmp_path / "x.jsonl")

@@ -1,5 +1,5 @@
 from llmgeom.workflow.jobs import run_logged
-from llmgeom.extract.prompts import build_prompt_set, write_prompt_set
+from llmgeom.extract.prompts import build_prompt_set, wiki_cleaning_report, write_prompt_set
 
 with run_logged(snakemake.log[0]):
     spec = dict(snakemake.params.spec)
@@ -11,5 +11,10 @@ with run_logged(snakemake.log[0]):
         topics=spec.get("topics"),
         path=spec.get("path"),
     )
+    if spec["kind"] != "code" and not spec.get("path"):
+        rep = wiki_cleaning_report()
+        print(f"Wikipedia summaries: {rep['n_summaries']} usable; {rep['n_cut']} cut before a sentence with an "
+              f"invisible format character or an emptied formula slot, {rep['n_dropped']} dropped (nothing left); "
+              f"by reason: {rep['by_reason']}")
     sha = write_prompt_set(records, snakemake.output[0])
     print(f"{len(records)} prompts, sha256 {sha}")

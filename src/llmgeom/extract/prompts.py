@@ -36,6 +36,7 @@ import re
 import sys
 import sysconfig
 import tokenize
+import unicodedata
 from collections.abc import Iterable, Iterator
 
 from llmgeom.core.io import atomic_path
@@ -125,9 +126,11 @@ def load_wiki_summaries(path=None) -> list[dict]:
 
     Returns:
         ``[{"title": str, "text": str, "topic": str}, ...]`` sorted by title (ties by topic, text).
-        ``text`` is the extract with footnote markers ("[note 1]", "[3]", "[a]") removed and all
-        whitespace runs collapsed to one space (no newlines);
-        entries with an empty or whitespace-only extract are dropped.
+        ``text`` is the extract with footnote markers ("[note 1]", "[3]", "[a]") removed, cut before its
+        first sentence that holds an invisible format character (Unicode Cf) or an emptied formula slot
+        (:func:`clean_extract`), and all whitespace runs collapsed to one space (no newlines); entries with
+        an empty extract, or nothing left after the cut, are dropped. The returned list carries the counts
+        per reason in its attributes ``cut`` and ``dropped`` (:func:`wiki_cleaning_report`).
 
     Raises:
         PromptDataError: the package/file is missing, the file is not valid UTF-8 JSON, or it
@@ -145,18 +148,101 @@ def load_wiki_summaries(path=None) -> list[dict]:
             f"Wikipedia summaries file {path}: expected a JSON object title -> entry, "
             f"got {type(raw).__name__}"
         )
-    out = []
+    out = _Records()
+    dropped: dict[str, int] = {}
+    cut: dict[str, int] = {}
     for key, entry in raw.items():
         if not isinstance(entry, dict):
             raise PromptDataError(f"Wikipedia summaries file {path}: entry {key!r} is not an object")
-        text = " ".join(_FOOTNOTE.sub("", str(entry.get("extract") or "")).split())
+        raw_text = _FOOTNOTE.sub("", str(entry.get("extract") or ""))
+        if not raw_text.strip():
+            continue
+        text, reason = clean_extract(raw_text)
         if not text:
+            dropped[reason] = dropped.get(reason, 0) + 1
             continue
         title = " ".join(str(entry.get("title") or key).split())
         topic = " ".join(str(entry.get("topic") or "Uncategorized").split())
         out.append({"title": title, "text": text, "topic": topic})
+        if reason is not None:
+            cut[reason] = cut.get(reason, 0) + 1
     out.sort(key=lambda r: (r["title"], r["topic"], r["text"]))
+    out.dropped, out.cut = dropped, cut
     return out
+
+
+#: Signs of an emptied formula slot in a Wikipedia extract (the API drops <math> content and leaves its
+#: surroundings): punctuation right after whitespace ("such that ."), empty brackets, or a run of spaces
+#: right after a clause mark ("operator,  is"). Invisible format characters (Unicode category Cf, e.g. the
+#: U+2060 word joiners around a removed formula) are checked separately.
+_EMPTY_SLOT = re.compile(r"\s[.,;:!?](?=\s|$)|[(\[]\s*[)\]]|[,;:]\s{2,}")
+
+
+def has_format_char(text: str) -> bool:
+    """True if ``text`` holds an invisible format character (Unicode general category Cf)."""
+    return any(unicodedata.category(ch) == "Cf" for ch in text)
+
+
+def bad_sentence_reason(sentence: str) -> str | None:
+    """Why a sentence of raw source text may not enter a prompt, or None.
+
+    Returns:
+        ``"format_char"``: it holds an invisible format character (Unicode category Cf: U+2060 word joiner,
+        U+200D zero-width joiner, soft hyphen, bidi marks, ...); ``"empty_slot"``: it shows an emptied
+        formula slot (see ``_EMPTY_SLOT``); None: usable.
+    """
+    if has_format_char(sentence):
+        return "format_char"
+    if _EMPTY_SLOT.search(sentence):
+        return "empty_slot"
+    return None
+
+
+def clean_extract(raw: str) -> tuple[str, str | None]:
+    """Cut a raw summary before its first broken sentence (issue 11: no prompt may hold Cf characters or
+    an emptied formula slot).
+
+    Sentences end at ``.``, ``!`` or ``?`` followed by whitespace, with the abbreviation rules of
+    :func:`cut_at_boundary` for ``.``. The text is kept up to the first sentence for which
+    :func:`bad_sentence_reason` gives a reason (cut, not patched: a formula cannot be restored), then its
+    whitespace is collapsed.
+
+    Returns:
+        (text, reason): the usable prefix ("" when the first sentence is already broken) and the reason of
+        the cut (None when nothing was cut).
+    """
+    words = list(re.finditer(r"\S+", raw))
+    start = 0
+    for i, m in enumerate(words):
+        w = m.group(0)
+        last = i == len(words) - 1
+        end = last or (w[-1] in ".!?" and (w[-1] != "." or _is_boundary_word(w, words[i + 1].group(0))))
+        if not end:
+            continue
+        stop = len(raw) if last else words[i + 1].start()
+        reason = bad_sentence_reason(raw[start:stop])
+        if reason is not None:
+            return " ".join(raw[:start].split()), reason
+        start = stop
+    return " ".join(raw.split()), None
+
+
+def wiki_cleaning_report(records: list[dict] | None = None) -> dict:
+    """Counts of what :func:`load_wiki_summaries` cut or dropped (for the build log): ``n_summaries``
+    (usable), ``n_cut`` (summaries cut before a broken sentence), ``n_dropped`` (nothing usable left),
+    and ``by_reason`` {reason: summaries cut or dropped} (reasons of :func:`bad_sentence_reason`)."""
+    records = load_wiki_summaries() if records is None else records
+    cut, dropped = getattr(records, "cut", {}), getattr(records, "dropped", {})
+    by = {k: cut.get(k, 0) + dropped.get(k, 0) for k in sorted(set(cut) | set(dropped))}
+    return {"n_summaries": len(records), "n_cut": int(sum(cut.values())),
+            "n_dropped": int(sum(dropped.values())), "by_reason": by}
+
+
+class _Records(list):
+    """A list of summary records that also carries ``cut`` / ``dropped`` {reason: summaries}."""
+
+    cut: dict
+    dropped: dict
 
 
 def wiki_topics(records: list[dict] | None = None) -> list[str]:
@@ -406,6 +492,8 @@ def _code_pool(root: str, max_words: int, min_words: int) -> tuple[tuple[tuple, 
             seg = lines[first - 1:last]
             prefix = seg[0][: _indent(seg[0])]
             text = "\n".join(x[len(prefix):] if x.startswith(prefix) else x for x in seg).rstrip()
+            if has_format_char(text):  # e.g. a BOM or zero-width joiner in a string literal: not a prompt
+                continue
             pool.append((text, rel, first, last))
     return tuple(pool), skipped
 
@@ -688,7 +776,7 @@ def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> l
     articles: list[tuple[str, list[str]]] = []
     title, words = "", []
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or has_format_char(line):  # invisible format characters: skip the paragraph
             continue
         head = _wikitext_heading(line)
         if head:
@@ -727,6 +815,10 @@ def _check_record(rec, where: str, ids: set) -> None:
     text = rec.get("text")
     if not isinstance(text, str) or not text.strip():
         raise PromptDataError(f"{where}: record has no non-empty 'text'")
+    bad = sorted({f"U+{ord(ch):04X}" for ch in text if unicodedata.category(ch) == "Cf"})
+    if bad:
+        raise PromptDataError(f"{where}: record {rec.get('id')!r} holds invisible format characters {bad} "
+                              "(Unicode category Cf); rebuild the prompt set (llmgeom.extract.prompts cuts them)")
     rid = rec.get("id")
     if rid is not None:
         if rid in ids:
