@@ -14,7 +14,7 @@ import pandas as pd
 # ---------------------------------------------------------------------------------------------
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.stats import spearman
-from llmgeom.core.store import attrs_dict, open_activations
+from llmgeom.core.store import attrs_dict, open_activations, read_finite
 
 
 def focusing_summary(layer_entropy, *, sliding=None) -> dict:
@@ -77,7 +77,7 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
         if "attention/entropy" not in f:
             raise KeyError(f"{h5_path} has no attention/entropy (prompt set of kind corpus?); "
                            "use a mixed/domain/code set for attention focusing")
-        E = f["attention/entropy"][:].astype(np.float64)  # [n, L, H]
+        E = read_finite(f, "attention/entropy")  # [n, L, H]
         ntok = f["prompts/n_tokens"][:].astype(np.float64)
     ar = a.get("architecture") or {}
     n, L, nh = E.shape

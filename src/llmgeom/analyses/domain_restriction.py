@@ -30,7 +30,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed
-from llmgeom.core.store import open_activations
+from llmgeom.core.store import open_activations, read_finite
 from llmgeom.measures import pca as geometry
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
     ent, topics = {}, {}
     for s in order:
         with open_activations(h5_paths[s], model=model) as f:
-            ent[s] = f["next_token/entropy"][:].astype(np.float64)
+            ent[s] = read_finite(f, "next_token/entropy")
             topics[s] = _topics(f["prompts/meta"])
     common = quantile_edges(np.concatenate([ent[s] for s in order]), n_quantiles) if edges == "pooled" else None
     sel, sel_rows = {}, []
@@ -239,8 +239,8 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         h = ent[s][idx]
         bseed = derived_seed(seed, s + "/boot")
         with open_activations(h5_paths[s], model=model) as f:
-            vals = np.asarray(f["last_token/values"][idx], dtype=np.float64)      # [n, L, F]
-            resid = np.asarray(f["last_token/residual"][idx], dtype=np.float64)   # [n, L+1, d]
+            vals = read_finite(f, "last_token/values", idx)      # [n, L, F]
+            resid = read_finite(f, "last_token/residual", idx)   # [n, L+1, d]
         L = vals.shape[1]
         keep_scores = set(select_layers(score_layers, L))
         for layer in select_layers(layers, L):

@@ -26,7 +26,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.published import add_published
-from llmgeom.core.store import attrs_dict, open_activations
+from llmgeom.core.store import attrs_dict, open_activations, read_finite
 from llmgeom.measures import intrinsic_dimension as manifold
 
 #: measured column -> quantity of llmgeom/data/published.yaml (LSM)
@@ -116,7 +116,7 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
         n_layers = X.shape[1] - 1
         d_model = X.shape[2]
         for layer in range(n_layers + 1):
-            pts = np.asarray(X[:, layer, :], dtype=np.float64)
+            pts = read_finite(f, "tokens/residual_sample", layer=layer)
             for est in estimators:
                 est = manifold.canonical_estimator(est)
                 kw = {"min_points": min_points}

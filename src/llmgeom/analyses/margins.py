@@ -9,7 +9,7 @@ import pandas as pd
 
 from llmgeom.core.published import add_published
 from llmgeom.core.stats import derived_seed
-from llmgeom.core.store import attrs_dict, open_activations
+from llmgeom.core.store import attrs_dict, open_activations, read_finite
 from llmgeom.measures import margins
 
 #: measured column -> quantity of llmgeom/data/published.yaml
@@ -62,9 +62,9 @@ def margin_tables(h5_path, *, model: str, threshold: float = 0.5, hard_core_quan
         a = attrs_dict(f)
         if "tokens/margin" not in f:
             raise KeyError(f"{h5_path} has no tokens/margin: it is not a corpus activation file")
-        m = f["tokens/margin"][:]
-        nll = f["tokens/nll"][:]
-        ent = f["tokens/entropy"][:]
+        m = read_finite(f, "tokens/margin")
+        nll = read_finite(f, "tokens/nll")
+        ent = read_finite(f, "tokens/entropy")
         passage = f["tokens/prompt"][:] if "tokens/prompt" in f else None
     base = dict(model=model, prompt_set=a.get("prompt_set"))
     # float32 rounding can leave a tie at -0.0 or a tiny negative; the margin is >= 0 by definition

@@ -30,15 +30,15 @@ def read_sula_h5(path, *, model: str | None = None):
     """
     import pandas as pd
 
-    from llmgeom.core.store import open_activations
+    from llmgeom.core.store import open_activations, read_finite
 
     with open_activations(path, model=model) as f:
         if "next_token/candidate_logprobs" not in f:
             raise KeyError(f"{path} has no next_token/candidate_logprobs; it is not a SULA extraction "
                            "(rerun rule extract_sula)")
         meta = [json.loads(m) for m in f["prompts/meta"].asstr()[:]]
-        lp = f["next_token/candidate_logprobs"][:].astype(np.float64)
-        hv = f["next_token/entropy"][:].astype(np.float64) / LN2
+        lp = read_finite(f, "next_token/candidate_logprobs")
+        hv = read_finite(f, "next_token/entropy") / LN2
     p_model, h_model = model_label_entropy(lp[:, 0], lp[:, 1])
     df = pd.DataFrame({
         "condition": [m["condition"] for m in meta], "k": [int(m["k"]) for m in meta],
@@ -157,7 +157,7 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
     """
     import pandas as pd
 
-    from llmgeom.core.store import open_activations
+    from llmgeom.core.store import open_activations, read_finite
     from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top
 
     rows, last_scores = [], {}
@@ -168,7 +168,7 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
             V = f["last_token/values"]
             L = V.shape[1]
             for layer in select_layers(layers, L):
-                X = np.asarray(V[:, layer, :], np.float64)
+                X = read_finite(f, "last_token/values", layer=layer)
                 if not np.any(np.ptp(X, axis=0) > 0):
                     # e.g. layer 0: the value at the final token ":" depends on that token only
                     rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=relative_depth(layer, L),

@@ -11,11 +11,10 @@ Models") for intrinsic dimension.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
-from llmgeom.core.store import open_activations
+from llmgeom.core.store import open_activations, read_finite
 from llmgeom.measures import pca as geometry
 
 
@@ -44,15 +43,15 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
     rows = []
     for pset, path in h5_paths.items():
         with open_activations(path, model=model) as f:
-            ent = f["next_token/entropy"][:].astype(np.float64)
-            vals = f["last_token/values"]
-            resid = f["last_token/residual"]
-            L = vals.shape[1]
+            ent = read_finite(f, "next_token/entropy")
+            L = f["last_token/values"].shape[1]
             for layer in select_layers(layers, L):
-                reps = {"values": vals[:, layer, :], "residual_stream": resid[:, layer + 1, :]}
-                for rep, X in reps.items():
+                reps = {"values": lambda: read_finite(f, "last_token/values", layer=layer),
+                        "residual_stream": lambda: read_finite(f, "last_token/residual", layer=layer + 1)}
+                for rep, read in reps.items():
+                    X = read()
                     for std in standardize:
-                        st = geometry.value_manifold_stats(np.asarray(X, np.float64), ent, n_boot=n_boot,
+                        st = geometry.value_manifold_stats(X, ent, n_boot=n_boot,
                                                            seed=seed, standardize=bool(std), ci=ci)
                         st["standardized"] = bool(std)
                         rows.append(dict(model=model, prompt_set=pset, representation=rep, layer=layer,

@@ -333,6 +333,63 @@ def _string_problems(f) -> list[str]:
     return out
 
 
+class NonFiniteDataError(StoreError):
+    """A stored array holds NaN or inf (the writer refuses them, so the file was altered or copied in)."""
+
+
+def read_finite(f: h5py.File, name: str, rows=None, *, layer: int | None = None, dtype=np.float64) -> np.ndarray:
+    """Read a numeric dataset of an open activation file and refuse non-finite values.
+
+    The one reading helper of every analysis (issue 11): a NaN or inf is reported with the file, the
+    dataset, the layer and the first bad row, instead of numpy's "X contains non-finite values" later.
+
+    Args:
+        f: an open file (:func:`open_activations`).
+        name: dataset path, e.g. ``"last_token/values"`` (axes as in ``UNITS``).
+        rows: None (all rows), a slice, or a sorted 1-d int array of rows (prompts / samples / positions).
+        layer: index on axis 1 (the layer axis of ``last_token/*``, ``attention/entropy``,
+            ``tokens/residual_sample``) or None (all of them).
+        dtype: dtype of the returned array (float64 by default).
+
+    Returns:
+        numpy array: shape of the dataset with ``rows`` applied and, when ``layer`` is given, axis 1 removed.
+
+    Raises:
+        KeyError: no such dataset. NonFiniteDataError (a StoreError): a non-finite value; the message names
+            the file, the dataset, its layer (given, or the layer of the first bad value when the dataset has
+            a layer axis) and the first bad row (the row of the file, not of the selection).
+    """
+    ds = f[name]
+    idx = None if rows is None or isinstance(rows, slice) else np.asarray(rows, dtype=np.int64)
+    if layer is None:
+        a = ds[()] if rows is None else (ds[rows] if idx is None else ds[idx])
+    elif idx is None:
+        a = ds[(slice(None) if rows is None else rows), int(layer)]
+    else:
+        a = ds[idx][:, int(layer)]
+    a = np.asarray(a, dtype=dtype)
+    if a.size and not np.isfinite(a).all():
+        first = np.argwhere(~np.isfinite(a))[0]
+        r = int(first[0]) if a.ndim else 0
+        if idx is not None:
+            r = int(idx[r])
+        elif isinstance(rows, slice):
+            r = range(ds.shape[0])[rows][r]
+        axes = str(ds.attrs.get("axes", ""))
+        if layer is not None:
+            lay = f"layer {int(layer)}"
+        elif a.ndim >= 2 and axes.split(",")[1:2] and axes.split(",")[1].startswith("layer"):
+            lay = f"layer {int(first[1])}"
+        else:
+            lay = "no layer axis"
+        axis0 = axes.split(",")[0] or "row"
+        raise NonFiniteDataError(
+            f"{f.filename}: dataset {name!r}, {lay}, {axis0} row {r}: non-finite value {a[tuple(first)]!r} "
+            f"(first of {int(np.count_nonzero(~np.isfinite(a)))} in what was read); the extraction never writes one, "
+            f"so the file was altered or copied in: rerun rule extract for it (snakemake --forcerun {f.filename})")
+    return a
+
+
 def attrs_dict(f: h5py.File) -> dict:
     """Root attributes with JSON fields decoded."""
     out = {}
