@@ -256,6 +256,14 @@ def test_domain_restriction_rank1_known_answers(tmp_path):
     assert (d.n == 15).all() and (d.domain == "X").all() and (d.role == "restricted").all()
     mx = st[st.prompt_set == "mixed"]
     assert (mx.delta_pc12 == 0).all() and (mx.role == "mixed").all()
+    # issue 11: bias-corrected estimates beside every bootstrapped share and difference; PR of the top 10
+    assert (mx.delta_pc12_bc == 0).all()
+    for k in ("pc1", "pc2", "pc12"):
+        assert ((st[f"{k}_lo"] - 1e-12 <= st[f"{k}_bc"]) & (st[f"{k}_bc"] <= st[f"{k}_hi"] + 1e-12)).all()
+    assert ((d.delta_pc12_lo - 1e-12 <= d.delta_pc12_bc) & (d.delta_pc12_bc <= d.delta_pc12_hi + 1e-12)).all()
+    np.testing.assert_allclose(d.participation_ratio_top10, 1.0, atol=1e-9)  # rank 1
+    assert ((st.participation_ratio_top10 >= 1) & (st.participation_ratio_top10 <= 10)).all()
+    assert ((st.relative_depth - (st.layer + 1) / L).abs() < 1e-15).all()
     # selection: every candidate recorded, 3 per quintile selected, reproducible
     assert len(sel) == 2 * n
     assert sel[sel.selected].groupby(["prompt_set", "entropy_quantile"]).size().tolist() == [3] * 10
@@ -333,10 +341,11 @@ def _fake_tables():
                                                                                    "Mathematics", 0.5)):
             for layer in (0, 1):
                 dr.append(dict(model=m, prompt_set=s, domain=dom, role=role, n=75, layer=layer, representation="values",
-                               standardized=True, pc1=pc1 + layer / 10, pc1_lo=pc1, pc1_hi=pc1 + 0.2, pc12=pc1 + 0.1,
-                               pc12_lo=pc1, pc12_hi=pc1 + 0.3, participation_ratio=3.0, spearman_rho=0.4,
-                               spearman_p=0.01, delta_pc12=0.0 if role == "mixed" else 0.3, delta_pc12_lo=0.1,
-                               delta_pc12_hi=0.5))
+                               relative_depth=(layer + 1) / 2, standardized=True, pc1=pc1 + layer / 10,
+                               pc1_bc=pc1 + 0.05, pc1_lo=pc1, pc1_hi=pc1 + 0.2, pc12=pc1 + 0.1, pc12_bc=pc1 + 0.15,
+                               pc12_lo=pc1, pc12_hi=pc1 + 0.3, participation_ratio=3.0, participation_ratio_top10=2.5,
+                               spearman_rho=0.4, spearman_p=0.01, delta_pc12=0.0 if role == "mixed" else 0.3,
+                               delta_pc12_bc=0.0 if role == "mixed" else 0.25, delta_pc12_lo=0.1, delta_pc12_hi=0.5))
     ko = pd.DataFrame([dict(model=m, layer=layer, kv_head=h, orthogonality=0.1 * (layer + 1), baseline_gaussian=0.03,
                             baseline_random_init=0.04) for m in ("a", "b") for layer in (0, 1) for h in (0, 1)])
     af = pd.DataFrame([dict(model="a", attention_type="GQA", n_layers=2, n_sliding_layers=0, sliding_window=None,
@@ -359,13 +368,19 @@ def test_table1_table2_and_markdown():
     assert r.pc12_mixed == pytest.approx(0.3) and r.pc12_restricted == pytest.approx(0.6)
     assert r.restricted_domain == "Mathematics" and r.orth_over_random_init == pytest.approx(0.15 / 0.04)
     md1, md2 = to_markdown(t1, "table1"), to_markdown(t2, "table2")
-    assert md1.count("\n| ") == 4 and "30.0 [20.0, 40.0]" in md1 and "Mathematics" in md1
+    assert md1.count("\n| ") == 4 and "30.0 (25.0) [20.0, 40.0]" in md1 and "Mathematics" in md1
+    assert "estimate (bias-corrected)" in md1
     assert "0.100–0.200" in md2 and "40.0" in md2
+    # published values beside the measured ones, with what they were measured on (issue 11, point 4)
+    assert t1.pc12_published.tolist() == [""] * 4  # Paper III's per-model Table 1 numbers are not in the data file
+    assert (t2.random_init_mean_published == "0.35-0.45").all()
+    assert "Paper III" in t2.random_init_mean_published_on.iloc[0] and "Table 2" in t2.random_init_mean_published_on.iloc[0]
+    assert "0.35-0.45 (the Paper III Table 2 models" in md2 and "sqrt(2 / (pi d_model))" in md2 and "0.033" in md2
     with pytest.raises(ValueError):
         to_markdown(t1, "table3")
     page = markdown_tables_html({"Table 1 analogue": md1, "Table 2 analogue": md2})
     assert page.count("<table>") == 2 and page.count("<tr>") == 1 + 4 + 1 + 2
-    assert "<th>PC1 % [95% CI]</th>" in page and "MQA + sliding window" in page
+    assert "<th>PC1 % (bc) [95% CI]</th>" in page and "MQA + sliding window" in page
 
 
 def test_config_checks():

@@ -81,6 +81,35 @@ def test_pr_equal_eigenvalues(k):
     assert participation_ratio(np.r_[np.full(k, 0.2), np.zeros(4)]) == pytest.approx(k, rel=1e-12)
 
 
+def test_pr_top10_is_the_published_definition():
+    """Paper III's published code: PR of the 10 largest PCA eigenvalues (issue 11, point 3a)."""
+    from llmgeom.measures.pca import participation_ratio_top
+
+    lam = np.ones(40)
+    assert participation_ratio(lam) == pytest.approx(40) and participation_ratio_top(lam) == pytest.approx(10)
+    lam = np.r_[np.full(5, 2.0), np.full(100, 0.1)]  # any order
+    assert participation_ratio_top(lam[::-1]) == pytest.approx((10 + 0.5) ** 2 / (5 * 4 + 5 * 0.01))
+    assert participation_ratio_top([3.0, 1.0], top=10) == participation_ratio([3.0, 1.0])
+    with pytest.raises(ValueError, match="top"):
+        participation_ratio_top(lam, top=0)
+    rng = np.random.default_rng(0)
+    st = value_manifold_stats(rng.standard_normal((50, 80)), rng.standard_normal(50), n_boot=5, seed=0)
+    assert 1 <= st["participation_ratio_top10"] <= 10 < st["participation_ratio"]
+
+
+def test_relative_depth_one_convention():
+    from llmgeom.core.layers import relative_depth
+
+    L = 30
+    assert relative_depth(L - 1, L) == 1.0 == relative_depth(L, L, index="residual")
+    assert relative_depth(0, L, index="residual") == 0.0
+    for b in range(L):  # block b's output: the same depth in both indexings
+        assert relative_depth(b, L) == relative_depth(b + 1, L, index="residual") == (b + 1) / L
+    for bad in ((L, L, "block"), (-1, L, "block"), (L + 1, L, "residual"), (0, L, "layer")):
+        with pytest.raises(ValueError):
+            relative_depth(bad[0], bad[1], index=bad[2])
+
+
 def test_pr_one_nonzero():
     assert participation_ratio([0.0, 5.0, 0.0]) == 1.0
 

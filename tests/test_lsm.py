@@ -14,7 +14,7 @@ import torch
 from llmgeom.measures import fisher, margins
 from llmgeom.analyses import intrinsic_dimension as lsm
 from llmgeom.measures.neighbors import TooFewPointsError
-from llmgeom.measures.intrinsic_dimension import id_profile_shape, id_subsamples, mle_id, twonn
+from llmgeom.measures.intrinsic_dimension import id_profile_shape, id_subsamples, mle_id, mle_lb, mle_mg, twonn
 from llmgeom.measures.curvature import local_pca_residuals
 from llmgeom.extract.prompts import PromptDataError, build_prompt_set, text_file_passages
 from llmgeom.core.store import ActivationWriter
@@ -54,14 +54,30 @@ def _with_duplicates(X, frac, rng):
 
 
 @pytest.mark.parametrize("name", ["linear5", "sphere2"])
-@pytest.mark.parametrize("est", ["twonn", "mle"])
+@pytest.mark.parametrize("est", ["twonn", "mle_mg", "mle_lb"])
 def test_id_known_dimension_within_10pct(clouds, name, est):
     X, d = clouds[name]
-    fn = twonn if est == "twonn" else mle_id
+    fn = {"twonn": twonn, "mle_mg": mle_mg, "mle_lb": mle_lb}[est]
     assert fn(X)["id"] == pytest.approx(d, rel=0.10)
 
 
-@pytest.mark.parametrize("est", ["twonn", "mle"])
+def test_mle_aggregates_on_a_uniform_cube():
+    """Uniform 5-cube, n = 2000: the harmonic (MacKay-Ghahramani) and arithmetic (Levina-Bickel) means of
+    the pointwise MLE both recover d = 5 within 10%, and harmonic <= arithmetic (AM-HM)."""
+    X = np.random.default_rng(0).uniform(size=(2000, 5))
+    mg, lb = mle_mg(X, k=10)["id"], mle_lb(X, k=10)["id"]
+    assert mg == pytest.approx(5, rel=0.10) and lb == pytest.approx(5, rel=0.10)
+    assert mg < lb
+    assert mg == mle_id(X, k=10, comb="mle")["id"] and lb == mle_id(X, k=10, comb="mean")["id"]
+    with pytest.raises(ValueError, match="comb must be one of"):
+        mle_id(X, k=10, comb="harmonic")
+    r = id_subsamples(X, estimator="mle", n_subsamples=1, subsample_size=2000, seed=0, k=10)
+    assert r["estimator"] == "mle_mg" and r["id_mean"] == mg  # 'mle' is the old name of mle_mg
+    with pytest.raises(ValueError, match="mle_lb"):
+        id_subsamples(X, estimator="levina", n_subsamples=1, subsample_size=10, seed=0)
+
+
+@pytest.mark.parametrize("est", ["twonn", "mle_mg", "mle_lb"])
 def test_id_finite_with_20pct_duplicates(clouds, est):
     rng = np.random.default_rng(11)
     X, d = clouds["linear5"]
@@ -69,7 +85,7 @@ def test_id_finite_with_20pct_duplicates(clouds, est):
     r = id_subsamples(Xd, estimator=est, n_subsamples=2, subsample_size=1000, seed=0)
     assert np.isfinite(r["id_mean"]) and r["id_mean"] == pytest.approx(d, rel=0.15)
     assert r["n_duplicates_removed"] == n_dup
-    one = (twonn if est == "twonn" else mle_id)(Xd)
+    one = {"twonn": twonn, "mle_mg": mle_mg, "mle_lb": mle_lb}[est](Xd)
     assert one["n_duplicates_removed"] == n_dup and np.isfinite(one["id"])
 
 
@@ -273,16 +289,24 @@ def corpus_h5(tmp_path_factory):
 def test_id_table_disagreement_profile_and_curvature_tables(corpus_h5):
     idt = intrinsic_dimension_table(corpus_h5, model="toy", estimators=["twonn", "mle"], n_subsamples=2,
                                     subsample_size=200, seed=0, min_points=20, mle_k=10, disagreement_factor=1.5)
-    assert len(idt) == 8 and set(idt.estimator) == {"twonn", "mle"}
+    assert len(idt) == 8 and set(idt.estimator) == {"twonn", "mle_mg"}  # 'mle' is stored under its real name
     assert idt.id_mean.between(4, 6.5).all()
     assert (idt.estimator_ratio >= 1).all() and not idt.estimators_disagree.any()
-    assert (idt[idt.estimator == "mle"].mle_k == 10).all() and idt[idt.estimator == "twonn"].mle_k.isna().all()
+    assert (idt[idt.estimator == "mle_mg"].mle_k == 10).all() and idt[idt.estimator == "twonn"].mle_k.isna().all()
+    # residual-stream layer l (0 = embeddings) sits at l / L: the output of block l - 1, (l - 1 + 1) / L
+    np.testing.assert_array_equal(idt.relative_depth, idt.layer / 3)
     strict = intrinsic_dimension_table(corpus_h5, model="toy", estimators=["twonn", "mle"], n_subsamples=2,
                                        subsample_size=200, seed=0, min_points=20, mle_k=10,
                                        disagreement_factor=1.0000001)
     assert strict.estimators_disagree.any()
     prof = lsm.id_profile_table(idt)
     assert len(prof) == 2 and set(prof.columns) >= {"peak_layer", "peak_id", "shape", "peak_relative_depth"}
+    # published LSM values beside the measured ones (issue 11, point 4)
+    assert (prof.peak_id_over_d_model_published == "0.01-0.03").all()
+    assert (prof.peak_id_published == "19-22").all() and (prof.peak_relative_depth_published == "").all()
+    assert prof.peak_id_over_d_model_published_on.str.contains("124M-1.5B").all()
+    cols = list(prof.columns)
+    assert cols.index("peak_id_published") == cols.index("peak_id") + 1
     cv = curvature_table(corpus_h5, idt, model="toy", k=20, n_points=250, min_points=20)
     assert len(cv) == 4 and cv.m.isin([5, 6]).all() and (cv.k == 20).all()  # m = round(TwoNN ID)
     assert (cv.curvature_mean < 1e-6).all()  # a linear 5-d cloud is flat at m >= 5
@@ -302,6 +326,39 @@ def test_margin_tables_on_uniform_margins(corpus_h5):
                                                     t["margins"].assign(model="toy3", margin_q50=0.1,
                                                                         perplexity=20.0)]))
     assert len(mvp) == 3 and mvp.spearman_rho_across_models.iloc[0] == pytest.approx(-1.0)
+    # issue 11: fraction of positions below fixed thresholds (uniform margins on [0, 1]: ~ the threshold)
+    for t_ in (0.05, 0.1):
+        s_ = f"hard_core_frac_lt_{t_:g}"
+        assert mg[s_] == pytest.approx(t_, abs=0.015)
+        assert mg[f"{s_}_lo"] < mg[s_] < mg[f"{s_}_hi"] and mg[f"{s_}_lo"] <= mg[f"{s_}_bc"] <= mg[f"{s_}_hi"]
+        assert s_ in mvp.columns
+    assert mg.hard_core_boot == "passages" and mg.hard_core_n_boot == 20
+    assert mg.hard_core_margin_published == "0.04-0.06" and (mvp.hard_core_margin_published == "0.04-0.06").all()
+    fit = t["expressibility_gap"].iloc[0]
+    assert fit.beta_published == "0.87-1.12" and fit.r2_published == "> 0.985"
+    assert "LSM" in fit.beta_published_on and "124M-1.5B" in fit.beta_published_on
+
+
+def test_fraction_below_known_answers_and_intervals():
+    m = np.r_[np.zeros(5), np.full(45, 0.07), np.ones(50)]  # 5% below 0.05, 50% below 0.1
+    out = margins.fraction_below(m, (0.05, 0.1), n_boot=400, seed=0)
+    assert out["hard_core_frac_lt_0.05"] == 0.05 and out["hard_core_frac_lt_0.05_count"] == 5
+    assert out["hard_core_frac_lt_0.1"] == 0.5
+    lo, hi = out["hard_core_frac_lt_0.1_lo"], out["hard_core_frac_lt_0.1_hi"]
+    assert 0.38 < lo < 0.45 and 0.55 < hi < 0.62  # binomial: 0.5 +- 1.96 * 0.05
+    # clustered positions: resampling whole passages widens the interval when passages differ
+    groups = np.repeat(np.arange(10), 10)
+    m2 = np.where(groups < 5, 0.0, 1.0)  # half the passages entirely in the hard core
+    iid = margins.fraction_below(m2, (0.05,), n_boot=400, seed=0)
+    clu = margins.fraction_below(m2, (0.05,), groups=groups, n_boot=400, seed=0)
+    w = lambda o: o["hard_core_frac_lt_0.05_hi"] - o["hard_core_frac_lt_0.05_lo"]  # noqa: E731
+    assert w(clu) > 2 * w(iid) and clu["hard_core_boot"] == "passages"
+    none = margins.fraction_below(m, (0.05,), n_boot=0)
+    assert np.isnan(none["hard_core_frac_lt_0.05_lo"]) and none["hard_core_frac_lt_0.05"] == 0.05
+    with pytest.raises(ValueError, match="thresholds"):
+        margins.fraction_below(m, (0.0,))
+    with pytest.raises(ValueError, match="per position"):
+        margins.fraction_below(m, (0.05,), groups=np.arange(3))
 
 
 def test_check_lsm_config():
@@ -314,6 +371,9 @@ def test_check_lsm_config():
         check_lsm_config({**cfg, "fisher": {"prompt_set": "mixed"}})
     with pytest.raises(LSMConfigError, match="curvature.id_estimator"):
         check_lsm_config({**cfg, "curvature": {"id_estimator": "mle"}})
+    # 'mle' is the old name of 'mle_mg': either spelling matches the other
+    check_lsm_config({**cfg, "curvature": {"id_estimator": "mle"},
+                      "intrinsic_dimension": {"estimators": ["twonn", "mle_mg", "mle_lb"]}})
 
 
 # --- corpus from a local text file (WikiText-103) ----------------------------------------------
