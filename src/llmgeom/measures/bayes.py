@@ -107,8 +107,8 @@ def bayes_posterior(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
     Returns:
         float64 array p(L1) in [0, 1]; k = 0 or equal counts give 0.5; all k examples agreeing on L1
         give 1 / (1 + 9^-k) at alpha = 0.9. Computed from |n_L1 - n_L2| only: q = sigmoid(-|z|) is the
-        smaller of the two posteriors, and p(L1) = q or 1 - q by the sign of n_L1 - n_L2, so
-        ``bayes_posterior(a, b) == 1 - bayes_posterior(b, a)`` holds bit for bit.
+        smaller of the two posteriors, and p(L1) = q or 1 - q by the sign of n_L1 - n_L2, so for a > b
+        ``bayes_posterior(a, b) == 1 - bayes_posterior(b, a)`` holds bit for bit (both from the same q).
 
     Raises:
         ValueError: alpha outside [0.5, 1) or negative counts.
