@@ -109,6 +109,7 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
     Raises:
         StoreError: untrusted file. manifold.TooFewPointsError: too few distinct points in a layer.
     """
+    estimators = list(dict.fromkeys(manifold.canonical_estimator(e) for e in estimators))  # 'mle' = 'mle_mg'
     rows, short = [], []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
@@ -118,7 +119,6 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
         for layer in range(n_layers + 1):
             pts = read_finite(f, "tokens/residual_sample", layer=layer)
             for est in estimators:
-                est = manifold.canonical_estimator(est)
                 kw = {"min_points": min_points}
                 if est.startswith("mle"):
                     kw["k"] = mle_k

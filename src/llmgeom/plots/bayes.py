@@ -144,8 +144,10 @@ def bayes_summary_figure(t2: pd.DataFrame, paths) -> None:
     for off, tag in ((-0.18, "mixed"), (0.18, "restricted")):
         v = 100 * t2[f"pc12_{tag}"].to_numpy(float)
         a1.bar(x + off, v, width=0.34, label="mixed" if tag == "mixed" else f"restricted ({t2.restricted_domain.iloc[0]})")
-        # percentile-bootstrap CI drawn as an interval: it need not contain the estimate
+        # basic-bootstrap CI, centred on the bias-corrected estimate (tick): it need not contain the bar
         a1.vlines(x + off, 100 * t2[f"pc12_{tag}_lo"], 100 * t2[f"pc12_{tag}_hi"], color="k", lw=1.5)
+        if f"pc12_{tag}_bc" in t2:
+            a1.scatter(x + off, 100 * t2[f"pc12_{tag}_bc"].to_numpy(float), marker="_", s=80, color="k", zorder=3)
     a1.set_ylabel("PC1+PC2 explained variance (%), 95% CI")
     a1.legend(fontsize=7)
     for off, lo, hi, lab in ((-0.22, "orth_min", "orth_max", "trained"),

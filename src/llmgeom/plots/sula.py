@@ -96,7 +96,7 @@ def sula_pc1_figure(prompts: pd.DataFrame, geometry: pd.DataFrame, paths) -> Non
 def interventions_figure(summary: pd.DataFrame, paths) -> None:
     """Grouped bars, one row per model: change (edited - unedited) of the axis-entropy correlation at the
     edited layer (left) and of the SULA MAE in bits (right), per run and edit, entropy axis vs matched
-    random axis; black lines = paired percentile-bootstrap CIs over prompts.
+    random axis; black lines = paired basic-bootstrap intervals over prompts (centred on the bias-corrected change).
     Source: Paper III sec. 4.5-4.6 (intervention effects)."""
     d = summary[summary.run != "baseline"].copy()
     models = sorted(d.model.unique())

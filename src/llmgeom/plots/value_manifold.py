@@ -21,8 +21,10 @@ def value_manifold_figure(df: pd.DataFrame, paths, *, representation: str = "val
         for off, key, color in ((-0.18, "pc1", "tab:blue"), (0.18, "pc12", "tab:orange")):
             ax.bar(x + off, 100 * r[key], width=0.34, color=color,
                    label={"pc1": "PC1", "pc12": "PC1+PC2"}[key] if x == 0 else None)
-            # percentile-bootstrap CI drawn as an interval: it need not contain the estimate
+            # basic-bootstrap CI, centred on the bias-corrected estimate (tick): it need not contain the bar
             ax.vlines(x + off, 100 * r[key + "_lo"], 100 * r[key + "_hi"], color="k", lw=1.2)
+            if key + "_bc" in r:
+                ax.scatter([x + off], [100 * r[key + "_bc"]], marker="_", s=60, color="k", zorder=3)
         labels.append(f"{m}\n{ps}")
         x += 1
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
