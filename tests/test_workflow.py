@@ -88,7 +88,7 @@ def test_every_target_exists_and_is_sane(tiny_run):
         assert ((vm.pc1_lo <= vm.pc1_hi)).all()
         assert (vm.spearman_rho.dropna() >= 0).all()
         idt = pd.read_csv(wd / f"results/{m}/tables/intrinsic_dimension.csv")
-        assert set(idt.estimator) == {"twonn", "mle"}
+        assert set(idt.estimator) == {"twonn", "mle_mg"}  # the config says "mle", the old name of mle_mg
         assert idt.layer.nunique() == 3  # embeddings + 2 blocks
         assert np.isfinite(idt.id_mean).all() and (idt.id_mean > 0).all()
         assert (idt.n <= 8 * 20).all()
@@ -133,7 +133,7 @@ def test_lsm_outputs(tiny_run):
         idt = pd.read_csv(t / "intrinsic_dimension.csv")
         assert {"estimator_ratio", "estimators_disagree", "disagreement_factor"} <= set(idt.columns)
         prof = pd.read_csv(t / "id_profile.csv")
-        assert set(prof.estimator) == {"twonn", "mle"} and prof.peak_layer.between(1, 2).all()
+        assert set(prof.estimator) == {"twonn", "mle_mg"} and prof.peak_layer.between(1, 2).all()
         cv = pd.read_csv(t / "curvature.csv")
         blocks = cv[cv.layer > 0]  # layer 0: the tiny vocabulary's few distinct embeddings may be too few (NaN + note)
         assert len(cv) == 3 and blocks.curvature_mean.between(0, 1).all() and (blocks.k > blocks.m).all()
@@ -208,6 +208,8 @@ def test_report_is_written(tiny_run):
     html = (wd / "report.html").read_text(errors="replace")
     assert "intrinsic_dimension" in html and "value_manifold" in html
     assert "sula_calibration" in html and "sula_interventions" in html
+    for msg in ("Undefined substitution", "Inline literal start-string", "System Message"):  # issue 11
+        assert msg not in html, msg
 
 
 def test_analysis_param_change_reruns_only_that_analysis(tiny_run):
