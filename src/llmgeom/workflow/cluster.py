@@ -214,15 +214,20 @@ def script_modules(script: str | os.PathLike) -> list[str]:
 
 
 def package_files(*modules: str, cwd: str | os.PathLike | None = None, script: str | os.PathLike | None = None) -> list[str]:
-    """Source files of ``package_modules(*modules)`` (plus, with ``script``, of what that script imports):
-    relative to ``cwd`` (the Snakemake working directory) when the package lies below it, absolute otherwise."""
+    """Source files of ``package_modules(*modules)`` (plus, with ``script``, of what that script imports) and
+    the package data files they read (``MODULE_DATA``): relative to ``cwd`` (the Snakemake working directory) when the package lies below it, absolute otherwise."""
     base = Path(cwd or os.getcwd()).resolve()
     mods = set(package_modules(*modules)) | (set(script_modules(script)) if script else set())
     out = []
     for m in sorted(mods):
-        p = _module_file(m)
-        try:
-            out.append(str(p.relative_to(base)))
-        except ValueError:
-            out.append(str(p))
+        for p in [_module_file(m)] + [PACKAGE_DIR / d for d in MODULE_DATA.get(m, ())]:
+            try:
+                out.append(str(p.relative_to(base)))
+            except ValueError:
+                out.append(str(p))
     return out
+
+
+#: package data read by a module: a rule whose code imports the module also reruns when the data change
+#: (e.g. a published value added to data/published.yaml reruns the tables that show it).
+MODULE_DATA = {"core.published": ("data/published.yaml",)}
