@@ -39,7 +39,16 @@ def _snakemake_objects():
     # attribute renders empty, which is what broke ``{{ snakemake.wildcards.table }}`` in a literal
     empty = type("S", (), {"wildcards": Namedlist(), "params": Namedlist(), "input": Namedlist(["in.csv"]),
                            "output": Namedlist(["results/summary/table.csv"]), "config": {}, "rule": "r"})()
-    return {"job without wildcards": empty, "dummy values": _Dummy()}
+    out = {"job without wildcards": empty, "dummy values": _Dummy()}
+    for fam in ("bayes", "lsm", "sula"):  # the branches of summary_table.rst (params.family of rule aggregate)
+        out[f"family {fam}"] = type("S", (), {"wildcards": Namedlist(fromdict={"table": "margins"}),
+                                              "params": Namedlist(fromdict={"family": fam}),
+                                              "output": Namedlist(["results/summary/margins.csv"]),
+                                              "input": Namedlist(), "config": {}, "rule": "aggregate"})()
+    return out
+
+
+CONTEXTS = ["job without wildcards", "dummy values", "family bayes", "family lsm", "family sula"]
 
 
 warnings.filterwarnings("ignore", message=".*writer_name.*", category=PendingDeprecationWarning)
@@ -52,7 +61,7 @@ def _render(text: str, snakemake) -> str:
 
 
 @pytest.mark.parametrize("path", CAPTIONS, ids=[p.name for p in CAPTIONS])
-@pytest.mark.parametrize("context", ["job without wildcards", "dummy values"])
+@pytest.mark.parametrize("context", CONTEXTS)
 def test_caption_renders_without_docutils_messages(path, context):
     html_text = _render(path.read_text(encoding="utf-8"), _snakemake_objects()[context])
     stream = io.StringIO()
@@ -80,3 +89,16 @@ def test_every_table_caption_states_the_depth_convention():
         text = " ".join(p.read_text().split())
         # every bootstrap interval is a basic one except the expressibility-gap slope's (said so)
         assert "percentile-bootstrap" not in text or p.name == "expressibility_gap.rst", p.name
+
+
+def test_summary_caption_branches_name_the_new_columns():
+    ctx = _snakemake_objects()
+    text = (REPORT / "summary_table.rst").read_text()
+    lsm = " ".join(_render(text, ctx["family lsm"]).split())
+    bayes = " ".join(_render(text, ctx["family bayes"]).split())
+    other = " ".join(_render(text, ctx["family sula"]).split())
+    assert "mle_lb" in lsm and "hard_core_thresholds" in lsm and "0.87-1.12" in lsm
+    assert "top 10 eigenvalues" in bayes and "mle_lb" not in bayes
+    assert "results/summary/margins.csv" in other
+    for t in (lsm, bayes, other):
+        assert "bias-corrected" in t and "blocks applied / L" in t
