@@ -386,7 +386,7 @@ def read_finite(f: h5py.File, name: str, rows=None, *, layer: int | None = None,
         raise NonFiniteDataError(
             f"{f.filename}: dataset {name!r}, {lay}, {axis0} row {r}: non-finite value {a[tuple(first)]!r} "
             f"(first of {int(np.count_nonzero(~np.isfinite(a)))} in what was read); the extraction never writes one, "
-            f"so the file was altered or copied in: rerun rule extract for it (snakemake --forcerun {f.filename})")
+            f"so the file was altered or copied in; {rerun_hint(f.filename)}")
     return a
 
 
