@@ -149,3 +149,30 @@ def test_unsupported_model_type_lists_supported():
         assert t in msg
     assert isinstance(ei.value, ValueError)
     assert set(arch.supported_model_types()) >= {"gpt2", "gpt_neox", "llama", "mistral", "gemma3_text", "phi", "opt"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attention_facts_match_what_the_model_passes(family):
+    """attention_scaling / attention_softcap / attention_window agree with the model's own attention calls;
+    capture_attention sees post-RoPE q [B,H,T,hd], k [B,H_kv,T,hd] and restores the interface afterwards."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    m = testing.tiny_model(family, attn="sdpa")
+    s = arch.summarize(m.config)
+    calls = {}
+    before = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
+    ids, mask, pos = pad_batch([[1, 5, 6, 7, 8], [1, 9]], 0, "cpu")
+    with torch.no_grad(), arch.capture_attention(m, lambda i, q, k, o, sc, cap: calls.__setitem__(
+            i, (q.shape, k.shape, o.shape, sc, cap))) as seen:
+        m(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+    assert ALL_ATTENTION_FUNCTIONS._local_mapping == before
+    assert seen == list(range(s.n_layers))
+    for i, (qs, ks, os_, sc, cap) in calls.items():
+        assert tuple(qs) == (2, s.n_heads, 5, s.head_dim)
+        assert tuple(ks) == (2, s.n_kv_heads, 5, s.head_dim)
+        assert tuple(os_) == (2, 5, s.n_heads, s.head_dim)
+        assert sc == pytest.approx(arch.attention_scaling(m.config, i))
+        assert cap == arch.attention_softcap(m.config)
+        assert arch.attention_window(m.config, i) == (EXPECTED_WINDOW.get(family) if i in EXPECTED_SLIDING.get(family, ())
+                                                      else None)
+    assert arch.attention_scaling(m.config, 0) == pytest.approx(1.0 if family.startswith("opt") else s.head_dim ** -0.5)

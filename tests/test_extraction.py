@@ -5,6 +5,7 @@ itself (hidden_states, logits, attention weights); batching with padding and the
 tokenizer's padding side must not change any stored value.
 """
 
+import copy
 import json
 import math
 
@@ -165,7 +166,7 @@ def test_values_and_keys_are_the_projections_at_the_last_token(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_padding_invariance(family):
     m = tiny(family)
-    keys = ("residual", "final_normed", "values", "keys", "attn_entropy", "next_entropy", "top_logits")
+    keys = ("residual", "final_normed", "values", "keys", "attn_output", "attn_entropy", "next_entropy", "top_logits")
     both = extract_batch(m, [SEQ3, SEQ7], attention=True)
     both_rev = extract_batch(m, [SEQ7, SEQ3], attention=True)
     alone = [extract_batch(m, [SEQ3], attention=True), extract_batch(m, [SEQ7], attention=True)]
@@ -302,13 +303,128 @@ def test_entropy_nats():
     assert float(extraction.entropy_nats(z)[0]) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_attention_requires_eager():
-    m = testing.tiny_model("llama", attn="sdpa")
+LONG = [1] + [5 + (7 * i) % 90 for i in range(40)]  # 41 tokens: longer than the tiny Gemma-3 (4) and Mistral (16) windows
+
+
+def eager_entropies(model, seqs):
+    """Reference: entropy of each prompt's final-query row of eager ``output_attentions`` [B, L, H]."""
+    _, _, out = own_forward(model, seqs, output_attentions=True)
+    return np.stack([[extraction.attention_row_entropy(a[b, :, len(sq) - 1]).numpy() for a in out.attentions]
+                     for b, sq in enumerate(seqs)])
+
+
+def sdpa_twin(family):
+    """The ``tiny(family)`` weights in a model loaded with sdpa attention."""
+    m = testing.tiny_model(family, attn="sdpa")
+    m.load_state_dict(tiny(family).state_dict())
+    assert m.config._attn_implementation == "sdpa"
+    return m
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attention_entropy_from_hooked_queries_equals_eager(family):
+    """Issue 13 item 2: entropies from hooked q/k under sdpa equal eager output_attentions (float32, 1e-5),
+    with padding in the batch and a prompt longer than the sliding window."""
+    seqs = [LONG, SEQ3, SEQ9]
+    ref = eager_entropies(tiny(family), seqs)
+    m = sdpa_twin(family)
     before = n_hooks(m)
-    with pytest.raises(RuntimeError, match="attn_implementation='eager'"):
+    r = extract_batch(m, seqs, attention=True)
+    assert n_hooks(m) == before
+    np.testing.assert_allclose(r["attn_entropy"], ref, atol=1e-5, rtol=0)
+    # the same path on an eager model
+    np.testing.assert_allclose(extract_batch(tiny(family), seqs, attention=True)["attn_entropy"], ref, atol=1e-5, rtol=0)
+    # heads and layers differ (the comparison is not between constants)
+    assert np.ptp(ref[0]) > 1e-4
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+def test_sliding_window_is_applied(family, monkeypatch):
+    """Ignoring the window changes the long prompt's entropies, so the equality above tests it."""
+    m = sdpa_twin(family)
+    ref = eager_entropies(tiny(family), [LONG])
+    s = arch.summarize(m.config)
+    assert s.sliding_layers and s.sliding_window < len(LONG)
+    monkeypatch.setattr(arch, "attention_window", lambda config, layer: None)
+    wrong = extract_batch(m, [LONG], attention=True)["attn_entropy"]
+    assert np.abs(wrong - ref)[0, list(s.sliding_layers)].max() > 1e-2
+
+
+def test_gemma3_query_pre_attn_scalar():
+    """Gemma 3 scales q.k by query_pre_attn_scalar**-0.5, not head_dim**-0.5 (here 32 vs 8)."""
+    torch.manual_seed(3)
+    from transformers import AutoModelForCausalLM
+
+    cfg = testing.tiny_config("gemma3", query_pre_attn_scalar=32)
+    eager = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32).eval()
+    sdpa = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa", dtype=torch.float32).eval()
+    sdpa.load_state_dict(eager.state_dict())
+    assert arch.attention_scaling(cfg, 0) == pytest.approx(32 ** -0.5)
+    seqs = [LONG, SEQ7]
+    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attn_entropy"],
+                               eager_entropies(eager, seqs), atol=1e-5, rtol=0)
+
+
+def test_last_query_attention_known_answer():
+    """GQA sharing, padding, window and soft-capping on hand-computed scores."""
+    # B=2, H=2 query heads sharing H_kv=1 key head, T=4, hd=1
+    q = torch.zeros(2, 2, 4, 1)
+    q[:, 0, :, 0], q[:, 1, :, 0] = 1.0, 2.0
+    k = torch.tensor([0.0, 1.0, 2.0, 3.0]).reshape(1, 1, 4, 1).repeat(2, 1, 1, 1)
+    last = torch.tensor([3, 1])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    p = extraction.last_query_attention(q, k, last, mask, scaling=1.0)
+    torch.testing.assert_close(p[0, 0], torch.softmax(torch.tensor([0.0, 1, 2, 3]), -1))
+    torch.testing.assert_close(p[0, 1], torch.softmax(torch.tensor([0.0, 2, 4, 6]), -1))
+    torch.testing.assert_close(p[1, 0], torch.tensor([1, math.e, 0, 0]) / (1 + math.e))
+    pw = extraction.last_query_attention(q, k, last, mask, scaling=1.0, window=2)  # keys 2, 3 for row 0
+    torch.testing.assert_close(pw[0, 0], torch.tensor([0, 0, 1, math.e]) / (1 + math.e))
+    pc = extraction.last_query_attention(q, k, last, mask, scaling=1.0, softcap=2.0)
+    torch.testing.assert_close(pc[0, 1], torch.softmax(2.0 * torch.tanh(torch.tensor([0.0, 2, 4, 6]) / 2.0), -1))
+    pm = extraction.last_query_attention(q, k, last, mask, scaling=0.5)
+    torch.testing.assert_close(pm[0, 1], p[0, 0])
+
+
+def test_attention_outside_the_interface_is_refused():
+    """GPT-2's eager 'reorder_and_upcast_attn' path bypasses the attention interface: refused, hooks removed."""
+    m = testing.tiny_model("gpt2", attn="eager")
+    m.config.reorder_and_upcast_attn = True
+    for blk in arch.decoder_layers(m):
+        blk.attn.reorder_and_upcast_attn = True
+    before = n_hooks(m)
+    with pytest.raises(arch.UnsupportedArchitectureError, match=r"layers \[0, 1\].*sdpa"):
         extract_batch(m, [SEQ3], attention=True)
     assert n_hooks(m) == before
-    assert extract_batch(m, [SEQ3], attention=False)["residual"].shape == (1, 3, 32)
+    assert extract_batch(testing.tiny_model("llama", attn="sdpa"), [SEQ3], attention=False)["residual"].shape == (1, 3, 32)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attn_output_is_the_o_proj_input(family):
+    """Issue 14 item 5: last_token attn_output equals the input of o_proj/dense/out_proj/c_proj at the
+    final real token, and the attention-weighted sum of values under eager weights."""
+    m = sdpa_twin(family)
+    s = arch.summarize(m.config)
+    seqs = [SEQ9, SEQ3, LONG]
+    got, handles = {}, []
+
+    def pre(i):
+        def fn(mod, args):
+            got[i] = args[0].detach().clone()
+        return fn
+
+    try:
+        for i in range(s.n_layers):
+            handles.append(arch.o_proj_module(m, i).register_forward_pre_hook(pre(i)))
+        own_forward(m, seqs)
+    finally:
+        for h in handles:
+            h.remove()
+    r = extract_batch(m, seqs, attention=False)
+    assert r["attn_output"].shape == (3, s.n_layers, s.n_heads * s.head_dim)
+    for i in range(s.n_layers):
+        for b, sq in enumerate(seqs):
+            np.testing.assert_allclose(r["attn_output"][b, i], got[i][b, len(sq) - 1].numpy(), atol=1e-5, rtol=0)
+    assert np.abs(r["attn_output"][0] - r["attn_output"][1]).max() > 1e-3
 
 
 def test_last_positions_any_padding_side():
@@ -443,3 +559,35 @@ def test_tokenize_prompts_limits():
     assert len(cut[0]) == 5
     with pytest.raises(extraction.PromptTokenError, match="zero tokens"):
         extraction.tokenize_prompts(tok, [""], ["empty"], max_tokens=None, truncate=False, context=128)
+
+
+def _prepared(name):
+    """A prepared embedded model: ``$LLMGEOM_PREPARED_MODELS/<name>`` or ``<repo>/resources/models/<name>``."""
+    import os
+    from pathlib import Path
+
+    for root in (os.environ.get("LLMGEOM_PREPARED_MODELS"), Path(__file__).resolve().parents[1] / "resources/models"):
+        if root and (Path(root) / name / "manifest.json").is_file():
+            return Path(root) / name
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_embedded_models_attention_entropy_equals_eager(name):
+    """The embedded SmolLM2 / Gemma-3 (float32): hooked-q/k entropies under sdpa equal eager weights within
+    1e-5, with padding and, for Gemma-3, a 600-token prompt beyond its 512-token sliding window."""
+    from llmgeom.models.loading import load_prepared
+
+    d = _prepared(name)
+    if d is None:
+        pytest.skip(f"{name} not prepared (set LLMGEOM_PREPARED_MODELS or run the workflow's prepare_model)")
+    eager, _ = load_prepared(d, dtype="float32", attn="eager", device="cpu")
+    sdpa, _ = load_prepared(d, dtype="float32", attn="sdpa", device="cpu")
+    s = arch.summarize(eager.config)
+    T = 600 if s.sliding_window else 80
+    assert not s.sliding_window or T > s.sliding_window
+    g = np.random.default_rng(0)
+    seqs = [[2] + g.integers(100, 5000, T - 1).tolist(), [2] + g.integers(100, 5000, 20).tolist()]
+    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attn_entropy"],
+                               eager_entropies(eager, seqs), atol=1e-5, rtol=0)

@@ -82,7 +82,7 @@ def test_round_trip_datasets_and_attributes(setup):
         assert a["source_sha256"] == setup["manifest"]["source_sha256"]
         assert a["torch_dtype"] == "float32"
         assert a["device"] == "cpu"
-        assert a["attn_implementation"] == "eager"
+        assert a["attn_implementation"] == "sdpa"  # entropies from hooked q/k (issue 13 item 2)
         assert (a["n_layers"], a["d_model"], a["d_unembed"], a["n_heads"], a["n_kv_heads"], a["head_dim"],
                 a["vocab_size"]) == (2, 32, 32, 4, 2, 8, 96)
         assert a["architecture"] == s.as_dict() == setup["manifest"]["architecture"]
@@ -98,8 +98,8 @@ def test_round_trip_datasets_and_attributes(setup):
         f.visit(lambda x: names.append(x) if isinstance(f[x], h5py.Dataset) else None)
         assert sorted(names) == sorted([
             "prompts/text", "prompts/meta", "prompts/n_tokens", "last_token/residual", "last_token/final_normed",
-            "last_token/values", "last_token/keys", "attention/entropy", "next_token/entropy",
-            "next_token/top_ids", "next_token/top_logits"])
+            "last_token/values", "last_token/keys", "last_token/attn_output", "attention/entropy",
+            "next_token/entropy", "next_token/top_ids", "next_token/top_logits"])
         for x in names:
             ds = f[x]
             assert "units" in ds.attrs and "axes" in ds.attrs, x
@@ -111,6 +111,8 @@ def test_round_trip_datasets_and_attributes(setup):
         assert f["last_token/keys"].shape == (n, L, 2, 8)
         assert f["last_token/values"].shape == (n, L, 16)
         assert f["attention/entropy"].shape == (n, L, 4)
+        assert f["last_token/attn_output"].shape == (n, L, 4 * 8)
+        assert f["last_token/attn_output"].attrs["axes"] == "prompt,layer,n_heads*head_dim"
         assert f["next_token/top_ids"].dtype == np.int64
         assert f["prompts/n_tokens"].dtype == np.int32
         for x in ("last_token/residual", "last_token/values", "attention/entropy", "next_token/top_logits"):
@@ -122,6 +124,7 @@ def test_round_trip_datasets_and_attributes(setup):
         np.testing.assert_array_equal(f["prompts/n_tokens"][()], [len(q) for q in seqs])
         pairs = {"last_token/residual": "residual", "last_token/final_normed": "final_normed",
                  "last_token/values": "values", "last_token/keys": "keys", "attention/entropy": "attn_entropy",
+                 "last_token/attn_output": "attn_output",
                  "next_token/entropy": "next_entropy", "next_token/top_logits": "top_logits"}
         for x, k in pairs.items():
             np.testing.assert_allclose(f[x][()], ref[k], atol=1e-5, rtol=0, err_msg=x)

@@ -15,7 +15,11 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
   except OPT with a narrower ``word_embed_proj_dim``)
 - ``last_token/values`` [n_prompts, n_layers, n_kv_heads*head_dim]
 - ``last_token/keys`` [n_prompts, n_layers, n_kv_heads, head_dim] (pre-RoPE)
-- ``attention/entropy`` [n_prompts, n_layers, n_heads] nats (prompt sets with attention)
+- ``last_token/attn_output`` [n_prompts, n_layers, n_heads*head_dim] (contract 3): the attention output at
+  the final token, i.e. the attention-weighted sum of values with heads concatenated, the input of
+  o_proj / dense / out_proj / c_proj (issue 14 item 5)
+- ``attention/entropy`` [n_prompts, n_layers, n_heads] nats (prompt sets with attention), final query's
+  attention row per head, computed from hooked queries and keys (any attention implementation)
 - ``next_token/entropy`` [n_prompts] nats; ``next_token/top_ids`` int64 / ``top_logits`` [n_prompts, k]
 - SULA sets (extracted with candidate tokens): ``next_token/candidate_logprobs`` [n_prompts, n_candidates]
   log-probabilities in nats over the full vocabulary (float32), ``next_token/candidate_ids`` int64 (same shape)
@@ -51,7 +55,7 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems;
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
-CONTRACT_VERSION = 2  # 2: Fletcher-32 checksums on every numeric dataset, sha256 of string datasets
+CONTRACT_VERSION = 3  # 2: Fletcher-32 checksums on every numeric dataset, sha256 of string datasets; 3: last_token/attn_output
 
 NUMERIC_1D_CHUNK = 4096   # elements per chunk of a 1-D numeric dataset (16-32 KB)
 
@@ -60,6 +64,7 @@ UNITS = {
     "last_token/final_normed": ("activation", "prompt,d_unembed"),
     "last_token/values": ("activation", "prompt,layer,n_kv_heads*head_dim"),
     "last_token/keys": ("activation", "prompt,layer,kv_head,head_dim"),
+    "last_token/attn_output": ("activation", "prompt,layer,n_heads*head_dim"),
     "attention/entropy": ("nats", "prompt,layer,head"),
     "next_token/entropy": ("nats", "prompt"),
     "next_token/top_ids": ("token id", "prompt,rank"),

@@ -83,6 +83,45 @@ def attention_row_entropy(p: torch.Tensor) -> torch.Tensor:
     return torch.special.entr(p.float()).sum(-1)
 
 
+def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Tensor, key_mask: torch.Tensor, *,
+                         scaling: float, softcap: float | None = None, window: int | None = None) -> torch.Tensor:
+    """Attention probabilities of each prompt's final query over its keys, per head, float32.
+
+    Args:
+        query: [B, H, T, hd] queries as the model's attention function receives them (after RoPE).
+        key: [B, H_kv, T, hd] keys likewise; H_kv divides H and query head h reads key head
+            h // (H / H_kv) (GQA/MQA, as ``repeat_kv``).
+        last: [B] long, position of each prompt's final token (its query row).
+        key_mask: [B, T] bool/0-1, real tokens (False = padding).
+        scaling: factor on q.k (``architectures.attention_scaling``).
+        softcap: c in c * tanh(score / c) before masking (Gemma 2), or None.
+        window: sliding window W (key j visible iff last - W < j <= last), or None (causal).
+
+    Returns:
+        [B, H, T] float32 probabilities, zero on masked keys; rows sum to 1.
+
+    Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils``
+    (causal, padding, ``sliding_window_overlay``).
+    """
+    B, H, T, _ = query.shape
+    rep = H // key.shape[1]
+    dev = query.device
+    last = last.to(dev)
+    q = query[torch.arange(B, device=dev), :, last, :].float()  # [B, H, hd]
+    k = key.float()
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+    scores = torch.einsum("bhd,bhtd->bht", q, k) * scaling
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    j = torch.arange(T, device=dev)
+    visible = key_mask.to(dev).bool() & (j[None, :] <= last[:, None])
+    if window:
+        visible &= j[None, :] > (last[:, None] - window)
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
 def _rows(t: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev) -> torch.Tensor:
     """``t[bi, ti]`` in float32 on ``dev``. With ``device_map="auto"`` the blocks of a large model sit
     on different GPUs: the index tensors follow ``t`` and the rows come back to ``dev`` (no-ops on one
@@ -90,13 +129,6 @@ def _rows(t: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev) -> torch.Ten
     if bi.device != t.device:
         bi, ti = bi.to(t.device), ti.to(t.device)
     return t[bi, ti].float().to(dev)
-
-
-def _last_query_rows(a: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev) -> torch.Tensor:
-    """Attention rows of the final query of each prompt: ``a[bi, :, ti, :]`` [B, H, T] on ``dev``."""
-    if bi.device != a.device:
-        bi, ti = bi.to(a.device), ti.to(a.device)
-    return a[bi, :, ti, :].to(dev)
 
 
 class Float32Head:
@@ -128,7 +160,9 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
 
     Args:
         seqs: token ids per prompt (no padding).
-        attention: compute final-query attention entropy (model must use eager attention).
+        attention: compute final-query attention entropy per head, from the queries and keys that
+            the model's attention function receives (``architectures.capture_attention``): any
+            attention implementation (sdpa, flash attention, eager), no [B, H, T, T] weights.
         sample_positions: per prompt, token positions whose residual stream to keep (corpus sets).
         token_stats: per-position margin / nll / entropy for positions 1..len-2 (corpus sets).
         candidates: per prompt, the same number C of token ids whose next-token log-probability
@@ -136,8 +170,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             (SULA labels; Paper III sec. 4.3).
 
     Returns keys: residual [B, L+1, d_model], final_normed [B, d_unembed], values [B, L, n_kv*hd],
-    keys [B, L, n_kv, hd], next_entropy [B] nats, top_ids/top_logits [B, k], attn_entropy [B, L, H]
-    nats (if attention); residual_sample [S, L+1, d], final_normed_sample [S, d_unembed] with
+    keys [B, L, n_kv, hd], attn_output [B, L, H*hd] (the o_proj input: attention-weighted sum of values),
+    next_entropy [B] nats, top_ids/top_logits [B, k], attn_entropy [B, L, H] nats (if attention); residual_sample [S, L+1, d], final_normed_sample [S, d_unembed] with
     sample_prompt/sample_position [S];
     margin/nll/tok_entropy/tok_prompt/tok_position [P] (if token_stats).
 
@@ -169,6 +203,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     resid: list[torch.Tensor | None] = [None] * (s.n_layers + 1)
     keys: list[torch.Tensor | None] = [None] * s.n_layers
     vals: list[torch.Tensor | None] = [None] * s.n_layers
+    attn_out: list[torch.Tensor | None] = [None] * s.n_layers
+    attn_ent: list[torch.Tensor | None] = [None] * s.n_layers
 
     def check(t: torch.Tensor, where: str):
         bad = ~torch.isfinite(t)
@@ -192,6 +228,17 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             resid[layer + 1] = _rows(h, gb, gt, dev)
         return fn
 
+    def on_attention(layer, q, k, o, scaling, softcap):
+        o = o.reshape(*o.shape[:2], -1)  # [B, T, H*hd]: the o_proj input
+        attn_out[layer] = _rows(o, b_idx, last, dev)
+        if attention:
+            cfg = model.config
+            p = last_query_attention(
+                q, k, last, valid, softcap=softcap if softcap is not None else arch.attention_softcap(cfg),
+                scaling=scaling if scaling is not None else arch.attention_scaling(cfg, layer),
+                window=arch.attention_window(cfg, layer))
+            attn_ent[layer] = attention_row_entropy(p).to(dev)
+
     def make_kv_hook(layer, kfn, vfn, do_k, do_v):
         def fn(mod, args, out):
             o = first_tensor(out)
@@ -203,7 +250,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
 
     layers = arch.decoder_layers(model)
     handles: list = []
-    with hooks(handles), torch.inference_mode():
+    with hooks(handles), torch.inference_mode(), arch.capture_attention(model, on_attention) as seen:
         handles.append(layers[0].register_forward_pre_hook(emb_hook, with_kwargs=True))
         for i, blk in enumerate(layers):
             handles.append(blk.register_forward_hook(make_block_hook(i)))
@@ -213,8 +260,13 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             else:
                 handles.append(km.register_forward_hook(make_kv_hook(i, kfn, vfn, True, False)))
                 handles.append(vm.register_forward_hook(make_kv_hook(i, kfn, vfn, False, True)))
-        out = arch.base_model(model)(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                     output_attentions=attention, use_cache=False)
+        out = arch.base_model(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        if sorted(set(seen)) != list(range(s.n_layers)):
+            missing = sorted(set(range(s.n_layers)) - set(seen))
+            raise arch.UnsupportedArchitectureError(
+                f"model {mname!r}: the attention of layers {missing} did not go through transformers' attention "
+                f"interface (implementation {model.config._attn_implementation!r}), so queries, keys and the "
+                "attention output cannot be read; load it with attn_implementation='sdpa'")
         hT = out.last_hidden_state
         check(hT, "final norm output")
         res: dict = {}
@@ -228,6 +280,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         h_last = _rows(hT, b_idx, last, dev)
         res["final_normed"] = h_last.cpu().numpy()
         res["values"] = torch.stack(vals, 1).cpu().numpy()
+        res["attn_output"] = torch.stack(attn_out, 1).cpu().numpy()
         res["keys"] = torch.stack(keys, 1).reshape(B, s.n_layers, s.n_kv_heads, s.head_dim).cpu().numpy()
         logits = head(h_last)
         if not torch.isfinite(logits).all():
@@ -243,11 +296,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             cand = torch.as_tensor(candidates, dtype=torch.long, device=logits.device).reshape(B, -1)
             res["candidate_logprobs"] = torch.log_softmax(logits, -1).gather(1, cand).cpu().numpy()
         if attention:
-            if not out.attentions or out.attentions[0] is None:
-                raise RuntimeError("attention weights requested but the model returned none; load it with "
-                                   "attn_implementation='eager'")
-            ent = [attention_row_entropy(_last_query_rows(a, b_idx, last, dev)) for a in out.attentions]  # [B, H]
-            res["attn_entropy"] = torch.stack(ent, 1).cpu().numpy()
+            res["attn_entropy"] = torch.stack(attn_ent, 1).cpu().numpy()  # [B, L, H]
         if token_stats:
             tb, tt = [], []
             for i, sq in enumerate(seqs):
@@ -305,10 +354,12 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     device: str = "auto", batch_size: int = 8, top_k: int = 10, attention: bool = True,
                     corpus: bool = False, sample_per_prompt: int = 16, max_tokens: int | None = None,
                     seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
-                    mem_mb: int | None = None, log=print) -> Path:
+                    mem_mb: int | None = None, attn_implementation: str = "sdpa", log=print) -> Path:
     """Extract every dataset of the HDF5 contract for one model and one prompt set.
 
-    Eager attention is loaded only when ``attention`` is True. Corpus sets
+    The model is loaded with ``attn_implementation`` (default sdpa; "flash_attention_2" on a GPU that
+    has it); attention entropies are computed from hooked queries and keys, so eager attention is
+    never needed (issue 13 item 2). Corpus sets
     (``corpus=True``) add token-level margins, NLL and entropy at positions
     1..len-2 and residual-stream samples at ``sample_per_prompt`` seeded
     positions per passage (position 0 / BOS excluded). Written to
@@ -333,7 +384,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
 
     records, sha = read_prompt_set(prompts_path)
     manifest = read_manifest(model_dir)
-    model, tok = load_prepared(model_dir, dtype=dtype, attn="eager" if attention else "sdpa",
+    model, tok = load_prepared(model_dir, dtype=dtype, attn=attn_implementation,
                                device=device, device_map=device_map, mem_mb=mem_mb)
     s = arch.summarize(model.config)
     texts = [r["text"] for r in records]
@@ -380,6 +431,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         "last_token/final_normed": ((n, d_unembed), "float32"),
         "last_token/values": ((n, L, s.n_kv_heads * s.head_dim), "float32"),
         "last_token/keys": ((n, L, s.n_kv_heads, s.head_dim), "float32"),
+        "last_token/attn_output": ((n, L, s.n_heads * s.head_dim), "float32"),
         "next_token/entropy": ((n,), "float32"),
         "next_token/top_ids": ((n, min(top_k, s.vocab_size)), "int64"),
         "next_token/top_logits": ((n, min(top_k, s.vocab_size)), "float32"),
@@ -400,7 +452,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                        "tokens/position": ((n_p,), "int32")})
     attrs = dict(model=model_name, source=manifest.get("source"), revision=manifest.get("revision"),
                  source_sha256=manifest.get("source_sha256"), torch_dtype=str(model.dtype).replace("torch.", ""),
-                 device=str(next(model.parameters()).device), attn_implementation="eager" if attention else "sdpa",
+                 device=str(next(model.parameters()).device),
+                 attn_implementation=str(arch._text_config(model.config)._attn_implementation),
                  n_layers=L, d_model=d, d_unembed=int(d_unembed), n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                  head_dim=s.head_dim, vocab_size=s.vocab_size, architecture=s.as_dict(),
                  prompt_set=Path(prompts_path).stem, prompt_set_sha256=sha, top_k=top_k, seed=seed,
@@ -430,6 +483,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             w.write("last_token/final_normed", rows, r["final_normed"])
             w.write("last_token/values", rows, r["values"])
             w.write("last_token/keys", rows, r["keys"])
+            w.write("last_token/attn_output", rows, r["attn_output"])
             w.write("next_token/entropy", rows, r["next_entropy"])
             w.write("next_token/top_ids", rows, r["top_ids"])
             w.write("next_token/top_logits", rows, r["top_logits"])

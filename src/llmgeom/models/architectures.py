@@ -15,6 +15,7 @@ Source: DESIGN.md section 1 ("one architectures module") and Paper III
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -35,6 +36,9 @@ class Family:
     from one decoder layer. ``qkv`` is one of ``"separate"`` (q/k/v Linear),
     ``"neox_fused"`` (one Linear, per-head interleaved [q_h, k_h, v_h]) or
     ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]).
+    ``attention`` is the attention module of a layer (the one that calls the attention function,
+    ``transformers``' ``AttentionInterface``); ``o_proj`` the output projection whose input is the
+    attention output (the attention-weighted sum of values, heads concatenated).
     """
 
     name: str
@@ -46,16 +50,20 @@ class Family:
     k_proj: str = "self_attn.k_proj"
     v_proj: str = "self_attn.v_proj"
     fused_proj: str | None = None
+    attention: str = "self_attn"
+    o_proj: str = "self_attn.o_proj"
 
 
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("llama", "mistral", "qwen2", "qwen3"), "layers", "norm", "input_layernorm", "separate"),
     Family("gemma3", ("gemma3_text", "gemma2", "gemma"), "layers", "norm", "input_layernorm", "separate"),
-    Family("phi", ("phi",), "layers", "final_layernorm", "input_layernorm", "separate"),
-    Family("opt", ("opt",), "decoder.layers", "decoder.final_layer_norm", "self_attn_layer_norm", "separate"),
+    Family("phi", ("phi",), "layers", "final_layernorm", "input_layernorm", "separate", o_proj="self_attn.dense"),
+    Family("opt", ("opt",), "decoder.layers", "decoder.final_layer_norm", "self_attn_layer_norm", "separate",
+           o_proj="self_attn.out_proj"),
     Family("gpt_neox", ("gpt_neox",), "layers", "final_layer_norm", "input_layernorm", "neox_fused",
-           fused_proj="attention.query_key_value"),
-    Family("gpt2", ("gpt2",), "h", "ln_f", "ln_1", "gpt2_conv1d", fused_proj="attn.c_attn"),
+           fused_proj="attention.query_key_value", attention="attention", o_proj="attention.dense"),
+    Family("gpt2", ("gpt2",), "h", "ln_f", "ln_1", "gpt2_conv1d", fused_proj="attn.c_attn", attention="attn",
+           o_proj="attn.c_proj"),
 )
 
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
@@ -318,3 +326,115 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
         lo = h * 3 * hd + hd
         out.append((W[:, lo:lo + hd], None if b is None else b[lo:lo + hd]))
     return out
+
+
+# --------------------------------------------------------------------------- attention, without eager weights
+
+
+def attention_modules(model) -> list[torch.nn.Module]:
+    """The attention module of each decoder block (length n_layers): the module that calls the
+    attention function with post-RoPE queries and keys."""
+    fam = family_for(model.config)
+    return [_get(blk, fam.attention) for blk in decoder_layers(model)]
+
+
+def o_proj_module(model, layer: int) -> torch.nn.Module:
+    """The output projection of block ``layer``'s attention (o_proj / dense / out_proj / c_proj);
+    its input [B, T, n_heads*head_dim] is the attention output (Paper III sec. 4; issue 14 item 5)."""
+    fam = family_for(model.config)
+    return _get(decoder_layers(model)[layer], fam.o_proj)
+
+
+def attention_scaling(config, layer: int) -> float:
+    """The factor that multiplies q.k in block ``layer``, as the family applies it to the queries and
+    keys that reach the attention function.
+
+    Gemma 2/3: ``query_pre_attn_scalar ** -0.5`` (not head_dim); OPT: 1.0 (its q_proj output is
+    scaled by head_dim**-0.5 before the attention function); GPT-2: head_dim**-0.5 if
+    ``scale_attn_weights``, divided by (layer + 1) if ``scale_attn_by_inverse_layer_idx``;
+    otherwise head_dim**-0.5.
+    """
+    fam = family_for(config)
+    cfg = _text_config(config)
+    hd = summarize(config).head_dim
+    if fam.name == "gemma3":
+        return float(getattr(cfg, "query_pre_attn_scalar", None) or hd) ** -0.5
+    if fam.name == "opt":
+        return 1.0
+    if fam.name == "gpt2":
+        s = hd ** -0.5 if getattr(cfg, "scale_attn_weights", True) else 1.0
+        return s / (layer + 1) if getattr(cfg, "scale_attn_by_inverse_layer_idx", False) else s
+    return hd ** -0.5
+
+
+def attention_softcap(config) -> float | None:
+    """Attention-logit soft-capping constant c (scores -> c * tanh(scores / c)) where the family applies
+    it: Gemma 2 (``attn_logit_softcapping``). Gemma 3 configs carry the key but its attention does not
+    apply it (transformers >= 4.50), so None there; None for every other family."""
+    cfg = _text_config(config)
+    if getattr(cfg, "model_type", None) == "gemma2":
+        return getattr(cfg, "attn_logit_softcapping", None)
+    return None
+
+
+def attention_window(config, layer: int) -> int | None:
+    """The sliding window W of block ``layer`` (a query at position t sees keys t-W+1..t), or None
+    for full causal attention (``summarize(config).sliding_layers``; Mistral: every layer,
+    Gemma 3: the ``sliding_attention`` layers)."""
+    s = summarize(config)
+    return s.sliding_window if layer in s.sliding_layers else None
+
+
+def _own_eager(module):
+    import importlib
+
+    return importlib.import_module(type(module).__module__).eager_attention_forward
+
+
+@contextmanager
+def capture_attention(model, fn: Callable):
+    """While active, every call of ``model``'s attention function also calls
+    ``fn(layer, query, key, attn_output, scaling, softcap)`` with the tensors the model uses:
+
+    - ``query`` [B, n_heads, T, head_dim] and ``key`` [B, n_kv_heads, T, head_dim] after RoPE (and
+      q_norm/k_norm, query pre-scaling where the family has them), before GQA/MQA repetition;
+    - ``attn_output`` [B, T, n_heads, head_dim]: the attention-weighted sum of values (the input of
+      ``o_proj_module`` once the heads are concatenated);
+    - ``scaling``/``softcap``: the values the module passes to the attention function (None where it
+      passes none: then ``attention_scaling``/``attention_softcap`` apply).
+
+    The model's attention implementation (sdpa, flash attention, eager) runs unchanged; nothing of
+    size T x T is materialized here. Implemented by overriding, for the duration, the entry of the
+    current implementation in ``transformers``' ``ALL_ATTENTION_FUNCTIONS`` (process-wide: calls of
+    other models pass through unchanged).
+
+    Raises:
+        UnsupportedArchitectureError: a family whose attention does not use the attention interface.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    mods = attention_modules(model)
+    layer_of = {id(m): i for i, m in enumerate(mods)}
+    impl = _text_config(model.config)._attn_implementation or "eager"
+    had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
+    prev_local = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
+    inner = ALL_ATTENTION_FUNCTIONS.get(impl)
+    seen = []
+
+    def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+        f = inner if inner is not None else _own_eager(module)
+        out = f(module, query, key, value, attention_mask, *args, **kwargs)
+        layer = layer_of.get(id(module))
+        if layer is not None:
+            seen.append(layer)
+            fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
+        return out
+
+    ALL_ATTENTION_FUNCTIONS[impl] = wrapper
+    try:
+        yield seen
+    finally:
+        if had_local:
+            ALL_ATTENTION_FUNCTIONS._local_mapping[impl] = prev_local
+        else:
+            del ALL_ATTENTION_FUNCTIONS[impl]

@@ -147,7 +147,8 @@ def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sd
 
     Args:
         dtype: "float32" | "bfloat16" | "float16" | "auto" (bf16 on CUDA, fp32 on CPU).
-        attn: attention implementation; "eager" is needed for attention weights.
+        attn: attention implementation (extraction needs no eager weights: attention entropies come from
+            hooked queries and keys, ``architectures.capture_attention``).
         device_map: e.g. "auto" to spread a large model over the GPUs of a node. Without it, a model
             for a CUDA device is loaded straight onto that device (host memory holds no copy).
         mem_mb: the job's declared memory; with it (and always on CUDA) ``check_memory`` runs first.
