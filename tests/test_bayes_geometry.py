@@ -173,9 +173,10 @@ def test_zero_queries_give_uniform_attention_log_n_keys(family):
 # ------------------------------------------------------------------ fake activation files
 
 def _write_h5(path, *, model="m", prompt_set="mixed", entropy, values, residual=None, attn=None, n_tokens=None,
-              topics=None, arch_attrs=None):
+              topics=None, arch_attrs=None, attn_output=None):
     n, L, F = values.shape
     residual = residual if residual is not None else np.random.default_rng(1).standard_normal((n, L + 1, 6))
+    attn_output = attn_output if attn_output is not None else np.random.default_rng(2).standard_normal((n, L, 4))
     attn = attn if attn is not None else np.ones((n, L, 2))
     n_tokens = n_tokens if n_tokens is not None else np.full(n, 10)
     topics = topics or ["t"] * n
@@ -183,6 +184,7 @@ def _write_h5(path, *, model="m", prompt_set="mixed", entropy, values, residual=
              architecture=arch_attrs or {"attention_type": "MQA", "sliding_layers": [], "sliding_window": None})
     shapes = {"prompts/text": ((n,), "str"), "prompts/meta": ((n,), "str"), "prompts/n_tokens": ((n,), "int32"),
               "last_token/values": ((n, L, F), "float32"), "last_token/residual": (residual.shape, "float32"),
+              "last_token/attn_output": (attn_output.shape, "float32"),
               "next_token/entropy": ((n,), "float32"), "attention/entropy": (attn.shape, "float32")}
     w = ActivationWriter(path, a, shapes)
     w.write("prompts/text", slice(None), [f"p{i}" for i in range(n)])
@@ -190,6 +192,7 @@ def _write_h5(path, *, model="m", prompt_set="mixed", entropy, values, residual=
     w.write("prompts/n_tokens", slice(None), np.asarray(n_tokens, np.int32))
     w.write("last_token/values", slice(None), values.astype(np.float32))
     w.write("last_token/residual", slice(None), residual.astype(np.float32))
+    w.write("last_token/attn_output", slice(None), attn_output.astype(np.float32))
     w.write("next_token/entropy", slice(None), np.asarray(entropy, np.float32))
     w.write("attention/entropy", slice(None), attn.astype(np.float32))
     return w.commit()
@@ -240,14 +243,20 @@ def test_domain_restriction_rank1_known_answers(tmp_path):
     h_mix, h_dom = rng.uniform(0, 5, n), rng.uniform(0, 5, n)
     u = rng.standard_normal(F)
     vals_dom = np.repeat((h_dom[:, None] * u)[:, None, :], L, axis=1) + 3.0
+    att_dom = rng.standard_normal((n, L, 6))  # attention output: rank 1 in entropy at layer 0 only
+    att_dom[:, 0, :] = -h_dom[:, None] * rng.standard_normal(6)
     paths = {"mixed": _write_h5(tmp_path / "mixed.h5", entropy=h_mix, values=rng.standard_normal((n, L, F)),
-                                topics=["a", "b"] * (n // 2)),
+                                topics=["a", "b"] * (n // 2), attn_output=rng.standard_normal((n, L, 6))),
              "domain_x": _write_h5(tmp_path / "domain_x.h5", prompt_set="domain_x", entropy=h_dom, values=vals_dom,
-                                   topics=["x"] * n)}
+                                   topics=["x"] * n, attn_output=att_dom)}
     out = bg.domain_restriction_tables(paths, model="m", mixed_set="mixed", labels={"domain_x": "X"}, n_quantiles=5,
                                        per_quantile=3, n_boot=20, seed=0)
     st, sel, sc = out["stats"], out["selection"], out["scores"]
-    assert len(st) == 2 * L * 2 * 2  # sets x layers x representations x variants
+    assert len(st) == 2 * L * 3 * 2  # sets x layers x representations (values, attn_output, residual) x variants
+    a = st[(st.prompt_set == "domain_x") & (st.representation == "attn_output")].set_index(["layer", "standardized"])
+    np.testing.assert_allclose(a.loc[0].pc1, 1.0, atol=1e-9)
+    np.testing.assert_allclose(a.loc[0].spearman_rho, 1.0)
+    assert (a.loc[1].pc1 < 0.8).all()
     d = st[(st.prompt_set == "domain_x") & (st.representation == "values")]
     np.testing.assert_allclose(d.pc1, 1.0, atol=1e-9)
     np.testing.assert_allclose(d.pc1_lo, 1.0, atol=1e-9)
@@ -438,3 +447,23 @@ def test_paper3_dry_run_offline(tmp_path):
     assert {s["repo_id"] for s in cfg["models"].values()} == {
         "EleutherAI/pythia-410m", "microsoft/phi-2", "meta-llama/Llama-3.2-1B", "mistralai/Mistral-7B-v0.1"}
     assert not (tmp_path / "empty_hf_home").exists() or not any((tmp_path / "empty_hf_home").rglob("*.safetensors"))
+
+
+def test_value_manifold_table_reads_attn_output(tmp_path):
+    """value_manifold_table: one row per representation (values, attn_output, residual_stream), each read from its
+    own dataset and layer (attention output rank 1 in entropy at layer 1 only)."""
+    from llmgeom.analyses.value_manifold import value_manifold_table
+
+    rng = np.random.default_rng(4)
+    n, L = 30, 2
+    h = rng.uniform(0, 4, n)
+    att = rng.standard_normal((n, L, 5))
+    att[:, 1, :] = h[:, None] * rng.standard_normal(5) + 1.0
+    p = _write_h5(tmp_path / "mixed.h5", entropy=h, values=rng.standard_normal((n, L, 3)), attn_output=att)
+    vm = value_manifold_table({"mixed": p}, model="m", n_boot=10, seed=0)
+    assert sorted(vm.representation.unique()) == ["attn_output", "residual_stream", "values"]
+    a = vm[vm.representation == "attn_output"].set_index(["layer", "standardized"])
+    np.testing.assert_allclose(a.loc[1].pc1, 1.0, atol=1e-9)
+    np.testing.assert_allclose(a.loc[1].spearman_rho, 1.0)
+    assert (a.loc[0].pc1 < 0.8).all()
+    assert (vm[vm.representation == "values"].pc1 < 0.95).all()

@@ -81,7 +81,7 @@ def test_every_target_exists_and_is_sane(tiny_run):
                 assert np.isfinite(f["last_token/residual"][:]).all()
         vm = pd.read_csv(wd / f"results/{m}/tables/value_manifold.csv")
         assert set(vm.prompt_set) == {"mixed", "domain_mathematics"}
-        assert set(vm.representation) == {"values", "residual_stream"}
+        assert set(vm.representation) == {"values", "attn_output", "residual_stream"}
         assert {"model", "layer", "prompt_set", "n"} <= set(vm.columns)
         assert (vm.n == 12).all()
         assert ((vm.pc1 > 0) & (vm.pc1 <= vm.pc12) & (vm.pc12 <= 1 + 1e-9)).all()

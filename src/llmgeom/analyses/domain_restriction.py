@@ -169,7 +169,8 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         ``stats`` - one row per (prompt_set, representation, layer, standardized): model, prompt_set,
         domain, role ("mixed" / "restricted"), edges, n_quantiles, per_quantile, n_candidates, n (selected),
         entropy_mean, entropy_median (nats, of the selection), representation ("values" = last-token
-        value vectors concatenated over key heads; "residual_stream" = output of the block), layer,
+        value vectors concatenated over key heads; "attn_output" = attention output at the final token, the
+        o_proj input; "residual_stream" = output of the block), layer,
         relative_depth ((layer+1)/L), standardized, every key of ``geometry.value_manifold_stats`` (pc1,
         pc2, pc12 fractions of variance with *_lo/*_hi basic-bootstrap bounds and *_bc bias-corrected
         estimates 2 t - mean(replicates), participation_ratio (full spectrum), participation_ratio_top10,
@@ -240,11 +241,13 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         bseed = derived_seed(seed, s + "/boot")
         with open_activations(h5_paths[s], model=model) as f:
             vals = read_finite(f, "last_token/values", idx)      # [n, L, F]
+            attn = read_finite(f, "last_token/attn_output", idx)  # [n, L, H*hd]
             resid = read_finite(f, "last_token/residual", idx)   # [n, L+1, d]
         L = vals.shape[1]
         keep_scores = set(select_layers(score_layers, L))
         for layer in select_layers(layers, L):
-            reps = {"values": vals[:, layer, :], "residual_stream": resid[:, layer + 1, :]}
+            reps = {"values": vals[:, layer, :], "attn_output": attn[:, layer, :],
+                    "residual_stream": resid[:, layer + 1, :]}
             for rep, X in reps.items():
                 for std in standardize:
                     st, boot = value_manifold_stats_with_boot(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std),

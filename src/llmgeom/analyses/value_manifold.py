@@ -30,7 +30,9 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
 
     Returns:
         DataFrame with columns model, prompt_set, representation ("values" = last-token value vectors
-        concatenated over key heads [n_prompts, n_kv_heads*head_dim]; "residual_stream" = output of the
+        concatenated over key heads [n_prompts, n_kv_heads*head_dim]; "attn_output" = the attention output
+        at the final token, the o_proj input [n_prompts, n_heads*head_dim] (issue 14 item 5: where small
+        transformers carry the entropy ordering); "residual_stream" = output of the
         block [n_prompts, d_model]), layer (0-based block index), relative_depth ((layer+1)/L),
         standardized, n, pc1, pc2, pc12 and their basic-bootstrap CI bounds *_lo / *_hi and
         bias-corrected estimates *_bc = 2 t - mean(replicates) (fractions of variance, 0..1),
@@ -47,6 +49,7 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
             L = f["last_token/values"].shape[1]
             for layer in select_layers(layers, L):
                 reps = {"values": lambda: read_finite(f, "last_token/values", layer=layer),
+                        "attn_output": lambda: read_finite(f, "last_token/attn_output", layer=layer),
                         "residual_stream": lambda: read_finite(f, "last_token/residual", layer=layer + 1)}
                 for rep, read in reps.items():
                     X = read()

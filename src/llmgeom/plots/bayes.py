@@ -59,11 +59,11 @@ def pc_scatter_figure(scores: pd.DataFrame, paths, *, representation: str = "val
 
 def explained_variance_layers_figure(dr: pd.DataFrame, paths, *, standardized: bool = True) -> None:
     """PC1 (dashed) and PC1+PC2 (solid, 95% bootstrap band) explained variance vs relative depth for
-    each prompt-set selection; columns = models, rows = representation (values, residual stream).
+    each prompt-set selection; columns = models, rows = representation (values, attention output, residual stream).
     Input: concatenated ``domain_restriction`` tables."""
     d = dr[_std_mask(dr, standardized)]
     models = sorted(d.model.unique())
-    reps = [r for r in ("values", "residual_stream") if r in set(d.representation)]
+    reps = [r for r in ("values", "attn_output", "residual_stream") if r in set(d.representation)]
     fig, axes = plt.subplots(len(reps), len(models), figsize=(4.6 * len(models), 3.4 * len(reps)), squeeze=False,
                              sharey=True, layout="constrained")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
