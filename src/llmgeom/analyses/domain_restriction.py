@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
+from llmgeom.core.progress import progress
 from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed
 from llmgeom.core.store import open_activations, read_finite
 from llmgeom.measures import pca as geometry
@@ -245,7 +246,10 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
             resid = read_finite(f, "last_token/residual", idx)   # [n, L+1, d]
         L = vals.shape[1]
         keep_scores = set(select_layers(score_layers, L))
-        for layer in select_layers(layers, L):
+        sel_layers = select_layers(layers, L)
+        bar = progress(total=len(sel_layers) * 3 * len(standardize), unit="bootstrap",
+                       desc=f"domain restriction {model} {s} (n_boot={n_boot})")
+        for layer in sel_layers:
             reps = {"values": vals[:, layer, :], "attn_output": attn[:, layer, :],
                     "residual_stream": resid[:, layer + 1, :]}
             for rep, X in reps.items():
@@ -274,6 +278,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                                                               - mst["participation_ratio_top10"])
                     row["delta_spearman_rho"] = st["spearman_rho"] - mst["spearman_rho"]
                     rows.append(row)
+                    bar.update(1)
                 if layer in keep_scores:
                     S = geometry.pc_scores(X, True, 2, sign_reference=h)
                     for i, pi in enumerate(idx):
@@ -281,6 +286,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                                                layer=layer, standardized=True, prompt_index=int(pi),
                                                topic=topics[s][pi], next_token_entropy=h[i],
                                                entropy_quantile=int(sel[s]["bins"][pi]), pc1=S[i, 0], pc2=S[i, 1]))
+        bar.close()
     return {"stats": pd.DataFrame(rows), "selection": pd.DataFrame(sel_rows), "scores": pd.DataFrame(score_rows)}
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
+from llmgeom.core.progress import progress
 from llmgeom.core.store import open_activations, read_finite
 from llmgeom.measures import pca as geometry
 
@@ -47,16 +48,20 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
         with open_activations(path, model=model) as f:
             ent = read_finite(f, "next_token/entropy")
             L = f["last_token/values"].shape[1]
-            for layer in select_layers(layers, L):
-                reps = {"values": lambda: read_finite(f, "last_token/values", layer=layer),
-                        "attn_output": lambda: read_finite(f, "last_token/attn_output", layer=layer),
-                        "residual_stream": lambda: read_finite(f, "last_token/residual", layer=layer + 1)}
-                for rep, read in reps.items():
-                    X = read()
-                    for std in standardize:
-                        st = geometry.value_manifold_stats(X, ent, n_boot=n_boot,
-                                                           seed=seed, standardize=bool(std), ci=ci)
-                        st["standardized"] = bool(std)
-                        rows.append(dict(model=model, prompt_set=pset, representation=rep, layer=layer,
-                                         relative_depth=relative_depth(layer, L), **st))
+            sel = select_layers(layers, L)
+            with progress(total=len(sel) * 3 * len(standardize), unit="bootstrap",
+                          desc=f"value manifold {model} {pset} (n_boot={n_boot})") as bar:
+                for layer in sel:
+                    reps = {"values": lambda: read_finite(f, "last_token/values", layer=layer),
+                            "attn_output": lambda: read_finite(f, "last_token/attn_output", layer=layer),
+                            "residual_stream": lambda: read_finite(f, "last_token/residual", layer=layer + 1)}
+                    for rep, read in reps.items():
+                        X = read()
+                        for std in standardize:
+                            st = geometry.value_manifold_stats(X, ent, n_boot=n_boot,
+                                                               seed=seed, standardize=bool(std), ci=ci)
+                            st["standardized"] = bool(std)
+                            rows.append(dict(model=model, prompt_set=pset, representation=rep, layer=layer,
+                                             relative_depth=relative_depth(layer, L), **st))
+                            bar.update(1)
     return pd.DataFrame(rows)

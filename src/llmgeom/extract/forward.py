@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from llmgeom.core.progress import progress
 from llmgeom.core.store import ActivationWriter
 from llmgeom.models import architectures as arch
 
@@ -471,6 +472,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         tok_offsets = np.concatenate([[0], np.cumsum([max(len(sq) - 2, 0) for sq in seqs])])
         samp_offsets = np.concatenate([[0], np.cumsum([len(x) for x in samples])]) if corpus else None
         t0, n_tok = time.time(), 0
+        bar = progress(total=n, desc=f"extract {model_name} {Path(prompts_path).stem}", unit="prompt")
         for j in range(0, n, batch_size):
             idx = order[j:j + batch_size]
             r = extract_batch(model, [seqs[i] for i in idx], attention=attention, top_k=top_k,
@@ -508,6 +510,9 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     w.write("tokens/prompt", tl, np.full(tsel.sum(), i, np.int32))
                     w.write("tokens/position", tl, r["tok_position"][tsel])
             n_tok += sum(len(seqs[i]) for i in idx)
+            bar.update(len(idx))
+            bar.set_postfix(tokens=n_tok, refresh=False)
+        bar.close()
         log(f"[extract] {model_name} {Path(prompts_path).stem}: {n} prompts, {n_tok} tokens, "
             f"{n_tok / max(time.time() - t0, 1e-9):.0f} tokens/s on {attrs['device']}")
         return w.commit()

@@ -185,6 +185,8 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
     record = sorted(l0 - 1 for l0 in starts if l0 > 0) if skip else []
     dev = next(model.parameters()).device
     t0 = time.time()
+    bar = progress(total=n * len(conditions), desc=f"interventions ({len(conditions)} conditions)",
+                   unit="forward")
     for idx in length_batches([len(s) for s in seqs], batch_size):
         batch = [seqs[i] for i in idx]
         cands = [candidates[i] for i in idx]
@@ -205,6 +207,7 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
                     st.enter_context(skip_layers(model, l0, base["blocks"][l0 - 1]))
                 r = forward_probe(model, batch, cands, probe_layers=[l for l in probe_layers if not use_skip or l >= l0],
                                   record_blocks=record if not c["layers"] else (), head=head, pad_id=pad_id)
+            bar.update(len(idx))
             if not c["layers"]:
                 base = r
             rec = out[c["condition"]]
@@ -212,6 +215,7 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
             for l in probe_layers:
                 v = r["values"].get(l, base["values"][l] if base is not None else None)
                 rec["proj"][l][idx] = v.astype(np.float64) @ axes[l].u
+    bar.close()
     log(f"[interventions] {len(conditions)} conditions x {n} prompts in {time.time() - t0:.1f} s")
     return out
 
