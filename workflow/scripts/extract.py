@@ -1,15 +1,21 @@
 # Rules extract and extract_sula: one model, one prompt set -> HDF5 activations (DESIGN.md section 2).
-from llmgeom.workflow.jobs import run_logged, set_threads
+# The work runs in the model's server process (weights loaded once per allocation; issue 13), or here
+# with LLMGEOM_MODEL_SERVER=0.
+from typing import TYPE_CHECKING
 
-with run_logged(snakemake.log[0], threads=snakemake.threads):
-    set_threads(snakemake.threads)
-    from llmgeom.extract.forward import extract_to_hdf5
+from llmgeom.workflow.model_server import run_task
 
-    p = snakemake.params
-    extract_to_hdf5(
-        snakemake.input.model,
-        snakemake.input.prompts,
-        snakemake.output[0],
+if TYPE_CHECKING:  # the code this job runs (in the server), named for code tracking (common.smk code())
+    import llmgeom.extract.forward  # noqa: F401
+
+p = snakemake.params
+load = dict(model_dir=snakemake.input.model, dtype=p.dtype, device=p.device, device_map=p.device_map)
+run_task(
+    "extract",
+    dict(
+        model_dir=snakemake.input.model,
+        prompts_path=snakemake.input.prompts,
+        out_path=snakemake.output[0],
         model_name=snakemake.wildcards.model,
         dtype=p.dtype,
         device=p.device,
@@ -23,4 +29,8 @@ with run_logged(snakemake.log[0], threads=snakemake.threads):
         max_tokens=p.get("max_tokens"),
         seed=p.get("seed", 0),
         mem_mb=getattr(snakemake.resources, "mem_mb", None),  # checked against the model's size before loading
-    )
+    ),
+    load=load,
+    log=snakemake.log[0],
+    threads=snakemake.threads,
+)

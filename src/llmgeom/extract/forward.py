@@ -355,7 +355,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     device: str = "auto", batch_size: int = 8, top_k: int = 10, attention: bool = True,
                     corpus: bool = False, sample_per_prompt: int = 16, max_tokens: int | None = None,
                     seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
-                    mem_mb: int | None = None, attn_implementation: str = "sdpa", log=print) -> Path:
+                    mem_mb: int | None = None, attn_implementation: str = "sdpa", reuse_model: bool = False,
+                    log=print) -> Path:
     """Extract every dataset of the HDF5 contract for one model and one prompt set.
 
     The model is loaded with ``attn_implementation`` (default sdpa; "flash_attention_2" on a GPU that
@@ -371,7 +372,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     position are stored as ``next_token/candidate_logprobs`` [n, C] (float32, nats, over the full
     vocabulary) with the ids in ``next_token/candidate_ids`` [n, C] int64.
 
-    ``mem_mb`` (the job's declared memory) is checked against the model's size before loading
+    ``reuse_model``: keep the loaded model in this process for the next call (``load_prepared(reuse=True)``;
+    the model server). ``mem_mb`` (the job's declared memory) is checked against the model's size before loading
     (``models.check_memory``; on CUDA the GPUs' memory is checked in any case).
 
     Raises:
@@ -386,7 +388,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     records, sha = read_prompt_set(prompts_path)
     manifest = read_manifest(model_dir)
     model, tok = load_prepared(model_dir, dtype=dtype, attn=attn_implementation,
-                               device=device, device_map=device_map, mem_mb=mem_mb)
+                               device=device, device_map=device_map, mem_mb=mem_mb, reuse=reuse_model)
     s = arch.summarize(model.config)
     texts = [r["text"] for r in records]
     pids = [r.get("id", str(i)) for i, r in enumerate(records)]

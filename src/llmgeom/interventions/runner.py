@@ -224,8 +224,10 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
                             multi_layers=("middle", "last"), edits=tuple(EDIT_NAMES), shift_scale: float = 1.0,
                             positions: str = "all", n_per_k: int | None = None, batch_size: int = 32,
                             seed: int = 0, dtype: str = "auto", device: str = "auto",
-                            device_map: str | None = None, log=print):
+                            device_map: str | None = None, reuse_model: bool = False, log=print):
     """Fit entropy axes on the SULA main activations, then run the baseline and every edit.
+
+    ``reuse_model``: take / keep the model in this process's cache (``load_prepared(reuse=True)``).
 
     Args:
         model_dir: prepared model; prompts_path: ``resources/prompts/sula/{model}/main.jsonl``;
@@ -272,7 +274,8 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
 
     meta = [r.get("meta", {}) for r in records]
     keep = [i for i, m in enumerate(meta) if n_per_k is None or int(m.get("i", 0)) < n_per_k]
-    model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device, device_map=device_map)
+    model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device, device_map=device_map,
+                               reuse=reuse_model)
     s = arch.summarize(model.config)
     seqs = tokenize_prompts(tok, [records[i]["text"] for i in keep], [records[i].get("id", str(i)) for i in keep],
                             max_tokens=None, truncate=False, context=s.max_positions)

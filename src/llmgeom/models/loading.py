@@ -141,9 +141,32 @@ def check_memory(model_dir: str | Path, *, dtype: str = "auto", device: str = "a
     return info
 
 
+#: Weight loads in this process: {model directory: count} (benchmarks/gpu_economy.py, the model server).
+LOADS: dict[str, int] = {}
+_CACHE: dict = {}
+
+
+def clear_model_cache() -> None:
+    """Drop the model kept by ``load_prepared(..., reuse=True)`` (frees its memory)."""
+    _CACHE.clear()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover
+        pass
+
+
 def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sdpa", device: str = "auto",
-                  device_map: str | None = None, mem_mb: int | None = None):
+                  device_map: str | None = None, mem_mb: int | None = None, reuse: bool = False):
     """Load (model, tokenizer) from a prepared directory, in eval mode.
+
+    With ``reuse=True`` the last model loaded with ``reuse=True`` is kept in this process and returned
+    again for the same (directory and weights mtime, dtype, attention, device, device_map): one weight
+    load for all the GPU jobs of a model that run in one process (``llmgeom.workflow.model_server``;
+    issue 13). A different key replaces it (one model in memory at a time). Callers must not modify
+    the returned model (extraction and interventions only add hooks that they remove).
 
     Args:
         dtype: "float32" | "bfloat16" | "float16" | "auto" (bf16 on CUDA, fp32 on CPU).
@@ -166,6 +189,16 @@ def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sd
 
     model_dir = Path(model_dir)
     wp = resolve_weights_path(model_dir)
+    key = None
+    if reuse:
+        try:
+            stamp = max(p.stat().st_mtime_ns for p in Path(wp).iterdir())
+        except (OSError, ValueError):
+            stamp = None
+        key = (str(Path(wp).resolve()), stamp, dtype, attn, device, device_map)
+        if key in _CACHE:
+            return _CACHE[key]
+        clear_model_cache()
     dev = resolve_device(device)
     td = resolve_dtype(dtype, dev)
     if td == torch.float16:
@@ -183,4 +216,7 @@ def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sd
         model.to(dev)
     model.eval()
     tok = AutoTokenizer.from_pretrained(wp)
+    LOADS[str(model_dir)] = LOADS.get(str(model_dir), 0) + 1
+    if key is not None:
+        _CACHE[key] = (model, tok)
     return model, tok
