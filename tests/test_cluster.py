@@ -166,21 +166,28 @@ def test_stub_sbatch_gpu_flags_only_on_gpu_rules(stub_cluster_run):
     gpu_rules = set(cluster.GPU_RULES) & defined
     assert "extract" in gpu_rules
     seen_gpu = set()
+    per_model = {}
     for s in subs:
         gpu = set(s["rules"]) & gpu_rules
         if gpu:
             seen_gpu |= gpu
-            assert len(s["rules"]) == 1, s["rules"]  # GPU jobs are never grouped with CPU jobs
-            model = dict(kv.split("=") for kv in s["targets"][0].split(":", 1)[1].split(","))["model"]
+            assert set(s["rules"]) <= gpu_rules, s["rules"]  # GPU jobs are never grouped with CPU jobs
+            models_in = {_wildcards(t)["model"] for t in s["targets"]}
+            assert len(models_in) == 1, s["targets"]  # one model per submission
+            model = models_in.pop()
+            per_model[model] = per_model.get(model, 0) + 1
             want = "--gpus=h100:1" if model == "tiny-llama" else "--gpus=1"
             assert s["gpu_flags"] == [want], s["flags"]
             assert " -p gpu" in s["flags"] and " -A testacct" in s["flags"]
             mem = int(re.search(r"--mem (\d+)", s["flags"]).group(1))
-            assert mem == cfg["models"][model].get("mem_mb", 8000)
+            assert mem == cfg["models"][model].get("mem_mb", 8000)  # the jobs run one after another: max, not sum
+            assert _runtime(s) == sum(int(j["resources"]["runtime"]) for j in jobs if j["rule"] in gpu_rules
+                                      and j["wildcards"].get("model") == model)  # covers all of its jobs
         else:
             assert s["gpu_flags"] == [], (s["rules"], s["flags"])
             assert " -p cpu" in s["flags"], s["flags"]
     assert seen_gpu == gpu_rules  # extraction and intervention jobs (whichever exist) all got a GPU
+    assert per_model == {m: 1 for m in cfg["models"]}  # one GPU submission per model (issue 13)
     # small CPU jobs were bundled: at least one submission holds several analysis jobs
     assert max(len(s["targets"]) for s in subs if not set(s["rules"]) & gpu_rules) > 1
 
@@ -196,12 +203,57 @@ def test_stub_sbatch_cpus_per_task_are_the_rules_threads(stub_cluster_run):
     rules 1."""
     wd, cfg, jobs, run, subs = stub_cluster_run
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    ext = [s for s in subs if s["rules"] == ["extract"]]
+    ext = [s for s in subs if "extract" in s["rules"]]  # a model's GPU submission (its jobs run one after another)
     assert ext and all(_cpus(s) == 4 for s in ext), [s["flags"] for s in ext]
     fisher = [s for s in subs if "fisher" in s["rules"]]
     assert fisher and all(_cpus(s) >= 3 for s in fisher), [(s["rules"], s["flags"]) for s in fisher]
     single = [s for s in subs if s["rules"] == ["prepare_model"]]
     assert single and all(_cpus(s) == 1 for s in single), [s["flags"] for s in single]
+
+
+def _wildcards(target: str) -> dict:
+    return dict(kv.split("=", 1) for kv in target.split(":", 1)[1].split(",") if kv)
+
+
+def _runtime(sub) -> int:
+    """Minutes asked by an sbatch call (-t / --time)."""
+    m = re.search(r"(?:^| )(?:-t|--time)[ =](\d+)", sub["flags"])
+    return int(m.group(1))
+
+
+@pytest.mark.slow
+def test_paper3_one_gpu_submission_per_model(tmp_path):
+    """Issue 13: on the paper3 config every model's GPU jobs (5 extractions, 4 SULA conditions, the
+    interventions) are one sbatch call with the model's GPU flags and memory and the sum of the runtimes
+    (the jobs are stacked in series by the model's GPU slot, whatever the cores)."""
+    cfg = yaml.safe_load((REPO / "config" / "paper3.yaml").read_text())
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    base = ["--configfile", str(REPO / "config" / "paper3.yaml"), "-d", str(wd)]
+    jobs = slurm_stub.dry_run_jobs(smk("-n", *base, cwd=wd).stdout)
+    env = slurm_stub.install(wd / "bin", wd / "state", jobs)
+    run = smk("--profile", str(site_profile(tmp_path / "profile")), "--slurm-init-seconds-before-status-checks", "1",
+              *base, cwd=wd, env=env, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    gpu_rules = set(cluster.GPU_RULES)
+    gpu_subs = [s for s in slurm_stub.submissions(wd / "state") if set(s["rules"]) & gpu_rules]
+    by_model = {}
+    for s in gpu_subs:
+        models_in = {_wildcards(t)["model"] for t in s["targets"]}
+        assert len(models_in) == 1 and set(s["rules"]) <= gpu_rules, s["targets"]
+        by_model.setdefault(models_in.pop(), []).append(s)
+    assert sorted(by_model) == sorted(cfg["models"])
+    for m, subs in by_model.items():
+        assert len(subs) == 1, (m, [s["targets"] for s in subs])
+        s, spec = subs[0], cfg["models"][m]
+        mine = [j for j in jobs if j["rule"] in gpu_rules and j["wildcards"].get("model") == m]
+        assert len(s["targets"]) == len(mine) == 10  # 5 prompt sets + 4 SULA conditions + interventions
+        assert set(s["rules"]) == gpu_rules
+        g = spec.get("gpus", 1)
+        assert s["gpu_flags"] == [f"--gpus={spec['gpu_model']}:{g}" if spec.get("gpu_model") else f"--gpus={g}"]
+        assert " -p gpu" in s["flags"]
+        assert int(re.search(r"--mem (\d+)", s["flags"]).group(1)) == spec["mem_mb"]
+        assert _runtime(s) == 10 * spec["runtime"]
 
 
 @pytest.mark.slow
@@ -228,6 +280,13 @@ def test_gpu_job_resources_per_model():
     assert res["gpu_model"](W("b")) is None  # omitted by Snakemake: plain --gpus=1
     assert [res["mem_mb"](W("b"), a) for a in (1, 2, 3)] == [4000, 6000, 8000]
     assert [res["runtime"](W("a"), a) for a in (1, 2)] == [90, 135]
+
+
+    assert res["runtime"](W("a")) == 90
+    # each job holds its own model's GPU slot (1 at a time), and no other (None: omitted by Snakemake)
+    assert cluster.gpu_slot_limits(models_cfg) == {"gpu_slot_0": 1, "gpu_slot_1": 1}
+    assert res["gpu_slot_0"](W("a")) == 1 and res["gpu_slot_0"](W("b")) is None
+    assert res["gpu_slot_1"](W("b")) == 1 and res["gpu_slot_1"](W("a")) is None
     assert [cluster.scaled_mem(2000)(W("a"), a) for a in (1, 2)] == [2000, 3000]
     assert [cluster.scaled_mem(lambda w: models_cfg[w.model]["mem_mb"])(W("a"), a) for a in (1, 3)] == [10000, 20000]
     assert [cluster.scaled_runtime(30)(W("a"), a) for a in (1, 2)] == [30, 45]

@@ -14,10 +14,12 @@ from llmgeom.workflow.config import (
     model_source_params,
 )
 from llmgeom.workflow.cluster import (
+    GPU_GROUP,
     GPU_RULES,
     check_gpu_config,
     float32_mem_mb,
     gpu_job_resources,
+    gpu_slot_limits,
     package_files,
     scaled_mem,
     scaled_runtime,
@@ -53,6 +55,11 @@ def mcfg(wildcards, key):
 # (mem_mb and runtime grow x1.5 per retry). Every other rule declares mem_mb=scaled_mem(MB) (x1.5 per retry;
 # tests/test_cluster.py checks every rule), a runtime and, if small, group "analysis" or "summary".
 GPU_RESOURCES = gpu_job_resources(config["models"])
+# GPU rules also declare `group: GPU_GROUP` ("gpu_{model}"): one SLURM submission per model. Each GPU job
+# holds its model's slot (gpu_slot_<i>, at most 1 at a time), so the jobs of a submission run one after
+# another on the model's GPUs, in one model-server process that loads the weights once (docs/design-notes.md).
+for _slot, _n in gpu_slot_limits(config["models"]).items():
+    workflow.register_resource(_slot, _n)
 
 
 def model_mem(wildcards):

@@ -23,6 +23,8 @@ rule extract:
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,
+    group:
+        GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/extract/{model}/{promptset}.log",
     conda:

@@ -34,6 +34,8 @@ rule intervene:
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,
+    group:
+        GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/intervene/{model}.log",
     conda:

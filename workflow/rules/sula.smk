@@ -67,6 +67,8 @@ rule extract_sula:
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,
+    group:
+        GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/extract_sula/{model}/{condition}.log",
     conda:

@@ -385,6 +385,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     from llmgeom.models.loading import load_prepared
     from llmgeom.models.sources import read_manifest
 
+    t_call = time.time()
     records, sha = read_prompt_set(prompts_path)
     manifest = read_manifest(model_dir)
     model, tok = load_prepared(model_dir, dtype=dtype, attn=attn_implementation,
@@ -473,15 +474,17 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         order = sorted(range(n), key=lambda i: -len(seqs[i]))
         tok_offsets = np.concatenate([[0], np.cumsum([max(len(sq) - 2, 0) for sq in seqs])])
         samp_offsets = np.concatenate([[0], np.cumsum([len(x) for x in samples])]) if corpus else None
-        t0, n_tok = time.time(), 0
+        t0, n_tok, t_fwd = time.time(), 0, 0.0
         bar = progress(total=n, desc=f"extract {model_name} {Path(prompts_path).stem}", unit="prompt")
         for j in range(0, n, batch_size):
             idx = order[j:j + batch_size]
+            tb = time.perf_counter()
             r = extract_batch(model, [seqs[i] for i in idx], attention=attention, top_k=top_k,
                               sample_positions=[samples[i] for i in idx] if corpus else None,
                               token_stats=corpus, prompt_ids=[pids[i] for i in idx], head=head, pad_id=pad_id,
                               candidates=[cands[i] for i in idx] if cands is not None else None,
                               model_name=model_name)
+            t_fwd += time.perf_counter() - tb  # forward pass, hooks and per-token statistics on the device
             rows = np.array(idx)
             w.write("last_token/residual", rows, r["residual"])
             w.write("last_token/final_normed", rows, r["final_normed"])
@@ -516,7 +519,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             bar.set_postfix(tokens=n_tok, refresh=False)
         bar.close()
         log(f"[extract] {model_name} {Path(prompts_path).stem}: {n} prompts, {n_tok} tokens, "
-            f"{n_tok / max(time.time() - t0, 1e-9):.0f} tokens/s on {attrs['device']}")
+            f"{n_tok / max(time.time() - t0, 1e-9):.0f} tokens/s on {attrs['device']}; "
+            f"forward passes {t_fwd:.3f} s of {time.time() - t_call:.3f} s in extract_to_hdf5")
         return w.commit()
     except BaseException:
         w.abort()

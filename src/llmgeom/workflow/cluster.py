@@ -4,8 +4,9 @@ with the retry attempt, and tracking of the package code a rule runs (issue 7).
 * ``GPU_RULES`` is the one list of rules that need a GPU; the SLURM profile, the README and
   ``tests/test_cluster.py`` refer to it. Every other rule is CPU-only.
 * ``gpu_job_resources(models)`` returns the ``resources:`` of a GPU rule, per model entry:
-  ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry).
-  A rule writes ``resources: **GPU_RESOURCES`` (defined in ``workflow/rules/common.smk``).
+  ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry) and
+  the model's GPU slot (``gpu_slot_<i>``). A rule writes ``resources: **GPU_RESOURCES`` and ``group: GPU_GROUP``
+  (defined in ``workflow/rules/common.smk``): one SLURM submission per model (issue 13).
 * ``apply_size_defaults(config)``: a model entry that gives ``params_b`` (parameters, billions) but not
   ``mem_mb`` / ``runtime`` gets them derived from its size and dtype (see ``size_resources``).
 * ``package_files(*modules)`` lists the source files of ``llmgeom`` modules and of every ``llmgeom``
@@ -27,6 +28,10 @@ import os
 from pathlib import Path
 
 GPU_RULES = ("extract", "extract_sula", "intervene")
+
+#: Snakemake group of every GPU rule: all GPU jobs of one model form one group job, i.e. one SLURM
+#: submission (``group-components`` in profiles/slurm spans their unconnected parts; issue 13).
+GPU_GROUP = "gpu_{model}"
 
 UNTRACKED_PACKAGES = frozenset({"workflow"})  # config checks, logging, cluster: never change a stored value
 UNTRACKED_MODULES = frozenset({"models.tiny"})
@@ -108,12 +113,30 @@ def gpu_job_resources(models: dict) -> dict:
     gpu = ``gpus`` (more than 1 only with ``device_map: auto``), gpu_model (omitted when null; the SLURM
     plugin turns it into ``--gpus=<model>:<n>``), mem_mb (host memory) and runtime (minutes), both x1.5
     per retry."""
-    return {
+    res = {
         "gpu": lambda w: int(models[w.model].get("gpus", 1)),
         "gpu_model": lambda w: models[w.model].get("gpu_model"),
         "mem_mb": scaled_mem(lambda w: models[w.model]["mem_mb"]),
         "runtime": scaled_runtime(lambda w: int(models[w.model]["runtime"])),
     }
+    for m in models:  # one GPU job per model at a time (see gpu_slot_name); other slots omitted (None)
+        slot = gpu_slot_name(models, m)
+        res[slot] = lambda w, m=m: 1 if w.model == m else None
+    return res
+
+
+def gpu_slot_name(models: dict, model: str) -> str:
+    """The resource that one GPU job of ``model`` holds (``gpu_slot_<i>``, i = index of the model in sorted
+    order); ``gpu_slot_limits`` allows 1 of each, so the GPU jobs of a model run one after another: in its
+    group job they are stacked in series (the submission asks the model's GPUs and memory once and the sum of
+    the runtimes), while different models' submissions still run side by side."""
+    return f"gpu_slot_{sorted(models).index(model)}"
+
+
+def gpu_slot_limits(models: dict) -> dict:
+    """{slot resource: 1} for every model; registered as global resources (``workflow.register_resource``
+    in workflow/rules/common.smk)."""
+    return {gpu_slot_name(models, m): 1 for m in models}
 
 
 def check_gpu_config(config: dict) -> None:

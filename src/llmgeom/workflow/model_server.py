@@ -71,9 +71,12 @@ def idle_seconds() -> float:
 
 
 def server_dir(load: dict) -> Path:
-    """The directory of the server for ``load`` (model_dir, dtype, device, device_map) in this allocation."""
+    """The directory of the server for ``load`` (model_dir, dtype, device, device_map) in this allocation,
+    for this version of the package code (an edited source file gets a new server: no stale code)."""
     base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
-    ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()),
+    pkg = Path(__file__).resolve().parents[1]  # a changed package source starts a new server (new code)
+    code = hashlib.sha256(repr(sorted((str(f), f.stat().st_mtime_ns) for f in pkg.rglob("*.py"))).encode()).hexdigest()
+    ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()), code=code,
                  job=os.environ.get("SLURM_JOB_ID", ""), gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                  python=sys.executable, path=os.environ.get("PYTHONPATH", ""))
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
