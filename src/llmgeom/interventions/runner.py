@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from llmgeom.core.layers import select_layers
+from llmgeom.core.progress import progress
 from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
 from llmgeom.interventions.edits import AXES, EDIT_NAMES, ValueEdit, value_edits
 from llmgeom.models import architectures as arch

@@ -148,9 +148,15 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1)
     if not enabled():
         from llmgeom.workflow.jobs import run_logged, set_threads
 
+        from llmgeom.models import loading
+
         with run_logged(log, threads=threads):
             set_threads(threads)
-            return _call(task, kwargs, reuse=False)
+            before = sum(loading.LOADS.values())
+            out = _call(task, kwargs, reuse=False)
+            print(f"[model server off] task {task} in the job's process; weights loaded for it: "
+                  f"{sum(loading.LOADS.values()) - before}", flush=True)
+            return out
     d = server_dir(load)
     conn = _start(d, load)
     with conn:
