@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU check for issue 7: the full extraction of real model shapes on one CUDA GPU in bfloat16 (tokens/s,
+# GPU check for issues 7 and 13: the full extraction of real model shapes on one CUDA GPU in bfloat16 (tokens/s,
 # peak GPU memory, host RSS, HDF5 bytes per prompt), a GPU/CPU device_map split against the single-device
-# result, and the memory check. Needs torch (CUDA), transformers, h5py, numpy; llmgeom from src/ (no install).
+# result, the memory check, and (issue 13) sdpa extraction with hooked attention entropies vs the body-only
+# forward and vs eager, flash attention if installed, and the model server. Needs torch (CUDA), transformers, h5py, numpy; llmgeom from src/ (no install).
 #
 # On the device machine (its python3 holds torch/transformers/h5py), with the device tool's `run`:
 #   command: bash benchmarks/gpu_check.sh

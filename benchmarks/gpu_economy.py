@@ -199,10 +199,10 @@ def bench_share(a) -> dict:
     cfg = {"models": {name: {"source": "hf_local", "path": str(md.resolve()), "dtype": "float32",
                              "batch_size": a.batch, "mem_mb": 6000, "runtime": 60}},
            "prompts": {"seed": 0, "token_budget": base["prompts"]["token_budget"],
-                       "sets": {s: base["prompts"]["sets"][s] for s in a.share_sets}},
-           "extract": {"threads": 2}}
+                       "sets": {s: base["prompts"]["sets"][s] for s in [*a.share_sets, "corpus"]}},
+           "extract": {"threads": 2}}  # the corpus set is declared (config checks) but not extracted
     cfg["value_manifold"] = {"prompt_sets": [s for s in a.share_sets if base["prompts"]["sets"][s]["kind"] != "corpus"][:1]}
-    cfg["intrinsic_dimension"] = {"prompt_set": a.share_sets[0]}
+    cfg["intrinsic_dimension"] = {"prompt_set": "corpus"}
     tmp = Path(tempfile.mkdtemp(prefix="llmgeom-share-"))
     try:
         out = {"model": name, "prompt_sets": a.share_sets, "batch": a.batch, "dtype": "float32"}
