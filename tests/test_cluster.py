@@ -280,9 +280,6 @@ def test_gpu_job_resources_per_model():
     assert res["gpu_model"](W("b")) is None  # omitted by Snakemake: plain --gpus=1
     assert [res["mem_mb"](W("b"), a) for a in (1, 2, 3)] == [4000, 6000, 8000]
     assert [res["runtime"](W("a"), a) for a in (1, 2)] == [90, 135]
-
-
-    assert res["runtime"](W("a")) == 90
     # each job holds its own model's GPU slot (1 at a time), and no other (None: omitted by Snakemake)
     assert cluster.gpu_slot_limits(models_cfg) == {"gpu_slot_0": 1, "gpu_slot_1": 1}
     assert res["gpu_slot_0"](W("a")) == 1 and res["gpu_slot_0"](W("b")) is None
