@@ -76,7 +76,7 @@ def _batches(model_dir, prompts, batch):
     from llmgeom.extract.prompts import read_prompt_set
     from transformers import AutoConfig, AutoTokenizer
 
-    from llmgeom.models.loading import weights_path as _weights_path
+    from llmgeom.models.loading import resolve_weights_path as _weights_path
 
     wp = _weights_path(Path(model_dir))
     tok = AutoTokenizer.from_pretrained(wp)
@@ -97,7 +97,7 @@ def child(args) -> dict:
 
     threadpool_limits(args.threads)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    from llmgeom.models import sources as models
+    from llmgeom.models import loading as models
     from llmgeom.extract.forward import extract_to_hdf5, pad_batch
 
     batches, pad_id, n = _batches(args.model_dir, args.prompts, args.batch)
