@@ -5,6 +5,13 @@ Imported by workflow/scripts only.
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning: with several torch jobs on few cores, busy-waiting made
+# each training or forward step 10-20x slower. libgomp reads this once, so it is set here, before any
+# script imports torch (scripts import this module first). A value the user exported is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def set_threads(n: int) -> None:
     """Limit torch's intra-op threads to the job's declared threads."""
