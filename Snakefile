@@ -44,6 +44,7 @@ include: "workflow/rules/margins.smk"
 include: "workflow/rules/fisher.smk"
 include: "workflow/rules/sula.smk"
 include: "workflow/rules/interventions.smk"
+include: "workflow/rules/wind_tunnel.smk"
 include: "workflow/rules/summary.smk"  # after every file that registers tables with summarize(...)
 include: "workflow/rules/provenance.smk"
 include: "workflow/rules/sweeps.smk"

@@ -21,8 +21,10 @@ from snakemake.utils import validate
 
 from llmgeom.models import tiny as testing
 from llmgeom.models.sources import ModelSourceError
-from llmgeom.workflow.config import (ConfigError, apply_model_defaults, check_config, check_config_files, check_device,
-                                     check_models, check_prompt_sources, describe_schema, validate_config)
+from llmgeom.workflow.config import (ConfigError, apply_model_defaults, apply_wind_tunnel_defaults, check_config,
+                                     check_config_files, check_device, check_models, check_prompt_sources,
+                                     check_wind_tunnel, describe_schema, validate_config, wind_tunnel_cuts,
+                                     wind_tunnel_entries)
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "workflow/schemas/config.schema.yaml"
@@ -55,6 +57,8 @@ def check_like_snakefile(config: dict, root) -> dict:
     check_config(config)
     check_models(config, root=root)
     check_prompt_sources(config, root=root)
+    apply_wind_tunnel_defaults(config, SCHEMA)
+    check_wind_tunnel(config)
     check_device(config)
     from llmgeom.workflow.config import check_bayes_config
     from llmgeom.workflow.config import check_lsm_config
@@ -68,6 +72,25 @@ def test_good_config_passes(good, tmp_path):
     cfg = check_like_snakefile(good, tmp_path)
     assert cfg["models"]["tiny"]["batch_size"] == 8  # per-model defaults filled in
     assert cfg["value_manifold"]["n_boot"] == 100
+    assert wind_tunnel_entries(cfg) == {}  # no wind_tunnel section: no wind-tunnel model
+
+
+def test_wind_tunnel_defaults_entries_and_cuts(good, tmp_path):
+    cfg = copy.deepcopy(good)
+    cfg["wind_tunnel"] = _wt({"kind": "bijection", "V": 5, "n_pairs": 4}, checkpoints=[40, 10])
+    cfg["wind_tunnel"]["tasks"]["h"] = {"kind": "hmm", "n_states": 2, "n_obs": 3, "length": 6}
+    cfg = check_like_snakefile(cfg, tmp_path)
+    m = cfg["wind_tunnel"]["models"]["wt"]
+    assert m["training"]["steps"] == 100 and m["training"]["lr"] == 0.003 and m["training"]["seed"] == 0
+    assert m["arch"]["family"] == "llama" and m["threads"] == 2 and m["gpus"] == 1
+    e = wind_tunnel_entries(cfg)
+    assert list(e) == ["wt", "wt-step10", "wt-step40"]
+    assert e["wt"]["step"] == 100 and not e["wt"]["checkpoint"]
+    assert e["wt-step10"] == dict(e["wt"], step=10, checkpoint=True)
+    assert wind_tunnel_cuts(cfg, "t") == [0, 1, 2, 3]  # all = every answer position t = 0 .. n_pairs - 1
+    assert wind_tunnel_cuts(cfg, "h") == [1, 2, 3, 4, 5]  # hmm: t = 1 .. length - 1 observations shown
+    cfg["wind_tunnel"]["prompts"]["cut_positions"] = [2, 0]
+    assert wind_tunnel_cuts(cfg, "t") == [2, 0]
 
 
 def _set(cfg, dotted, value):
@@ -165,8 +188,44 @@ def test_all_problems_reported_at_once(good, tmp_path):
         assert key in str(ei.value)
 
 
+def _wt(spec: dict, **model) -> dict:
+    """A wind-tunnel section with one task ``t`` and one model ``wt`` (keyword arguments update the model)."""
+    m = {"task": "t", "arch": {"n_layers": 2, "d_model": 32, "n_heads": 4}, "training": {"steps": 100}}
+    m.update(model)
+    return {"tasks": {"t": spec}, "models": {"wt": m}}
+
+
+_T2 = [[0.9, 0.1], [0.5, 0.4]]  # row 1 sums to 0.9: not stochastic
+_E2 = [[0.5, 0.5], [0.2, 0.8]]
+
 # (id, mutation, exception, substrings) for cross-key and model checks after the schema
 CROSS = [
+    # issue 14: wind-tunnel tasks and models, refused before any job runs
+    ("wind-tunnel-V-below-2", {"wind_tunnel": _wt({"kind": "bijection", "V": 1, "n_pairs": 1})}, ConfigError,
+     ["wind_tunnel.tasks.t.V = 1", "integer >= 2"]),
+    ("wind-tunnel-more-pairs-than-symbols", {"wind_tunnel": _wt({"kind": "bijection", "V": 4, "n_pairs": 5})},
+     ConfigError, ["wind_tunnel.tasks.t.n_pairs = 5", "1 <= n_pairs <= V = 4"]),
+    ("wind-tunnel-transition-not-stochastic",
+     {"wind_tunnel": _wt({"kind": "hmm", "length": 5, "transition": _T2, "emission": _E2})}, ConfigError,
+     ["wind_tunnel.tasks.t.transition", "row 1 sums to 0.9", "must sum to 1"]),
+    ("wind-tunnel-negative-emission",
+     {"wind_tunnel": _wt({"kind": "hmm", "length": 5, "transition": _E2, "emission": [[1.5, -0.5], [0.5, 0.5]]})},
+     ConfigError, ["wind_tunnel.tasks.t.emission", ">= 0"]),
+    ("wind-tunnel-unknown-task", {"wind_tunnel": _wt({"kind": "bijection", "V": 4, "n_pairs": 3}, task="nope")},
+     ConfigError, ["wind_tunnel.models.wt.task = 'nope'", "not a key of wind_tunnel.tasks", "defined: t"]),
+    ("wind-tunnel-heads-not-dividing", {"wind_tunnel": _wt({"kind": "bijection", "V": 4, "n_pairs": 3},
+                                                           arch={"n_layers": 2, "d_model": 30, "n_heads": 4})},
+     ConfigError, ["wind_tunnel.models.wt.arch.n_heads = 4", "must divide arch.d_model = 30"]),
+    ("wind-tunnel-checkpoint-beyond-steps", {"wind_tunnel": _wt({"kind": "bijection", "V": 4, "n_pairs": 3},
+                                                                checkpoints=[50, 200])},
+     ConfigError, ["wind_tunnel.models.wt.checkpoints = [50, 200]", "step 200", "valid: 1..100"]),
+    ("wind-tunnel-cut-out-of-range", {"wind_tunnel": {**_wt({"kind": "bijection", "V": 4, "n_pairs": 3}),
+                                                      "prompts": {"cut_positions": [0, 3]}}},
+     ConfigError, ["wind_tunnel.prompts.cut_positions = [0, 3]", "3 is not an answer position", "valid: 0..2"]),
+    ("wind-tunnel-name-clash", {"wind_tunnel": {"tasks": {"t": {"kind": "bijection", "V": 4, "n_pairs": 3}},
+                                                "models": {"tiny": {"task": "t", "arch": {"n_layers": 1, "d_model": 8,
+                                                                                          "n_heads": 2}}}}},
+     ConfigError, ["wind_tunnel.models.tiny", "also a key of models"]),
     ("token-budget-over-context", {"prompts.sets.corpus.token_budget": 2048}, ConfigError,
      ["prompts.sets.corpus.token_budget = 2048", "model 'tiny'", "1024 tokens", "at most 1024"]),
     ("global-token-budget-over-context", {"prompts.token_budget": 4096, "prompts.sets.corpus.token_budget": 64},
@@ -383,6 +442,12 @@ DRY_RUN_CATALOGUE = [
     ("corpus-path", {"prompts.sets.corpus.path": "/no/such/wiki.valid.tokens"},
      ['prompts.sets.corpus.path = "/no/such/wiki.valid.tokens": no such file']),
     ("device", {"extract.device": "cuda:63"}, ['extract.device = "cuda:63"', "devices that exist: cpu"]),
+    ("wind-tunnel-V", {"wind_tunnel": _wt({"kind": "bijection", "V": 1, "n_pairs": 1})},
+     ["wind_tunnel.tasks.t.V = 1", "integer >= 2"]),
+    ("wind-tunnel-pairs", {"wind_tunnel": _wt({"kind": "bijection", "V": 4, "n_pairs": 9})},
+     ["wind_tunnel.tasks.t.n_pairs = 9", "n_pairs <= V = 4"]),
+    ("wind-tunnel-transition", {"wind_tunnel": _wt({"kind": "hmm", "length": 5, "transition": _T2, "emission": _E2})},
+     ["wind_tunnel.tasks.t.transition", "must sum to 1"]),
     ("duplicate-model", "models:\n  tiny: {source: hf_hub, repo_id: x/y}\n",
      ["key 'models.tiny' appears twice (line 2 and line "]),
 ]

@@ -40,7 +40,7 @@ def _snakemake_objects():
     empty = type("S", (), {"wildcards": Namedlist(), "params": Namedlist(), "input": Namedlist(["in.csv"]),
                            "output": Namedlist(["results/summary/table.csv"]), "config": {}, "rule": "r"})()
     out = {"job without wildcards": empty, "dummy values": _Dummy()}
-    for fam in ("bayes", "lsm", "sula"):  # the branches of summary_table.rst (params.family of rule aggregate)
+    for fam in ("bayes", "lsm", "sula", "wind_tunnel"):  # the branches of summary_table.rst (params.family of rule aggregate)
         out[f"family {fam}"] = type("S", (), {"wildcards": Namedlist(fromdict={"table": "margins"}),
                                               "params": Namedlist(fromdict={"family": fam}),
                                               "output": Namedlist(["results/summary/margins.csv"]),
@@ -48,7 +48,8 @@ def _snakemake_objects():
     return out
 
 
-CONTEXTS = ["job without wildcards", "dummy values", "family bayes", "family lsm", "family sula"]
+CONTEXTS = ["job without wildcards", "dummy values", "family bayes", "family lsm", "family sula",
+            "family wind_tunnel"]
 
 
 warnings.filterwarnings("ignore", message=".*writer_name.*", category=PendingDeprecationWarning)

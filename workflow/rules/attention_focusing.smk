@@ -2,13 +2,14 @@
 # Code: llmgeom.analyses.attention_focusing.
 AF_SET = config["attention_focusing"]["prompt_set"]
 
-summarize("attention_focusing", "attention_focusing_summary", family="bayes")
+summarize("attention_focusing", "attention_focusing_summary", family="bayes", models=MODELS + WT_FINALS)
 
 
 rule attention_focusing:
     """Paper III sec. 4.2: final-query attention entropy per head and layer; focusing first -> last layer."""
     input:
-        h5=f"results/{{model}}/activations/{AF_SET}.h5",
+        # wind-tunnel models: their task's prompt set (every prompt is a query with an exact posterior)
+        h5=lambda w: f"results/{w.model}/activations/{'wind_tunnel' if w.model in WT else AF_SET}.h5",
         code=code("attention_focusing"),
     output:
         detail="results/{model}/tables/attention_focusing.csv",

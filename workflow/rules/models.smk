@@ -4,6 +4,8 @@ rule prepare_model:
         code=code("prepare_model"),
     output:
         directory("resources/models/{model}"),
+    wildcard_constraints:
+        model=LLM_RE,  # wind-tunnel models come from train_wind_tunnel / wind_tunnel_checkpoint
     params:
         spec=lambda w: model_source_params(config["models"][w.model]),
     resources:

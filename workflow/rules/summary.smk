@@ -12,9 +12,10 @@ TARGETS += expand("results/figures/{fig}.{ext}", fig=BAYES_FIGURES + LSM_FIGURES
 
 rule aggregate:
     """Cross-model table results/summary/{table}.csv: the per-model tables concatenated (model order of
-    MODELS); one job per table. Which tables: summarize(...) in each rule file."""
+    MODELS, or the models given to summarize); one job per table. Which tables: summarize(...) in each rule file."""
     input:
-        tables=lambda w: expand("results/{model}/{folder}/{table}.csv", model=MODELS, table=w.table,
+        tables=lambda w: expand("results/{model}/{folder}/{table}.csv", model=SUMMARY_TABLES[w.table]["models"],
+                                table=w.table,
                                 folder=SUMMARY_TABLES[w.table]["folder"]),
         code=code("aggregate"),
     output:
@@ -48,6 +49,8 @@ rule bayes_tables:
         dr="results/summary/domain_restriction.csv",
         ko="results/summary/key_orthogonality.csv",
         af="results/summary/attention_focusing_summary.csv",
+        **({"wt": "results/summary/wind_tunnel.csv", "wt_geometry": "results/summary/wind_tunnel_geometry.csv"}
+           if WT_MODELS else {}),  # wind-tunnel rows of Table 2
         code=code("bayes_tables"),
     output:
         t1=report("results/summary/table1.csv", caption="../report/bayes_tables.rst",
@@ -65,6 +68,7 @@ rule bayes_tables:
                     labels={"table": "tables 1 and 2"}),
     params:
         restricted_set=DR["summary"],
+        wt_finals=WT_FINALS,
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,

@@ -10,8 +10,12 @@ with run_logged(snakemake.log[0]):
     o = snakemake.output
     dr = pd.read_csv(snakemake.input.dr)
     t1 = table1(dr)
-    t2 = table2(dr, pd.read_csv(snakemake.input.ko), pd.read_csv(snakemake.input.af),
-                restricted_set=snakemake.params.restricted_set)
+    i = snakemake.input
+    wt = pd.read_csv(i.wt) if i.get("wt") else None  # wind-tunnel rows (issue 14), when the config has any
+    if wt is not None:
+        wt = wt[wt.model.isin(snakemake.params.wt_finals)]
+    t2 = table2(dr, pd.read_csv(i.ko), pd.read_csv(i.af), restricted_set=snakemake.params.restricted_set, wt=wt,
+                wt_geometry=pd.read_csv(i.wt_geometry) if i.get("wt_geometry") else None)
     write_table(t1, o.t1)
     write_table(t2, o.t2)
     md1, md2 = to_markdown(t1, "table1"), to_markdown(t2, "table2")

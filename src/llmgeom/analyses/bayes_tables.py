@@ -73,7 +73,8 @@ def _attention_label(att: str, n_sliding: int, n_layers: int, window) -> str:
 
 
 def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_set: str,
-           representation: str = "values", standardized: bool = True) -> pd.DataFrame:
+           representation: str = "values", standardized: bool = True, wt: pd.DataFrame | None = None,
+           wt_geometry: pd.DataFrame | None = None) -> pd.DataFrame:
     """Table-2 analogue (Paper III): per model, value manifold mixed vs restricted, key orthogonality
     range vs baselines, attention focusing and attention type.
 
@@ -91,20 +92,37 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         random-init baseline); focusing_pct, focusing_pct_global, focusing_rho, focusing_p. Orthogonality values
         dimensionless in [0, 1]. Beside pc12_mixed, pc12_restricted, orth_mean, random_init_mean and
         focusing_pct: ``*_published`` / ``*_published_on`` (``llmgeom/data/published.yaml``; empty where none).
+
+        Wind-tunnel models (issue 14; ``wt``: concatenated ``wind_tunnel`` tables, ``wt_geometry``:
+        ``wind_tunnel_geometry`` tables, both of :mod:`llmgeom.analyses.wind_tunnel`) are rows beside the LLMs
+        (after them): ``source`` = "wind_tunnel" (LLMs: "llm"), ``task``, ``step``, ``entropy_mae_bits`` and
+        ``entropy_pearson_r`` (model entropy over the answer symbols vs the exact posterior entropy, all
+        prompts), ``pc12_wind_tunnel`` (PC1+PC2 of the standardized final-layer values on the wind-tunnel
+        prompts), and per representation (values, attn_output, residual_stream) the largest |Spearman
+        rho(PC1, exact entropy)| over layers, ``abs_rho_pc1_h_exact_<representation>``; the LLM-only columns
+        (pc12_mixed / restricted, restricted_set) are empty for them, and theirs for the LLMs. Only the
+        models of ``wt`` count as wind-tunnel models (checkpoints left out of ``wt`` are not rows).
     """
     fin = _final_values(dr, representation, standardized)
     kcols = [c for c in ("orthogonality", "baseline_gaussian", "baseline_random_init", "gaussian_expected")
              if c in ko.columns]
     kl = ko.groupby(["model", "layer"], as_index=False)[kcols].mean()
+    wt_models = list(dict.fromkeys(wt.model)) if wt is not None and len(wt) else []
+    llms = sorted((set(fin.model) | set(kl.model) | set(af.model)) - set(wt_models))
     rows = []
-    for m in sorted(set(fin.model) | set(kl.model) | set(af.model)):
-        r = dict(model=m)
+    for m in llms + wt_models:
+        r = dict(model=m, source="wind_tunnel" if m in wt_models else "llm")
         a = af[af.model == m]
         if len(a):
             a = a.iloc[0]
             r.update(attention_type=_attention_label(a.attention_type, int(a.n_sliding_layers), int(a.n_layers),
                                                      a.sliding_window if pd.notna(a.sliding_window) else None),
                      n_layers=int(a.n_layers))
+        ko_af = _ko_af_columns(kl[kl.model == m], a)
+        if m in wt_models:
+            r.update(ko_af, **_wind_tunnel_columns(m, wt, wt_geometry))
+            rows.append(r)
+            continue
         f = fin[fin.model == m]
         mx = f[f.role == "mixed"]
         rs = f[f.prompt_set == restricted_set]
@@ -116,20 +134,73 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
                 r[f"{k.replace('pc12', 'pc12_' + tag)}"] = float(g[k].iloc[0]) if ok else float("nan")
         for k in ("delta_pc12", "delta_pc12_bc", "delta_pc12_lo", "delta_pc12_hi"):
             r[k] = float(rs[k].iloc[0]) if len(rs) and k in rs else float("nan")
-        k = kl[kl.model == m]
-        if len(k):
-            r.update(orth_min=k.orthogonality.min(), orth_max=k.orthogonality.max(), orth_mean=k.orthogonality.mean(),
-                     gaussian_min=k.baseline_gaussian.min(), gaussian_max=k.baseline_gaussian.max(),
-                     gaussian_expected=(float(k.gaussian_expected.mean()) if "gaussian_expected" in k
-                                        else float("nan")),
-                     random_init_min=k.baseline_random_init.min(), random_init_max=k.baseline_random_init.max(),
-                     random_init_mean=k.baseline_random_init.mean(),
-                     orth_over_random_init=k.orthogonality.mean() / k.baseline_random_init.mean())
-        if len(a):
-            r.update(focusing_pct=float(a.focusing_pct), focusing_pct_global=float(a.focusing_pct_global),
-                     focusing_rho=float(a.spearman_rho), focusing_p=float(a.spearman_p))
+        r.update(ko_af)
         rows.append(r)
-    return add_published(pd.DataFrame(rows), TABLE2_PUBLISHED)
+    out = add_published(pd.DataFrame(rows), TABLE2_PUBLISHED)
+    pub = [c for c in out.columns if c.endswith(("_published", "_published_on"))]
+    out.loc[out.source == "wind_tunnel", pub] = ""  # published values were measured on LLMs
+    return out
+
+
+_WT_REPRESENTATIONS = ("values", "attn_output", "residual_stream")
+
+
+def _wind_tunnel_columns(m: str, wt: pd.DataFrame, geo: pd.DataFrame | None) -> dict:
+    """Table-2 cells of a wind-tunnel model: task, step, calibration over all prompts, PC1+PC2 of the final-layer
+    values and the best |rho(PC1, exact entropy)| over layers per representation (NaN where not measured)."""
+    out = {}
+    s = wt[(wt.model == m) & (wt.t.astype(str) == "all")]
+    if len(s):
+        s = s.iloc[0]
+        out.update(task=s.task, step=s.step, entropy_mae_bits=float(s.mae_bits), entropy_pearson_r=float(s.pearson_r))
+    out["pc12_wind_tunnel"] = float("nan")
+    for rep in _WT_REPRESENTATIONS:
+        out[f"abs_rho_pc1_h_exact_{rep}"] = float("nan")
+    if geo is not None and len(geo):
+        g = geo[geo.model == m]
+        v = g[g.representation == "values"]
+        if len(v):
+            out["pc12_wind_tunnel"] = float(v[v.layer == v.layer.max()].pc12.iloc[0])
+        for rep in _WT_REPRESENTATIONS:
+            x = g[g.representation == rep].abs_rho_pc1_h_exact
+            if x.notna().any():
+                out[f"abs_rho_pc1_h_exact_{rep}"] = float(x.max())
+    return out
+
+
+def _ko_af_columns(k: pd.DataFrame, a) -> dict:
+    """Key-orthogonality (per-layer means ``k`` of one model) and attention-focusing (summary row ``a`` or an empty
+    frame) cells of Table 2."""
+    r = {}
+    if len(k):
+        r.update(orth_min=k.orthogonality.min(), orth_max=k.orthogonality.max(), orth_mean=k.orthogonality.mean(),
+                 gaussian_min=k.baseline_gaussian.min(), gaussian_max=k.baseline_gaussian.max(),
+                 gaussian_expected=(float(k.gaussian_expected.mean()) if "gaussian_expected" in k
+                                    else float("nan")),
+                 random_init_min=k.baseline_random_init.min(), random_init_max=k.baseline_random_init.max(),
+                 random_init_mean=k.baseline_random_init.mean(),
+                 orth_over_random_init=k.orthogonality.mean() / k.baseline_random_init.mean())
+    if len(a):
+        r.update(focusing_pct=float(a.focusing_pct), focusing_pct_global=float(a.focusing_pct_global),
+                 focusing_rho=float(a.spearman_rho), focusing_p=float(a.spearman_p))
+    return r
+
+
+WIND_TUNNEL_NOTE = ("Wind-tunnel rows (issue 14): small transformers trained on a task with an exact posterior; "
+                    "entropy MAE = mean |H_model - H_exact| in bits over held-out prompts (H_model over the answer "
+                    "symbols), max |rho| = largest |Spearman rho(PC1, H_exact)| over layers per representation "
+                    "(n/a: not in the activation file); their value manifold is measured on the task's prompts, so "
+                    "the mixed / restricted columns do not apply.")
+
+
+def _wind_tunnel_cells(r) -> list[str]:
+    """Markdown cells of the wind-tunnel columns of Table 2 ('-' for LLM rows)."""
+    if getattr(r, "source", "llm") != "wind_tunnel":
+        return ["-", "-"]
+    f = lambda v: "n/a" if v is None or not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
+    rho = " / ".join(f(getattr(r, f"abs_rho_pc1_h_exact_{rep}", float("nan"))) for rep in _WT_REPRESENTATIONS)
+    mae = getattr(r, "entropy_mae_bits", float("nan"))
+    return ["n/a" if not np.isfinite(mae) else f"{mae:.4f}", rho]
 
 
 def _pct(v, lo=None, hi=None, bc=None) -> str:
@@ -181,7 +252,8 @@ def to_markdown(df: pd.DataFrame, kind: str) -> str:
     elif kind == "table2":
         head = ["Model", "Attention", "PC1+PC2 mixed % (bc) [95% CI]", "PC1+PC2 restricted % (bc) [95% CI]",
                 "Key orthogonality (range over layers)", "Key orthogonality published", "Gaussian baseline",
-                "Random-init baseline", "Random-init published", "Focusing %", "Focusing published", "rho(H, depth)"]
+                "Random-init baseline", "Random-init published", "Focusing %", "Focusing published", "rho(H, depth)",
+                "Entropy MAE (bits)", "max |rho(PC1, H_exact)| values / attn output / residual"]
         body = []
         for r in df.itertuples():
             g = lambda k: g0(r, k)  # noqa: E731
@@ -192,13 +264,15 @@ def to_markdown(df: pd.DataFrame, kind: str) -> str:
                          f"{g('orth_min'):.3f}–{g('orth_max'):.3f}", _published(r, "orth_mean"),
                          f"{g('gaussian_min'):.3f}–{g('gaussian_max'):.3f}",
                          f"{g('random_init_min'):.3f}–{g('random_init_max'):.3f}", _published(r, "random_init_mean"),
-                         f"{g('focusing_pct'):.1f}", _published(r, "focusing_pct"), f"{g('focusing_rho'):.2f}"])
+                         f"{g('focusing_pct'):.1f}", _published(r, "focusing_pct"), f"{g('focusing_rho'):.2f}",
+                         *_wind_tunnel_cells(r)])
         legend = ("Table 2 analogue (Paper III): PC1+PC2 of standardized final-layer value vectors (mixed vs "
                   "restricted selection); key orthogonality = mean |cos| between W_K columns, per-layer mean over "
                   "key heads, range over layers, vs a Gaussian matrix and the random-init architecture of the same "
                   "shape; focusing = % reduction of the mean final-query attention entropy from the first to the last "
                   "layer; rho = Spearman of entropy vs layer index. " + BC_NOTE + " Published: value and the models "
-                  "it was measured on (llmgeom/data/published.yaml); '-' = not in the file. " + RANDOM_INIT_NOTE)
+                  "it was measured on (llmgeom/data/published.yaml); '-' = not in the file. " + RANDOM_INIT_NOTE
+                  + " " + WIND_TUNNEL_NOTE)
     else:
         raise ValueError(f"kind must be table1 or table2, got {kind!r}")
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import tasks
+from llmgeom.wind_tunnel import tasks
 
 __all__ = [
     "FAMILIES",
@@ -193,10 +193,8 @@ def checkpoint_dir(out_dir, step: int) -> Path:
 
 
 def _arch_summary(config) -> dict:
-    try:  # after the package restructuring
-        from llmgeom.core import architectures as arch_mod  # type: ignore[attr-defined]
-    except ImportError:
-        from llmgeom import architectures as arch_mod
+    from llmgeom.models import architectures as arch_mod
+
     return arch_mod.summarize(config).as_dict()
 
 

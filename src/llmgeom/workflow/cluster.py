@@ -27,7 +27,7 @@ import math
 import os
 from pathlib import Path
 
-GPU_RULES = ("extract", "extract_sula", "intervene")
+GPU_RULES = ("extract", "extract_sula", "intervene", "train_wind_tunnel", "extract_wind_tunnel")
 
 #: Snakemake group of every GPU rule: all GPU jobs of one model form one group job, i.e. one SLURM
 #: submission (``group-components`` in profiles/slurm spans their unconnected parts; issue 13).

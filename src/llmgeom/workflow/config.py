@@ -575,3 +575,138 @@ def resolve_domain_sets(config: dict) -> dict:
         summary = (doms or restricted or [None])[0]
     labels = {s: prompt_set_label(sets[s]) for s in [dr["mixed_set"], *restricted] if s in sets}
     return {"mixed": dr["mixed_set"], "restricted": list(restricted), "summary": summary, "labels": labels}
+
+
+# --- wind tunnel (llmgeom.wind_tunnel; README "Wind tunnel") ---
+
+WIND_TUNNEL_SET = "wind_tunnel"  # reserved: results/{model}/activations/wind_tunnel.h5
+
+
+def apply_wind_tunnel_defaults(config: dict, schema: dict) -> dict:
+    """Fill the per-model defaults of ``wind_tunnel.models.<name>`` (and its ``arch`` / ``training``) from the
+    schema (``validate`` does not descend into ``additionalProperties``). Mutates and returns ``config``."""
+    wt_schema = schema["properties"]["wind_tunnel"]["properties"]
+    props = wt_schema["models"]["additionalProperties"]["properties"]
+    wt = config.setdefault("wind_tunnel", {})
+    for sec in ("tasks", "models", "prompts"):
+        wt.setdefault(sec, {})
+    for spec in wt["models"].values():
+        if not isinstance(spec, dict):
+            continue
+        for key, p in props.items():
+            if "default" in p and key not in spec:
+                spec[key] = p["default"] if not isinstance(p["default"], (dict, list)) else type(p["default"])(p["default"])
+        for sub in ("arch", "training"):
+            if isinstance(spec.get(sub), dict):
+                for key, p in props[sub]["properties"].items():
+                    if "default" in p and key not in spec[sub]:
+                        spec[sub][key] = p["default"]
+    for key, p in wt_schema["prompts"]["properties"].items():
+        if "default" in p:
+            wt["prompts"].setdefault(key, p["default"])
+    return config
+
+
+def _wt_cut_range(spec: dict) -> tuple[int, int]:
+    return (0, spec["n_pairs"] - 1) if spec["kind"] == "bijection" else (1, spec["length"] - 1)
+
+
+def check_wind_tunnel(config: dict) -> dict:
+    """Checks of the ``wind_tunnel`` section before any job runs (called from common.smk).
+
+    Task values go through :func:`llmgeom.wind_tunnel.tasks.check_task` (numpy only): V < 2, n_pairs < 1 or
+    > V, bad HMM sizes, a transition / emission / initial that is not stochastic. Models: a task that is not
+    defined, n_heads not dividing d_model, n_kv_heads not dividing n_heads (or given for gpt2), checkpoints
+    beyond ``training.steps``, names that collide with ``models`` or with another entry's checkpoints; the
+    prompts' ``cut_positions`` must lie in every used task's answer positions; the prompt-set name
+    ``wind_tunnel`` is reserved.
+
+    Returns:
+        the normalized task specs (name -> spec).
+
+    Raises:
+        ConfigError: naming the key (``wind_tunnel.tasks.<name>.V`` ...), the value and what is valid.
+    """
+    wt = config.get("wind_tunnel") or {}
+    if WIND_TUNNEL_SET in config.get("prompts", {}).get("sets", {}):
+        raise ConfigError(f"prompts.sets.{WIND_TUNNEL_SET}: the name is reserved for the wind-tunnel activation "
+                          f"files (results/{{model}}/activations/{WIND_TUNNEL_SET}.h5); rename the prompt set")
+    tasks = {}
+    if wt.get("tasks"):
+        from llmgeom.wind_tunnel.tasks import check_task
+
+        for name, spec in wt["tasks"].items():
+            try:
+                tasks[name] = check_task(name, spec)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+    llm = set(config.get("models", {}))
+    models = wt.get("models") or {}
+    entries = set(models)
+    for name, spec in models.items():
+        key = f"wind_tunnel.models.{name}"
+        if name in llm:
+            raise ConfigError(f"{key}: the name is also a key of models; wind-tunnel and LLM model names must differ")
+        if spec["task"] not in tasks:
+            raise ConfigError(f"{key}.task = {spec['task']!r}: not a key of wind_tunnel.tasks "
+                              f"(defined: {', '.join(sorted(tasks)) or 'none'})")
+        a = spec["arch"]
+        if a["d_model"] % a["n_heads"]:
+            raise ConfigError(f"{key}.arch.n_heads = {a['n_heads']}: must divide arch.d_model = {a['d_model']}")
+        if "n_kv_heads" in a:
+            if a.get("family", "llama") == "gpt2":
+                raise ConfigError(f"{key}.arch.n_kv_heads: GPT-2 has no grouped-query attention; drop it or use "
+                                  "family: llama")
+            if a["n_heads"] % a["n_kv_heads"]:
+                raise ConfigError(f"{key}.arch.n_kv_heads = {a['n_kv_heads']}: must divide arch.n_heads = "
+                                  f"{a['n_heads']}")
+        steps = spec["training"]["steps"]
+        bad = [k for k in spec.get("checkpoints", []) if k > steps]
+        if bad:
+            raise ConfigError(f"{key}.checkpoints = {spec['checkpoints']}: step {bad[0]} is beyond "
+                              f"training.steps = {steps}; valid: 1..{steps}")
+        for k in spec.get("checkpoints", []):
+            ck = f"{name}-step{k}"
+            if ck in entries or ck in llm:
+                raise ConfigError(f"{key}.checkpoints: the checkpoint entry {ck!r} collides with another model "
+                                  "name; rename one of them")
+            entries.add(ck)
+    cuts = (wt.get("prompts") or {}).get("cut_positions", "all")
+    if cuts != "all":
+        for tname in sorted({m["task"] for m in models.values()}):
+            lo, hi = _wt_cut_range(tasks[tname])
+            bad = [t for t in cuts if not lo <= t <= hi]
+            if bad:
+                raise ConfigError(f"wind_tunnel.prompts.cut_positions = {cuts}: {bad[0]} is not an answer position "
+                                  f"of task {tname!r}; valid: {lo}..{hi}")
+    return tasks
+
+
+def wind_tunnel_entries(config: dict) -> dict:
+    """Every wind-tunnel model entry (final models and their checkpoints) of a checked config.
+
+    Returns:
+        name -> {"base": final model name, "step": training step (the final model: training.steps),
+        "checkpoint": bool, "task": task name, plus the final model's resources (mem_mb, runtime, gpus,
+        gpu_model, batch_size, threads) and dtype "float32", device_map None}; finals first, in config order, each followed by its checkpoints.
+    """
+    out = {}
+    for name, spec in ((config.get("wind_tunnel") or {}).get("models") or {}).items():
+        res = {k: spec.get(k) for k in ("mem_mb", "runtime", "gpus", "gpu_model", "batch_size", "threads")}
+        res.update(dtype="float32", device_map=None)  # trained and analysed in float32, one device
+        out[name] = dict(base=name, step=spec["training"]["steps"], checkpoint=False, task=spec["task"], **res)
+        for k in sorted(spec.get("checkpoints", [])):
+            out[f"{name}-step{k}"] = dict(base=name, step=k, checkpoint=True, task=spec["task"], **res)
+    return out
+
+
+def wind_tunnel_cuts(config: dict, task: str) -> list[int]:
+    """The answer positions t of the prompt set of ``task`` (``wind_tunnel.prompts.cut_positions``; all =
+    every answer position of the task)."""
+    cuts = config["wind_tunnel"]["prompts"]["cut_positions"]
+    if cuts != "all":
+        return [int(t) for t in cuts]
+    spec = config["wind_tunnel"]["tasks"][task]
+    if spec["kind"] == "bijection":
+        return list(range(spec["n_pairs"]))
+    return list(range(1, spec["length"]))

@@ -1,0 +1,335 @@
+"""Wind-tunnel tables (Papers I-III): calibration of the model's entropy against the exact Bayesian
+posterior entropy, and the value-manifold geometry per layer and representation, from the activation
+file of a wind-tunnel model on its prompt set (``results/{model}/activations/wind_tunnel.h5``).
+
+Everything the tables need comes from the HDF5 file: the exact entropy (``h_exact_bits``), the exact
+posterior and the candidate token ids are in each prompt's meta (written by
+:func:`llmgeom.wind_tunnel.tasks.prompt_records`); the model's log-probabilities of the candidate
+tokens in ``next_token/candidate_logprobs`` (nats, over the full vocabulary). Never torch.
+
+Tables:
+
+* ``wind_tunnel.csv`` (:func:`calibration_summary`): per answer position t and overall (t = "all"):
+  n, mae_bits, pearson_r / p, spearman_rho / p, mean_h_model_bits, mean_h_exact_bits, mean_kl_bits,
+  mean_answer_mass.
+* ``wind_tunnel_calibration.csv`` (:func:`calibration_bins`): prompts binned by exact entropy.
+* ``wind_tunnel_geometry.csv`` (:func:`geometry_table`): per representation (``values``,
+  ``attn_output`` when the file has it, ``residual_stream``) and layer: PC1 share, PC1+PC2 share,
+  participation ratio, Spearman rho(PC1, exact entropy).
+
+Source: Paper I ("The Bayesian Geometry of Transformer Attention": entropy calibration in bits, value
+manifolds ordered by posterior entropy), Paper III sec. 4 (the same statistics on LLMs); issue 14.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from llmgeom.core.layers import relative_depth, select_layers
+from llmgeom.core.stats import pearson, spearman
+from llmgeom.core.units import LN2
+from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top, pc_scores
+
+#: Meta key of the candidate (answer-symbol) token ids (= llmgeom.wind_tunnel.tasks.CANDIDATES_KEY).
+CANDIDATES_KEY = "candidate_token_ids"
+
+#: representation name -> (HDF5 dataset, layer index convention of llmgeom.core.layers.relative_depth).
+#: ``attn_output`` (the attention-weighted sum of values at the final token, the input of o_proj) is
+#: read only when the file has it (HDF5 contract with ``last_token/attn_output``).
+REPRESENTATIONS = {
+    "values": ("last_token/values", "block"),
+    "attn_output": ("last_token/attn_output", "block"),
+    "residual_stream": ("last_token/residual", "residual"),
+}
+
+SUMMARY_COLUMNS = ["model", "task", "kind", "step", "t", "n", "mae_bits", "pearson_r", "pearson_p", "spearman_rho",
+                   "spearman_p", "mean_h_model_bits", "mean_h_exact_bits", "mean_kl_bits", "mean_answer_mass"]
+GEOMETRY_COLUMNS = ["model", "task", "step", "representation", "layer", "relative_depth", "n", "n_features",
+                    "pc1", "pc12", "participation_ratio", "participation_ratio_top10", "rho_pc1_h_exact",
+                    "p_pc1_h_exact", "abs_rho_pc1_h_exact"]
+
+
+def candidate_entropy(candidate_logprobs, posterior=None) -> dict:
+    """The model's next-token distribution renormalized over the candidate (answer-symbol) tokens.
+
+    Args:
+        candidate_logprobs: [n, C] log-probabilities (nats) of the C candidate tokens under the model's
+            full-vocabulary next-token distribution (``next_token/candidate_logprobs``).
+        posterior: optional [n, C] exact posterior over the same candidates (probabilities, rows sum to 1).
+
+    Returns:
+        dict of [n] float64 arrays: ``h_model_bits`` (entropy of the renormalized distribution, bits),
+        ``answer_mass`` (sum of the candidates' probabilities before renormalizing, in [0, 1]) and, with
+        ``posterior``, ``kl_bits`` = KL(exact || model) in bits (terms with exact probability 0 are 0;
+        +inf where the model gives 0 to a possible answer).
+
+    Raises:
+        ValueError: not 2-D, C < 2, non-finite log-probabilities or a posterior of another shape.
+
+    Source: Paper I (entropy calibration over the answer symbols); the same renormalization as SULA's
+    two labels (Paper III sec. 5.2).
+    """
+    from scipy.special import log_softmax, logsumexp
+
+    lp = np.asarray(candidate_logprobs, np.float64)
+    if lp.ndim != 2 or lp.shape[1] < 2:
+        raise ValueError(f"candidate_logprobs must be [n, C >= 2], got shape {lp.shape}")
+    if not np.all(np.isfinite(lp)):
+        raise ValueError("candidate_logprobs contains non-finite values")
+    lq = log_softmax(lp, axis=1)
+    q = np.exp(lq)
+    out = {"h_model_bits": -np.sum(q * lq, axis=1) / LN2, "answer_mass": np.exp(logsumexp(lp, axis=1))}
+    if posterior is not None:
+        p = np.asarray(posterior, np.float64)
+        if p.shape != lp.shape:
+            raise ValueError(f"posterior shape {p.shape} != candidate_logprobs shape {lp.shape}")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - lq), 0.0)
+        out["kl_bits"] = terms.sum(axis=1) / LN2
+    return out
+
+
+def read_wind_tunnel_h5(path, *, model: str | None = None) -> pd.DataFrame:
+    """Per-prompt calibration quantities of one wind-tunnel activation file.
+
+    Returns:
+        DataFrame, one row per prompt in file order: id (``<task>-s<sequence>-t<t>``, as the prompt set), task, kind, t, sequence, h_exact_bits (exact
+        posterior entropy, bits), h_model_bits (model entropy renormalized over the candidates, bits),
+        answer_mass, kl_bits (KL(exact || model), bits), h_vocab_bits (full next-token entropy, bits).
+
+    Raises:
+        StoreError: untrusted file; KeyError: no ``next_token/candidate_logprobs`` (not extracted with
+        ``candidates_key``: rerun rule extract_wind_tunnel) or a prompt without ``h_exact_bits`` /
+        ``posterior`` in its meta; ValueError: the file's candidate ids differ from the meta's.
+    """
+    from llmgeom.core.store import open_activations, read_finite
+
+    with open_activations(path, model=model) as f:
+        if "next_token/candidate_logprobs" not in f:
+            raise KeyError(f"{path} has no next_token/candidate_logprobs; it was not extracted with "
+                           f"candidates_key={CANDIDATES_KEY!r} (rerun rule extract_wind_tunnel)")
+        meta = [json.loads(m) for m in f["prompts/meta"].asstr()[:]]
+        lp = read_finite(f, "next_token/candidate_logprobs")
+        cid = f["next_token/candidate_ids"][:]
+        hv = read_finite(f, "next_token/entropy") / LN2
+    # the prompt id of llmgeom.wind_tunnel.tasks.prompt_records (the file keeps the meta, not the id)
+    ids = [f"{m.get('task')}-s{int(m.get('sequence', -1)):04d}-t{int(m.get('t', -1)):02d}" for m in meta]
+    for i, m in enumerate(meta):
+        missing = [k for k in ("h_exact_bits", "posterior", CANDIDATES_KEY, "t") if k not in m]
+        if missing:
+            raise KeyError(f"{path}: prompt {ids[i]!r} has no {', '.join(missing)} in its meta; "
+                           "not a wind-tunnel prompt set (rule build_wind_tunnel_prompts)")
+        if list(m[CANDIDATES_KEY]) != [int(c) for c in cid[i]]:
+            raise ValueError(f"{path}: prompt {ids[i]!r}: candidate ids in the file {list(cid[i])} differ from "
+                             f"meta[{CANDIDATES_KEY!r}] {m[CANDIDATES_KEY]}")
+    post = np.array([m["posterior"] for m in meta], np.float64)
+    c = candidate_entropy(lp, post)
+    return pd.DataFrame({
+        "id": ids, "task": [m.get("task") for m in meta], "kind": [m.get("kind") for m in meta],
+        "t": [int(m["t"]) for m in meta], "sequence": [int(m.get("sequence", -1)) for m in meta],
+        "h_exact_bits": [float(m["h_exact_bits"]) for m in meta], "h_model_bits": c["h_model_bits"],
+        "answer_mass": c["answer_mass"], "kl_bits": c["kl_bits"], "h_vocab_bits": hv,
+    })
+
+
+def calibration_stats(h_model, h_exact) -> dict:
+    """MAE |H_model - H_exact| (bits), Pearson r and Spearman rho between them, and their means.
+
+    Args:
+        h_model, h_exact: [n] entropies in bits.
+
+    Returns:
+        dict: n, mae_bits (NaN when n = 0), pearson_r, pearson_p, spearman_rho, spearman_p (NaN when
+        n < 3 or either input is constant, e.g. at a single position t of the bijection task, where
+        H_exact = log2(V - t) for every prompt), mean_h_model_bits, mean_h_exact_bits.
+
+    Source: Paper I (entropy calibration: MAE in bits); Paper III sec. 5.2 (MAE and r for SULA).
+    """
+    hm, he = np.asarray(h_model, np.float64), np.asarray(h_exact, np.float64)
+    if hm.shape != he.shape or hm.ndim != 1:
+        raise ValueError(f"h_model and h_exact must be 1-d of equal length, got {hm.shape} and {he.shape}")
+    nan = float("nan")
+    r, rp = pearson(hm, he)
+    rho, sp = spearman(hm, he)
+    return {"n": int(hm.size), "mae_bits": float(np.mean(np.abs(hm - he))) if hm.size else nan,
+            "pearson_r": r, "pearson_p": rp, "spearman_rho": rho, "spearman_p": sp,
+            "mean_h_model_bits": float(hm.mean()) if hm.size else nan,
+            "mean_h_exact_bits": float(he.mean()) if he.size else nan}
+
+
+def calibration_summary(per_prompt: pd.DataFrame, *, model: str, step=None) -> pd.DataFrame:
+    """``wind_tunnel.csv``: :func:`calibration_stats` per answer position t (one row each, t ascending)
+    and over all prompts (t = "all", last row), plus mean_kl_bits and mean_answer_mass.
+
+    Args:
+        per_prompt: :func:`read_wind_tunnel_h5` output (columns t, h_model_bits, h_exact_bits, kl_bits,
+            answer_mass, task, kind). step: training step of the model (empty for none).
+
+    Returns:
+        DataFrame with :data:`SUMMARY_COLUMNS`.
+
+    Source: Paper I (MAE in bits per position and overall).
+    """
+    if not len(per_prompt):
+        raise ValueError("per_prompt is empty: no prompts to calibrate")
+    task, kind = per_prompt.task.iloc[0], per_prompt.kind.iloc[0]
+    groups = [(int(t), g) for t, g in per_prompt.groupby("t", sort=True)] + [("all", per_prompt)]
+    rows = [dict(model=model, task=task, kind=kind, step=step, t=t,
+                 **calibration_stats(g.h_model_bits.to_numpy(), g.h_exact_bits.to_numpy()),
+                 mean_kl_bits=float(g.kl_bits.mean()), mean_answer_mass=float(g.answer_mass.mean()))
+            for t, g in groups]
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def calibration_bins(h_model, h_exact, *, h_max: float, n_bins: int = 10) -> pd.DataFrame:
+    """Calibration bins: prompts binned by exact entropy, equal-width bins on [0, h_max] bits (last bin
+    closed; values above h_max go to the last bin), as :func:`llmgeom.analyses.sula.calibration_table`
+    does on [0, 1] bit. Empty bins are omitted.
+
+    Args:
+        h_model, h_exact: [n] entropies (bits). h_max: upper edge (bits), e.g. log2(number of candidates).
+        n_bins: number of bins (>= 1).
+
+    Returns:
+        DataFrame: bin, bin_lo, bin_hi (bits), n, mean_h_exact_bits, mean_h_model_bits, sd_h_model_bits
+        (ddof 1; NaN for a single prompt), mean_abs_error_bits.
+
+    Raises:
+        ValueError: n_bins < 1, h_max not > 0, or inputs of different length.
+
+    Source: Paper III sec. 5.2 (calibration of H_model against the exact posterior entropy).
+    """
+    hm, he = np.asarray(h_model, np.float64).ravel(), np.asarray(h_exact, np.float64).ravel()
+    if int(n_bins) < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    if not (np.isfinite(h_max) and h_max > 0):
+        raise ValueError(f"h_max must be a finite number > 0 (bits), got {h_max}")
+    if hm.shape != he.shape:
+        raise ValueError(f"h_model and h_exact differ in length: {hm.size} vs {he.size}")
+    edges = np.linspace(0.0, float(h_max), int(n_bins) + 1)
+    b = np.clip(np.searchsorted(edges, he, side="right") - 1, 0, int(n_bins) - 1)
+    rows = []
+    for j in range(int(n_bins)):
+        sel = b == j
+        if not sel.any():
+            continue
+        rows.append(dict(bin=j, bin_lo=edges[j], bin_hi=edges[j + 1], n=int(sel.sum()),
+                         mean_h_exact_bits=float(he[sel].mean()), mean_h_model_bits=float(hm[sel].mean()),
+                         sd_h_model_bits=float(hm[sel].std(ddof=1)) if sel.sum() > 1 else float("nan"),
+                         mean_abs_error_bits=float(np.abs(hm[sel] - he[sel]).mean())))
+    return pd.DataFrame(rows, columns=["bin", "bin_lo", "bin_hi", "n", "mean_h_exact_bits", "mean_h_model_bits",
+                                       "sd_h_model_bits", "mean_abs_error_bits"])
+
+
+def manifold_stats(X, h_exact, *, standardize: bool = True) -> dict:
+    """Value-manifold statistics of one representation at one layer.
+
+    Args:
+        X: [n, d] final-token representation of n prompts (any units; columns z-scored across prompts
+            when ``standardize``, zero-variance columns dropped). h_exact: [n] exact entropies (bits).
+
+    Returns:
+        dict: n, n_features (d), pc1, pc12 (explained-variance fractions), participation_ratio (full
+        spectrum), participation_ratio_top10, rho_pc1_h_exact / p_pc1_h_exact (Spearman of the PC1 score
+        with the exact entropy; PC1's sign is fixed so that rho >= 0), abs_rho_pc1_h_exact. All NaN
+        (n and n_features kept) when X does not vary across prompts; rho NaN when h_exact is constant.
+
+    Source: Paper I (value manifolds ordered by posterior entropy); Paper III sec. 4 (PC1 share,
+    participation ratio, rho(PC1, entropy)); measures in :mod:`llmgeom.measures.pca`.
+    """
+    X = np.asarray(X, np.float64)
+    he = np.asarray(h_exact, np.float64)
+    if X.ndim != 2 or X.shape[0] != he.size:
+        raise ValueError(f"X must be [n, d] with n = len(h_exact) = {he.size}, got shape {X.shape}")
+    nan = float("nan")
+    out = dict(n=int(X.shape[0]), n_features=int(X.shape[1]), pc1=nan, pc12=nan, participation_ratio=nan,
+               participation_ratio_top10=nan, rho_pc1_h_exact=nan, p_pc1_h_exact=nan, abs_rho_pc1_h_exact=nan)
+    if X.shape[0] < 3 or not np.any(np.ptp(X, axis=0) > 0):
+        return out
+    evr = explained_variance(X, standardize)
+    s = pc_scores(X, standardize, 1, sign_reference=he if np.ptp(he) > 0 else None)[:, 0]
+    rho, p = spearman(s, he)
+    out.update(pc1=float(evr[0]), pc12=float(evr[:2].sum()), participation_ratio=participation_ratio(evr),
+               participation_ratio_top10=participation_ratio_top(evr), rho_pc1_h_exact=rho, p_pc1_h_exact=p,
+               abs_rho_pc1_h_exact=abs(rho))
+    return out
+
+
+def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers="all", step=None,
+                   standardize: bool = True) -> pd.DataFrame:
+    """``wind_tunnel_geometry.csv``: :func:`manifold_stats` per representation (:data:`REPRESENTATIONS`:
+    values, attn_output when the file has ``last_token/attn_output``, residual_stream) and layer.
+
+    Args:
+        h5_path: the wind-tunnel activation file; per_prompt: :func:`read_wind_tunnel_h5` of it.
+        layers: ``select_layers`` spec (block layers; the residual stream adds its embedding layer 0
+            and indexes hidden states 0..L). step: training step (empty for none).
+
+    Returns:
+        DataFrame with :data:`GEOMETRY_COLUMNS`; relative_depth = (layer + 1) / L for blocks, layer / L
+        for the residual stream.
+
+    Source: Paper I / Paper III sec. 4; issue 14 item 5 (values, attention output and residual stream side
+    by side).
+    """
+    from llmgeom.core.store import open_activations, read_finite
+
+    he = per_prompt.h_exact_bits.to_numpy(np.float64)
+    task = per_prompt.task.iloc[0] if len(per_prompt) else None
+    rows = []
+    with open_activations(h5_path, model=model) as f:
+        L = f["last_token/values"].shape[1]
+        blocks = select_layers(layers, L)
+        for rep, (ds, index) in REPRESENTATIONS.items():
+            if ds not in f:
+                continue
+            idx = sorted(set([0] + [b + 1 for b in blocks])) if index == "residual" else blocks
+            for layer in idx:
+                X = read_finite(f, ds, layer=layer)
+                X = X.reshape(X.shape[0], -1)
+                rows.append(dict(model=model, task=task, step=step, representation=rep, layer=layer,
+                                 relative_depth=relative_depth(layer, L, index=index), **manifold_stats(X, he,
+                                                                                          standardize=standardize)))
+    return pd.DataFrame(rows, columns=GEOMETRY_COLUMNS)
+
+
+def wind_tunnel_tables(h5_path, *, model: str, n_bins: int = 10, layers="all", step=None) -> dict:
+    """All wind-tunnel tables of one model: {"summary", "calibration", "geometry", "prompts"}.
+
+    ``calibration`` bins span [0, log2 C] bits (C = number of candidate tokens, the largest possible
+    entropy) and carry model, task and step columns; ``prompts`` is :func:`read_wind_tunnel_h5` with a
+    model column.
+
+    Source: Papers I and III; issue 14 item 4.
+    """
+    per = read_wind_tunnel_h5(h5_path, model=model)
+    from llmgeom.core.store import open_activations
+
+    with open_activations(h5_path, model=model) as f:
+        n_cand = int(f["next_token/candidate_ids"].shape[1])
+    cal = calibration_bins(per.h_model_bits, per.h_exact_bits, h_max=float(np.log2(n_cand)), n_bins=n_bins)
+    cal.insert(0, "step", step)
+    cal.insert(0, "task", per.task.iloc[0])
+    cal.insert(0, "model", model)
+    prompts = per.copy()
+    prompts.insert(0, "model", model)
+    return {"summary": calibration_summary(per, model=model, step=step), "calibration": cal,
+            "geometry": geometry_table(h5_path, per, model=model, layers=layers, step=step), "prompts": prompts}
+
+
+def best_geometry(geometry: pd.DataFrame) -> pd.DataFrame:
+    """Per model and representation, the layer with the largest |rho(PC1, exact entropy)|: model,
+    representation, layer, relative_depth, pc1, abs_rho_pc1_h_exact (rows with NaN rho skipped).
+
+    Source: issue 14 (the representation that carries the entropy ordering).
+    """
+    g = geometry.dropna(subset=["abs_rho_pc1_h_exact"])
+    if not len(g):
+        return pd.DataFrame(columns=["model", "representation", "layer", "relative_depth", "pc1",
+                                     "abs_rho_pc1_h_exact"])
+    i = g.groupby(["model", "representation"], sort=False).abs_rho_pc1_h_exact.idxmax()
+    return g.loc[i, ["model", "representation", "layer", "relative_depth", "pc1",
+                     "abs_rho_pc1_h_exact"]].reset_index(drop=True)

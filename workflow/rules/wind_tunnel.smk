@@ -1,0 +1,181 @@
+# Wind tunnel (Papers I-III; issue 14): small transformers trained on tasks with exact posteriors, measured by the
+# same rules as the LLMs. Model entries: WT_MODELS (common.smk; finals and their checkpoints <name>-step<k>), kept
+# out of MODELS (no Wikipedia, SULA or LSM extraction). Code: llmgeom.wind_tunnel.tasks / .train (tasks, training),
+# llmgeom.analyses.wind_tunnel (tables), llmgeom.plots.wind_tunnel (figure).
+WT_CFG = config["wind_tunnel"]
+WT_TABLES = ["wind_tunnel", "wind_tunnel_calibration", "wind_tunnel_geometry", "wind_tunnel_prompts"]
+
+
+def wt_model(w):
+    """The config entry (wind_tunnel.models.<base>) of a wind-tunnel model entry (final or checkpoint)."""
+    return WT_CFG["models"][WT[w.model]["base"]]
+
+
+if WT_MODELS:
+    summarize(*WT_TABLES, family="wind_tunnel", models=WT_MODELS)
+    TARGETS += expand("results/{model}/tables/{table}.csv", model=WT_MODELS,
+                      table=WT_TABLES + ["key_orthogonality", "attention_focusing", "attention_focusing_summary"])
+    TARGETS += expand("results/figures/wind_tunnel.{ext}", ext=["png", "pdf"])
+
+
+rule train_wind_tunnel:
+    """GPU rule: train one wind-tunnel model (seeded; deterministic on CPU) -> plain HF directory + manifest +
+    training_log.csv; checkpoints under resources/wind_tunnel/{model}/."""
+    input:
+        code=code("train_wind_tunnel"),
+    output:
+        model=directory("resources/models/{model}"),
+        checkpoints=directory("resources/wind_tunnel/{model}"),
+    wildcard_constraints:
+        model=WT_FINAL_RE,
+    params:
+        task=lambda w: WT_TASKS[WT_CFG["models"][w.model]["task"]],
+        arch=lambda w: WT_CFG["models"][w.model]["arch"],
+        training=lambda w: WT_CFG["models"][w.model]["training"],
+        checkpoints=lambda w: sorted(WT_CFG["models"][w.model]["checkpoints"]),
+    threads: lambda w: WT_CFG["models"][w.model]["threads"]
+    resources:
+        **GPU_RESOURCES,
+    group:
+        GPU_GROUP  # with the model's extraction: one SLURM submission per model (issue 13)
+    log:
+        "logs/train_wind_tunnel/{model}.log",
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/train_wind_tunnel.py"
+
+
+rule wind_tunnel_checkpoint:
+    """A training checkpoint of rule train_wind_tunnel -> its own model entry resources/models/{name}-step{k}."""
+    input:
+        run=lambda w: f"resources/wind_tunnel/{WT[w.model]['base']}",
+        code=code("wind_tunnel_checkpoint"),
+    output:
+        directory("resources/models/{model}"),
+    wildcard_constraints:
+        model=WT_CHECKPOINT_RE,
+    params:
+        base=lambda w: WT[w.model]["base"],
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    log:
+        "logs/wind_tunnel_checkpoint/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/wind_tunnel_checkpoint.py"
+
+
+rule build_wind_tunnel_prompts:
+    """Held-out sequences of one task cut at the answer positions; exact entropy, posterior, candidate ids in meta."""
+    input:
+        code=code("build_wind_tunnel_prompts"),
+    output:
+        "resources/prompts/wind_tunnel/{task}.jsonl",
+    wildcard_constraints:
+        task="|".join(map(re.escape, WT_TASKS)),
+    params:
+        task=lambda w: WT_TASKS[w.task],
+        n_sequences=WT_CFG["prompts"]["n_sequences"],
+        cut_positions=lambda w: wind_tunnel_cuts(config, w.task),
+        seed=WT_CFG["prompts"]["seed"],
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    log:
+        "logs/build_wind_tunnel_prompts/{task}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/build_wind_tunnel_prompts.py"
+
+
+rule extract_wind_tunnel:
+    """GPU rule: activations + candidate log-probabilities of a wind-tunnel model on its task's prompt set."""
+    input:
+        model="resources/models/{model}",
+        prompts=lambda w: f"resources/prompts/wind_tunnel/{WT[w.model]['task']}.jsonl",
+        code=code("extract"),
+    output:
+        "results/{model}/activations/wind_tunnel.h5",
+    wildcard_constraints:
+        model=WT_ALL_RE,
+    params:
+        dtype="float32",
+        batch_size=lambda w: WT[w.model]["batch_size"],
+        device_map=None,
+        device=config["extract"]["device"],
+        top_k=config["extract"]["top_k"],
+        attention=True,  # attention entropies for attention focusing
+        corpus=False,
+        candidates_key="candidate_token_ids",  # llmgeom.wind_tunnel.tasks.CANDIDATES_KEY
+    threads: config["extract"]["threads"]
+    resources:
+        **GPU_RESOURCES,
+    group:
+        GPU_GROUP
+    log:
+        "logs/extract_wind_tunnel/{model}.log",
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/extract.py"
+
+
+rule wind_tunnel:
+    """Calibration (MAE bits, Pearson / Spearman vs the exact entropy, per t and overall), calibration bins, and
+    PC1 geometry per layer of values / attention output / residual stream."""
+    input:
+        h5="results/{model}/activations/wind_tunnel.h5",
+        code=code("wind_tunnel"),
+    output:
+        summary="results/{model}/tables/wind_tunnel.csv",
+        calibration="results/{model}/tables/wind_tunnel_calibration.csv",
+        geometry="results/{model}/tables/wind_tunnel_geometry.csv",
+        prompts="results/{model}/tables/wind_tunnel_prompts.csv",
+    wildcard_constraints:
+        model=WT_ALL_RE,
+    params:
+        n_bins=WT_CFG["calibration_bins"],
+        layers=WT_CFG["layers"],
+        step=lambda w: WT[w.model]["step"],
+    threads: 1
+    resources:
+        mem_mb=scaled_mem(2000),
+        runtime=10,
+    group:
+        "analysis"
+    log:
+        "logs/wind_tunnel/{model}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/wind_tunnel.py"
+
+
+rule figure_wind_tunnel:
+    """Wind-tunnel figure: model vs exact entropy per model, and |rho(PC1, exact entropy)| over depth per
+    representation."""
+    input:
+        prompts="results/summary/wind_tunnel_prompts.csv",
+        summary="results/summary/wind_tunnel.csv",
+        geometry="results/summary/wind_tunnel_geometry.csv",
+        code=code("figure_wind_tunnel"),
+    output:
+        png=report("results/figures/wind_tunnel.png", caption="../report/wind_tunnel.rst", category="Wind tunnel"),
+        pdf="results/figures/wind_tunnel.pdf",
+    params:
+        finals=WT_FINALS,
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/figure_wind_tunnel.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/figure_wind_tunnel.py"
