@@ -180,14 +180,18 @@ def test_stub_sbatch_gpu_flags_only_on_gpu_rules(stub_cluster_run):
             assert s["gpu_flags"] == [want], s["flags"]
             assert " -p gpu" in s["flags"] and " -A testacct" in s["flags"]
             mem = int(re.search(r"--mem (\d+)", s["flags"]).group(1))
-            assert mem == cfg["models"][model].get("mem_mb", 8000)  # the jobs run one after another: max, not sum
+            # wind-tunnel entries (issue 14): the resources of wind_tunnel.models.<name> (checkpoints: <name>-step<k>)
+            spec = cfg["models"].get(model) or cfg["wind_tunnel"]["models"][re.sub(r"-step\d+$", "", model)]
+            assert mem == spec.get("mem_mb", 8000)  # the jobs run one after another: max, not sum
             assert _runtime(s) == sum(int(j["resources"]["runtime"]) for j in jobs if j["rule"] in gpu_rules
                                       and j["wildcards"].get("model") == model)  # covers all of its jobs
         else:
             assert s["gpu_flags"] == [], (s["rules"], s["flags"])
             assert " -p cpu" in s["flags"], s["flags"]
     assert seen_gpu == gpu_rules  # extraction and intervention jobs (whichever exist) all got a GPU
-    assert per_model == {m: 1 for m in cfg["models"]}  # one GPU submission per model (issue 13)
+    wt = [e for m, spec in cfg.get("wind_tunnel", {}).get("models", {}).items()
+          for e in [m] + [f"{m}-step{k}" for k in spec.get("checkpoints", [])]]  # wind-tunnel entries (issue 14)
+    assert per_model == {m: 1 for m in [*cfg["models"], *wt]}  # one GPU submission per model (issue 13)
     # small CPU jobs were bundled: at least one submission holds several analysis jobs
     assert max(len(s["targets"]) for s in subs if not set(s["rules"]) & gpu_rules) > 1
 

@@ -82,7 +82,7 @@ def test_wind_tunnel_defaults_entries_and_cuts(good, tmp_path):
     cfg = check_like_snakefile(cfg, tmp_path)
     m = cfg["wind_tunnel"]["models"]["wt"]
     assert m["training"]["steps"] == 100 and m["training"]["lr"] == 0.003 and m["training"]["seed"] == 0
-    assert m["arch"]["family"] == "llama" and m["threads"] == 2 and m["gpus"] == 1
+    assert m["arch"]["family"] == "llama" and m["threads"] == 1 and m["gpus"] == 1
     e = wind_tunnel_entries(cfg)
     assert list(e) == ["wt", "wt-step10", "wt-step40"]
     assert e["wt"]["step"] == 100 and not e["wt"]["checkpoint"]

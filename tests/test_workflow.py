@@ -5,6 +5,7 @@ Runs Snakemake in a temporary working directory with the repository's Snakefile.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,6 +46,16 @@ def tiny_config(model_dirs: dict) -> dict:
         "sula": {"ks": [0, 1, 2, 4], "n_per_k": 4, "n_per_k_controls": 3, "label_pairs": [["x", "y"], ["p", "q"]],
                  "label_prefix": "", "batch_size": 5},
         "interventions": {"n_per_k": 3, "n_boot": 10, "batch_size": 6},
+        # issue 14: a tiny wind-tunnel model trained by the workflow in seconds, with one checkpoint entry
+        "wind_tunnel": {
+            "tasks": {"bij4": {"kind": "bijection", "V": 4, "n_pairs": 3}},
+            "models": {"wt-tiny": {"task": "bij4", "arch": {"family": "llama", "n_layers": 2, "d_model": 32,
+                                                           "n_heads": 4},
+                                   "training": {"seed": 0, "steps": 100, "batch_size": 16, "warmup_steps": 10,
+                                                "n_val": 64},
+                                   "checkpoints": [50], "threads": 1, "batch_size": 16, "mem_mb": 2000}},
+            "prompts": {"n_sequences": 6, "seed": 0},
+        },
     }
 
 
@@ -119,7 +130,8 @@ def test_bayes_geometry_outputs(tiny_run):
         assert set(af.level) == {"head", "layer"} and (af[af.level == "layer"].shape[0] == 2)
     t1 = pd.read_csv(wd / "results/summary/table1.csv")
     t2 = pd.read_csv(wd / "results/summary/table2.csv")
-    assert len(t1) == 4 and set(t2.model) == set(cfg["models"])
+    assert len(t1) == 4 and set(t2[t2.source == "llm"].model) == set(cfg["models"])
+    assert list(t2[t2.source == "wind_tunnel"].model) == list(cfg["wind_tunnel"]["models"])  # Table 2 rows
     assert "| Model |" in (wd / "results/summary/table2.md").read_text()
     for fig in ("pc_scatter", "explained_variance_layers", "key_orthogonality", "attention_focusing", "bayes_summary"):
         assert (wd / f"results/figures/{fig}.png").stat().st_size > 1000
@@ -186,6 +198,37 @@ def test_sula_and_intervention_outputs(tiny_run):
         for ext in ("png", "pdf"):
             assert (wd / f"results/figures/{fig}.{ext}").stat().st_size > 1000
     assert "sula" in (wd / "resources/prompts/sula/tiny-gpt2/main.jsonl").read_text()
+
+
+def test_wind_tunnel_outputs(tiny_run):
+    """Issue 14: the workflow trains the tiny wind-tunnel model, saves a checkpoint entry, extracts both on the
+    task's prompt set and runs the calibration / geometry tables, key orthogonality and attention focusing."""
+    wd, cfg = tiny_run
+    entries = ["wt-tiny", "wt-tiny-step50"]
+    for m, step in zip(entries, (100, 50)):
+        man = json.loads((wd / f"resources/models/{m}/manifest.json").read_text())
+        assert man["source"] == "wind_tunnel" and man["step"] == step
+        t = wd / f"results/{m}/tables"
+        s = pd.read_csv(t / "wind_tunnel.csv")
+        assert {"model", "task", "step", "t", "n", "mae_bits", "pearson_r", "spearman_rho", "mean_h_model_bits",
+                "mean_h_exact_bits", "mean_kl_bits", "mean_answer_mass"} <= set(s.columns)
+        assert list(s.t.astype(str)) == ["0", "1", "2", "all"] and (s.step == step).all()
+        assert np.isfinite(s.mae_bits).all() and s.mae_bits.between(0, 2).all()
+        np.testing.assert_allclose(s.mean_h_exact_bits.iloc[:3], np.log2([4, 3, 2]))
+        assert int(s.n.iloc[-1]) == 6 * 3  # 6 sequences x 3 answer positions
+        g = pd.read_csv(t / "wind_tunnel_geometry.csv")
+        assert {"values", "residual_stream"} <= set(g.representation)
+        assert len(g[g.representation == "values"]) == 2 and len(g[g.representation == "residual_stream"]) == 3
+        assert pd.read_csv(t / "wind_tunnel_calibration.csv").n.sum() == 18
+        assert len(pd.read_csv(t / "key_orthogonality.csv")) == 2 * 4  # 2 layers x 4 key heads
+        assert pd.read_csv(t / "attention_focusing_summary.csv").n_layers.iloc[0] == 2
+    assert (wd / "resources/models/wt-tiny/training_log.csv").is_file()
+    assert set(pd.read_csv(wd / "results/summary/wind_tunnel.csv").model) == set(entries)
+    assert "wt-tiny" in set(pd.read_csv(wd / "results/summary/key_orthogonality.csv").model)
+    for m in entries:  # no LLM extraction for wind-tunnel models
+        assert sorted(p.name for p in (wd / f"results/{m}/activations").iterdir()) == ["wind_tunnel.h5"]
+    for ext in ("png", "pdf"):
+        assert (wd / f"results/figures/wind_tunnel.{ext}").stat().st_size > 1000
 
 
 def test_second_dry_run_schedules_nothing(tiny_run):

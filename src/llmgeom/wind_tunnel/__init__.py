@@ -1,7 +1,8 @@
 """Wind tunnel: small transformers trained where the Bayesian posterior is exact.
 
-GPU-side work that trains models: may import numpy, torch, transformers, tokenizers; nothing of
-llmgeom but llmgeom.core.
+Stage 3, GPU-side work that trains models. May import: numpy, torch, transformers, tokenizers,
+llmgeom.core and llmgeom.models (``models.architectures`` for the manifest's architecture summary);
+:mod:`llmgeom.wind_tunnel.tasks` imports numpy only (the workflow's config checks read it).
 
 Sources: Paper I ("The Bayesian Geometry of Transformer Attention": bijection elimination and HMM
 filtering tasks, entropy calibration), Paper II ("Gradient Dynamics of Attention": geometry over
