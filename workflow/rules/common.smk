@@ -52,7 +52,7 @@ CORPUS_SETS = [s for s, v in config["prompts"]["sets"].items() if v["kind"] == "
 WT = wind_tunnel_entries(config)
 WT_MODELS = list(WT)
 WT_FINALS = [m for m, e in WT.items() if not e["checkpoint"]]
-_re = lambda names: "|".join(map(re.escape, names))
+_re = lambda names: "|".join(map(re.escape, names)) or "(?!)"  # no name: a pattern that never matches (not "" = any)
 LLM_RE, WT_ALL_RE, WT_FINAL_RE = _re(MODELS), _re(WT_MODELS), _re(WT_FINALS)
 WT_CHECKPOINT_RE = _re([m for m in WT_MODELS if m not in WT_FINALS])
 

@@ -75,7 +75,7 @@ rule build_wind_tunnel_prompts:
     output:
         "resources/prompts/wind_tunnel/{task}.jsonl",
     wildcard_constraints:
-        task="|".join(map(re.escape, WT_TASKS)),
+        task=_re(WT_TASKS),
     params:
         task=lambda w: WT_TASKS[w.task],
         n_sequences=WT_CFG["prompts"]["n_sequences"],
