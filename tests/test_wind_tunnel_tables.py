@@ -205,9 +205,13 @@ def test_wind_tunnel_figure_writes_png_and_pdf(tmp_path):
 # --------------------------------------------------------------------------- end to end (seconds)
 
 
-def test_tiny_model_trained_extracted_and_tabulated(tmp_path):
-    """Train a tiny bijection model (V = 4, 2 layers, width 32, 60 steps), build its prompt set, extract it
-    with candidate log-probs and attention, and compute the tables: every column present, MAE finite."""
+@pytest.mark.parametrize("spec,cuts", [({"kind": "bijection", "V": 4, "n_pairs": 3}, [0, 1, 2]),
+                                       ({"kind": "hmm", "n_states": 2, "n_obs": 3, "length": 4}, [1, 2, 3])],
+                         ids=["bijection", "hmm"])
+def test_tiny_model_trained_extracted_and_tabulated(tmp_path, spec, cuts):
+    """Train a tiny model (2 layers, width 32, 60 steps) on a bijection (V = 4) or HMM-filtering task, build its
+    prompt set, extract it with candidate log-probs and attention, and compute the tables: every column present,
+    MAE finite, the exact entropies of the prompt set."""
     pytest.importorskip("torch")
     from llmgeom.analyses.wind_tunnel import wind_tunnel_tables
     from llmgeom.extract.forward import extract_to_hdf5
@@ -215,26 +219,30 @@ def test_tiny_model_trained_extracted_and_tabulated(tmp_path):
     from llmgeom.wind_tunnel.tasks import CANDIDATES_KEY, prompt_records
     from llmgeom.wind_tunnel.train import train_wind_tunnel
 
-    spec = {"kind": "bijection", "V": 4, "n_pairs": 3}
     model = tmp_path / "models" / "wt"
     train_wind_tunnel(spec, model, seed=0, steps=60, batch_size=16, lr=3e-3, warmup_steps=5, weight_decay=0.0,
                       clip_norm=1.0, arch={"n_layers": 2, "d_model": 32, "n_heads": 4}, threads=1, n_val=32,
                       log=lambda s: None)
     prompts = tmp_path / "prompts.jsonl"
-    write_prompt_set(prompt_records(spec, n_sequences=8, cut_positions=[0, 1, 2], seed=0, name="bij4"), prompts)
+    records = prompt_records(spec, n_sequences=8, cut_positions=cuts, seed=0, name="task")
+    write_prompt_set(records, prompts)
     h5 = tmp_path / "wt.h5"
     extract_to_hdf5(model, prompts, h5, model_name="wt", dtype="float32", device="cpu", batch_size=8, top_k=3,
                     attention=True, candidates_key=CANDIDATES_KEY)
     t = wind_tunnel_tables(h5, model="wt", n_bins=4, step=60)
     s = t["summary"]
-    assert list(s.columns) == SUMMARY_COLUMNS and list(s.t) == [0, 1, 2, "all"]
+    assert list(s.columns) == SUMMARY_COLUMNS and list(s.t) == [*cuts, "all"]
     assert np.isfinite(s.mae_bits).all() and (s.n.iloc[-1] == 24)
-    np.testing.assert_allclose(s.mean_h_exact_bits.iloc[:3], np.log2([4, 3, 2]))
+    exact = [np.mean([r["meta"]["h_exact_bits"] for r in records if r["meta"]["t"] == t]) for t in cuts]
+    np.testing.assert_allclose(s.mean_h_exact_bits.iloc[:3], exact, rtol=1e-6)
+    if spec["kind"] == "bijection":
+        np.testing.assert_allclose(exact, np.log2([4, 3, 2]))
     assert ((s.mean_answer_mass > 0) & (s.mean_answer_mass <= 1)).all()
     g = t["geometry"]
     assert list(g.columns) == GEOMETRY_COLUMNS
     reps = set(g.representation)
     assert {"values", "residual_stream"} <= reps
     assert len(g[g.representation == "residual_stream"]) == 3  # embeddings + 2 blocks
-    assert t["calibration"].n.sum() == 24 and t["calibration"].bin_hi.max() == pytest.approx(2.0)
+    n_cand = spec.get("V", spec.get("n_obs"))
+    assert t["calibration"].n.sum() == 24 and t["calibration"].bin_hi.max() == pytest.approx(np.log2(n_cand))
     assert len(t["prompts"]) == 24
