@@ -6,11 +6,6 @@ WT_CFG = config["wind_tunnel"]
 WT_TABLES = ["wind_tunnel", "wind_tunnel_calibration", "wind_tunnel_geometry", "wind_tunnel_prompts"]
 
 
-def wt_model(w):
-    """The config entry (wind_tunnel.models.<base>) of a wind-tunnel model entry (final or checkpoint)."""
-    return WT_CFG["models"][WT[w.model]["base"]]
-
-
 if WT_MODELS:
     summarize(*WT_TABLES, family="wind_tunnel", models=WT_MODELS)
     TARGETS += expand("results/{model}/tables/{table}.csv", model=WT_MODELS,
