@@ -158,7 +158,7 @@ def test_vocabulary_and_text_layout():
 
 
 def test_prompt_records_round_trip_and_exact_meta(tmp_path):
-    from llmgeom.prompts import read_prompt_set, write_prompt_set
+    from llmgeom.extract.prompts import read_prompt_set, write_prompt_set
 
     recs = tasks.prompt_records(BIJ, n_sequences=3, cut_positions=[0, 2, 3], seed=11, name="wt_bij")
     assert len(recs) == 9

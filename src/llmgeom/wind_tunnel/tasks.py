@@ -656,7 +656,7 @@ def prompt_records(spec: Mapping, *, n_sequences: int, cut_positions: Sequence[i
 
     Returns:
         records ``{"id": "<name>-s<i:04d>-t<t:02d>", "text": str, "meta": {...}}`` in sequence-major
-        order, valid for :func:`llmgeom.prompts.write_prompt_set`. ``meta``: ``task`` (name), ``kind``,
+        order, valid for :func:`llmgeom.extract.prompts.write_prompt_set`. ``meta``: ``task`` (name), ``kind``,
         ``t``, ``sequence`` (i), ``seed``, ``h_exact_bits`` (exact posterior entropy, bits),
         ``posterior`` (list of floats over the answer symbols, summing to 1), ``candidate_token_ids``
         (token ids of the answer symbols, same order as ``posterior``), ``candidate_tokens``,
