@@ -60,7 +60,7 @@ def job_key(rule: str, wildcards: dict) -> str:
     return rule + ":" + ",".join(f"{k}={v}" for k, v in sorted(wildcards.items()))
 
 
-def outputs_map(jobs: list[dict], directory_prefixes=("resources/models/",)) -> dict:
+def outputs_map(jobs: list[dict], directory_prefixes=("resources/models/", "resources/wind_tunnel/")) -> dict:
     """``job_key`` -> [[path, is_directory], ...] for every job of a dry run."""
     return {job_key(j["rule"], j["wildcards"]): [[o, any(o.startswith(p) and o.rstrip("/").count("/") == 2
                                                         for p in directory_prefixes)] for o in j["output"]]
