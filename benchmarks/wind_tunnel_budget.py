@@ -3,7 +3,9 @@
 Trains the bijection model of the default study (Paper I bijection elimination; DESIGN.md sec. 3,
 "Wind tunnel") once per budget (number of optimizer steps; the cosine schedule spans each budget, so
 every budget is a separate run from the same seed) and prints one line per budget: steps, wall time
-(training only, excluding imports and saving) and the validation entropy MAE in bits (model entropy
+(training only, excluding imports and saving), the process CPU time of the whole call (a quiet
+machine's wall time is about CPU time / threads-speedup; on a shared machine wall time depends on the
+other jobs, so the 1-minute load average before and after is printed too) and the validation entropy MAE in bits (model entropy
 renormalized over the answer symbols vs log2(V - t), on held-out sequences from the validation stream).
 
 Usage (2-core CPU machine, ~10 minutes for the three default budgets):
@@ -19,16 +21,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import tempfile
 import time
 
-#: Default-study settings (chosen with this script; see the report in the README / design notes).
+# OpenMP threads that busy-wait make a 2-thread run 10-20x slower when another process shares the
+# cores (measured here: 1.5 s/step instead of 0.09 s/step); passive waiting avoids it. libgomp reads
+# this when torch is first imported, so it is set before any import of torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+#: Default-study settings (chosen with this script; measurements in benchmarks/wind_tunnel_budget.md).
 DEFAULT_STUDY = {
     "task": {"kind": "bijection", "V": 10, "n_pairs": 9},
     "arch": {"family": "llama", "n_layers": 3, "d_model": 96, "n_heads": 4},
-    "training": {"seed": 0, "batch_size": 64, "lr": 3e-3, "warmup_steps": 100, "weight_decay": 0.01,
+    "training": {"seed": 0, "steps": 2000, "batch_size": 64, "lr": 5e-3, "warmup_steps": 100, "weight_decay": 0.01,
                  "clip_norm": 1.0, "schedule": "cosine", "min_lr_ratio": 0.1, "n_val": 1024, "threads": 2},
 }
 
@@ -67,23 +75,28 @@ def main(argv=None) -> int:
 
     task = {"kind": "bijection", "V": args.V, "n_pairs": args.n_pairs}
     arch = {"family": "llama", "n_layers": args.layers, "d_model": args.d_model, "n_heads": args.heads}
-    tr = dict(DEFAULT_STUDY["training"], threads=args.threads, batch_size=args.batch_size, lr=args.lr,
+    tr = dict({k: v for k, v in DEFAULT_STUDY["training"].items() if k != "steps"}, threads=args.threads, batch_size=args.batch_size, lr=args.lr,
               warmup_steps=args.warmup, seed=args.seed)
     print(f"task {task} arch {arch} training {tr}", flush=True)
     results = []
     with tempfile.TemporaryDirectory() as d:
         for steps in args.steps:
             out = pathlib.Path(d) / f"wt-{steps}"
+            load0 = os.getloadavg()[0]
+            c0 = time.process_time()
             t0 = time.perf_counter()
             res = train_wind_tunnel(task, out, steps=steps, arch=arch, log=(lambda s: None) if args.quiet else
                                     (lambda s: print("  " + s, flush=True)), **tr)
             total = time.perf_counter() - t0
+            cpu = time.process_time() - c0
             m = res["manifest"]
-            results.append((steps, m["wall_s"], total, m["val_mae_bits"], m["val_answer_mass"]))
-            print(f"steps {steps:6d}  train {m['wall_s']:7.1f} s  (with save {total:6.1f} s)  "
+            load1 = os.getloadavg()[0]
+            results.append((steps, m["wall_s"], total, cpu, m["val_mae_bits"], m["val_answer_mass"], load0, load1))
+            print(f"steps {steps:6d}  train {m['wall_s']:7.1f} s  (with save {total:6.1f} s, CPU {cpu:6.1f} s)  "
                   f"val MAE {m['val_mae_bits']:.4f} bits  answer mass {m['val_answer_mass']:.4f}  "
+                  f"load avg {load0:.2f} -> {load1:.2f}  "
                   f"MAE by t {[round(x, 4) for x in m['val_mae_bits_by_t']]}", flush=True)
-    print("\nsteps,train_wall_s,total_wall_s,val_mae_bits,val_answer_mass")
+    print("\nsteps,train_wall_s,total_wall_s,cpu_s,val_mae_bits,val_answer_mass,loadavg_before,loadavg_after")
     for r in results:
         print(",".join(str(round(x, 5)) if isinstance(x, float) else str(x) for x in r))
     return 0

@@ -24,7 +24,9 @@ Training recipe (stated once, recorded in every manifest):
   constant (``schedule="constant"``).
 * determinism: ``torch.manual_seed(seed)``, ``torch.use_deterministic_algorithms(True)`` and
   ``torch.set_num_threads(threads)`` during training (previous settings restored afterwards); on CPU
-  two runs with the same arguments and thread count give bit-identical weights.
+  two runs with the same arguments and thread count give bit-identical weights. With more than one
+  thread on a machine shared with other processes, export ``OMP_WAIT_POLICY=PASSIVE`` before torch is
+  imported (busy-waiting OpenMP threads made a 2-thread step 10-20x slower on the 2-core dev machine).
 * validation (every ``eval_every`` steps and at the end): the model's next-token distribution at each
   answer position, RENORMALIZED over the answer-symbol tokens (as SULA renormalizes over its two
   labels), its entropy in bits vs the exact posterior entropy: MAE in bits; also the mean
