@@ -18,8 +18,52 @@ def test_package_data_file_entries_have_sources_and_the_issue_values():
     assert pub["id_over_d_model"][0]["range"] == [0.01, 0.03] and pub["id_peak"][0]["range"] == [19, 22]
     assert pub["key_orthogonality_random_init"][0]["range"] == [0.35, 0.45]
     assert "reading" in pub["id_peak"][0] and "reading" in pub["hard_core_margin"][0]
-    # numbers we do not have are absent, not guessed
-    assert "paper3_table1_pc12" not in pub and "key_orthogonality_trained" not in pub
+    # numbers we do not have are absent, not guessed (Paper III's Table 1 has no participation ratio)
+    assert "paper3_table1_participation_ratio_top10" not in pub
+
+
+def test_paper3_table_values_load_with_their_source_and_reach_table1_table2():
+    from llmgeom.analyses.bayes_tables import table1, table2
+
+    pub = load_published()
+    by = {(q, e["models"]): e for q in pub for e in pub[q]}
+    v1 = "arXiv:2512.23752v1"
+    # Table 1 (percent in the paper -> fractions), per model and prompt set
+    for (q, m), v in {("paper3_table1_pc1", "Pythia-410M (mixed-domain prompts)"): 0.796,
+                      ("paper3_table1_pc12", "Llama-3.2-1B (mathematics prompts)"): 0.736,
+                      ("paper3_table1_pc12", "Phi-2 (mixed-domain prompts)"): 0.606}.items():
+        e = by[(q, m)]
+        assert e["value"] == pytest.approx(v) and e["where"] == f"Table 1, {v1}" and "Paper III" in e["paper"]
+    # Table 2
+    assert by[("paper3_table2_pc12_mixed", "Pythia-410M")]["value"] == pytest.approx(0.997)
+    assert by[("paper3_table2_pc12_mixed", "Mistral-7B")]["range"] == [0.15, 0.20]
+    assert by[("paper3_table2_pc12_restricted", "Llama-3.2-1B, mathematics prompts")]["value"] == pytest.approx(0.736)
+    assert by[("key_orthogonality_trained", "Phi-2")]["range"] == [0.034, 0.051]
+    assert by[("paper3_table2_focusing_pct", "Pythia-410M")]["value"] == 82
+    assert all(e["where"].startswith("Table 2") and e["where"].endswith(v1) for q in
+               ("paper3_table2_pc12_mixed", "paper3_table2_pc12_restricted", "key_orthogonality_trained",
+                "paper3_table2_focusing_pct") for e in pub[q])
+    assert sorted(e["value"] for e in pub["paper3_sula_entropy_mae"]) == [0.31, 0.36, 0.44]
+    # a synthetic pythia-410m row carries the published Paper III values beside the measured ones
+    dr = pd.DataFrame({"model": "pythia-410m", "prompt_set": ["mixed", "domain_mathematics"],
+                       "domain": [None, "Mathematics"], "role": ["mixed", "restricted"], "n": 75, "layer": 23,
+                       "relative_depth": 1.0, "representation": "values", "standardized": True,
+                       "pc1": [0.8, 0.6], "pc12": [0.99, 0.99]})
+    t1 = table1(dr)
+    assert "0.796 (Pythia-410M (mixed-domain prompts))" in t1.pc1_published.iloc[0]
+    assert "0.999 (Pythia-410M (mathematics prompts))" in t1.pc12_published.iloc[1]
+    assert "Table 1, arXiv:2512.23752v1" in t1.pc1_published_on.iloc[0]
+    ko = pd.DataFrame({"model": "pythia-410m", "layer": [0, 1], "orthogonality": 0.1, "baseline_gaussian": 0.03,
+                       "baseline_random_init": 0.03, "gaussian_expected": 0.025})
+    af = pd.DataFrame({"model": ["pythia-410m"], "attention_type": "MHA", "n_sliding_layers": 0, "n_layers": 24,
+                       "sliding_window": [None], "focusing_pct": 50.0, "focusing_pct_global": 50.0,
+                       "spearman_rho": -0.5, "spearman_p": 0.01})
+    r = table2(dr, ko, af, restricted_set="domain_mathematics").iloc[0]
+    assert r.model == "pythia-410m" and r.pc12_mixed == pytest.approx(0.99)
+    assert "0.997 (Pythia-410M)" in r.pc12_mixed_published
+    assert "0.999 (Pythia-410M, mathematics prompts)" in r.pc12_restricted_published
+    assert "0.11-0.13 (Pythia-410M)" in r.orth_mean_published and "82 (Pythia-410M)" in r.focusing_pct_published
+    assert "Table 2" in r.orth_mean_published_on and v1 in r.orth_mean_published_on
 
 
 def test_rendering_and_columns_beside_the_measured_value():
