@@ -231,8 +231,8 @@ def to_markdown(df: pd.DataFrame, kind: str) -> str:
     (a GitHub-flavoured pipe table plus legend lines)."""
     g0 = lambda r, k: getattr(r, k, float("nan"))  # noqa: E731
     if kind == "table1":
-        head = ["Model", "Prompt set", "n", "PC1 % (bc) [95% CI]", "PC1 published %", "PC1+PC2 % (bc) [95% CI]",
-                "PC1+PC2 published %", "PR (full)", "PR (top 10)", "PR top 10 published", "rho(PC1, H)",
+        head = ["Model", "Prompt set", "n", "PC1 % (bc) [95% CI]", "PC1 published (share, 0-1)", "PC1+PC2 % (bc) [95% CI]",
+                "PC1+PC2 published (share, 0-1)", "PR (full)", "PR (top 10)", "PR top 10 published", "rho(PC1, H)",
                 "Δ PC1+PC2 vs mixed (pp) (bc) [95% CI]"]
         body = [[r.model, r.domain if r.role == "restricted" else "mixed", str(int(r.n)),
                  _pct(r.pc1, r.pc1_lo, r.pc1_hi, g0(r, "pc1_bc")), _published(r, "pc1"),
