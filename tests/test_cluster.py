@@ -252,7 +252,7 @@ def test_paper3_one_gpu_submission_per_model(tmp_path):
         s, spec = subs[0], cfg["models"][m]
         mine = [j for j in jobs if j["rule"] in gpu_rules and j["wildcards"].get("model") == m]
         assert len(s["targets"]) == len(mine) == 10  # 5 prompt sets + 4 SULA conditions + interventions
-        assert set(s["rules"]) == gpu_rules
+        assert set(s["rules"]) == {"extract", "extract_sula", "intervene"}  # an LLM entry: no wind-tunnel rules
         g = spec.get("gpus", 1)
         assert s["gpu_flags"] == [f"--gpus={spec['gpu_model']}:{g}" if spec.get("gpu_model") else f"--gpus={g}"]
         assert " -p gpu" in s["flags"]

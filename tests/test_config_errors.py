@@ -441,7 +441,7 @@ DRY_RUN_CATALOGUE = [
     ("unknown-topic", {"prompts.sets.domain_mathematics.topics": ["Astrology"]},
      ['prompts.sets.domain_mathematics.topics = ["Astrology"]', "valid topics:"]),
     ("n-over-pool", {"prompts.sets.domain_mathematics.n": 5000},
-     ["prompts.sets.domain_mathematics.n = 5000 is larger than the pool", "valid: n <= 256"]),
+     ["prompts.sets.domain_mathematics.n = 5000 is larger than the pool", f"valid: n <= {_MATH_POOL}"]),
     ("corpus-path", {"prompts.sets.corpus.path": "/no/such/wiki.valid.tokens"},
      ['prompts.sets.corpus.path = "/no/such/wiki.valid.tokens": no such file']),
     ("device", {"extract.device": "cuda:63"}, ['extract.device = "cuda:63"', "devices that exist: cpu"]),

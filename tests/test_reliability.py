@@ -31,6 +31,7 @@ from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.forward import NonFiniteActivationError, PromptTokenError, extract_batch, tokenize_prompts
 from llmgeom.models.sources import ModelSourceError
 from llmgeom.extract.prompts import PromptDataError, build_prompt_set, read_prompt_set, write_prompt_set
+from llmgeom.core import store
 from llmgeom.core.store import StoreError
 from llmgeom.models.loading import load_prepared
 
@@ -414,7 +415,7 @@ def _attention_focusing(ws, model, h5):
                                                                                   "attention_focusing"])
 @pytest.mark.parametrize("case,expected", [
     ("other-model", r"file is for model 'tiny', expected 'foreign'"),
-    ("older-contract", r"contract version 1 != 2"),  # a file written before the checksums (issue 12)
+    ("older-contract", rf"contract version 1 != {store.CONTRACT_VERSION}"),  # a file from before issues 12/13
     ("incomplete", r"file is incomplete"),
     ("truncated", r"not a readable HDF5 file"),
 ])

@@ -17,10 +17,12 @@ def h5(tmp_path):
     n, L, F, d = 12, 3, 6, 5
     path = tmp_path / "mixed.h5"
     shapes = {"last_token/values": ((n, L, F), "float32"), "last_token/residual": ((n, L + 1, d), "float32"),
+              "last_token/attn_output": ((n, L, F), "float32"),
               "next_token/entropy": ((n,), "float32"), "prompts/meta": ((n,), "str")}
     w = ActivationWriter(path, {"model": "m", "prompt_set": "mixed"}, shapes)
     w.write("last_token/values", slice(None), rng.standard_normal((n, L, F)).astype(np.float32))
     w.write("last_token/residual", slice(None), rng.standard_normal((n, L + 1, d)).astype(np.float32))
+    w.write("last_token/attn_output", slice(None), rng.standard_normal((n, L, F)).astype(np.float32))
     w.write("next_token/entropy", slice(None), rng.uniform(0, 3, n).astype(np.float32))
     w.write("prompts/meta", slice(None), ['{"topic": "a"}'] * n)
     w.commit()
