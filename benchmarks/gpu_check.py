@@ -76,15 +76,18 @@ def build_model_dir(name: str, cfg, tok, root: Path, device: str) -> Path:
     return out
 
 
-def bare_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, device: str) -> dict:
+def _timed_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, device: str, *, attn: str = "sdpa",
+                   body_only: bool = False) -> dict:
+    """Tokens/s and peak GPU memory of a plain forward over length-sorted batches (second of two passes):
+    the whole model (LM head included) or, with ``body_only``, the decoder body without the LM head."""
     import torch
 
-    from llmgeom.models import architectures as arch
     from llmgeom.extract.forward import pad_batch, tokenize_prompts
-    from llmgeom.models.loading import load_prepared
     from llmgeom.extract.prompts import read_prompt_set
+    from llmgeom.models import architectures as arch
+    from llmgeom.models.loading import load_prepared
 
-    model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device)
+    model, tok = load_prepared(model_dir, dtype=dtype, attn=attn, device=device)
     recs, _ = read_prompt_set(prompts)
     seqs = tokenize_prompts(tok, [r["text"] for r in recs], [r.get("id", str(i)) for i, r in enumerate(recs)],
                             max_tokens=None, truncate=False, context=arch.summarize(model.config).max_positions)
@@ -93,12 +96,16 @@ def bare_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, device:
     batches = [[seqs[i] for i in order[j:j + batch]] for j in range(0, len(seqs), batch)]
     dev = next(model.parameters()).device
     n_tok = sum(len(s) for s in seqs)
+    body = arch.base_model(model) if body_only else None
 
     def run():
         with torch.inference_mode():
             for b in batches:
-                ids, mask, _ = pad_batch(b, pad, dev)
-                model(input_ids=ids, attention_mask=mask)
+                ids, mask, pos = pad_batch(b, pad, dev)
+                if body_only:
+                    body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+                else:
+                    model(input_ids=ids, attention_mask=mask)
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
@@ -109,10 +116,15 @@ def bare_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, device:
     run()
     dt = time.perf_counter() - t
     peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None
-    del model
+    del model, body
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return {"tokens": n_tok, "seconds": dt, "tokens_per_s": n_tok / dt, "peak_gpu_mib": peak}
+
+
+def bare_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, device: str) -> dict:
+    """Tokens/s and peak GPU memory of the whole model's plain sdpa forward (no hooks)."""
+    return _timed_forward(model_dir, prompts, batch, dtype, device)
 
 
 def full_extraction(model_dir: Path, prompts: Path, out: Path, batch: int, dtype: str, device: str,
@@ -171,43 +183,7 @@ def long_prompts(tok, path: Path, n: int, n_tokens: int) -> Path:
 
 def body_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, device: str, attn: str = "sdpa") -> dict:
     """Tokens/s and peak GPU memory of the decoder body alone (``model.model``: no LM head, no hooks), sdpa."""
-    import torch
-
-    from llmgeom.extract.forward import pad_batch, tokenize_prompts
-    from llmgeom.extract.prompts import read_prompt_set
-    from llmgeom.models import architectures as arch
-    from llmgeom.models.loading import load_prepared
-
-    model, tok = load_prepared(model_dir, dtype=dtype, attn=attn, device=device)
-    recs, _ = read_prompt_set(prompts)
-    seqs = tokenize_prompts(tok, [r["text"] for r in recs], [r.get("id", str(i)) for i, r in enumerate(recs)],
-                            max_tokens=None, truncate=False, context=arch.summarize(model.config).max_positions)
-    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    batches = [[seqs[i] for i in order[j:j + batch]] for j in range(0, len(seqs), batch)]
-    dev = next(model.parameters()).device
-    body = arch.base_model(model)
-
-    def run():
-        with torch.inference_mode():
-            for b in batches:
-                ids, mask, pos = pad_batch(b, pad, dev)
-                body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    run()
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    t = time.perf_counter()
-    run()
-    dt = time.perf_counter() - t
-    peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None
-    n_tok = sum(len(s) for s in seqs)
-    del model, body
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    return {"tokens": n_tok, "seconds": dt, "tokens_per_s": n_tok / dt, "peak_gpu_mib": peak}
+    return _timed_forward(model_dir, prompts, batch, dtype, device, attn=attn, body_only=True)
 
 
 def entropy_vs_eager(model_dir: Path, prompts: Path, dtype: str, device: str, n: int = 8) -> dict:
