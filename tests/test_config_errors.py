@@ -199,7 +199,7 @@ _T2 = [[0.9, 0.1], [0.5, 0.4]]  # row 1 sums to 0.9: not stochastic
 _E2 = [[0.5, 0.5], [0.2, 0.8]]
 
 # the usable Mathematics summaries of the installed data (Cf/emptied-formula sentences are cut: issue 11)
-_MATH_POOL = __import__("llmgeom.extract.prompts", fromlist=["x"]).wiki_topic_pool()["Mathematics"]["summaries"]
+_MATH_POOL = __import__("llmgeom.prompts.sources", fromlist=["x"]).wiki_topic_pool()["Mathematics"]["summaries"]
 
 # (id, mutation, exception, substrings) for cross-key and model checks after the schema
 CROSS = [

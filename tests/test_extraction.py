@@ -185,7 +185,7 @@ def _prompt_file(path):
             {"id": "p5", "text": "Zyx w", "meta": {"topic": "x", "k": 3}},
             {"id": "p1", "text": "q", "meta": {}}]
     try:
-        from llmgeom.extract.prompts import write_prompt_set
+        from llmgeom.prompts.io import write_prompt_set
     except ImportError:  # pragma: no cover - older package
         path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     else:

@@ -12,7 +12,10 @@ from collections import Counter
 import pytest
 
 from llmgeom.extract import prompts
-from llmgeom.extract.prompts import BOUNDARY_CHARS, PromptDataError, build_prompt_set, cut_at_boundary, load_wiki_summaries, read_prompt_set, wiki_summaries_path, write_prompt_set
+from llmgeom.prompts.builders import build_prompt_set
+from llmgeom.prompts.cleaning import BOUNDARY_CHARS, cut_at_boundary
+from llmgeom.prompts.io import PromptDataError, read_prompt_set, write_prompt_set
+from llmgeom.prompts.sources import load_wiki_summaries, wiki_summaries_path
 from llmgeom.core.io import sha256_file
 
 TOPICS = [
@@ -312,7 +315,7 @@ def test_real_summaries_hold_word_joiners_and_loading_cuts_them(summaries):
     assert len(raw) == 10033
     assert sum("\u2060" in str(e.get("extract") or "") for e in raw.values()) == 24  # the data as shipped
     assert not any(unicodedata.category(ch) == "Cf" for r in summaries for ch in r["text"])
-    from llmgeom.extract.prompts import wiki_cleaning_report
+    from llmgeom.prompts.sources import wiki_cleaning_report
 
     rep = wiki_cleaning_report(summaries)
     assert rep["n_summaries"] == len(summaries) == 10033 - rep["n_dropped"]
@@ -322,7 +325,7 @@ def test_real_summaries_hold_word_joiners_and_loading_cuts_them(summaries):
 def test_default_mathematics_set_has_no_format_chars_or_empty_slots():
     import unicodedata
 
-    from llmgeom.extract.prompts import bad_sentence_reason
+    from llmgeom.prompts.cleaning import bad_sentence_reason
 
     recs = build_prompt_set("domain", n=150, seed=0, token_budget=48, topics=["Mathematics"])  # config/config.yaml
     assert len(recs) == 150
@@ -334,7 +337,7 @@ def test_default_mathematics_set_has_no_format_chars_or_empty_slots():
 
 
 def test_clean_extract_cuts_before_the_first_broken_sentence():
-    from llmgeom.extract.prompts import clean_extract
+    from llmgeom.prompts.cleaning import clean_extract
 
     assert clean_extract("A right angle is 90 degrees. Or \u2060\u2060/2\u2060\u2060 radians. More.") == (
         "A right angle is 90 degrees.", "format_char")

@@ -30,7 +30,8 @@ from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.forward import NonFiniteActivationError, PromptTokenError, extract_batch, tokenize_prompts
 from llmgeom.models.sources import ModelSourceError
-from llmgeom.extract.prompts import PromptDataError, build_prompt_set, read_prompt_set, write_prompt_set
+from llmgeom.prompts.builders import build_prompt_set
+from llmgeom.prompts.io import PromptDataError, read_prompt_set, write_prompt_set
 from llmgeom.core import store
 from llmgeom.core.store import StoreError
 from llmgeom.models.loading import load_prepared

@@ -33,7 +33,7 @@ PROMPTS = [{"id": "a", "text": "The cat sat.", "meta": {"topic": "animals", "k":
 
 def _write_prompts(path, recs):
     try:
-        from llmgeom.extract.prompts import write_prompt_set
+        from llmgeom.prompts.io import write_prompt_set
     except ImportError:  # pragma: no cover
         path.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
     else:
@@ -336,7 +336,7 @@ def test_writer_refuses_non_finite_and_abort_removes_partial(tmp_path):
 
 @pytest.fixture(scope="module")
 def sula_h5(setup):
-    from llmgeom.extract import sula_prompts as sula
+    from llmgeom.prompts import sula
 
     d = setup["dir"] / "sula"
     d.mkdir()

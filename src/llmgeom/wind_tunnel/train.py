@@ -9,7 +9,7 @@ Training recipe (stated once, recorded in every manifest):
 * model: ``transformers`` ``LlamaConfig`` (default) or ``GPT2Config`` from ``arch``; no dropout;
   ``max_position_embeddings`` / ``n_positions`` = the full sequence length (``<bos>`` included);
   initialization by transformers' own ``_init_weights`` after ``torch.manual_seed(seed)``.
-* tokenizer: ``tokenizers`` WordLevel over :func:`llmgeom.wind_tunnel.tasks.vocabulary`, whitespace
+* tokenizer: ``tokenizers`` WordLevel over :func:`llmgeom.prompts.wind_tunnel.vocabulary`, whitespace
   split, ``<bos>`` prepended by a TemplateProcessing post-processor, wrapped in
   ``PreTrainedTokenizerFast``; checked (before and after saving) to map prompt text to exactly the
   ids the trainer uses.
@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmgeom.wind_tunnel import tasks
+from llmgeom.prompts import wind_tunnel as tasks
 
 __all__ = [
     "FAMILIES",
