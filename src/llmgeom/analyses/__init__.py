@@ -3,5 +3,5 @@ like the tables they write (value_manifold, domain_restriction, attention_focusi
 curvature, margins, fisher, sula, interventions, bayes_tables, checkpoint_trajectory).
 
 May import: numpy, scipy, pandas, h5py, llmgeom.measures, llmgeom.core, and torch-free constants of
-llmgeom.extract.sula_prompts. Never torch, never a model.
+llmgeom.prompts. Never torch, never a model.
 """

@@ -4,7 +4,7 @@ file of a wind-tunnel model on its prompt set (``results/{model}/activations/win
 
 Everything the tables need comes from the HDF5 file: the exact entropy (``h_exact_bits``), the exact
 posterior and the candidate token ids are in each prompt's meta (written by
-:func:`llmgeom.wind_tunnel.tasks.prompt_records`); the model's log-probabilities of the candidate
+:func:`llmgeom.prompts.wind_tunnel.prompt_records`); the model's log-probabilities of the candidate
 tokens in ``next_token/candidate_logprobs`` (nats, over the full vocabulary). Never torch.
 
 Tables:
@@ -33,7 +33,7 @@ from llmgeom.core.stats import pearson, spearman
 from llmgeom.core.units import LN2
 from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top, pc_scores
 
-#: Meta key of the candidate (answer-symbol) token ids (= llmgeom.wind_tunnel.tasks.CANDIDATES_KEY).
+#: Meta key of the candidate (answer-symbol) token ids (= llmgeom.prompts.wind_tunnel.CANDIDATES_KEY).
 CANDIDATES_KEY = "candidate_token_ids"
 
 #: representation name -> (HDF5 dataset, layer index convention of llmgeom.core.layers.relative_depth).
@@ -115,7 +115,7 @@ def read_wind_tunnel_h5(path, *, model: str | None = None) -> pd.DataFrame:
         lp = read_finite(f, "next_token/candidate_logprobs")
         cid = f["next_token/candidate_ids"][:]
         hv = read_finite(f, "next_token/entropy") / LN2
-    # the prompt id of llmgeom.wind_tunnel.tasks.prompt_records (the file keeps the meta, not the id)
+    # the prompt id of llmgeom.prompts.wind_tunnel.prompt_records (the file keeps the meta, not the id)
     ids = [f"{m.get('task')}-s{int(m.get('sequence', -1)):04d}-t{int(m.get('t', -1)):02d}" for m in meta]
     for i, m in enumerate(meta):
         missing = [k for k in ("h_exact_bits", "posterior", CANDIDATES_KEY, "t") if k not in m]

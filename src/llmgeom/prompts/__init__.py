@@ -1,4 +1,5 @@
-"""Stage 2, prompts: model-independent prompt sets and their files, built before any model runs.
+"""Prompts stage (between models and extract): model-independent prompt sets and their files, built before any
+model runs.
 
 May import: numpy and the standard library; llmgeom.core and llmgeom.measures (the exact posteriors
 that SULA and wind-tunnel records carry in their meta). Never torch or transformers, never
