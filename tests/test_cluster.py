@@ -44,7 +44,7 @@ def workflow_rules(cwd, configfile) -> set[str]:
 
 
 def site_profile(dest: Path) -> Path:
-    """profiles/slurm with the placeholders filled in, as a site would (README)."""
+    """profiles/slurm with the placeholders filled in, as a site would (docs/cluster.md)."""
     dest.mkdir(parents=True, exist_ok=True)
     text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
     for k, v in PLACEHOLDERS.items():

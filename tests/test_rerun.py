@@ -180,7 +180,7 @@ def _script_imports(rule: str) -> list[str]:
 
 
 def test_every_rule_lists_the_package_code_its_script_runs(full_run):
-    """Rules declare `code=code(<script>)` (README "Rerunning only what changed")."""
+    """Rules declare `code=code(<script>)` (docs/configuration.md, "Rerunning only what changed")."""
     _, _, fresh = full_run
     missing = {}
     for j in fresh:
