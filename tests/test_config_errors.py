@@ -489,7 +489,7 @@ def _run(tmp_path, *args):
 def test_dry_run_tab_in_config_gives_line_and_column(good, tmp_path):
     """A tab in the workflow's own config/config.yaml: our check runs before Snakemake loads it. With
     --configfile, Snakemake's command line loads the file before any workflow code runs: its message is
-    generic, and `--verbose` shows line and column (README)."""
+    generic, and `--verbose` shows line and column (docs/troubleshooting.md)."""
     _finished_study(tmp_path)
     before = _tree(tmp_path)
     text = yaml.safe_dump(good, sort_keys=False).replace("    source: hf_local", "\tsource: hf_local")

@@ -30,7 +30,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
-from llmgeom.core.units import LN2
+from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top, pc_scores
 
 #: Meta key of the candidate (answer-symbol) token ids (= llmgeom.prompts.wind_tunnel.CANDIDATES_KEY).
@@ -81,14 +81,14 @@ def candidate_entropy(candidate_logprobs, posterior=None) -> dict:
         raise ValueError("candidate_logprobs contains non-finite values")
     lq = log_softmax(lp, axis=1)
     q = np.exp(lq)
-    out = {"h_model_bits": -np.sum(q * lq, axis=1) / LN2, "answer_mass": np.exp(logsumexp(lp, axis=1))}
+    out = {"h_model_bits": nats_to_bits(-np.sum(q * lq, axis=1)), "answer_mass": np.exp(logsumexp(lp, axis=1))}
     if posterior is not None:
         p = np.asarray(posterior, np.float64)
         if p.shape != lp.shape:
             raise ValueError(f"posterior shape {p.shape} != candidate_logprobs shape {lp.shape}")
         with np.errstate(divide="ignore", invalid="ignore"):
             terms = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - lq), 0.0)
-        out["kl_bits"] = terms.sum(axis=1) / LN2
+        out["kl_bits"] = nats_to_bits(terms.sum(axis=1))
     return out
 
 
@@ -114,7 +114,7 @@ def read_wind_tunnel_h5(path, *, model: str | None = None) -> pd.DataFrame:
         meta = [json.loads(m) for m in f["prompts/meta"].asstr()[:]]
         lp = read_finite(f, "next_token/candidate_logprobs")
         cid = f["next_token/candidate_ids"][:]
-        hv = read_finite(f, "next_token/entropy") / LN2
+        hv = nats_to_bits(read_finite(f, "next_token/entropy"))
     # the prompt id of llmgeom.prompts.wind_tunnel.prompt_records (the file keeps the meta, not the id)
     ids = [f"{m.get('task')}-s{int(m.get('sequence', -1)):04d}-t{int(m.get('t', -1)):02d}" for m in meta]
     for i, m in enumerate(meta):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from llmgeom.core.units import LN2
+from llmgeom.core.units import nats_to_bits
 
 # --------------------------------------------------------------------------- exact posterior
 
@@ -49,7 +49,7 @@ def binary_entropy_from_logit(z) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         a = np.where(p > 0, p * np.logaddexp(0.0, -z), 0.0)
         b = np.where(p < 1, (1.0 - p) * np.logaddexp(0.0, z), 0.0)
-    return np.clip((a + b) / LN2, 0.0, 1.0).reshape(shape)
+    return np.clip(nats_to_bits(a + b), 0.0, 1.0).reshape(shape)
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -78,19 +78,6 @@ def binary_entropy_bits(p) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         h = -(np.where(p > 0, p * np.log2(p), 0.0) + np.where(p < 1, (1 - p) * np.log2(1 - p), 0.0))
     return np.clip(h, 0.0, 1.0)
-
-
-def posterior_logit(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
-    """Log posterior odds log p(L1)/p(L2) = (n_L1 - n_L2) log(alpha / (1 - alpha)) (uniform prior), nats.
-
-    Raises:
-        ValueError: alpha outside [0.5, 1) or negative counts.
-    """
-    alpha = check_alpha(alpha)
-    n1, n2 = np.asarray(n_l1, dtype=np.float64), np.asarray(n_l2, dtype=np.float64)
-    if np.any(n1 < 0) or np.any(n2 < 0):
-        raise ValueError("counts must be non-negative")
-    return (n1 - n2) * np.log(alpha / (1.0 - alpha))
 
 
 def _abs_logit(n_l1, n_l2, alpha: float) -> tuple[np.ndarray, np.ndarray]:
