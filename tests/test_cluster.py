@@ -353,11 +353,11 @@ def test_float32_loading_rules_are_sized_for_float32():
 
 
 def test_gpus_without_device_map_is_a_config_error():
-    from llmgeom.workflow.config import ConfigError
+    from llmgeom.workflow.config import ConfigError, check_gpu_config
 
-    cluster.check_gpu_config({"models": {"m": {"gpus": 2, "device_map": "auto"}}})
+    check_gpu_config({"models": {"m": {"gpus": 2, "device_map": "auto"}}})
     with pytest.raises(ConfigError, match="device_map"):
-        cluster.check_gpu_config({"models": {"m": {"gpus": 2, "device_map": None}}})
+        check_gpu_config({"models": {"m": {"gpus": 2, "device_map": None}}})
 
 
 def test_memory_check_fails_before_loading_with_the_numbers(tmp_path, monkeypatch):
