@@ -132,12 +132,10 @@ def test_site_profile_named_slurm(tmp_path):
 def stub_cluster_run(tmp_path_factory):
     """The tiny workflow (two tiny models, one with a gpu_model) submitted through the SLURM executor
     plugin to a stub sbatch that records its arguments and creates the jobs' outputs."""
-    from test_workflow import tiny_config
+    from conftest import tiny_config
 
     wd = tmp_path_factory.mktemp("slurm")
-    dirs = {"tiny-llama": testing.save_tiny_model_dir("llama", wd / "src_models" / "tiny-llama"),
-            "tiny-gpt2": testing.save_tiny_model_dir("gpt2", wd / "src_models" / "tiny-gpt2")}
-    cfg = tiny_config(dirs)
+    cfg = tiny_config()
     cfg["models"]["tiny-llama"]["gpu_model"] = "h100"
     cfg["models"]["tiny-gpt2"]["mem_mb"] = 3000
     cfg["extract"]["threads"] = 4  # more than the 2 cores the development machine has (issue 12)
