@@ -776,7 +776,7 @@ def config_markdown(schema: dict) -> str:
                           "in workflow/schemas/config.schema.yaml")
     out = ["# Configuration reference", "",
            "<!-- Generated from workflow/schemas/config.schema.yaml by `python -m llmgeom.workflow.config "
-           "--markdown > config/README.md`; do not edit by hand (tests/test_config_errors.py compares). -->", "",
+           "--markdown > config/README.md`; do not edit by hand (tests/test_config_schema.py compares). -->", "",
            _md(schema.get("description", "")), "",
            "Every default below is filled in before the workflow runs; a key you do not set takes it. Required "
            "top-level keys: " + ", ".join(f"`{k}`" for k in schema.get("required", [])) + ". `<name>` stands for a "
