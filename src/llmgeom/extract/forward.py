@@ -353,7 +353,7 @@ def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int |
 
 def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype: str = "auto",
                     device: str = "auto", batch_size: int = 8, top_k: int = 10, attention: bool = True,
-                    corpus: bool = False, sample_per_prompt: int = 16, max_tokens: int | None = None,
+                    corpus: bool = False, sample_per_prompt: int = 30, max_tokens: int | None = None,
                     seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
                     mem_mb: int | None = None, attn_implementation: str = "sdpa", reuse_model: bool = False,
                     log=print) -> Path:

@@ -152,7 +152,7 @@ def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, 
 def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]], conditions: list[dict],
                       axes: Mapping[int, EntropyAxis], random_axes: Mapping[int, np.ndarray], *,
                       probe_layers: Sequence[int], shift_scale: float = 1.0, positions: str = "all",
-                      batch_size: int = 32, pad_id: int = 0, skip: bool = True, log=print) -> dict:
+                      batch_size: int = 64, pad_id: int = 0, skip: bool = True, log=print) -> dict:
     """Run every condition over the prompts and collect per-prompt outputs.
 
     Prompts are batched by length (:func:`length_batches`, at most ``batch_size``). Per batch, the unedited
@@ -223,7 +223,7 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
 
 def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str, layers=("middle", "last"),
                             multi_layers=("middle", "last"), edits=tuple(EDIT_NAMES), shift_scale: float = 1.0,
-                            positions: str = "all", n_per_k: int | None = None, batch_size: int = 32,
+                            positions: str = "all", n_per_k: int | None = 15, batch_size: int = 64,
                             seed: int = 0, dtype: str = "auto", device: str = "auto",
                             device_map: str | None = None, reuse_model: bool = False, log=print):
     """Fit entropy axes on the SULA main activations, then run the baseline and every edit.
@@ -235,7 +235,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
         h5_path: ``results/{model}/activations/sula_main.h5`` (extracted from the same prompt file).
         layers: single-layer runs ("first"/"middle"/"last"/ints); multi_layers: one run editing all of
             them at once (empty = none).
-        n_per_k: run on the first n_per_k prompts of each k (default all); the axes are fit on all.
+        n_per_k: run on the first n_per_k prompts of each k (None: all); the axes are fit on all.
 
     Returns:
         (per_prompt DataFrame, axes DataFrame, arrays dict for ``numpy.savez``). per_prompt has one row per

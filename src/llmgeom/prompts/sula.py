@@ -168,7 +168,7 @@ def _draw(seed: int, k: int, i: int, alpha: float) -> dict:
 
 
 def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_per_k: int = 50,
-                  n_per_k_controls: int | None = None, alpha: float = 0.9, seed: int = 0,
+                  n_per_k_controls: int | None = 25, alpha: float = 0.9, seed: int = 0,
                   mask: str = DEFAULT_MASK, prefix: str = " ",
                   conditions: Sequence[str] = CONDITIONS) -> dict[str, list[dict]]:
     """Build the SULA prompt sets (main and controls) for one tokenizer's label pairs.
@@ -177,7 +177,7 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
         pairs: from :func:`choose_label_pairs`; pairs[0] is used by main, shuffled and ablation,
             pairs[1] by remap (needed only when "remap" is in ``conditions``).
         ks: numbers of in-context examples (each >= 0).
-        n_per_k: prompts per k for ``main``; ``n_per_k_controls`` (default: the same) for the controls,
+        n_per_k: prompts per k for ``main``; ``n_per_k_controls`` (None: the same) for the controls,
             which use the first ``n_per_k_controls`` draws of each k (a paired subset of main).
         alpha: example-label reliability in [0.5, 1).
         seed: prompt i at k uses ``numpy.random.default_rng([seed, k, i])``; changing n_per_k keeps

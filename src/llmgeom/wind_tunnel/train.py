@@ -287,7 +287,7 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
                       warmup_steps: int, weight_decay: float, clip_norm: float, arch: Mapping,
                       checkpoints: Sequence[int] = (), threads: int = 1, log: Callable[[str], None] = print,
                       name: str | None = None, eval_every: int | None = None, log_every: int | None = None,
-                      n_val: int = 512, schedule: str = "cosine", min_lr_ratio: float = 0.1,
+                      n_val: int = 1024, schedule: str = "cosine", min_lr_ratio: float = 0.1,
                       betas: tuple[float, float] = (0.9, 0.98)) -> dict:
     """Train a small causal transformer on a task with an exact posterior (Paper I; recipe in the module doc).
 
