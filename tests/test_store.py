@@ -122,13 +122,13 @@ def test_round_trip_datasets_and_attributes(setup):
         assert [_str(t) for t in f["prompts/text"][()]] == [r["text"] for r in PROMPTS]
         assert [json.loads(_str(m)) for m in f["prompts/meta"][()]] == [r["meta"] for r in PROMPTS]
         np.testing.assert_array_equal(f["prompts/n_tokens"][()], [len(q) for q in seqs])
-        pairs = {"last_token/residual": "residual", "last_token/final_normed": "final_normed",
-                 "last_token/values": "values", "last_token/keys": "keys", "attention/entropy": "attn_entropy",
-                 "last_token/attn_output": "attn_output",
-                 "next_token/entropy": "next_entropy", "next_token/top_logits": "top_logits"}
+        pairs = {"last_token/residual": "last_token/residual", "last_token/final_normed": "last_token/final_normed",
+                 "last_token/values": "last_token/values", "last_token/keys": "last_token/keys", "attention/entropy": "attention/entropy",
+                 "last_token/attn_output": "last_token/attn_output",
+                 "next_token/entropy": "next_token/entropy", "next_token/top_logits": "next_token/top_logits"}
         for x, k in pairs.items():
             np.testing.assert_allclose(f[x][()], ref[k], atol=1e-5, rtol=0, err_msg=x)
-        np.testing.assert_array_equal(f["next_token/top_ids"][()], ref["top_ids"])
+        np.testing.assert_array_equal(f["next_token/top_ids"][()], ref["next_token/top_ids"])
 
 
 def test_round_trip_corpus(setup):
@@ -147,12 +147,12 @@ def test_round_trip_corpus(setup):
         np.testing.assert_array_equal(sp, np.repeat(np.arange(len(seqs)), [len(x) for x in samples]))
         ref = extraction.extract_batch(model, seqs, attention=False, top_k=7, sample_positions=samples,
                                        token_stats=True)
-        np.testing.assert_allclose(f["tokens/residual_sample"][()], ref["residual_sample"], atol=1e-5, rtol=0)
-        for x, k in (("tokens/margin", "margin"), ("tokens/nll", "nll"), ("tokens/entropy", "tok_entropy")):
+        np.testing.assert_allclose(f["tokens/residual_sample"][()], ref["tokens/residual_sample"], atol=1e-5, rtol=0)
+        for x, k in (("tokens/margin", "tokens/margin"), ("tokens/nll", "tokens/nll"), ("tokens/entropy", "tokens/entropy")):
             np.testing.assert_allclose(f[x][()], ref[k], atol=1e-5, rtol=0, err_msg=x)
             assert f[x].attrs["units"] in ("logits", "nats")
-        np.testing.assert_array_equal(f["tokens/prompt"][()], ref["tok_prompt"])
-        np.testing.assert_array_equal(f["tokens/position"][()], ref["tok_position"])
+        np.testing.assert_array_equal(f["tokens/prompt"][()], ref["tokens/prompt"])
+        np.testing.assert_array_equal(f["tokens/position"][()], ref["tokens/position"])
         assert len(f["tokens/margin"]) == sum(len(q) - 2 for q in seqs)
         for x in ("tokens/residual_sample", "tokens/margin", "tokens/nll", "tokens/position"):
             assert f[x].attrs["units"] and f[x].attrs["axes"], x
@@ -490,7 +490,7 @@ def test_corruption_as_reported_in_the_issue(setup, tmp_path):
         with pytest.raises(StoreError, match=r"dataset 'last_token/values' cannot be read"):
             f["last_token/values"][2]
         with pytest.raises(StoreError, match=r"dataset 'last_token/values' cannot be read"):
-            np.asarray(f["last_token"]["values"])  # through a group and numpy as well
+            np.asarray(f["last_token"]["last_token/values"])  # through a group and numpy as well
     with pytest.raises(StoreError, match=rf"{bad}: dataset 'last_token/values' cannot be read.*"
                                          rf"snakemake --forcerun {bad}"):
         value_manifold_table({"mixed": bad}, model="tiny-llama", n_boot=2, seed=0)

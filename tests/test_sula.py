@@ -236,8 +236,8 @@ def test_candidates_batch_invariant():
     seqs = [[1, 40, 41], [1, 10, 11, 12, 13, 14, 15]]
     both = extraction.extract_batch(m, seqs, attention=False, candidates=[[5, 6], [7, 8]])
     alone = extraction.extract_batch(m, seqs[1:], attention=False, candidates=[[7, 8]])
-    np.testing.assert_allclose(both["candidate_logprobs"][1], alone["candidate_logprobs"][0], atol=1e-5)
-    assert "candidate_logprobs" not in extraction.extract_batch(m, seqs, attention=False)
+    np.testing.assert_allclose(both["next_token/candidate_logprobs"][1], alone["next_token/candidate_logprobs"][0], atol=1e-5)
+    assert "next_token/candidate_logprobs" not in extraction.extract_batch(m, seqs, attention=False)
 
 
 def test_bad_candidates_fail_clearly(tmp_path, sula_run):
