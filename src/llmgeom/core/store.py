@@ -660,8 +660,7 @@ def open_labelled(path, group: str | None = "last_token", **checks):
         groups = sorted(k for k, v in f.items() if isinstance(v, h5py.Group))
         sizes = {d: int(f[d].shape[0]) for d in DIMS if d in f}
     if group is None:
-        tree = xr.open_datatree(path, engine="h5netcdf")
-        return tree.assign_coords({d: np.arange(n) for d, n in sizes.items()})
+        return xr.open_datatree(path, engine="h5netcdf")  # the root's axes are coordinates of every group
     if group not in groups:
         raise KeyError(f"{path}: no group {group!r}; groups: {', '.join(groups)}")
     ds = xr.open_dataset(path, engine="h5netcdf", group=group)

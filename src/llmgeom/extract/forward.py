@@ -452,7 +452,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                 if j in done:
                     continue
                 if stop.signum is not None:
-                    raise ExtractionInterrupted(stop.signum, w.close_partial(), len(w.done_batches()), len(batches))
+                    n_done = len(w.done_batches())
+                    raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
                 tb = time.perf_counter()
                 r = extract_batch(model, [seqs[i] for i in idx], attention=attention, top_k=top_k,
                                   sample_positions=[samples[i] for i in idx] if corpus else None,
