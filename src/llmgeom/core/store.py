@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmgeom.core.io import partial_path
+from llmgeom.core.io import partial_path, sha256_file
 from llmgeom.core.versions import package_versions
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems; set before h5py import
@@ -479,14 +479,6 @@ class ActivationWriter:
             self.tmp.unlink(missing_ok=True)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _workflow_prompt_file(h5_path: Path, prompt_set) -> Path | None:
     """The prompt file a workflow activation file was extracted from, when it exists; else None:
     ``<root>/resources/prompts/<set>.jsonl`` for ``<root>/results/<model>/activations/<set>.h5``, and
@@ -541,9 +533,9 @@ def open_activations(path, *, model: str | None = None, prompt_set_sha256: str |
         problems.append("prompt set sha256 differs from the current prompt file")
     elif prompt_set_sha256 is None:
         current = _workflow_prompt_file(path, a.get("prompt_set"))
-        if current is not None and a.get("prompt_set_sha256") != _sha256(current):
+        if current is not None and a.get("prompt_set_sha256") != sha256_file(current):
             problems.append(f"it was extracted from another version of the prompt set (sha256 "
-                            f"{str(a.get('prompt_set_sha256'))[:12]}.. != {_sha256(current)[:12]}.. of {current})")
+                            f"{str(a.get('prompt_set_sha256'))[:12]}.. != {sha256_file(current)[:12]}.. of {current})")
     if not problems:
         problems = _string_problems(f)
     if problems:
