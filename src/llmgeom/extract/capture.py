@@ -188,10 +188,10 @@ def _parse(name: str, n_layers: int) -> tuple[str, int | None]:
     return m.group(2), layer
 
 
-def _module_hook(model, kind: str, layer: int, fns: list, state: dict):
-    """A torch forward hook (pre-hook for resid_pre) that runs ``fns`` on the named activation."""
+def _module_hook(model, kind: str, layer: int, fns: list, state: dict, blocks: list, fused: bool):
+    """(module, torch hook, is_pre_hook): a forward hook (pre-hook for resid_pre) that runs ``fns`` on the
+    named activation; ``blocks`` = ``architectures.decoder_layers(model)``, ``fused``: a fused QKV layout."""
     pt = HookPoint(point_name(kind, layer), layer)
-    fused = arch.family_for(model.config).qkv != "separate"
 
     def run_fns(act):
         pt.batch = state.get("batch")
@@ -214,7 +214,7 @@ def _module_hook(model, kind: str, layer: int, fns: list, state: dict):
             if args:
                 return (new, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": new}
-        return arch.decoder_layers(model)[layer], pre, True
+        return blocks[layer], pre, True
 
     def post(mod, args, out):
         pt.raw = out
@@ -232,7 +232,7 @@ def _module_hook(model, kind: str, layer: int, fns: list, state: dict):
         return _replace_first(out, o2)
 
     if kind == "hook_resid_post":
-        mod = arch.decoder_layers(model)[layer]
+        mod = blocks[layer]
     elif kind == "attn.hook_k":
         mod = arch.kv_module(model, layer)
     else:
@@ -254,8 +254,9 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
     Raises:
         KeyError: an unknown point name. IndexError: a layer outside the model.
     """
-    n_layers = len(arch.decoder_layers(model))
-    parsed = [(name, *_parse(name, n_layers), _as_list(fns)) for name, fns in hooks.items()]
+    blocks = arch.decoder_layers(model)
+    fused = arch.family_for(model.config).qkv != "separate"
+    parsed = [(name, *_parse(name, len(blocks)), _as_list(fns)) for name, fns in hooks.items()]
     state: dict = {"handles": [], "batch": None, "attention_seen": [], "global": {}}
     attn: dict[int, dict[str, list]] = {}
     try:
@@ -265,7 +266,7 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
             elif kind in ATTENTION_POINTS:
                 attn.setdefault(layer, {})[kind] = fns
             else:
-                mod, fn, pre = _module_hook(model, kind, layer, fns, state)
+                mod, fn, pre = _module_hook(model, kind, layer, fns, state, blocks, fused)
                 state["handles"].append(mod.register_forward_pre_hook(fn, with_kwargs=True) if pre
                                         else mod.register_forward_hook(fn))
         with contextlib.ExitStack() as st:
