@@ -61,11 +61,6 @@ CONTRACT_VERSION = 4  # 2: Fletcher-32 checksums on every numeric dataset, sha25
 
 NUMERIC_1D_CHUNK = 4096   # elements per chunk of a 1-D numeric dataset (16-32 KB)
 
-#: The prompt meta key that lists each prompt's candidate token ids (SULA labels, wind-tunnel outcomes):
-#: the extraction stores their log-probabilities as ``next_token/candidate_logprobs``.
-CANDIDATES_KEY = "candidate_token_ids"
-
-
 @dataclass(frozen=True)
 class DatasetSpec:
     """One dataset of the contract: ``dtype`` ("float32", "int32", "int64", "str"), ``dims`` (named axes,

@@ -1,4 +1,4 @@
-"""Stage 2, extract: the forward pass with hooks -> HDF5 (forward), prompt sets from Wikipedia, code and
+"""Stage 2, extract: the one capture API with named hook points (capture), the forward pass -> HDF5 (forward), prompt sets from Wikipedia, code and
 corpora (prompts), SULA prompts (sula_prompts).
 
 May import: torch, transformers, tokenizers, llmgeom.models, llmgeom.measures, llmgeom.core.

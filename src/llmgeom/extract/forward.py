@@ -1,17 +1,19 @@
-"""Activation extraction: one batched forward pass per batch, hooks that keep only
-what the HDF5 contract needs, logits recomputed in float32.
+"""Activation extraction: one batched forward pass per batch through the capture API
+(``extract.capture``), hooks on its named points that keep only what the HDF5 contract
+(``core.store.CONTRACT``) needs, logits recomputed in float32.
 
-Prompts are tokenized one by one and right-padded by us (the tokenizer's own
-padding side never matters); the final position of each prompt is found from
-the attention mask. Position ids are passed explicitly so padding cannot shift
-them. Batching with padding does not change any stored value (tests/test_extraction.py).
+Prompts are tokenized one by one and right-padded (``capture.make_batch``; the tokenizer's own
+padding side never matters); the final position of each prompt is found from the attention mask.
+Position ids are passed explicitly so padding cannot shift them. Batching with padding does not
+change any stored value (tests/test_extraction.py).
 
-The pre-norm residual stream is captured with hooks on the decoder blocks
-(``hidden_states[-1]`` is post-norm in most families); hooks accept block outputs
-that are tensors (transformers >= 5) or tuples (older releases).
+The pre-norm residual stream comes from ``blocks.<l>.hook_resid_post`` (``hidden_states[-1]`` is
+post-norm in most families). ``extract_to_hdf5`` is resumable: the ``.partial`` file records its
+committed batches (checksummed) and a rerun with the same inputs continues from there; SIGUSR1 /
+SIGTERM stop it cleanly after the batch in flight (:class:`ExtractionInterrupted`).
 
 Source: DESIGN.md sections 2 and 4; Paper III sec. 4 (last-token values, keys,
-attention entropy); LSM (token-level margins, residual samples).
+attention entropy); LSM (token-level margins, residual samples); issue 18 item 3 (resume).
 """
 
 from __future__ import annotations
@@ -328,6 +330,14 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     positions per passage (position 0 / BOS excluded). Written to
     ``<out_path>.partial`` and renamed when complete.
 
+    Resumable (issue 18 item 3): each batch is committed to the partial file with the sha256 of what it
+    wrote; a rerun with the same inputs (prompt-set sha256, model, dtype, device, every setting here,
+    batch size) verifies the committed batches and computes only the missing ones, giving the same bytes
+    in every dataset as an uninterrupted run. A partial from other inputs, or one that fails its checks,
+    is discarded with a log line. SIGUSR1 / SIGTERM (e.g. SLURM ``--signal=B:USR1@<s>``): the batch in
+    flight finishes and is committed, the partial is flushed and closed, and :class:`ExtractionInterrupted`
+    is raised.
+
     ``candidates_key`` (e.g. ``"label_token_ids"`` for SULA sets) names a list of token ids in every
     prompt's meta (same length C for all prompts); their next-token log-probabilities at the final
     position are stored as ``next_token/candidate_logprobs`` [n, C] (float32, nats, over the full
@@ -341,6 +351,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         PromptTokenError, NonFiniteActivationError, PromptDataError (via read_prompt_set);
         ValueError: a prompt without valid candidate ids when ``candidates_key`` is given;
         ModelMemoryError: the model cannot fit, before any weight is read.
+        ExtractionInterrupted: stopped by SIGUSR1/SIGTERM (the partial file keeps the committed batches).
     """
     from llmgeom.extract.prompts import read_prompt_set
     from llmgeom.models.loading import load_prepared

@@ -239,6 +239,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
     from llmgeom.core.store import open_activations
     from llmgeom.extract.forward import tokenize_prompts
     from llmgeom.extract.prompts import read_prompt_set
+    from llmgeom.extract.sula_prompts import CANDIDATES_KEY
     from llmgeom.measures.bayes import model_label_entropy
     from llmgeom.models.loading import load_prepared
 
@@ -265,7 +266,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
     s = arch.summarize(model.config)
     seqs = tokenize_prompts(tok, [records[i]["text"] for i in keep], [records[i].get("id", str(i)) for i in keep],
                             max_tokens=None, truncate=False, context=s.max_positions)
-    cands = [meta[i]["label_token_ids"] for i in keep]
+    cands = [meta[i][CANDIDATES_KEY] for i in keep]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     conds = intervention_conditions(single, multi, edits)
     log(f"[interventions] {model_name}: layers {single}, multi {multi}, {len(conds)} conditions, "
