@@ -28,8 +28,13 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
   ``tokens/sample_position`` int32 [n_sample]; ``tokens/margin`` (top-1 minus top-2 logit),
   ``tokens/nll`` (nats), ``tokens/entropy`` (nats), ``tokens/prompt``, ``tokens/position`` int32 [n_positions].
 
+The names, dtypes, named axes and units above are declared once, in :data:`CONTRACT` (contract 4: the axes
+are HDF5 dimension scales at the root, named as in :data:`DIMS`, so xarray/h5netcdf and
+:func:`open_labelled` give labelled arrays).
+
 Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; a
-crashed job leaves only the ``.partial`` file, which nothing reads.
+crashed job leaves only the ``.partial`` file, which nothing reads except a resumed extraction with the
+same inputs (``ActivationWriter(resume_key=...)``: committed batches are checked against their sha256).
 
 Integrity (contract version 2, issue 12): every numeric dataset is chunked with HDF5's per-chunk
 Fletcher-32 checksum filter (``fletcher32=True``, after lzf compression), so a stored value that is not
