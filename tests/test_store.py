@@ -193,6 +193,17 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def _wait_for(marker, proc, what: str, seconds: float) -> None:
+    """Wait until the child process writes ``marker``; fail if it exits first or takes too long."""
+    deadline = time.time() + seconds
+    while not marker.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"child exited early: {proc.stdout.read().decode()[-2000:]}")
+        if time.time() > deadline:
+            pytest.fail(f"child did not {what} within {seconds} s")
+        time.sleep(0.05)
+
+
 def test_killed_write_leaves_only_partial(setup, tmp_path):
     out = tmp_path / "killed.h5"
     partial = tmp_path / "killed.h5.partial"
@@ -201,13 +212,7 @@ def test_killed_write_leaves_only_partial(setup, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(setup["prepared"]), str(setup["prompts"]), str(out),
                              str(marker)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 60
-        while not marker.exists():
-            if proc.poll() is not None:
-                pytest.fail(f"child exited early: {proc.stdout.read().decode()[-2000:]}")
-            if time.time() > deadline:
-                pytest.fail("child did not reach extraction within 60 s")
-            time.sleep(0.05)
+        _wait_for(marker, proc, "reach extraction", 60)
         assert partial.exists()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -703,13 +708,7 @@ def test_subprocess_stopped_by_sigusr1_exits_non_zero_and_resumes(setup, uninter
                              str(out), str(marker), json.dumps(RESUME_KW)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 120
-        while not marker.exists():
-            if proc.poll() is not None:
-                pytest.fail(f"child exited early: {proc.stdout.read().decode()[-2000:]}")
-            if time.time() > deadline:
-                pytest.fail("child did not reach its third batch within 120 s")
-            time.sleep(0.05)
+        _wait_for(marker, proc, "reach its third batch", 120)
         os.kill(proc.pid, signal.SIGUSR1)
         text = proc.communicate(timeout=120)[0].decode()
     finally:
