@@ -162,7 +162,7 @@ def test_zero_queries_give_uniform_attention_log_n_keys(family):
             else:
                 blk.self_attn.q_proj.weight.zero_()
     r = extract_batch(m, [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21]], attention=True)
-    E = r["attn_entropy"]  # [B, L, H]
+    E = r["attention/entropy"]  # [B, L, H]
     for b, n in enumerate((8, 3)):
         for layer in range(s.n_layers):
             k = min(n, s.sliding_window) if layer in s.sliding_layers else n

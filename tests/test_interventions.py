@@ -273,7 +273,7 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
                                    conditions=("main",), ks=[0, 1, 2, 4], n_per_k=6, seed=0)
     write_prompt_set(sets["main"], tmp_path / "main.jsonl")
     extraction.extract_to_hdf5(prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny",
-                               dtype="float32", device="cpu", attention=False, candidates_key="label_token_ids",
+                               dtype="float32", device="cpu", attention=False, candidates_key="candidate_token_ids",
                                log=lambda *a: None)
     per, axes, arrays = intervention_experiment(
         prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny", layers=["middle", "last"],

@@ -5,6 +5,8 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # before any h5py impor
 
 from snakemake.utils import validate
 
+from llmgeom.prompts.io import CANDIDATES_KEY  # meta key of candidate tokens (SULA labels, wind-tunnel answers)
+
 from llmgeom.workflow.config import (
     apply_defaults,
     check_config,

@@ -56,7 +56,7 @@ rule extract_sula:
         top_k=config["extract"]["top_k"],
         attention=False,  # SULA needs no attention weights: sdpa
         corpus=False,
-        candidates_key="label_token_ids",  # meta key of each SULA prompt (llmgeom.prompts.sula.CANDIDATES_KEY)
+        candidates_key=CANDIDATES_KEY,
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,

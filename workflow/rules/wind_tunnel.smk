@@ -106,7 +106,7 @@ rule extract_wind_tunnel:
         top_k=config["extract"]["top_k"],
         attention=True,  # attention entropies for attention focusing
         corpus=False,
-        candidates_key="candidate_token_ids",  # llmgeom.prompts.wind_tunnel.CANDIDATES_KEY
+        candidates_key=CANDIDATES_KEY,
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,

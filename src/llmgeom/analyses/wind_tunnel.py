@@ -32,9 +32,9 @@ from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
 from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top, pc_scores
+from llmgeom.prompts.io import CANDIDATES_KEY
 
 #: Meta key of the candidate (answer-symbol) token ids (= llmgeom.prompts.wind_tunnel.CANDIDATES_KEY).
-CANDIDATES_KEY = "candidate_token_ids"
 
 #: representation name -> (HDF5 dataset, layer index convention of llmgeom.core.layers.relative_depth).
 #: ``attn_output`` (the attention-weighted sum of values at the final token, the input of o_proj) is

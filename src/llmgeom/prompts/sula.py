@@ -49,11 +49,11 @@ from llmgeom.measures.bayes import (
     h_bayes_bits,
     posterior_predictive,
 )
+from llmgeom.prompts.io import CANDIDATES_KEY
 
 CONDITIONS = ("main", "remap", "shuffled", "ablation")
 DEFAULT_KS = (0, 1, 2, 4, 8)
 DEFAULT_MASK = "[MASK]"
-CANDIDATES_KEY = "label_token_ids"
 
 # Carrier words: sentiment-laden on purpose (a model might be tempted to use them), but drawn
 # independently of the latent label, so they carry no information about it.
@@ -187,7 +187,7 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
 
     Returns:
         condition -> list of records {"id", "text", "meta"}; meta has condition, k, i, y ("L1"/"L2", None
-        for shuffled), n_L1, n_L2, labels [w1, w2], label_token_ids [id1, id2], label_prefix, alpha,
+        for shuffled), n_L1, n_L2, labels [w1, w2], candidate_token_ids [id1, id2], label_prefix, alpha,
         p_bayes (= p(y = L1)), h_bayes_bits, p_pred / h_pred_bits (posterior predictive of the next label and
         its entropy, :func:`posterior_predictive`), h_counts_bits (alpha-model entropy from the counts, = h_bayes_bits
         except in the shuffled control), query_word, query_sentiment, example_labels (0 = L1, 1 = L2), seed.

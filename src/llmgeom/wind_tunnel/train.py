@@ -444,7 +444,7 @@ def _manifest(name, spec, training, arch, config, ev, step, wall, n_params, chec
          "created": datetime.now(timezone.utc).isoformat(), "weights_path": ".",
          "task": dict(spec), "training": dict(training), "arch": dict(arch), "step": int(step),
          "wall_s": round(float(wall), 3), "n_params": int(n_params),
-         "sequence_length": tasks.sequence_length(spec), "candidate_token_ids": tasks.answer_token_ids(spec),
+         "sequence_length": tasks.sequence_length(spec), tasks.CANDIDATES_KEY: tasks.answer_token_ids(spec),
          "val_mae_bits": ev.get("mae_bits"), "val_mae_bits_by_t": ev.get("mae_bits_by_t"),
          "val_answer_mass": ev.get("answer_mass"), "val_kl_bits": ev.get("kl_bits"),
          "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

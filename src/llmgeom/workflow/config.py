@@ -387,12 +387,12 @@ WIKI_POOL_CACHE = ".snakemake/llmgeom/wiki_topic_pool.json"
 
 
 def wiki_pool(root=".") -> dict:
-    """``llmgeom.extract.prompts.wiki_topic_pool()`` of the installed summaries file, cached in
+    """``llmgeom.prompts.sources.wiki_topic_pool()`` of the installed summaries file, cached in
     ``<root>/.snakemake/llmgeom/wiki_topic_pool.json`` keyed by the file's path, size and mtime (reading
     and counting the ~10k summaries takes ~0.2 s; the cache ~1 ms). An unwritable cache is skipped.
 
     Raises:
-        llmgeom.extract.prompts.PromptDataError: the Wikipedia package is not installed (names the fix).
+        llmgeom.prompts.io.PromptDataError: the Wikipedia package is not installed (names the fix).
     """
     import json
     from pathlib import Path
@@ -434,7 +434,7 @@ def check_prompt_sources(config: dict, root=".") -> None:
 
     Raises:
         ConfigError: naming the key, the value and what is valid.
-        llmgeom.extract.prompts.PromptDataError: the Wikipedia package is missing (names the fix).
+        llmgeom.prompts.io.PromptDataError: the Wikipedia package is missing (names the fix).
     """
     from pathlib import Path
 
@@ -651,7 +651,7 @@ def _wt_cut_range(spec: dict) -> tuple[int, int]:
 def check_wind_tunnel(config: dict) -> dict:
     """Checks of the ``wind_tunnel`` section before any job runs (part of :func:`check_config`).
 
-    Task values go through :func:`llmgeom.wind_tunnel.tasks.check_task` (numpy only): V < 2, n_pairs < 1 or
+    Task values go through :func:`llmgeom.prompts.wind_tunnel.check_task` (numpy only): V < 2, n_pairs < 1 or
     > V, bad HMM sizes, a transition / emission / initial that is not stochastic. Models: a task that is not
     defined, n_heads not dividing d_model, n_kv_heads not dividing n_heads (or given for gpt2), checkpoints
     beyond ``training.steps``, names that collide with ``models`` or with another entry's checkpoints; the
