@@ -223,18 +223,6 @@ def test_stratified_sample_equal_per_quintile_and_seeded():
     assert 9 in r2["indices"]
 
 
-def test_value_manifold_stats_with_boot_equals_geometry():
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((30, 12))
-    X[:, 3] = 2.0  # a constant column
-    h = rng.random(30)
-    for std in (True, False):
-        st, boot = bg.value_manifold_stats_with_boot(X, h, n_boot=40, seed=5, standardize=std)
-        assert st == geometry.value_manifold_stats(X, h, n_boot=40, seed=5, standardize=std)
-        assert boot.shape == (40, 3)
-        np.testing.assert_allclose(boot[:, 2], boot[:, 0] + boot[:, 1])
-
-
 def test_domain_restriction_rank1_known_answers(tmp_path):
     """Restricted set: values = entropy * u (rank 1) -> PC1 = 100%, rho(PC1, H) = 1, delta > 0 vs a
     full-rank mixed set; selection 3 per quintile, seeded and recorded."""
