@@ -226,7 +226,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
         (per_prompt DataFrame, axes DataFrame, arrays dict for ``numpy.savez``). per_prompt has one row per
         condition and prompt: model, condition, run, layers ("15+29"), axis, edit, shift_sigmas, positions,
         prompt, k, n_L1, n_L2, h_bayes_bits, logp_l1, logp_l2 (nats), p_model, h_model_bits, label_mass, and
-        proj_L{l} (post-edit v.u_ent at probe layer l, raw units). axes has layer, sigma, corr_fit, pc1_var,
+        proj_L{l} (post-edit v.u_ent at probe layer l, raw units). axes has layer, sigma, corr_fit, pc1, pc1_sign,
         n_fit, flipped, random_dot_u (|u . r|), random_norm.
 
     Raises:
@@ -288,7 +288,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
             d[f"proj_L{l}"] = res[c["condition"]]["proj"][l]
         rows.append(pd.DataFrame(d))
     per_prompt = pd.concat(rows, ignore_index=True)
-    ax_rows = [dict(model=model_name, layer=l, edited=l in edited, sigma=a.sigma, corr_fit=a.corr, pc1_var=a.pc1_var,
+    ax_rows = [dict(model=model_name, layer=l, edited=l in edited, sigma=a.sigma, corr_fit=a.corr, pc1=a.pc1, pc1_sign=a.sign,
                     n_fit=a.n_fit, flipped=a.flipped,
                     random_dot_u=float(abs(rnd[l] @ a.u)) if l in rnd else np.nan,
                     random_norm=float(np.linalg.norm(rnd[l])) if l in rnd else np.nan)
