@@ -30,9 +30,22 @@ WT = "wind_tunnel.models.<name>"
 MIRRORS = {
     "analyses.curvature:curvature_table": {"id_estimator": "curvature.id_estimator", "n_points": "curvature.n_points",
                                            "min_points": "curvature.min_points"},
-    "analyses.domain_restriction:value_manifold_stats_with_boot": {"ci": "domain_restriction.ci"},
     "analyses.domain_restriction:domain_restriction_tables": {
         k: f"domain_restriction.{k}" for k in ("n_quantiles", "per_quantile", "edges", "n_boot", "ci", "layers")},
+    "analyses.decoding:decoding_table": {k: f"decoding.{k}" for k in ("calibration_fraction", "n_margin_bins",
+                                                                       "ece_bins", "n_bins", "n_boot")},
+    "measures.decoding:position_stats": {"n_bins": "decoding.n_bins"},
+    "measures.decoding:fit_margin_temperatures": {"n_margin_bins": "decoding.n_margin_bins"},
+    "measures.decoding:compare_schemes": {k: f"decoding.{k}" for k in ("calibration_fraction", "n_margin_bins",
+                                                                        "ece_bins", "n_boot")},
+    "analyses.rate_distortion:rate_distortion_table": {k: f"rate_distortion.{k}" for k in (
+        "n_boot", "agree_tol", "min_fit_points", "r2_min")},
+    "measures.rate_distortion:n_grid": {k: f"rate_distortion.{k}" for k in ("n_min", "max_fraction", "n_points")},
+    "measures.rate_distortion:distortion_curve": {k: f"rate_distortion.{k}" for k in (
+        "n_min", "max_fraction", "n_points", "train_fraction", "max_iter", "init")},
+    "measures.rate_distortion:fit_range": {k: f"rate_distortion.{k}" for k in ("min_fit_points", "r2_min")},
+    "measures.rate_distortion:rate_distortion_exponent": {k: f"rate_distortion.{k}" for k in (
+        "n_boot", "min_fit_points", "r2_min")},
     "analyses.fisher:fisher_tables": {k: f"fisher.{k}" for k in ("n_positions", "max_tokens", "tail_mass", "batch")},
     "analyses.interventions:intervention_summary": {"n_boot": "interventions.n_boot", "ci": "interventions.ci"},
     "analyses.intrinsic_dimension:id_profile_table": {"shape_tol": "intrinsic_dimension.shape_tol",
@@ -52,9 +65,9 @@ MIRRORS = {
                                         "batch_size": f"{M}.batch_size", "top_k": "extract.top_k",
                                         "sample_per_prompt": "extract.sample_per_prompt",
                                         "device_map": f"{M}.device_map"},
-    "extract.sula_prompts:generate_sula": {k: f"sula.{k}" for k in ("ks", "n_per_k", "n_per_k_controls", "alpha",
+    "prompts.sula:generate_sula": {k: f"sula.{k}" for k in ("ks", "n_per_k", "n_per_k_controls", "alpha",
                                                                      "mask", "conditions")},
-    "extract.sula_prompts:build_sula_sets": {"label_pairs": "sula.label_pairs"},
+    "prompts.sula:build_sula_sets": {"label_pairs": "sula.label_pairs"},
     "interventions.runner:run_interventions": {k: f"interventions.{k}" for k in ("shift_scale", "positions",
                                                                                  "batch_size")},
     "interventions.runner:intervention_experiment": {
@@ -62,7 +75,7 @@ MIRRORS = {
                                              "batch_size")},
         "dtype": f"{M}.dtype", "device": "extract.device", "device_map": f"{M}.device_map"},
     **{f"measures.bayes:{f}": {"alpha": "sula.alpha"}
-       for f in ("posterior_logit", "bayes_posterior", "h_bayes_bits", "posterior_predictive")},
+       for f in ("bayes_posterior", "h_bayes_bits", "posterior_predictive")},
     "measures.fisher:fisher_metrics": {k: f"fisher.{k}" for k in ("max_tokens", "tail_mass", "batch")},
     **{f"measures.intrinsic_dimension:{f}": {"k": "intrinsic_dimension.mle_k"} for f in ("mle_id", "mle_mg", "mle_lb")},
     "measures.margins:expressibility_gap": {k: f"margins.{k}" for k in ("eps_min", "eps_max", "n_eps", "fit_eps_max",
@@ -84,6 +97,20 @@ MIRRORS = {
 }
 # parameters named like a schema key that do not mirror one: why
 NOT_MIRRORED = {
+    **{f"{f}:ci": "95% intervals; the section has no ci key" for f in (
+        "analyses.decoding:decoding_table", "measures.decoding:compare_schemes",
+        "analyses.rate_distortion:rate_distortion_table", "measures.rate_distortion:rate_distortion_exponent")},
+    "measures.decoding:position_stats:batch": "positions per batch of the logit computation (memory, not a result)",
+    "measures.decoding:ece:n_bins": "the caller's confidence bins (decoding.ece_bins through compare_schemes)",
+    "measures.decoding:fit_margin_temperatures:edges": "explicit margin-bin edges (None: equal-mass bins)",
+    "measures.decoding:compare_schemes:edges": "explicit margin-bin edges (None: equal-mass bins)",
+    **{f"{f}:n_bins": "calibration bins: sula.calibration_bins / wind_tunnel.calibration_bins, passed by the rule"
+       for f in ("analyses.sula:calibration_table", "analyses.sula:sula_tables",
+                 "analyses.wind_tunnel:calibration_bins", "analyses.wind_tunnel:wind_tunnel_tables")},
+    "measures.margins:margin_histogram:n_bins": "histogram bins (margins.hist_bins through margin_tables)",
+    "interventions.edits:edit_hook:positions": "a tensor of positions per batch row (None: every position)",
+    "interventions.edits:value_edit_hooks:positions": "a tensor of positions per batch row (None: every position)",
+    "interventions.runner:forward_probe:edits": "the edit hooks of one condition (None: the unedited model)",
     "analyses.domain_restriction:stratified_sample:edges": "explicit bin edges (None: the pool's own quantiles)",
     "core.stats:bootstrap_interval:ci": "the generic bootstrap helper every analysis passes its own ci to",
     "core.store:read_finite:dtype": "a numpy dtype of the array read, not the model's dtype",
