@@ -151,11 +151,22 @@ rule figure_lsm:
 
 # Claims scorecard (issue 19): every claim of llmgeom/data/claims.yaml decided on the cross-model tables this
 # run produces; a claim whose table is not produced is "not testable here". Code: llmgeom.analyses.claims.
+from pathlib import Path
+
 from llmgeom.analyses.claims import claims_file, load_claims
 
 CLAIM_TABLES = sorted({c["table"] for c in load_claims()})
 TARGETS += expand("results/summary/claims.{ext}", ext=["csv", "md", "html"]) + ["results/summary/published.csv"]
 CLAIMS_CATEGORY = "0 Claims: what this run found"  # sorts first among the report's categories
+
+
+def claims_data_input():
+    """llmgeom/data/claims.yaml, relative to the working directory when the package lies below it."""
+    p = claims_file().resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
 
 
 def claim_tables(wildcards):
@@ -170,7 +181,7 @@ rule claims:
     llmgeom/data/published.yaml)."""
     input:
         unpack(claim_tables),
-        claims_data=str(claims_file()),  # editing a claim reruns the scorecard
+        claims_data=claims_data_input(),  # editing a claim reruns the scorecard
         code=code("claims"),
     output:
         csv=report("results/summary/claims.csv", caption="../report/claims.rst", category=CLAIMS_CATEGORY,
