@@ -97,6 +97,8 @@ def _f(v) -> float:
 
 
 def _num(v) -> str:
+    if np.isinf(v):
+        return "inf" if v > 0 else "-inf"
     return "NaN" if not np.isfinite(v) else f"{v:.4g}"
 
 
@@ -435,15 +437,27 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
         else:
             res = fn(g, claim, rule, None if across else model)
         text = res.get("measured_text") or _measured_text(res)
-        ctx = [c for c in (claim.get("context") or []) if c in g.columns]
-        if ctx and len(g):
-            r0 = g.iloc[0] if len(g) == 1 or "layer" not in g else g.loc[g.layer.astype(float).idxmax()]
-            text += " | " + ", ".join(f"{c} = {_ctx(r0[c])}" for c in ctx)
+        text += _context_text(g, claim, rule)
         out.append(dict(base, model=model, setting=setting, measured=_f(res.get("measured")),
                         measured_lo=_f(res.get("measured_lo")), measured_hi=_f(res.get("measured_hi")),
                         measured_text=text, verdict=res["verdict"], reason=res["reason"],
                         comparison_flags=_flags(claim, pub, model), **pub))
     return out
+
+
+def _context_text(g: pd.DataFrame, claim: dict, rule: dict) -> str:
+    """" | c = v, ..." for the claim's ``context`` columns: of the row the rule decided on (per group of a
+    group rule, e.g. per estimator)."""
+    ctx = [c for c in (claim.get("context") or []) if c in g.columns]
+    if not ctx or not len(g):
+        return ""
+    grp = rule.get("group") if rule.get("inner") else None
+    if grp and grp in g:
+        return " | " + "; ".join(f"{k}: " + ", ".join(f"{c} = {_ctx(r[c])}" for c in ctx)
+                                 for k, r in g.groupby(grp, sort=True).first().iterrows())
+    row, _ = _pick(g, claim, rule)
+    row = g.iloc[0] if row is None else row
+    return " | " + ", ".join(f"{c} = {_ctx(row[c])}" for c in ctx)
 
 
 def _ctx(v) -> str:
@@ -506,12 +520,15 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
 
 def to_markdown(df: pd.DataFrame) -> str:
     """Markdown rendering of :func:`claims_table` for the report: one line per claim and model with the
-    verdict first, the measurement, the published value with its models, the flags and the reason."""
+    verdict first (tested claims first: supported, not supported, inconclusive, then not testable here; file
+    order within a verdict), the measurement, the published value with its models, the flags and the reason."""
     head = ["Verdict", "Claim", "Model", "Measured", "Published (on)", "Flags", "Reason"]
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for r in df.itertuples():
-        pub = f"{r.published} ({r.published_models})" if r.published else "-"
+    order = df.assign(_v=df.verdict.map({v: i for i, v in enumerate(VERDICTS)})).sort_values("_v", kind="stable")
+    for r in order.itertuples():
+        one = r.published and "(" not in r.published.replace("(secondary)", "")
+        pub = (f"{r.published} ({r.published_models})" if one else r.published) if r.published else "-"
         model = r.model + (f" ({r.setting})" if r.setting else "")
         lines.append("| " + " | ".join(esc(x) for x in (f"**{r.verdict}**", f"{r.claim_id}: {r.claim}", model,
                                                         r.measured_text or "-", pub, r.comparison_flags or "-",
