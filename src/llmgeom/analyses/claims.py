@@ -530,7 +530,7 @@ def to_markdown(df: pd.DataFrame) -> str:
         one = r.published and "(" not in r.published.replace("(secondary)", "")
         pub = (f"{r.published} ({r.published_models})" if one else r.published) if r.published else "-"
         model = r.model + (f" ({r.setting})" if r.setting else "")
-        lines.append("| " + " | ".join(esc(x) for x in (f"**{r.verdict}**", f"{r.claim_id}: {r.claim}", model,
+        lines.append("| " + " | ".join(esc(x) for x in (r.verdict, f"{r.claim_id}: {r.claim}", model,
                                                         r.measured_text or "-", pub, r.comparison_flags or "-",
                                                         r.reason)) + " |")
     n = df.verdict.value_counts()
