@@ -130,7 +130,7 @@ def test_rendering_and_columns_beside_the_measured_value():
     df = pd.DataFrame({"model": ["a"], "beta": [1.01], "r2": [0.99]})
     out = add_published(df, {"beta": "eta_slope", "r2": "eta_r2", "absent": "eta_slope"})
     assert list(out.columns) == ["model", "beta", "beta_published", "beta_published_on", "r2", "r2_published",
-                                 "r2_published_on"]
+                                 "r2_published_on", "source"]
     # LSM's values name no single model: never attached to our row by quantity alone
     assert out.beta_published.iloc[0] == "" and out.source.iloc[0] == "measured"
     rows = add_published(df, {"beta": "eta_slope", "r2": "eta_r2"}, rows=True)
