@@ -83,7 +83,7 @@ def _timed_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, devic
     import torch
 
     from llmgeom.extract.forward import pad_batch, tokenize_prompts
-    from llmgeom.extract.prompts import read_prompt_set
+    from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models import architectures as arch
     from llmgeom.models.loading import load_prepared
 
@@ -168,7 +168,7 @@ def compare_h5(a: Path, b: Path) -> dict:
 
 def long_prompts(tok, path: Path, n: int, n_tokens: int) -> Path:
     """``n`` prompts of about ``n_tokens`` tokens each, cut from the mixed prompt texts (issue 13 memory target)."""
-    from llmgeom.extract.prompts import read_prompt_set, write_prompt_set
+    from llmgeom.prompts.io import read_prompt_set, write_prompt_set
 
     recs, _ = read_prompt_set(PROMPTS)
     text = " ".join(r["text"] for r in recs)
@@ -192,7 +192,7 @@ def entropy_vs_eager(model_dir: Path, prompts: Path, dtype: str, device: str, n:
     import torch
 
     from llmgeom.extract.forward import attention_row_entropy, extract_batch, pad_batch, tokenize_prompts
-    from llmgeom.extract.prompts import read_prompt_set
+    from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models.loading import load_prepared
 
     out = {}

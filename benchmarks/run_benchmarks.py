@@ -73,7 +73,7 @@ def _batches(model_dir, prompts, batch):
     """Token id batches exactly as extract_to_hdf5 forms them."""
     from llmgeom.models import architectures as arch
     from llmgeom.extract.forward import tokenize_prompts
-    from llmgeom.extract.prompts import read_prompt_set
+    from llmgeom.prompts.io import read_prompt_set
     from transformers import AutoConfig, AutoTokenizer
 
     from llmgeom.models.loading import resolve_weights_path as _weights_path

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-#: Default-study settings (chosen with this script; see the report in the README / design notes).
+#: Default-study settings (chosen with this script; see docs/reading-the-numbers.md, "Wind tunnel").
 DEFAULT_STUDY = {
     "task": {"kind": "bijection", "V": 10, "n_pairs": 9},
     "arch": {"family": "llama", "n_layers": 3, "d_model": 96, "n_heads": 4},

@@ -23,7 +23,6 @@ import torch
 
 from llmgeom.models import architectures as arch
 from llmgeom.analyses import domain_restriction as bg
-from llmgeom.measures import pca as geometry
 from llmgeom.weights import key_orthogonality as keys
 from llmgeom.models import tiny as testing
 from llmgeom.extract.forward import attention_row_entropy, extract_batch
@@ -223,16 +222,24 @@ def test_stratified_sample_equal_per_quintile_and_seeded():
     assert 9 in r2["indices"]
 
 
-def test_value_manifold_stats_with_boot_equals_geometry():
+def test_value_manifold_bootstrap_replicates_known_answers():
+    """The replicates behind the delta CIs: a rank-1 cloud (plus a constant column) has PC1 = 100% in every
+    resample; two standardized coordinates with correlation r have PC1 = (1 + |r|) / 2 and PC1+PC2 = 1."""
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((30, 12))
-    X[:, 3] = 2.0  # a constant column
     h = rng.random(30)
+    X = np.c_[np.outer(h, rng.standard_normal(11)) + 5.0, np.full(30, 2.0)]
     for std in (True, False):
         st, boot = bg.value_manifold_stats_with_boot(X, h, n_boot=40, seed=5, standardize=std)
-        assert st == geometry.value_manifold_stats(X, h, n_boot=40, seed=5, standardize=std)
-        assert boot.shape == (40, 3)
-        np.testing.assert_allclose(boot[:, 2], boot[:, 0] + boot[:, 1])
+        assert boot.shape == (40, 3) and np.isfinite(boot).all()
+        np.testing.assert_allclose(boot, np.tile([1.0, 0.0, 1.0], (40, 1)), atol=1e-9)
+        assert st["pc1"] == pytest.approx(1.0, abs=1e-12) and st["spearman_rho"] == pytest.approx(1.0)
+    a = rng.standard_normal(200)
+    X2 = np.c_[a, 0.6 * a + 0.8 * rng.standard_normal(200)]
+    r = np.corrcoef(X2.T)[0, 1]
+    st, boot = bg.value_manifold_stats_with_boot(X2, a, n_boot=40, seed=5, standardize=True)
+    assert st["pc1"] == pytest.approx((1 + abs(r)) / 2, abs=1e-12)
+    np.testing.assert_allclose(boot[:, 2], 1.0, atol=1e-12)
+    assert (boot[:, 0] >= 0.5).all() and boot[:, 0].std() > 0  # replicates of real resamples, not copies
 
 
 def test_domain_restriction_rank1_known_answers(tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ def workflow_rules(cwd, configfile) -> set[str]:
 
 
 def site_profile(dest: Path) -> Path:
-    """profiles/slurm with the placeholders filled in, as a site would (README)."""
+    """profiles/slurm with the placeholders filled in, as a site would (docs/cluster.md)."""
     dest.mkdir(parents=True, exist_ok=True)
     text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
     for k, v in PLACEHOLDERS.items():

@@ -199,7 +199,7 @@ _T2 = [[0.9, 0.1], [0.5, 0.4]]  # row 1 sums to 0.9: not stochastic
 _E2 = [[0.5, 0.5], [0.2, 0.8]]
 
 # the usable Mathematics summaries of the installed data (Cf/emptied-formula sentences are cut: issue 11)
-_MATH_POOL = __import__("llmgeom.extract.prompts", fromlist=["x"]).wiki_topic_pool()["Mathematics"]["summaries"]
+_MATH_POOL = __import__("llmgeom.prompts.sources", fromlist=["x"]).wiki_topic_pool()["Mathematics"]["summaries"]
 
 # (id, mutation, exception, substrings) for cross-key and model checks after the schema
 CROSS = [
@@ -489,7 +489,7 @@ def _run(tmp_path, *args):
 def test_dry_run_tab_in_config_gives_line_and_column(good, tmp_path):
     """A tab in the workflow's own config/config.yaml: our check runs before Snakemake loads it. With
     --configfile, Snakemake's command line loads the file before any workflow code runs: its message is
-    generic, and `--verbose` shows line and column (README)."""
+    generic, and `--verbose` shows line and column (docs/troubleshooting.md)."""
     _finished_study(tmp_path)
     before = _tree(tmp_path)
     text = yaml.safe_dump(good, sort_keys=False).replace("    source: hf_local", "\tsource: hf_local")

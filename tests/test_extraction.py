@@ -19,6 +19,7 @@ from llmgeom.models import architectures as arch
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.forward import NonFiniteActivationError, extract_batch, pad_batch
+from llmgeom.prompts.io import write_prompt_set
 
 FAMILIES = testing.FAMILIES
 ATOL = 1e-4
@@ -184,12 +185,7 @@ def _prompt_file(path):
             {"id": "p7", "text": "abcdefgh", "meta": {"topic": "y", "k": 2}},
             {"id": "p5", "text": "Zyx w", "meta": {"topic": "x", "k": 3}},
             {"id": "p1", "text": "q", "meta": {}}]
-    try:
-        from llmgeom.extract.prompts import write_prompt_set
-    except ImportError:  # pragma: no cover - older package
-        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    else:
-        write_prompt_set(recs, path)
+    write_prompt_set(recs, path)
     return recs
 
 

@@ -256,9 +256,10 @@ def test_resolve_layers_and_conditions():
 
 
 def test_experiment_and_summary_on_tiny_model(tmp_path):
-    from llmgeom.extract import forward as extraction, sula_prompts as sula
+    from llmgeom.extract import forward as extraction
+    from llmgeom.prompts import sula
     from llmgeom.models import sources as models
-    from llmgeom.extract.prompts import write_prompt_set
+    from llmgeom.prompts.io import write_prompt_set
 
     from transformers import AutoModelForCausalLM
 

@@ -18,10 +18,12 @@ from llmgeom.workflow import cluster
 PKG = cluster.PACKAGE_DIR
 
 # A subpackage may import itself and the subpackages of a lower rank, never one of its own rank or above.
-RANK = {"core": 0, "measures": 1, "models": 1, "extract": 2, "weights": 2, "interventions": 3,
-        "wind_tunnel": 3, "analyses": 3, "plots": 4, "workflow": 5}
+# prompts (model-independent) sit between models and extract: extraction, interventions, the wind tunnel and the
+# workflow read prompt sets; prompts themselves import only core and measures (DESIGN.md sec. 1).
+RANK = {"core": 0, "measures": 1, "models": 1, "prompts": 2, "extract": 3, "weights": 3, "interventions": 4,
+        "wind_tunnel": 4, "analyses": 4, "plots": 5, "workflow": 6}
 ALLOWED_EXTRA = {("measures", "models"): False}  # measures import nothing of the package but core
-TORCH_FREE = ("core", "measures", "analyses", "plots")
+TORCH_FREE = ("core", "measures", "prompts", "analyses", "plots")
 
 
 def _graph() -> dict[str, set[str]]:
@@ -50,6 +52,8 @@ def test_imports_go_down_the_stages_only():
                 continue
             if top == "measures" and dt != "core":
                 bad.append(f"{m} -> {d} (measures import only core)")
+            elif top == "prompts" and dt not in ("core", "measures"):
+                bad.append(f"{m} -> {d} (prompts import only core and measures: a tokenizer is passed in)")
             elif RANK[dt] >= RANK[top]:
                 bad.append(f"{m} -> {d} (rank {RANK[top]} imports rank {RANK[dt]})")
     assert not bad, "\n".join(bad)

@@ -16,7 +16,9 @@ from llmgeom.analyses import intrinsic_dimension as lsm
 from llmgeom.measures.neighbors import TooFewPointsError
 from llmgeom.measures.intrinsic_dimension import id_profile_shape, id_subsamples, mle_id, mle_lb, mle_mg, twonn
 from llmgeom.measures.curvature import local_pca_residuals
-from llmgeom.extract.prompts import PromptDataError, build_prompt_set, text_file_passages
+from llmgeom.prompts.builders import build_prompt_set
+from llmgeom.prompts.io import PromptDataError
+from llmgeom.prompts.sources import text_file_passages
 from llmgeom.core.store import ActivationWriter
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.curvature import curvature_table

@@ -5,7 +5,7 @@ import h5py
 import numpy as np
 import pytest
 
-from llmgeom.extract.prompts import write_prompt_set
+from llmgeom.prompts.io import write_prompt_set
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.workflow import model_server as ms
 

@@ -1,4 +1,5 @@
-"""Tests for llmgeom.extract.prompts: prompt sets from Wikipedia summaries and stdlib source."""
+"""Tests for llmgeom.prompts (sources, cleaning, code, builders, io): prompt sets from Wikipedia summaries and stdlib
+source."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from collections import Counter
 
 import pytest
 
-from llmgeom.extract import prompts
-from llmgeom.extract.prompts import BOUNDARY_CHARS, PromptDataError, build_prompt_set, cut_at_boundary, load_wiki_summaries, read_prompt_set, wiki_summaries_path, write_prompt_set
 from llmgeom.core.io import sha256_file
+from llmgeom.prompts.builders import BUILDERS, KINDS, build_prompt_set
+from llmgeom.prompts.cleaning import BOUNDARY_CHARS, cut_at_boundary
+from llmgeom.prompts.io import PromptDataError, read_prompt_set, write_prompt_set
+from llmgeom.prompts.sources import load_wiki_summaries, wiki_summaries_path
+
 
 TOPICS = [
     "Arts", "Biology and health sciences", "Everyday life", "Geography", "History",
@@ -292,14 +296,20 @@ def test_n_larger_than_pool_reports_available(summaries):
         build_prompt_set("code", n=10_000_000, seed=0, token_budget=64)
 
 
-def test_module_has_documented_public_api():
-    import inspect
+def test_every_kind_has_one_registered_builder():
+    assert KINDS == ("mixed", "domain", "code", "corpus") == tuple(BUILDERS)
+    assert BUILDERS["mixed"] is BUILDERS["domain"]  # one wiki builder; domain only requires topics
+    with pytest.raises(PromptDataError, match=r"unknown prompt set kind 'poem'; valid kinds: \['mixed', 'domain', 'code', 'corpus'\]"):
+        build_prompt_set("poem", n=1, seed=0, token_budget=48)
 
-    public = [o for n, o in vars(prompts).items() if not n.startswith("_") and callable(o)
-              and getattr(o, "__module__", None) == prompts.__name__]
-    assert len(public) >= 8
-    for obj in public:
-        assert inspect.getdoc(obj) and len(inspect.getdoc(obj)) > 20, obj.__name__
+
+def test_format_chars_names_each_code_point_once():
+    from llmgeom.prompts.cleaning import format_chars, has_format_char
+
+    assert format_chars("a\u2060b\u200dc\u2060") == ["U+200D", "U+2060"]
+    assert format_chars("plain text, a\u00e9") == [] and not has_format_char("plain text, a\u00e9")
+    with pytest.raises(PromptDataError, match=r"invisible format characters \['U\+2060'\].*llmgeom.prompts.cleaning"):
+        write_prompt_set([{"id": "a", "text": "x\u2060y"}], pathlib.Path("/nonexistent/never-written.jsonl"))
 
 
 # ----------------------------------------------------------------------------- broken text (issue 11, point 5)
@@ -312,7 +322,7 @@ def test_real_summaries_hold_word_joiners_and_loading_cuts_them(summaries):
     assert len(raw) == 10033
     assert sum("\u2060" in str(e.get("extract") or "") for e in raw.values()) == 24  # the data as shipped
     assert not any(unicodedata.category(ch) == "Cf" for r in summaries for ch in r["text"])
-    from llmgeom.extract.prompts import wiki_cleaning_report
+    from llmgeom.prompts.sources import wiki_cleaning_report
 
     rep = wiki_cleaning_report(summaries)
     assert rep["n_summaries"] == len(summaries) == 10033 - rep["n_dropped"]
@@ -322,7 +332,7 @@ def test_real_summaries_hold_word_joiners_and_loading_cuts_them(summaries):
 def test_default_mathematics_set_has_no_format_chars_or_empty_slots():
     import unicodedata
 
-    from llmgeom.extract.prompts import bad_sentence_reason
+    from llmgeom.prompts.cleaning import bad_sentence_reason
 
     recs = build_prompt_set("domain", n=150, seed=0, token_budget=48, topics=["Mathematics"])  # config/config.yaml
     assert len(recs) == 150
@@ -334,7 +344,7 @@ def test_default_mathematics_set_has_no_format_chars_or_empty_slots():
 
 
 def test_clean_extract_cuts_before_the_first_broken_sentence():
-    from llmgeom.extract.prompts import clean_extract
+    from llmgeom.prompts.cleaning import clean_extract
 
     assert clean_extract("A right angle is 90 degrees. Or \u2060\u2060/2\u2060\u2060 radians. More.") == (
         "A right angle is 90 degrees.", "format_char")

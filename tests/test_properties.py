@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from llmgeom.extract.forward import attention_row_entropy, entropy_nats
+from llmgeom.measures import bayes as sula, margins  # plain imports: a renamed module fails loudly, never skips
 from llmgeom.measures.pca import explained_variance, participation_ratio
 
 SETTINGS = settings(max_examples=100, deadline=None)
@@ -62,17 +63,10 @@ def test_attention_row_entropy_within_0_and_log_t(w):
 
 # --------------------------------------------------------------------------- SULA posterior
 
-try:  # written concurrently (issue 4); the other properties run without it
-    from llmgeom.measures import bayes as sula
-except ImportError:  # pragma: no cover
-    sula = None
-needs_sula = pytest.mark.skipif(sula is None, reason="llmgeom.analyses.sula not present yet")
-
 counts = st.integers(0, 60)
 alphas = st.floats(0.5, 0.999, allow_nan=False)
 
 
-@needs_sula
 @SETTINGS
 @given(counts, counts, alphas)
 def test_posterior_in_unit_interval_and_symmetric_under_label_swap(n1, n2, alpha):
@@ -86,7 +80,6 @@ def test_posterior_in_unit_interval_and_symmetric_under_label_swap(n1, n2, alpha
         assert p > 0.5
 
 
-@needs_sula
 @SETTINGS
 @given(counts, counts, alphas)
 def test_bayes_entropy_in_0_1_bits_and_swap_invariant(n1, n2, alpha):
@@ -100,7 +93,6 @@ def test_bayes_entropy_in_0_1_bits_and_swap_invariant(n1, n2, alpha):
         assert h == pytest.approx(float(sula.binary_entropy_bits(p)), abs=1e-9)
 
 
-@needs_sula
 @SETTINGS
 @given(st.floats(-80, 0, allow_nan=False), st.floats(-80, 0, allow_nan=False))
 def test_model_label_entropy_in_unit_interval_and_swap_symmetric(a, b):
@@ -111,7 +103,6 @@ def test_model_label_entropy_in_unit_interval_and_swap_symmetric(a, b):
     assert h[0] == pytest.approx(h2[0], abs=1e-12)
 
 
-@needs_sula
 @SETTINGS
 @given(st.floats(0, 1, allow_nan=False))
 def test_binary_entropy_bits_bounds_and_symmetry(p):
@@ -154,14 +145,7 @@ def test_explained_variance_is_a_sorted_distribution(X):
 
 # --------------------------------------------------------------------------- expressibility gap
 
-try:  # written concurrently (issue 5)
-    from llmgeom.measures import margins
-except ImportError:  # pragma: no cover
-    margins = None
-needs_margins = pytest.mark.skipif(margins is None, reason="llmgeom.measures.margins not present yet")
 
-
-@needs_margins
 @SETTINGS
 @given(arrays(np.float64, st.integers(1, 200), elements=st.floats(0, 50, allow_nan=False)),
        st.lists(st.floats(1e-4, 100, allow_nan=False), min_size=1, max_size=30))
@@ -175,7 +159,6 @@ def test_eta_is_a_non_decreasing_fraction(m, eps):
     assert top[0] == 1.0
 
 
-@needs_margins
 @SETTINGS
 @given(st.floats(1e-4, 1e-1), st.floats(2, 50), st.integers(2, 60))
 def test_log_eps_grid_is_increasing_and_spans_the_range(lo, hi, n):

@@ -8,7 +8,6 @@ tests/test_properties.py. Each test here fails on the fault it names.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -30,7 +29,8 @@ from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.forward import NonFiniteActivationError, PromptTokenError, extract_batch, tokenize_prompts
 from llmgeom.models.sources import ModelSourceError
-from llmgeom.extract.prompts import PromptDataError, build_prompt_set, read_prompt_set, write_prompt_set
+from llmgeom.prompts.builders import build_prompt_set
+from llmgeom.prompts.io import PromptDataError, read_prompt_set, write_prompt_set
 from llmgeom.core import store
 from llmgeom.core.store import StoreError
 from llmgeom.models.loading import load_prepared
@@ -523,9 +523,10 @@ def _dup(n_distinct=3, reps=10, d=5):
 
 
 def _estimators():
-    from llmgeom.measures import curvature, pca as geometry, intrinsic_dimension as manifold
+    from llmgeom.analyses import attention_focusing
+    from llmgeom.measures import curvature, margins, orthogonality, pca as geometry, intrinsic_dimension as manifold
 
-    out = [
+    return [
         ("twonn", lambda: manifold.twonn(_dup())),
         ("mle", lambda: manifold.mle_id(_dup(), k=5)),
         ("curvature", lambda: curvature.local_pca_residuals(_dup(), k=5, m=1)),
@@ -535,27 +536,11 @@ def _estimators():
         ("pca_identical_rows", lambda: geometry.explained_variance(np.ones((10, 4)))),
         ("value_manifold_2_prompts", lambda: geometry.value_manifold_stats(np.eye(2, 4), np.array([1.0, 2.0]),
                                                                            n_boot=2, seed=0)),
+        ("power_law_1_point", lambda: margins.fit_power_law([0.1], [0.2])),
+        ("expressibility_gap_1_position", lambda: margins.expressibility_gap(np.array([0.3]))),
+        ("key_orthogonality_1_column", lambda: orthogonality.orthogonality(np.ones((8, 1)))),
+        ("focusing_1_layer", lambda: attention_focusing.focusing_summary(np.array([1.0]))),
     ]
-    try:
-        from llmgeom.measures import margins
-
-        out += [("power_law_1_point", lambda: margins.fit_power_law([0.1], [0.2])),
-                ("expressibility_gap_1_position", lambda: margins.expressibility_gap(np.array([0.3])))]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from llmgeom.weights import key_orthogonality as keys
-
-        out += [("key_orthogonality_1_column", lambda: keys.orthogonality(np.ones((8, 1))))]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from llmgeom.analyses import attention_focusing as bayes_geometry
-
-        out += [("focusing_1_layer", lambda: bayes_geometry.focusing_summary(np.array([1.0])))]
-    except ImportError:  # pragma: no cover
-        pass
-    return out
 
 
 @pytest.mark.parametrize("name,call", _estimators(), ids=[n for n, _ in _estimators()])

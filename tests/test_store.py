@@ -20,6 +20,7 @@ from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.core import store
 from llmgeom.core.store import CONTRACT_VERSION, StoreError, open_activations
+from llmgeom.prompts.io import write_prompt_set
 from llmgeom.models.loading import load_prepared
 
 FIX = r"run rule extract"  # "rerun rule extract" contains it too
@@ -32,12 +33,7 @@ PROMPTS = [{"id": "a", "text": "The cat sat.", "meta": {"topic": "animals", "k":
 
 
 def _write_prompts(path, recs):
-    try:
-        from llmgeom.extract.prompts import write_prompt_set
-    except ImportError:  # pragma: no cover
-        path.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
-    else:
-        write_prompt_set(recs, path)
+    write_prompt_set(recs, path)
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +332,7 @@ def test_writer_refuses_non_finite_and_abort_removes_partial(tmp_path):
 
 @pytest.fixture(scope="module")
 def sula_h5(setup):
-    from llmgeom.extract import sula_prompts as sula
+    from llmgeom.prompts import sula
 
     d = setup["dir"] / "sula"
     d.mkdir()

@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from llmgeom.extract import forward as extraction, sula_prompts as sula
+from llmgeom.extract import forward as extraction
+from llmgeom.prompts import sula
 from llmgeom.models import sources as models, tiny as testing
-from llmgeom.extract.prompts import read_prompt_set, write_prompt_set
+from llmgeom.prompts.io import read_prompt_set, write_prompt_set
 from llmgeom.analyses.sula import calibration_table, read_sula_h5, sula_tables
 from llmgeom.measures.bayes import bayes_posterior, binary_entropy_bits, h_bayes_bits, model_label_entropy
 

@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from llmgeom.wind_tunnel import tasks
+from llmgeom.measures import bayes
+from llmgeom.prompts import wind_tunnel as tasks
 
 BIJ = {"kind": "bijection", "V": 5, "n_pairs": 4}
 HMM = {"kind": "hmm", "n_states": 3, "n_obs": 4, "length": 6, "hmm_seed": 3}
@@ -30,27 +31,27 @@ def test_bijection_posterior_matches_enumeration_of_all_bijections(V):
     for i in range(3):
         for t in range(V):
             shown = list(zip(xs[i, :t], ys[i, :t]))
-            exact = tasks.bijection_posterior(V, shown, xs[i, t])
-            brute = tasks.bijection_posterior_bruteforce(V, shown, xs[i, t])
+            exact = bayes.bijection_posterior(V, shown, xs[i, t])
+            brute = bayes.bijection_posterior_bruteforce(V, shown, xs[i, t])
             np.testing.assert_allclose(exact, brute, rtol=0, atol=1e-12)
             # uniform on the V - t unused outputs: entropy log2(V - t) bits
             assert np.count_nonzero(exact) == V - t
-            assert tasks.bijection_entropy_bits(V, t) == pytest.approx(float(tasks.entropy_bits(brute)), abs=1e-12)
+            assert bayes.bijection_entropy_bits(V, t) == pytest.approx(float(bayes.entropy_bits(brute)), abs=1e-12)
         # a query whose pair was already shown is known exactly
-        known = tasks.bijection_posterior(V, list(zip(xs[i], ys[i])), xs[i, 0])
+        known = bayes.bijection_posterior(V, list(zip(xs[i], ys[i])), xs[i, 0])
         assert known[ys[i, 0]] == 1.0 and known.sum() == 1.0
 
 
 def test_bijection_entropy_known_values_and_bit_identity():
-    assert tasks.bijection_entropy_bits(10, 0) == pytest.approx(3.321928094887362, abs=1e-15)
-    assert tasks.bijection_entropy_bits(10, 8) == 1.0
-    assert tasks.bijection_entropy_bits(20, 18) == 1.0
-    h = tasks.bijection_entropy_bits(6, np.array([0, 2, 2, 5]))
+    assert bayes.bijection_entropy_bits(10, 0) == pytest.approx(3.321928094887362, abs=1e-15)
+    assert bayes.bijection_entropy_bits(10, 8) == 1.0
+    assert bayes.bijection_entropy_bits(20, 18) == 1.0
+    h = bayes.bijection_entropy_bits(6, np.array([0, 2, 2, 5]))
     assert h[1] == h[2] and h[3] == 0.0
     with pytest.raises(ValueError):
-        tasks.bijection_entropy_bits(6, 6)
+        bayes.bijection_entropy_bits(6, 6)
     with pytest.raises(ValueError, match="consistent"):
-        tasks.bijection_posterior(4, [(0, 1), (2, 1)], 3)
+        bayes.bijection_posterior(4, [(0, 1), (2, 1)], 3)
 
 
 def test_sample_bijection_is_seeded_and_valid():
@@ -68,13 +69,13 @@ def test_hmm_forward_matches_sum_over_all_hidden_paths(L):
     init, T, E = tasks.hmm_parameters(HMM)
     assert T.shape == (3, 3) and E.shape == (3, 4)
     _, obs = tasks.sample_hmm(init, T, E, L, 4, np.random.default_rng(L))
-    fw = tasks.hmm_forward(obs, init, T, E)
+    fw = bayes.hmm_forward(obs, init, T, E)
     assert fw["filter"].shape == (4, L, 3) and fw["predictive"].shape == (4, L + 1, 4)
     for i in range(4):
-        bf = tasks.hmm_bruteforce(obs[i], init, T, E)
+        bf = bayes.hmm_bruteforce(obs[i], init, T, E)
         np.testing.assert_allclose(fw["filter"][i], bf["filter"], rtol=0, atol=1e-12)
         np.testing.assert_allclose(fw["predictive"][i], bf["predictive"], rtol=0, atol=1e-12)
-        np.testing.assert_allclose(fw["predictive_bits"][i], tasks.entropy_bits(bf["predictive"]), atol=1e-12)
+        np.testing.assert_allclose(fw["predictive_bits"][i], bayes.entropy_bits(bf["predictive"]), atol=1e-12)
     # log-likelihood = log of the last normalizer chain = log sum over paths
     np.testing.assert_allclose(fw["predictive"][:, 0], np.broadcast_to(init @ E, (4, 4)), atol=1e-15)
 
@@ -83,7 +84,7 @@ def test_hmm_forward_known_value():
     # two states that never switch, each emitting its own symbol with probability 0.9
     T = np.eye(2)
     E = np.array([[0.9, 0.1], [0.1, 0.9]])
-    fw = tasks.hmm_forward(np.array([0, 0]), [0.5, 0.5], T, E)
+    fw = bayes.hmm_forward(np.array([0, 0]), [0.5, 0.5], T, E)
     # p(s = 0 | o = 0, 0) = 0.81 / (0.81 + 0.01)
     assert fw["filter"][1, 0] == pytest.approx(0.81 / 0.82, abs=1e-15)
     p0 = 0.81 / 0.82 * 0.9 + 0.01 / 0.82 * 0.1
@@ -135,7 +136,7 @@ def test_check_task_normalizes():
 
 
 def test_tasks_module_does_not_import_torch():
-    code = "import sys; import llmgeom.wind_tunnel.tasks; print('torch' in sys.modules)"
+    code = "import sys; import llmgeom.prompts.wind_tunnel; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -158,7 +159,7 @@ def test_vocabulary_and_text_layout():
 
 
 def test_prompt_records_round_trip_and_exact_meta(tmp_path):
-    from llmgeom.extract.prompts import read_prompt_set, write_prompt_set
+    from llmgeom.prompts.io import read_prompt_set, write_prompt_set
 
     recs = tasks.prompt_records(BIJ, n_sequences=3, cut_positions=[0, 2, 3], seed=11, name="wt_bij")
     assert len(recs) == 9
@@ -173,7 +174,7 @@ def test_prompt_records_round_trip_and_exact_meta(tmp_path):
         assert len(toks) == 2 * m["t"] + 1 and toks[-1].startswith("x") and m["n_tokens"] == len(toks) + 1
         xs = [int(s[1:]) for s in toks[0::2]]
         ys = [int(s[1:]) for s in toks[1::2]]
-        brute = tasks.bijection_posterior_bruteforce(5, list(zip(xs, ys)), xs[-1])
+        brute = bayes.bijection_posterior_bruteforce(5, list(zip(xs, ys)), xs[-1])
         assert m["posterior"] == pytest.approx(list(brute), abs=1e-15)
         assert m["h_exact_bits"] == math.log2(5 - m["t"]) and m["n_unused"] == 5 - m["t"]
         assert [voc[i] for i in m["candidate_token_ids"]] == [f"y{j}" for j in range(5)]
@@ -191,10 +192,10 @@ def test_prompt_records_round_trip_and_exact_meta(tmp_path):
         m = r["meta"]
         obs = [int(s[1:]) for s in r["text"].split()]
         assert len(obs) == m["t"]
-        bf = tasks.hmm_bruteforce(obs, *params)
+        bf = bayes.hmm_bruteforce(obs, *params)
         assert m["posterior"] == pytest.approx(list(bf["predictive"][-1]), abs=1e-12)
         assert m["state_posterior"] == pytest.approx(list(bf["filter"][-1]), abs=1e-12)
-        assert m["h_exact_bits"] == pytest.approx(float(tasks.entropy_bits(bf["predictive"][-1])), abs=1e-12)
+        assert m["h_exact_bits"] == pytest.approx(float(bayes.entropy_bits(bf["predictive"][-1])), abs=1e-12)
     write_prompt_set(hrecs, tmp_path / "hmm.jsonl")
     with pytest.raises(ValueError, match="cut_positions"):
         tasks.prompt_records(HMM, n_sequences=2, cut_positions=[0], seed=0)

@@ -221,8 +221,8 @@ def test_tiny_model_trained_extracted_and_tabulated(tmp_path, spec, cuts):
     pytest.importorskip("torch")
     from llmgeom.analyses.wind_tunnel import wind_tunnel_tables
     from llmgeom.extract.forward import extract_to_hdf5
-    from llmgeom.extract.prompts import write_prompt_set
-    from llmgeom.wind_tunnel.tasks import CANDIDATES_KEY, prompt_records
+    from llmgeom.prompts.io import write_prompt_set
+    from llmgeom.prompts.wind_tunnel import CANDIDATES_KEY, prompt_records
     from llmgeom.wind_tunnel.train import train_wind_tunnel
 
     model = tmp_path / "models" / "wt"

@@ -45,7 +45,6 @@ MODELS = sorted(config["models"])
 PROMPT_SETS = sorted(config["prompts"]["sets"])
 VM_SETS = config["value_manifold"]["prompt_sets"]
 ID_SET = config["intrinsic_dimension"]["prompt_set"]
-CORPUS_SETS = [s for s, v in config["prompts"]["sets"].items() if v["kind"] == "corpus"]
 
 # Wind-tunnel model entries (workflow/rules/wind_tunnel.smk): finals and checkpoints <name>-step<k>. They share the
 # {model} wildcard (same analyses, same paths) but are not in MODELS: no Wikipedia, SULA or LSM extraction.

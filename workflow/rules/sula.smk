@@ -1,6 +1,6 @@
 # SULA in-context inference with exact Bayesian posteriors and its controls (Paper III sec. 4.3 / 5.2).
 # Prompts depend on the tokenizer (single-token labels), so they are built per model. Code:
-# llmgeom.extract.sula_prompts (prompts), llmgeom.analyses.sula (tables), llmgeom.plots.sula (figures).
+# llmgeom.prompts.sula (prompts), llmgeom.analyses.sula (tables), llmgeom.plots.sula (figures).
 SULA = config["sula"]
 SULA_CONDITIONS = list(SULA["conditions"])
 SULA_TABLES = ["sula", "sula_calibration", "sula_geometry", "sula_prompts"]
@@ -63,7 +63,7 @@ rule extract_sula:
         top_k=config["extract"]["top_k"],
         attention=False,  # SULA needs no attention weights: sdpa
         corpus=False,
-        candidates_key="label_token_ids",  # meta key of each SULA prompt (llmgeom.extract.sula_prompts.CANDIDATES_KEY)
+        candidates_key="label_token_ids",  # meta key of each SULA prompt (llmgeom.prompts.sula.CANDIDATES_KEY)
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,

@@ -1,7 +1,8 @@
 # Wind tunnel (Papers I-III; issue 14): small transformers trained on tasks with exact posteriors, measured by the
 # same rules as the LLMs. Model entries: WT_MODELS (common.smk; finals and their checkpoints <name>-step<k>), kept
-# out of MODELS (no Wikipedia, SULA or LSM extraction). Code: llmgeom.wind_tunnel.tasks / .train (tasks, training),
-# llmgeom.analyses.wind_tunnel (tables), llmgeom.plots.wind_tunnel (figure).
+# out of MODELS (no Wikipedia, SULA or LSM extraction). Code: llmgeom.prompts.wind_tunnel (tasks, prompt records),
+# llmgeom.measures.bayes (exact posteriors), llmgeom.wind_tunnel.train (training), llmgeom.analyses.wind_tunnel
+# (tables), llmgeom.plots.wind_tunnel (figure).
 WT_CFG = config["wind_tunnel"]
 WT_TABLES = ["wind_tunnel", "wind_tunnel_calibration", "wind_tunnel_geometry", "wind_tunnel_prompts"]
 
@@ -105,7 +106,7 @@ rule extract_wind_tunnel:
         top_k=config["extract"]["top_k"],
         attention=True,  # attention entropies for attention focusing
         corpus=False,
-        candidates_key="candidate_token_ids",  # llmgeom.wind_tunnel.tasks.CANDIDATES_KEY
+        candidates_key="candidate_token_ids",  # llmgeom.prompts.wind_tunnel.CANDIDATES_KEY
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,

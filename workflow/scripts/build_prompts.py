@@ -1,5 +1,7 @@
 from llmgeom.workflow.jobs import run_logged
-from llmgeom.extract.prompts import build_prompt_set, wiki_cleaning_report, write_prompt_set
+from llmgeom.prompts.builders import build_prompt_set
+from llmgeom.prompts.io import write_prompt_set
+from llmgeom.prompts.sources import wiki_cleaning_report
 
 with run_logged(snakemake.log[0]):
     spec = dict(snakemake.params.spec)

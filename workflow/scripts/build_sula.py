@@ -1,8 +1,9 @@
 from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
-    from llmgeom.extract.prompts import write_prompt_set
-    from llmgeom.extract.sula_prompts import build_sula_sets, load_tokenizer
+    from llmgeom.prompts.io import write_prompt_set
+    from llmgeom.models.loading import load_tokenizer
+    from llmgeom.prompts.sula import build_sula_sets
 
     p = snakemake.params
     tok = load_tokenizer(snakemake.input.model)

@@ -3,8 +3,8 @@ posterior entropy (bits), the exact posterior and the candidate token ids in eac
 from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
-    from llmgeom.extract.prompts import write_prompt_set
-    from llmgeom.wind_tunnel.tasks import prompt_records
+    from llmgeom.prompts.io import write_prompt_set
+    from llmgeom.prompts.wind_tunnel import prompt_records
 
     p = snakemake.params
     records = prompt_records(dict(p.task), n_sequences=p.n_sequences, cut_positions=p.cut_positions, seed=p.seed,

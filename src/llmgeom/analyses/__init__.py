@@ -1,7 +1,7 @@
 """Stage 3, analyses: HDF5 activation files and tables -> tidy tables, one module per table family, named
 like the tables they write (value_manifold, domain_restriction, attention_focusing, intrinsic_dimension,
-curvature, margins, fisher, sula, interventions, bayes_tables, checkpoint_trajectory).
+curvature, margins, fisher, sula, interventions, wind_tunnel, bayes_tables, checkpoint_trajectory).
 
 May import: numpy, scipy, pandas, h5py, llmgeom.measures, llmgeom.core, and torch-free constants of
-llmgeom.extract.sula_prompts. Never torch, never a model.
+llmgeom.prompts. Never torch, never a model.
 """

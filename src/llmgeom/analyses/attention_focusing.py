@@ -4,8 +4,6 @@ per head and layer, percent reduction first -> last layer, Spearman rho vs depth
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -15,6 +13,7 @@ import pandas as pd
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.stats import spearman
 from llmgeom.core.store import attrs_dict, open_activations, read_finite
+from llmgeom.core.units import nats_to_bits
 
 
 def focusing_summary(layer_entropy, *, sliding=None) -> dict:
@@ -100,11 +99,11 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
         for h in range(nh):
             rows.append(dict(common, level="head", head=h, entropy_mean=head_mean[layer, h],
                              entropy_std=E[:, layer, h].std(ddof=1) if n > 1 else float("nan"),
-                             entropy_bits_mean=head_mean[layer, h] / math.log(2),
+                             entropy_bits_mean=nats_to_bits(head_mean[layer, h]),
                              normalized_entropy_mean=float(np.nanmean(norm[:, layer, h]))))
         rows.append(dict(common, level="layer", head=-1, entropy_mean=head_mean[layer].mean(),
                          entropy_std=head_mean[layer].std(ddof=1) if nh > 1 else 0.0,
-                         entropy_bits_mean=head_mean[layer].mean() / math.log(2),
+                         entropy_bits_mean=nats_to_bits(head_mean[layer].mean()),
                          normalized_entropy_mean=float(np.nanmean(norm[:, layer, :]))))
     cols = ["model", "prompt_set", "level", "layer", "relative_depth", "head", "sliding", "window", "attention_type",
             "n_prompts", "entropy_mean", "entropy_std", "entropy_bits_mean", "normalized_entropy_mean"]

@@ -1,22 +1,14 @@
-"""Latent semantic manifolds (LSM): tidy tables from the HDF5 store (and, for the Fisher metric,
-the prepared model's unembedding).
+"""intrinsic_dimension.csv and id_profile.csv (LSM): intrinsic dimension of the residual stream per layer
+and the shape of its profile over depth.
 
-Source: LSM, "Latent Semantic Manifolds in Large Language Models"; DESIGN.md sec. 3. The
-measurements themselves live in :mod:`llmgeom.measures.intrinsic_dimension` (intrinsic dimension, curvature proxy,
-profile shape), :mod:`llmgeom.measures.margins` (Voronoi margins, expressibility gap, perplexity) and
-:mod:`llmgeom.measures.fisher` (Fisher information metric); this module reads inputs, loops over layers and
-returns one row per measurement. Every row carries ``model`` and ``prompt_set``.
-
-Tables (``results/{model}/tables/``):
-
-* ``id_profile.csv``      (:func:`id_profile_table`) peak layer / value and shape of the ID profile
-* ``curvature.csv``       (:func:`curvature_table`) local-PCA curvature proxy per layer, with k and m
-* ``margins.csv``         (:func:`margin_tables`) margin quantiles, Pr(m < 0.5), hard core,
-  perplexity, Spearman rho of margin with NLL and entropy
-* ``eta_curve.csv``       eta(eps) on the eps grid (the curve behind the fit)
-* ``expressibility_gap.csv`` beta, R^2, fit range, alpha, bootstrap CI of beta
-* ``margin_histogram.csv`` histogram of margins (for the figure)
-* ``fisher.csv`` / ``fisher_summary.csv`` (:func:`fisher_tables`) per position / per model
+Source: LSM, "Latent Semantic Manifolds in Large Language Models"; DESIGN.md sec. 3 ("Intrinsic dimension
+per layer"). The estimators are in :mod:`llmgeom.measures.intrinsic_dimension` (scikit-dimension's TwoNN
+and MLE on deduplicated float64 points); this module reads the corpus activation file, subsamples each
+layer, and returns one row per layer and estimator (:func:`intrinsic_dimension_table`), then the peak
+layer / value and shape of each estimator's profile with LSM's published values beside them
+(:func:`id_profile_table`). Every row carries ``model`` and ``prompt_set``. HDF5 in, tables out; never
+torch. The other LSM tables are in :mod:`llmgeom.analyses.curvature`, :mod:`llmgeom.analyses.margins`
+and :mod:`llmgeom.analyses.fisher`.
 """
 
 from __future__ import annotations

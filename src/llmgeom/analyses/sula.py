@@ -11,7 +11,7 @@ import numpy as np
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
-from llmgeom.core.units import LN2
+from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.bayes import model_label_entropy
 
 
@@ -38,7 +38,7 @@ def read_sula_h5(path, *, model: str | None = None):
                            "(rerun rule extract_sula)")
         meta = [json.loads(m) for m in f["prompts/meta"].asstr()[:]]
         lp = read_finite(f, "next_token/candidate_logprobs")
-        hv = read_finite(f, "next_token/entropy") / LN2
+        hv = nats_to_bits(read_finite(f, "next_token/entropy"))
     p_model, h_model = model_label_entropy(lp[:, 0], lp[:, 1])
     df = pd.DataFrame({
         "condition": [m["condition"] for m in meta], "k": [int(m["k"]) for m in meta],

@@ -4,7 +4,7 @@ file of a wind-tunnel model on its prompt set (``results/{model}/activations/win
 
 Everything the tables need comes from the HDF5 file: the exact entropy (``h_exact_bits``), the exact
 posterior and the candidate token ids are in each prompt's meta (written by
-:func:`llmgeom.wind_tunnel.tasks.prompt_records`); the model's log-probabilities of the candidate
+:func:`llmgeom.prompts.wind_tunnel.prompt_records`); the model's log-probabilities of the candidate
 tokens in ``next_token/candidate_logprobs`` (nats, over the full vocabulary). Never torch.
 
 Tables:
@@ -30,10 +30,10 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
-from llmgeom.core.units import LN2
+from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top, pc_scores
 
-#: Meta key of the candidate (answer-symbol) token ids (= llmgeom.wind_tunnel.tasks.CANDIDATES_KEY).
+#: Meta key of the candidate (answer-symbol) token ids (= llmgeom.prompts.wind_tunnel.CANDIDATES_KEY).
 CANDIDATES_KEY = "candidate_token_ids"
 
 #: representation name -> (HDF5 dataset, layer index convention of llmgeom.core.layers.relative_depth).
@@ -81,14 +81,14 @@ def candidate_entropy(candidate_logprobs, posterior=None) -> dict:
         raise ValueError("candidate_logprobs contains non-finite values")
     lq = log_softmax(lp, axis=1)
     q = np.exp(lq)
-    out = {"h_model_bits": -np.sum(q * lq, axis=1) / LN2, "answer_mass": np.exp(logsumexp(lp, axis=1))}
+    out = {"h_model_bits": nats_to_bits(-np.sum(q * lq, axis=1)), "answer_mass": np.exp(logsumexp(lp, axis=1))}
     if posterior is not None:
         p = np.asarray(posterior, np.float64)
         if p.shape != lp.shape:
             raise ValueError(f"posterior shape {p.shape} != candidate_logprobs shape {lp.shape}")
         with np.errstate(divide="ignore", invalid="ignore"):
             terms = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - lq), 0.0)
-        out["kl_bits"] = terms.sum(axis=1) / LN2
+        out["kl_bits"] = nats_to_bits(terms.sum(axis=1))
     return out
 
 
@@ -114,8 +114,8 @@ def read_wind_tunnel_h5(path, *, model: str | None = None) -> pd.DataFrame:
         meta = [json.loads(m) for m in f["prompts/meta"].asstr()[:]]
         lp = read_finite(f, "next_token/candidate_logprobs")
         cid = f["next_token/candidate_ids"][:]
-        hv = read_finite(f, "next_token/entropy") / LN2
-    # the prompt id of llmgeom.wind_tunnel.tasks.prompt_records (the file keeps the meta, not the id)
+        hv = nats_to_bits(read_finite(f, "next_token/entropy"))
+    # the prompt id of llmgeom.prompts.wind_tunnel.prompt_records (the file keeps the meta, not the id)
     ids = [f"{m.get('task')}-s{int(m.get('sequence', -1)):04d}-t{int(m.get('t', -1)):02d}" for m in meta]
     for i, m in enumerate(meta):
         missing = [k for k in ("h_exact_bits", "posterior", CANDIDATES_KEY, "t") if k not in m]

@@ -46,12 +46,6 @@ def select_layers(spec, n_layers: int, *, key: str = "layers") -> list[int]:
     return sorted(out)
 
 
-#: The one relative-depth convention of every table (DESIGN.md sec. 3, "Depth"), quoted in the captions.
-DEPTH_CONVENTION = ("relative depth = number of transformer blocks applied / L: (layer + 1) / L for block-indexed "
-                    "quantities (values, keys, attention, block output, layer 0..L-1), layer / L for residual-stream "
-                    "layers (0 = embeddings, l = output of block l); the final block is 1.0")
-
-
 def relative_depth(layer: int, n_layers: int, *, index: str = "block") -> float:
     """Relative depth of a layer: the number of transformer blocks applied, divided by ``n_layers`` (L).
 

@@ -11,10 +11,18 @@ LN2 = float(np.log(2.0))  # nats per bit
 
 
 def nats_to_bits(x):
-    """Entropy in nats -> bits (array or scalar)."""
-    return np.asarray(x, np.float64) / LN2
+    """Entropy (or KL divergence) in nats -> bits: ``x / ln 2``.
 
+    Parameters
+    ----------
+    x : float, numpy array of any shape, or torch tensor
+        Values in nats.
 
-def bits_to_nats(x):
-    """Entropy in bits -> nats (array or scalar)."""
-    return np.asarray(x, np.float64) * LN2
+    Returns
+    -------
+    Same type, shape and dtype as ``x`` (a float32 array stays float32, so tables keep their digits),
+    in bits.
+
+    Source: DESIGN.md sec. 2 (the HDF5 contract stores nats; Paper I-III report bits).
+    """
+    return x / LN2

@@ -381,7 +381,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         ValueError: a prompt without valid candidate ids when ``candidates_key`` is given;
         ModelMemoryError: the model cannot fit, before any weight is read.
     """
-    from llmgeom.extract.prompts import read_prompt_set
+    from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models.loading import load_prepared
     from llmgeom.models.sources import read_manifest
 

@@ -253,7 +253,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
 
     from llmgeom.core.store import open_activations
     from llmgeom.extract.forward import tokenize_prompts
-    from llmgeom.extract.prompts import read_prompt_set
+    from llmgeom.prompts.io import read_prompt_set
     from llmgeom.measures.bayes import model_label_entropy
     from llmgeom.models.loading import load_prepared
 

@@ -141,9 +141,6 @@ def mle_lb(X, *, k: int = 20, min_points=None) -> dict:
 _ESTIMATORS = {"twonn": twonn, "mle_mg": mle_mg, "mle_lb": mle_lb}
 #: former name of mle_mg (skdim's default aggregate), still accepted; tables say "mle_mg"
 ESTIMATOR_ALIASES = {"mle": "mle_mg"}
-ESTIMATOR_LABELS = {"twonn": "TwoNN (Facco et al. 2017)",
-                    "mle_mg": "MLE, MacKay-Ghahramani (harmonic mean of pointwise estimates)",
-                    "mle_lb": "MLE, Levina-Bickel (arithmetic mean of pointwise estimates)"}
 
 
 def canonical_estimator(name: str) -> str:

@@ -67,6 +67,19 @@ def resolve_weights_path(model_dir: Path) -> Path:
     return wp if wp.is_absolute() else model_dir / wp
 
 
+def load_tokenizer(model_dir: str | Path):
+    """The tokenizer of a prepared model directory (from :func:`resolve_weights_path`), without the model.
+
+    Used where only the tokenizer is needed (SULA label choice, :func:`llmgeom.prompts.sula.build_sula_sets`).
+
+    Raises:
+        FileNotFoundError: not a prepared directory (no manifest).
+    """
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_weights_path(Path(model_dir)))
+
+
 def count_parameters(config) -> int:
     """Exact number of parameters of the causal LM that ``config`` describes (tied weights counted
     once), built on the meta device: nothing is read or allocated."""

@@ -1,4 +1,4 @@
-"""Model preparation and loading.
+"""Model sources and their preparation (loading a prepared model: :mod:`llmgeom.models.loading`).
 
 A model entry in config names its source:
 

@@ -1,6 +1,6 @@
 """Figures for SULA and the interventions, from tidy tables only (Paper III sec. 4.3, 4.5-4.6, 5.2).
 
-Each function writes the same figure as PNG and PDF, atomically (``plotting.save_figure``).
+Each function writes the same figure as PNG and PDF, atomically (``llmgeom.plots.base.save_figure``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Training recipe (stated once, recorded in every manifest):
 * model: ``transformers`` ``LlamaConfig`` (default) or ``GPT2Config`` from ``arch``; no dropout;
   ``max_position_embeddings`` / ``n_positions`` = the full sequence length (``<bos>`` included);
   initialization by transformers' own ``_init_weights`` after ``torch.manual_seed(seed)``.
-* tokenizer: ``tokenizers`` WordLevel over :func:`llmgeom.wind_tunnel.tasks.vocabulary`, whitespace
+* tokenizer: ``tokenizers`` WordLevel over :func:`llmgeom.prompts.wind_tunnel.vocabulary`, whitespace
   split, ``<bos>`` prepended by a TemplateProcessing post-processor, wrapped in
   ``PreTrainedTokenizerFast``; checked (before and after saving) to map prompt text to exactly the
   ids the trainer uses.
@@ -54,7 +54,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmgeom.wind_tunnel import tasks
+from llmgeom.core.units import nats_to_bits
+from llmgeom.prompts import wind_tunnel as tasks
 
 __all__ = [
     "FAMILIES",
@@ -248,10 +249,9 @@ def evaluate(model, batch: Mapping, candidates: Sequence[int], chunk: int = 512)
         mass.append(full[..., cand].exp().sum(-1))
         lq = torch.log_softmax(logits[..., cand], -1)  # renormalized over the answer symbols
         q = lq.exp()
-        h_model.append(-(q * lq).sum(-1) / math.log(2))
+        h_model.append(nats_to_bits(-(q * lq).sum(-1)))
         p = exact[i:i + chunk]
-        kl.append(torch.where(p > 0, p * (torch.log(p.clamp_min(1e-300)) - lq), torch.zeros_like(p)).sum(-1)
-                  / math.log(2))
+        kl.append(nats_to_bits(torch.where(p > 0, p * (torch.log(p.clamp_min(1e-300)) - lq), torch.zeros_like(p)).sum(-1)))
     if was_training:
         model.train()
     h = torch.cat(h_model).numpy()

@@ -1,7 +1,7 @@
 """Cluster-scale helpers for the Snakemake rules: GPU-rule resources per model, memory that grows
 with the retry attempt, and tracking of the package code a rule runs (issue 7).
 
-* ``GPU_RULES`` is the one list of rules that need a GPU; the SLURM profile, the README and
+* ``GPU_RULES`` is the one list of rules that need a GPU; the SLURM profile, docs/cluster.md and
   ``tests/test_cluster.py`` refer to it. Every other rule is CPU-only.
 * ``gpu_job_resources(models)`` returns the ``resources:`` of a GPU rule, per model entry:
   ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry) and

@@ -337,7 +337,7 @@ def wiki_pool(root=".") -> dict:
     import json
     from pathlib import Path
 
-    from llmgeom.extract.prompts import wiki_summaries_path
+    from llmgeom.prompts.sources import wiki_summaries_path
 
     src = wiki_summaries_path()
     st = src.stat()
@@ -349,7 +349,7 @@ def wiki_pool(root=".") -> dict:
             return data["pool"]
     except (OSError, ValueError, AttributeError):
         pass
-    from llmgeom.extract.prompts import wiki_topic_pool
+    from llmgeom.prompts.sources import wiki_topic_pool
 
     pool = wiki_topic_pool()
     try:
@@ -378,7 +378,9 @@ def check_prompt_sources(config: dict, root=".") -> None:
     """
     from pathlib import Path
 
-    from llmgeom.extract.prompts import WORDS_PER_TOKEN, PromptDataError, resolve_topics
+    from llmgeom.prompts.builders import WORDS_PER_TOKEN
+    from llmgeom.prompts.io import PromptDataError
+    from llmgeom.prompts.sources import resolve_topics
 
     budgets = token_budgets(config)
     problems, pool = [], None
@@ -633,7 +635,7 @@ def check_wind_tunnel(config: dict) -> dict:
                           f"files (results/{{model}}/activations/{WIND_TUNNEL_SET}.h5); rename the prompt set")
     tasks = {}
     if wt.get("tasks"):
-        from llmgeom.wind_tunnel.tasks import check_task
+        from llmgeom.prompts.wind_tunnel import check_task
 
         for name, spec in wt["tasks"].items():
             try:

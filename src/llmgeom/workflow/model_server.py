@@ -1,5 +1,6 @@
 """One weight load per model per allocation: a per-model server process that keeps the weights
-loaded while the GPU jobs of that model (extract, extract_sula, intervene) hand it their work
+loaded while the GPU jobs of that model that run a forward pass (extract, extract_sula, extract_wind_tunnel,
+intervene) hand it their work
 (issue 13 item 1; design: docs/design-notes.md "GPU economy").
 
 Each GPU job stays its own Snakemake job (its own outputs, log, retry and rerun triggers); its script

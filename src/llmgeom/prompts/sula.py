@@ -30,8 +30,10 @@ Conditions (each its own prompt set, built from the same seeded draws so that th
   string; labels and counts are unchanged, so H_Bayes is unchanged (the model should not need the
   carriers: they carry no information).
 
-Pure functions on arrays (no model, no HDF5) except :func:`choose_label_pairs`, which takes a tokenizer,
-and the table functions, which read the HDF5 store.
+Pure functions (no model, no HDF5, no torch). :func:`choose_label_pairs` takes a tokenizer object (any
+callable ``tok(text, add_special_tokens=False)["input_ids"]``, e.g. from
+:func:`llmgeom.models.loading.load_tokenizer`), so this module imports no model code; the tables are in
+:mod:`llmgeom.analyses.sula`.
 """
 
 from __future__ import annotations
@@ -246,18 +248,6 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
                              "example_labels": list(ex), "seed": seed, "task": "sula"},
                 })
     return out
-
-
-def load_tokenizer(model_dir):
-    """The tokenizer of a prepared model directory (follows ``weights_path`` in its manifest)."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    from llmgeom.models.sources import read_manifest
-
-    wp = Path(read_manifest(model_dir).get("weights_path") or ".")
-    return AutoTokenizer.from_pretrained(wp if wp.is_absolute() else Path(model_dir) / wp)
 
 
 def build_sula_sets(tok, *, label_pairs=None, **kw) -> tuple[dict[str, list[dict]], list[dict]]:

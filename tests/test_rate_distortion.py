@@ -1,0 +1,62 @@
+"""Known answers for the rate-distortion exponent k_RD (LSM Theorem 10.8; issue 20): points on flat and curved
+k-dimensional manifolds in R^40 recover k within 15%."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmgeom.measures.neighbors import TooFewPointsError
+from llmgeom.measures.rate_distortion import fit_range, n_grid, rate_distortion_exponent
+
+
+def _embed(Y, D, rng):
+    B, _ = np.linalg.qr(rng.standard_normal((D, Y.shape[1])))
+    return Y @ B.T
+
+
+def _cube(n, k, rng):  # flat
+    return rng.uniform(0.0, 1.0, (n, k))
+
+
+def _arcs(n, k, rng):  # extrinsically curved (each coordinate bent onto a 1-radian arc of the unit circle)
+    t = rng.uniform(0.0, 1.0, (n, k))
+    return np.hstack([np.cos(t), np.sin(t)])
+
+
+def _cap(n, k, rng, angle=0.8):  # intrinsically curved: a geodesic cap of the unit k-sphere in R^(k+1)
+    out, got = [], 0
+    while got < n:
+        Y = rng.standard_normal((8 * n, k + 1))
+        Y /= np.linalg.norm(Y, axis=1, keepdims=True)
+        Y = Y[Y[:, 0] > np.cos(angle)]
+        out.append(Y)
+        got += len(Y)
+    return np.vstack(out)[:n]
+
+
+@pytest.mark.parametrize("k", [2, 5, 10])
+@pytest.mark.parametrize("shape", ["cube", "arcs", "cap"])
+def test_k_rd_recovers_manifold_dimension_within_15pct(shape, k):
+    rng = np.random.default_rng(k)
+    X = _embed({"cube": _cube, "arcs": _arcs, "cap": _cap}[shape](2000, k, rng), 40, rng)
+    r = rate_distortion_exponent(X, n_boot=50, seed=0)
+    assert abs(r["k_rd"] - k) <= 0.15 * k, r
+    assert r["k_rd_lo"] < r["k_rd_hi"] and r["r2"] > 0.9
+    assert r["n_grid"][0] == 8 and r["n_grid"][-1] == 250  # 1000 training points x max_fraction 0.25
+
+
+def test_fit_range_picks_the_straight_part():
+    n = np.array([8, 16, 32, 64, 128, 256, 512], float)
+    D = n ** (-2 / 4.0)
+    D[-2:] *= [0.5, 0.1]  # a sample-limited tail that falls off the line
+    f = fit_range(n, D, min_fit_points=4, r2_min=0.999)
+    assert (f["fit_n_min"], f["fit_n_max"]) == (8, 128) and f["straight"]
+    assert f["k_rd"] == pytest.approx(4.0)
+
+
+def test_too_few_points_and_bad_input():
+    with pytest.raises(TooFewPointsError, match="octaves"):
+        n_grid(40, n_min=8, max_fraction=0.25)
+    with pytest.raises(ValueError, match="train_fraction"):
+        rate_distortion_exponent(np.zeros((10, 2)), train_fraction=1.0)

@@ -1,0 +1,18 @@
+"""LSM: rate-distortion exponent k_RD per layer beside the ID estimates."""
+import time
+
+import pandas as pd
+
+from llmgeom.analyses.rate_distortion import rate_distortion_table
+from llmgeom.core.io import write_table
+from llmgeom.workflow.jobs import run_logged, set_threads
+
+with run_logged(snakemake.log[0], threads=snakemake.threads):
+    set_threads(snakemake.threads)
+    t0 = time.time()
+    df = rate_distortion_table(snakemake.input.h5, pd.read_csv(snakemake.input.ids),
+                               model=snakemake.wildcards.model, **snakemake.params.opts)
+    write_table(df, snakemake.output[0])
+    res = df[df.states == "residual"]
+    print(f"[rate_distortion] {snakemake.wildcards.model}: k_RD {res.k_rd.min():.1f}..{res.k_rd.max():.1f} over "
+          f"{len(res)} layers, agrees with TwoNN at {int(res.agrees_twonn.sum())}; {time.time() - t0:.1f} s")
