@@ -225,6 +225,16 @@ def test_scorecard_on_tables_without_the_parallel_branches_and_its_markdown():
     for cid in ("rate_distortion_matches_manifold_dimension", "margin_adaptive_decoding_beats_single_temperature"):
         rows = card[card.claim_id == cid]
         assert (rows.verdict == "not testable here").all() and (rows.reason == MISSING_TABLE).all()
+    # with the tables of rules rate_distortion and decoding (docs/lsm-predictions.md): decided on them
+    rd = pd.DataFrame({"model": "m", "states": ["residual"] * 3 + ["final_normed"], "layer": [1, 2, 3, 3],
+                       "k_rd": [9.0, 11.0, 14.0, 20.0], "k_rd_lo": [8.0, 9.5, 13.0, 18.0],
+                       "k_rd_hi": [10.0, 12.5, 15.0, 22.0], "twonn": [9.5, 10.0, 11.0, np.nan]})
+    dec = pd.DataFrame({"model": "m", "scheme": ["t1", "single", "adaptive"], "delta_nll_adaptive_vs_single": -0.01,
+                        "delta_nll_adaptive_vs_single_lo": -0.02, "delta_nll_adaptive_vs_single_hi": -0.004})
+    both = claims_table({"rate_distortion": rd, "decoding": dec}).set_index("claim_id")
+    r = both.loc["rate_distortion_matches_manifold_dimension"]
+    assert r.verdict == "supported" and r.measured == pytest.approx(2 / 3)  # 2 of 3 residual layers
+    assert both.loc["margin_adaptive_decoding_beats_single_temperature"].verdict == "supported"
     md = to_markdown(card)
     assert md.startswith("| Verdict | Claim |") and "| not supported | value_manifold" in md and "docs/claims.md" in md
     lines = md.splitlines()
