@@ -1,5 +1,5 @@
 # llmgeom: geometry of LLM internal representations (Paper III + LSM). See README.md.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -17,20 +17,10 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-# Plain-words check first (key, value, what is valid; every problem at once), then defaults.
-from llmgeom.workflow.config import validate_config_file
-
-validate_config_file(config, workflow.source_path("workflow/schemas/config.schema.yaml"))
-from llmgeom.workflow.cluster import apply_size_defaults
-
-apply_size_defaults(config)  # models with params_b: mem_mb / runtime from their size unless given (before defaults)
-validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
-
-
 report: "workflow/report/workflow.rst"
 
 
-include: "workflow/rules/common.smk"
+include: "workflow/rules/common.smk"  # validates, fills the defaults and checks the config (once)
 include: "workflow/rules/models.smk"
 include: "workflow/rules/prompts.smk"
 include: "workflow/rules/extract.smk"

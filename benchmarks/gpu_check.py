@@ -201,7 +201,7 @@ def entropy_vs_eager(model_dir: Path, prompts: Path, dtype: str, device: str, n:
     seqs = tokenize_prompts(tok, [r["text"] for r in recs[:n]], [str(i) for i in range(n)], max_tokens=None,
                             truncate=False, context=None)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    got = extract_batch(sd, seqs, attention=True, pad_id=pad)["attn_entropy"]
+    got = extract_batch(sd, seqs, attention=True, pad_id=pad)["attention/entropy"]
     del sd
     ea, _ = load_prepared(model_dir, dtype=dtype, attn="eager", device=device)
     dev = next(ea.parameters()).device

@@ -156,7 +156,7 @@ def _stop_servers(wd: Path):
 
 
 def bench_loads(a) -> dict:
-    from test_workflow import tiny_config
+    from conftest import tiny_config
 
     from llmgeom.models import tiny
 
@@ -177,7 +177,7 @@ def bench_loads(a) -> dict:
                     + [f"results/{m}/activations/sula_{c}.h5" for c in conds]
                     + [f"results/{m}/interventions/sula_interventions_per_prompt.csv"])
 
-        out = {"config": "tests/test_workflow.py tiny_config (2 tiny random models)", "sula_conditions": conds}
+        out = {"config": ".test/config/config.yaml via tests/conftest.py tiny_config (2 tiny random models)", "sula_conditions": conds}
         runs = [True, False] if a.compare else [True]
         for server in runs:
             wd = tmp / ("server" if server else "no_server")

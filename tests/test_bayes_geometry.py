@@ -31,6 +31,7 @@ from llmgeom.workflow.config import ConfigError
 from llmgeom.analyses.attention_focusing import attention_focusing_tables, focusing_summary
 from llmgeom.analyses.bayes_tables import markdown_tables_html, table1, table2, to_markdown
 from llmgeom.measures.orthogonality import gaussian_baseline, gaussian_expectation, orthogonality
+from llmgeom.measures.pca import value_manifold_stats
 from llmgeom.workflow.config import check_bayes_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def test_zero_queries_give_uniform_attention_log_n_keys(family):
             else:
                 blk.self_attn.q_proj.weight.zero_()
     r = extract_batch(m, [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21]], attention=True)
-    E = r["attn_entropy"]  # [B, L, H]
+    E = r["attention/entropy"]  # [B, L, H]
     for b, n in enumerate((8, 3)):
         for layer in range(s.n_layers):
             k = min(n, s.sliding_window) if layer in s.sliding_layers else n
@@ -229,14 +230,14 @@ def test_value_manifold_bootstrap_replicates_known_answers():
     h = rng.random(30)
     X = np.c_[np.outer(h, rng.standard_normal(11)) + 5.0, np.full(30, 2.0)]
     for std in (True, False):
-        st, boot = bg.value_manifold_stats_with_boot(X, h, n_boot=40, seed=5, standardize=std)
+        st, boot = value_manifold_stats(X, h, n_boot=40, seed=5, standardize=std, return_boot=True)
         assert boot.shape == (40, 3) and np.isfinite(boot).all()
         np.testing.assert_allclose(boot, np.tile([1.0, 0.0, 1.0], (40, 1)), atol=1e-9)
         assert st["pc1"] == pytest.approx(1.0, abs=1e-12) and st["spearman_rho"] == pytest.approx(1.0)
     a = rng.standard_normal(200)
     X2 = np.c_[a, 0.6 * a + 0.8 * rng.standard_normal(200)]
     r = np.corrcoef(X2.T)[0, 1]
-    st, boot = bg.value_manifold_stats_with_boot(X2, a, n_boot=40, seed=5, standardize=True)
+    st, boot = value_manifold_stats(X2, a, n_boot=40, seed=5, standardize=True, return_boot=True)
     assert st["pc1"] == pytest.approx((1 + abs(r)) / 2, abs=1e-12)
     np.testing.assert_allclose(boot[:, 2], 1.0, atol=1e-12)
     assert (boot[:, 0] >= 0.5).all() and boot[:, 0].std() > 0  # replicates of real resamples, not copies

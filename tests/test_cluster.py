@@ -131,12 +131,10 @@ def test_site_profile_named_slurm(tmp_path):
 def stub_cluster_run(tmp_path_factory):
     """The tiny workflow (two tiny models, one with a gpu_model) submitted through the SLURM executor
     plugin to a stub sbatch that records its arguments and creates the jobs' outputs."""
-    from test_workflow import tiny_config
+    from conftest import tiny_config
 
     wd = tmp_path_factory.mktemp("slurm")
-    dirs = {"tiny-llama": testing.save_tiny_model_dir("llama", wd / "src_models" / "tiny-llama"),
-            "tiny-gpt2": testing.save_tiny_model_dir("gpt2", wd / "src_models" / "tiny-gpt2")}
-    cfg = tiny_config(dirs)
+    cfg = tiny_config()
     cfg["models"]["tiny-llama"]["gpu_model"] = "h100"
     cfg["models"]["tiny-gpt2"]["mem_mb"] = 3000
     cfg["extract"]["threads"] = 4  # more than the 2 cores the development machine has (issue 12)
@@ -352,11 +350,11 @@ def test_float32_loading_rules_are_sized_for_float32():
 
 
 def test_gpus_without_device_map_is_a_config_error():
-    from llmgeom.workflow.config import ConfigError
+    from llmgeom.workflow.config import ConfigError, check_gpu_config
 
-    cluster.check_gpu_config({"models": {"m": {"gpus": 2, "device_map": "auto"}}})
+    check_gpu_config({"models": {"m": {"gpus": 2, "device_map": "auto"}}})
     with pytest.raises(ConfigError, match="device_map"):
-        cluster.check_gpu_config({"models": {"m": {"gpus": 2, "device_map": None}}})
+        check_gpu_config({"models": {"m": {"gpus": 2, "device_map": None}}})
 
 
 def test_memory_check_fails_before_loading_with_the_numbers(tmp_path, monkeypatch):

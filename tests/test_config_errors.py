@@ -1,9 +1,8 @@
 """Bad configs are refused before any job starts, with a message that names the key, the value and
 what would be valid (issue 6, point 1).
 
-Most cases run the same checks as the Snakefile, in-process and in the same order
-(``validate_config`` -> Snakemake's ``validate`` with defaults -> ``apply_model_defaults`` ->
-``check_config`` -> ``check_models`` -> the LSM / Bayesian-geometry cross-key checks); a few run
+Most cases run the same calls as workflow/rules/common.smk, in-process and in the same order
+(``validate_config`` -> ``apply_defaults`` -> Snakemake's ``validate`` -> ``check_config``); a few run
 ``snakemake -n`` to show what a user actually sees.
 """
 
@@ -21,10 +20,8 @@ from snakemake.utils import validate
 
 from llmgeom.models import tiny as testing
 from llmgeom.models.sources import ModelSourceError
-from llmgeom.workflow.config import (ConfigError, apply_model_defaults, apply_wind_tunnel_defaults, check_config,
-                                     check_config_files, check_device, check_models, check_prompt_sources,
-                                     check_wind_tunnel, describe_schema, validate_config, wind_tunnel_cuts,
-                                     wind_tunnel_entries)
+from llmgeom.workflow.config import (ConfigError, apply_defaults, check_config, check_config_files, check_models,
+                                     describe_schema, validate_config, wind_tunnel_cuts, wind_tunnel_entries)
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "workflow/schemas/config.schema.yaml"
@@ -49,22 +46,12 @@ def good(tiny_dir):
 
 
 def check_like_snakefile(config: dict, root) -> dict:
-    """What the Snakefile and the rule files do with a config before the DAG is built."""
+    """What workflow/rules/common.smk does with a config before the DAG is built (the same four calls)."""
     config = copy.deepcopy(config)
     validate_config(config, SCHEMA)
-    validate(config, str(SCHEMA_PATH), set_default=True)
-    apply_model_defaults(config, SCHEMA)
-    check_config(config)
-    check_models(config, root=root)
-    check_prompt_sources(config, root=root)
-    apply_wind_tunnel_defaults(config, SCHEMA)
-    check_wind_tunnel(config)
-    check_device(config)
-    from llmgeom.workflow.config import check_bayes_config
-    from llmgeom.workflow.config import check_lsm_config
-
-    check_lsm_config(config)
-    check_bayes_config(config)
+    apply_defaults(config, SCHEMA)
+    validate(config, str(SCHEMA_PATH))
+    check_config(config, here=True, root=root)
     return config
 
 

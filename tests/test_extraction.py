@@ -81,14 +81,14 @@ def test_extract_batch_shapes_and_values(family):
     r = extract_batch(m, seqs, attention=True, top_k=5)
     assert n_hooks(m) == before
     d_unembed = 16 if family == "opt_proj" else 32
-    assert r["residual"].shape == (B, L + 1, d)
-    assert r["values"].shape == (B, L, s.n_kv_heads * hd)
-    assert r["keys"].shape == (B, L, s.n_kv_heads, hd)
-    assert r["final_normed"].shape == (B, d_unembed)
-    assert r["attn_entropy"].shape == (B, L, s.n_heads)
-    assert r["next_entropy"].shape == (B,)
-    assert r["top_ids"].shape == r["top_logits"].shape == (B, 5)
-    for k in ("residual", "values", "keys", "final_normed", "attn_entropy", "next_entropy", "top_logits"):
+    assert r["last_token/residual"].shape == (B, L + 1, d)
+    assert r["last_token/values"].shape == (B, L, s.n_kv_heads * hd)
+    assert r["last_token/keys"].shape == (B, L, s.n_kv_heads, hd)
+    assert r["last_token/final_normed"].shape == (B, d_unembed)
+    assert r["attention/entropy"].shape == (B, L, s.n_heads)
+    assert r["next_token/entropy"].shape == (B,)
+    assert r["next_token/top_ids"].shape == r["next_token/top_logits"].shape == (B, 5)
+    for k in ("last_token/residual", "last_token/values", "last_token/keys", "last_token/final_normed", "attention/entropy", "next_token/entropy", "next_token/top_logits"):
         assert r[k].dtype == np.float32, k
         assert np.isfinite(r[k]).all(), k
 
@@ -98,31 +98,31 @@ def test_extract_batch_shapes_and_values(family):
     last = [len(sq) - 1 for sq in seqs]
     for b in range(B):
         t = last[b]
-        np.testing.assert_allclose(r["residual"][b, 0], hs[0][b, t].numpy(), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(r["last_token/residual"][b, 0], hs[0][b, t].numpy(), atol=1e-5, rtol=0)
         for layer in range(1, L):
-            np.testing.assert_allclose(r["residual"][b, layer], hs[layer][b, t].numpy(), atol=1e-5, rtol=0)
+            np.testing.assert_allclose(r["last_token/residual"][b, layer], hs[layer][b, t].numpy(), atol=1e-5, rtol=0)
         # last stored layer is PRE final norm; what the unembedding sees is final_normed
-        pre = torch.from_numpy(r["residual"][b, L])
+        pre = torch.from_numpy(r["last_token/residual"][b, L])
         with torch.no_grad():
             post = unembed_input(m, family, pre).numpy()
-        np.testing.assert_allclose(post, r["final_normed"][b], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(post, r["last_token/final_normed"][b], atol=1e-5, rtol=0)
         # hidden_states[-1] is post-norm (post project_out for opt_proj): it equals final_normed,
         # and differs from the stored pre-norm residual[L]
-        np.testing.assert_allclose(hs[L][b, t].numpy(), r["final_normed"][b], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(hs[L][b, t].numpy(), r["last_token/final_normed"][b], atol=1e-5, rtol=0)
         if family != "opt_proj":
-            assert np.abs(r["residual"][b, L] - r["final_normed"][b]).max() > 1e-2
+            assert np.abs(r["last_token/residual"][b, L] - r["last_token/final_normed"][b]).max() > 1e-2
         else:
-            assert r["residual"][b, L].shape != r["final_normed"][b].shape
+            assert r["last_token/residual"][b, L].shape != r["last_token/final_normed"][b].shape
         # logits: the model's own, in float32, at the last real token
         logits = out.logits[b, t].float()
         tv, ti = logits.topk(5)
-        np.testing.assert_allclose(r["top_logits"][b], tv.numpy(), atol=ATOL, rtol=0)
-        np.testing.assert_array_equal(r["top_ids"][b], ti.numpy())
+        np.testing.assert_allclose(r["next_token/top_logits"][b], tv.numpy(), atol=ATOL, rtol=0)
+        np.testing.assert_array_equal(r["next_token/top_ids"][b], ti.numpy())
         p = torch.softmax(logits.double(), -1)
         ent = float(-(p * p.log()).sum())
-        assert r["next_entropy"][b] == pytest.approx(ent, abs=ATOL)
-        assert 0 < r["next_entropy"][b] <= math.log(s.vocab_size) + 1e-5
-    assert (np.diff(r["top_logits"], axis=1) <= 0).all()
+        assert r["next_token/entropy"][b] == pytest.approx(ent, abs=ATOL)
+        assert 0 < r["next_token/entropy"][b] <= math.log(s.vocab_size) + 1e-5
+    assert (np.diff(r["next_token/top_logits"], axis=1) <= 0).all()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -157,8 +157,8 @@ def test_values_and_keys_are_the_projections_at_the_last_token(family):
             _, k, v = arch.split_fused(m, got[("k", i)])
         for b, sq in enumerate(seqs):
             t = len(sq) - 1
-            np.testing.assert_allclose(r["values"][b, i], v[b, t].numpy(), atol=1e-5, rtol=0)
-            np.testing.assert_allclose(r["keys"][b, i].reshape(-1), k[b, t].numpy(), atol=1e-5, rtol=0)
+            np.testing.assert_allclose(r["last_token/values"][b, i], v[b, t].numpy(), atol=1e-5, rtol=0)
+            np.testing.assert_allclose(r["last_token/keys"][b, i].reshape(-1), k[b, t].numpy(), atol=1e-5, rtol=0)
 
 
 # --------------------------------------------------------------------------- padding invariance
@@ -167,7 +167,7 @@ def test_values_and_keys_are_the_projections_at_the_last_token(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_padding_invariance(family):
     m = tiny(family)
-    keys = ("residual", "final_normed", "values", "keys", "attn_output", "attn_entropy", "next_entropy", "top_logits")
+    keys = ("last_token/residual", "last_token/final_normed", "last_token/values", "last_token/keys", "last_token/attn_output", "attention/entropy", "next_token/entropy", "next_token/top_logits")
     both = extract_batch(m, [SEQ3, SEQ7], attention=True)
     both_rev = extract_batch(m, [SEQ7, SEQ3], attention=True)
     alone = [extract_batch(m, [SEQ3], attention=True), extract_batch(m, [SEQ7], attention=True)]
@@ -175,9 +175,9 @@ def test_padding_invariance(family):
         for k in keys:
             np.testing.assert_allclose(both[k][b], alone[b][k][0], atol=ATOL, rtol=0, err_msg=k)
             np.testing.assert_allclose(both_rev[k][1 - b], alone[b][k][0], atol=ATOL, rtol=0, err_msg=k)
-        np.testing.assert_array_equal(both["top_ids"][b], alone[b]["top_ids"][0])
+        np.testing.assert_array_equal(both["next_token/top_ids"][b], alone[b]["next_token/top_ids"][0])
     # the two prompts really differ (otherwise the test proves nothing)
-    assert np.abs(alone[0]["residual"][0, -1] - alone[1]["residual"][0, -1]).max() > 1e-3
+    assert np.abs(alone[0]["last_token/residual"][0, -1] - alone[1]["last_token/residual"][0, -1]).max() > 1e-3
 
 
 def _prompt_file(path):
@@ -274,8 +274,8 @@ def test_attention_rows_and_entropy(family):
                 assert (last[:, :n] > 0).all()
             p = last[:, :n]
             hand = -torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(-1)  # 0 log 0 = 0
-            np.testing.assert_allclose(r["attn_entropy"][b, layer], hand.numpy(), atol=ATOL, rtol=0)
-            assert (r["attn_entropy"][b, layer] <= math.log(n) + 1e-5).all()
+            np.testing.assert_allclose(r["attention/entropy"][b, layer], hand.numpy(), atol=ATOL, rtol=0)
+            assert (r["attention/entropy"][b, layer] <= math.log(n) + 1e-5).all()
 
 
 def test_attention_row_entropy_uniform_and_degenerate():
@@ -327,9 +327,9 @@ def test_attention_entropy_from_hooked_queries_equals_eager(family):
     before = n_hooks(m)
     r = extract_batch(m, seqs, attention=True)
     assert n_hooks(m) == before
-    np.testing.assert_allclose(r["attn_entropy"], ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(r["attention/entropy"], ref, atol=1e-5, rtol=0)
     # the same path on an eager model
-    np.testing.assert_allclose(extract_batch(tiny(family), seqs, attention=True)["attn_entropy"], ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(extract_batch(tiny(family), seqs, attention=True)["attention/entropy"], ref, atol=1e-5, rtol=0)
     # heads and layers differ (the comparison is not between constants)
     assert np.ptp(ref[0]) > 1e-4
 
@@ -342,7 +342,7 @@ def test_sliding_window_is_applied(family, monkeypatch):
     s = arch.summarize(m.config)
     assert s.sliding_layers and s.sliding_window < len(LONG)
     monkeypatch.setattr(arch, "attention_window", lambda config, layer: None)
-    wrong = extract_batch(m, [LONG], attention=True)["attn_entropy"]
+    wrong = extract_batch(m, [LONG], attention=True)["attention/entropy"]
     assert np.abs(wrong - ref)[0, list(s.sliding_layers)].max() > 1e-2
 
 
@@ -357,7 +357,7 @@ def test_gemma3_query_pre_attn_scalar():
     sdpa.load_state_dict(eager.state_dict())
     assert arch.attention_scaling(cfg, 0) == pytest.approx(32 ** -0.5)
     seqs = [LONG, SEQ7]
-    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attn_entropy"],
+    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attention/entropy"],
                                eager_entropies(eager, seqs), atol=1e-5, rtol=0)
 
 
@@ -391,7 +391,7 @@ def test_attention_outside_the_interface_is_refused():
     with pytest.raises(arch.UnsupportedArchitectureError, match=r"layers \[0, 1\].*sdpa"):
         extract_batch(m, [SEQ3], attention=True)
     assert n_hooks(m) == before
-    assert extract_batch(testing.tiny_model("llama", attn="sdpa"), [SEQ3], attention=False)["residual"].shape == (1, 3, 32)
+    assert extract_batch(testing.tiny_model("llama", attn="sdpa"), [SEQ3], attention=False)["last_token/residual"].shape == (1, 3, 32)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -416,11 +416,11 @@ def test_attn_output_is_the_o_proj_input(family):
         for h in handles:
             h.remove()
     r = extract_batch(m, seqs, attention=False)
-    assert r["attn_output"].shape == (3, s.n_layers, s.n_heads * s.head_dim)
+    assert r["last_token/attn_output"].shape == (3, s.n_layers, s.n_heads * s.head_dim)
     for i in range(s.n_layers):
         for b, sq in enumerate(seqs):
-            np.testing.assert_allclose(r["attn_output"][b, i], got[i][b, len(sq) - 1].numpy(), atol=1e-5, rtol=0)
-    assert np.abs(r["attn_output"][0] - r["attn_output"][1]).max() > 1e-3
+            np.testing.assert_allclose(r["last_token/attn_output"][b, i], got[i][b, len(sq) - 1].numpy(), atol=1e-5, rtol=0)
+    assert np.abs(r["last_token/attn_output"][0] - r["last_token/attn_output"][1]).max() > 1e-3
 
 
 def test_last_positions_any_padding_side():
@@ -463,7 +463,7 @@ def test_non_finite_names_block_and_prompt(family, layer):
     assert "'prompt-seven'" in msg
     # a later clean run works and is finite
     r = extract_batch(m, [SEQ3], attention=True)
-    assert np.isfinite(r["residual"]).all()
+    assert np.isfinite(r["last_token/residual"]).all()
 
 
 def test_non_finite_in_second_prompt_names_it():
@@ -501,35 +501,35 @@ def test_corpus_token_stats(family):
         for t in range(1, len(sq) - 1):
             want_b.append(b)
             want_t.append(t)
-    np.testing.assert_array_equal(r["tok_prompt"], want_b)
-    np.testing.assert_array_equal(r["tok_position"], want_t)
-    assert r["margin"].shape == r["nll"].shape == r["tok_entropy"].shape == (len(want_b),)
+    np.testing.assert_array_equal(r["tokens/prompt"], want_b)
+    np.testing.assert_array_equal(r["tokens/position"], want_t)
+    assert r["tokens/margin"].shape == r["tokens/nll"].shape == r["tokens/entropy"].shape == (len(want_b),)
     z = logits[want_b, want_t]  # [P, V]
     top2 = z.topk(2, -1).values
-    np.testing.assert_allclose(r["margin"], (top2[:, 0] - top2[:, 1]).numpy(), atol=ATOL, rtol=0)
-    assert (r["margin"] >= 0).all()
+    np.testing.assert_allclose(r["tokens/margin"], (top2[:, 0] - top2[:, 1]).numpy(), atol=ATOL, rtol=0)
+    assert (r["tokens/margin"] >= 0).all()
     targets = ids[want_b, [t + 1 for t in want_t]]
     ce = F.cross_entropy(z, targets, reduction="none")
-    np.testing.assert_allclose(r["nll"], ce.numpy(), atol=ATOL, rtol=0)
-    assert (r["nll"] > 0).all()
+    np.testing.assert_allclose(r["tokens/nll"], ce.numpy(), atol=ATOL, rtol=0)
+    assert (r["tokens/nll"] > 0).all()
     logp = torch.log_softmax(z.double(), -1)
-    np.testing.assert_allclose(r["tok_entropy"], (-(logp.exp() * logp).sum(-1)).numpy(), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(r["tokens/entropy"], (-(logp.exp() * logp).sum(-1)).numpy(), atol=ATOL, rtol=0)
     # residual samples are the hidden states at the sampled positions (layers < L pre-norm hooks)
     flat = [(b, t) for b, ps in enumerate(samples) for t in ps]
-    np.testing.assert_array_equal(r["sample_prompt"], [b for b, _ in flat])
-    np.testing.assert_array_equal(r["sample_position"], [t for _, t in flat])
-    assert r["residual_sample"].shape == (len(flat), s.n_layers + 1, s.d_model)
+    np.testing.assert_array_equal(r["tokens/sample_prompt"], [b for b, _ in flat])
+    np.testing.assert_array_equal(r["tokens/sample_position"], [t for _, t in flat])
+    assert r["tokens/residual_sample"].shape == (len(flat), s.n_layers + 1, s.d_model)
     hs = out.hidden_states
     for j, (b, t) in enumerate(flat):
         for layer in range(s.n_layers):
-            np.testing.assert_allclose(r["residual_sample"][j, layer], hs[layer][b, t].numpy(), atol=1e-5, rtol=0)
+            np.testing.assert_allclose(r["tokens/residual_sample"][j, layer], hs[layer][b, t].numpy(), atol=1e-5, rtol=0)
         with torch.no_grad():
-            post = unembed_input(m, family, torch.from_numpy(r["residual_sample"][j, -1]))
+            post = unembed_input(m, family, torch.from_numpy(r["tokens/residual_sample"][j, -1]))
         # hidden_states[-1] is what the unembedding sees (after the final norm / project_out)
         np.testing.assert_allclose(post.numpy(), hs[-1][b, t].numpy(), atol=1e-5, rtol=0)
     # last-token outputs are the same as without corpus extras
     plain = extract_batch(m, seqs, attention=False)
-    for k in ("residual", "values", "keys", "top_logits"):
+    for k in ("last_token/residual", "last_token/values", "last_token/keys", "next_token/top_logits"):
         np.testing.assert_allclose(r[k], plain[k], atol=1e-6, rtol=0)
 
 
@@ -537,10 +537,10 @@ def test_corpus_token_stats_padding_invariant():
     m = tiny("mistral")
     together = extract_batch(m, [SEQ9, SEQ3], attention=False, sample_positions=[[2, 5], [1]], token_stats=True)
     alone = extract_batch(m, [SEQ9], attention=False, sample_positions=[[2, 5]], token_stats=True)
-    sel = together["tok_prompt"] == 0
-    for k in ("margin", "nll", "tok_entropy"):
+    sel = together["tokens/prompt"] == 0
+    for k in ("tokens/margin", "tokens/nll", "tokens/entropy"):
         np.testing.assert_allclose(together[k][sel], alone[k], atol=ATOL, rtol=0)
-    np.testing.assert_allclose(together["residual_sample"][:2], alone["residual_sample"], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(together["tokens/residual_sample"][:2], alone["tokens/residual_sample"], atol=ATOL, rtol=0)
 
 
 def test_tokenize_prompts_limits():
@@ -585,5 +585,5 @@ def test_embedded_models_attention_entropy_equals_eager(name):
     assert not s.sliding_window or T > s.sliding_window
     g = np.random.default_rng(0)
     seqs = [[2] + g.integers(100, 5000, T - 1).tolist(), [2] + g.integers(100, 5000, 20).tolist()]
-    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attn_entropy"],
+    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attention/entropy"],
                                eager_entropies(eager, seqs), atol=1e-5, rtol=0)

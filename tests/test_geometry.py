@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from llmgeom.measures.pca import explained_variance, participation_ratio, pc_scores, standardize_columns, value_manifold_stats
+from llmgeom.measures.pca import (ENTROPY_SIGN, H_MODEL_SIGN, SignConvention, ValueManifoldPCA, explained_variance,
+                                  participation_ratio, pc_scores, standardize_columns, value_manifold_stats)
 
 
 def _latent_cloud(n=200, d=30, noise=0.5, seed=0):
@@ -141,28 +142,71 @@ def test_pc_scores_shape_and_sign_reference():
     X, lat = _latent_cloud()
     S = pc_scores(X, n_components=3)
     assert S.shape == (200, 3)
-    S1 = pc_scores(-X, n_components=1, sign_reference=lat)[:, 0]
-    S2 = pc_scores(X, n_components=1, sign_reference=lat)[:, 0]
+    S1 = pc_scores(-X, n_components=1, sign=ENTROPY_SIGN, reference=lat)[:, 0]
+    S2 = pc_scores(X, n_components=1, sign=ENTROPY_SIGN, reference=lat)[:, 0]
     np.testing.assert_allclose(S1, S2, atol=1e-9)
     assert np.corrcoef(S2, lat)[0, 1] > 0.9
     with pytest.raises(ValueError):
         pc_scores(X, n_components=31)
 
 
-def test_sign_convention_rho_positive_and_sign_invariant():
+def _planted(d=20, seed=0):
+    """Rows t_i u + s_i w with t, s centred and orthogonal, u, w orthonormal: the covariance has exactly
+    two non-zero eigenvalues |t|^2/n and |s|^2/n, so PC1 = 168/176, PC2 = 8/176 (unstandardized)."""
+    t = np.array([-7.0, -5, -3, -1, 1, 3, 5, 7])
+    s = np.array([1.0, -1, -1, 1, 1, -1, -1, 1])
+    q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, 2)))
+    return np.outer(t, q[:, 0]) + np.outer(s, q[:, 1]) + 3.0, t
+
+
+@pytest.mark.parametrize("sign", [ENTROPY_SIGN, H_MODEL_SIGN])
+def test_planted_rank1_direction_known_shares_and_rho(sign):
+    X, t = _planted()
+    for Xs, ref in ((X, 2 * t + 5), (-X, 2 * t + 5), (X, -t)):  # entropy-like references affine in t
+        e = ValueManifoldPCA(standardize=False, n_components=2, sign=sign, n_boot=30, seed=0).fit(Xs, ref)
+        assert e.pc1_ == pytest.approx(168 / 176, abs=1e-12) and e.pc2_ == pytest.approx(8 / 176, abs=1e-12)
+        assert e.participation_ratio_ == pytest.approx(176 ** 2 / (168 ** 2 + 8 ** 2), rel=1e-10)
+        # PC1 is +-t itself: after the sign fix its Spearman and Pearson correlation with the reference is 1
+        assert e.sign_corr_[0] == pytest.approx(1.0, abs=1e-12)
+        np.testing.assert_allclose(np.abs(e.scores_[:, 0]), np.abs(t), atol=1e-12)
+        assert np.sign(e.scores_[:, 0] @ (ref - ref.mean())) == 1.0
+    a = ValueManifoldPCA(standardize=False, sign=ENTROPY_SIGN).fit(X, t)
+    b = ValueManifoldPCA(standardize=False, sign=ENTROPY_SIGN).fit(X, -t)
+    assert a.sign_flipped_[0] != b.sign_flipped_[0]  # the entropy's direction, not the data's, decides
+    np.testing.assert_allclose(a.scores_[:, 0], -b.scores_[:, 0], atol=1e-12)
+    assert a.summary()["pc1_sign"] == "spearman(next_token_entropy) >= 0"
+    assert SignConvention("h_exact_bits").label == "spearman(h_exact_bits) >= 0"
+    with pytest.raises(ValueError, match="method"):
+        SignConvention("x", "kendall")
+
+
+def test_sign_convention_is_invariant_to_negating_x():
     X, lat = _latent_cloud()
-    entropy = np.exp(lat)  # a monotone function of the PC1-like latent (nats > 0)
+    entropy = np.exp(lat)
     a = value_manifold_stats(X, entropy, n_boot=20, seed=0)
     b = value_manifold_stats(-X, entropy, n_boot=20, seed=0)
-    assert a["spearman_rho"] >= 0.95
+    assert a["spearman_rho"] == pytest.approx(0.986, abs=0.01)  # latent + noise 0.5 in 30 coordinates
     assert b["spearman_rho"] == pytest.approx(a["spearman_rho"], abs=1e-12)
     assert b["spearman_p"] == pytest.approx(a["spearman_p"], rel=1e-9)
     assert a["pc1_sign_flipped"] != b["pc1_sign_flipped"]
-    # entropy anti-aligned with the latent: still rho >= 0 after the flip
-    c = value_manifold_stats(X, -lat, n_boot=20, seed=0)
-    assert c["spearman_rho"] >= 0.95
     for key in ("pc1", "pc2", "pc12", "participation_ratio"):
         assert b[key] == pytest.approx(a[key], abs=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(60, 100), (60, 20)])  # Gram [m, m] and covariance [d, d] branches
+@pytest.mark.parametrize("standardize", [True, False])
+def test_fast_bootstrap_equals_sklearn_on_the_same_resample(shape, standardize):
+    """The batched Gram path of the bootstrap gives the shares of scikit-learn's PCA on X[idx[b]]."""
+    rng = np.random.default_rng(4)
+    n, d = shape
+    X = rng.standard_normal((n, d)) @ rng.standard_normal((d, d)) + 2.0
+    X[:, 0] = 1.5  # constant: dropped
+    X[:, 1] = np.where(np.arange(n) < 2, 1.0, 0.0)  # tied: constant in resamples that miss rows 0 and 1
+    st, boot = value_manifold_stats(X, rng.random(n), n_boot=40, seed=9, standardize=standardize, return_boot=True)
+    idx = np.random.default_rng(9).integers(0, n, size=(40, n))  # the estimator's documented draw
+    for b in range(40):
+        ref = explained_variance(X[idx[b]], standardize)
+        np.testing.assert_allclose(boot[b], [ref[0], ref[1], ref[0] + ref[1]], rtol=0, atol=1e-10)
 
 
 def test_constant_entropy_gives_nan_rho_no_flip():

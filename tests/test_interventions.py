@@ -219,7 +219,7 @@ def test_entropy_axis_sign_sigma_and_random_axis():
     h = t + 0.1 * rng.standard_normal(n)
     ax = entropy_axis(V, h, layer=3)
     assert np.linalg.norm(ax.u) == pytest.approx(1.0)
-    assert ax.corr > 0.9 and ax.pc1_var > 0.9
+    assert ax.corr > 0.9 and ax.pc1 > 0.9 and ax.sign == "pearson(h_model_bits) >= 0"
     assert ax.sigma == pytest.approx(np.std(V @ ax.u))
     ax2 = entropy_axis(V, -h, layer=3)  # sign follows H_model
     np.testing.assert_allclose(ax2.u, -ax.u, atol=1e-12)
@@ -273,7 +273,7 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
                                    conditions=("main",), ks=[0, 1, 2, 4], n_per_k=6, seed=0)
     write_prompt_set(sets["main"], tmp_path / "main.jsonl")
     extraction.extract_to_hdf5(prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny",
-                               dtype="float32", device="cpu", attention=False, candidates_key="label_token_ids",
+                               dtype="float32", device="cpu", attention=False, candidates_key="candidate_token_ids",
                                log=lambda *a: None)
     per, axes, arrays = intervention_experiment(
         prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny", layers=["middle", "last"],
@@ -319,7 +319,7 @@ def test_skipping_unaffected_blocks_is_exact(family):
     m = tiny(family)
     before = n_hooks(m)
     d = vdim(m)
-    axes = {l: EntropyAxis(layer=l, u=unit(d, seed=l).double().numpy(), sigma=0.5, corr=0.5, pc1_var=0.5,
+    axes = {l: EntropyAxis(layer=l, u=unit(d, seed=l).double().numpy(), sigma=0.5, corr=0.5, pc1=0.5,
                               n_fit=10, flipped=False) for l in (0, 1)}
     rnd = {l: random_axis(axes[l].u, 0, l) for l in (0, 1)}
     conds = intervention_conditions([1], [0, 1], ["axis_cut", "axis_shift_plus"])

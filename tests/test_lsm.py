@@ -23,7 +23,7 @@ from llmgeom.core.store import ActivationWriter
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.curvature import curvature_table
 from llmgeom.analyses.margins import margin_tables, margin_vs_perplexity_table
-from llmgeom.workflow.config import LSMConfigError, check_lsm_config
+from llmgeom.workflow.config import ConfigError, check_lsm_config
 
 
 def _embed(Y, D, rng):
@@ -370,9 +370,9 @@ def test_check_lsm_config():
            "fisher": {"prompt_set": "corpus"}, "curvature": {"id_estimator": "twonn"},
            "intrinsic_dimension": {"estimators": ["twonn"]}}
     check_lsm_config(cfg)
-    with pytest.raises(LSMConfigError, match="fisher.prompt_set"):
+    with pytest.raises(ConfigError, match="fisher.prompt_set"):
         check_lsm_config({**cfg, "fisher": {"prompt_set": "mixed"}})
-    with pytest.raises(LSMConfigError, match="curvature.id_estimator"):
+    with pytest.raises(ConfigError, match="curvature.id_estimator"):
         check_lsm_config({**cfg, "curvature": {"id_estimator": "mle"}})
     # 'mle' is the old name of 'mle_mg': either spelling matches the other
     check_lsm_config({**cfg, "curvature": {"id_estimator": "mle"},

@@ -24,7 +24,6 @@ import yaml
 
 import slurm_stub
 from llmgeom.workflow import cluster
-from llmgeom.models import tiny as testing
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -67,14 +66,12 @@ class Workdir:
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    from test_workflow import tiny_config
+    from conftest import tiny_config
 
     base = tmp_path_factory.mktemp("rerun")
     pkg_src = base / "pkgcopy"
     shutil.copytree(REPO / "src" / "llmgeom", pkg_src / "llmgeom", ignore=shutil.ignore_patterns("__pycache__"))
-    dirs = {"tiny-llama": testing.save_tiny_model_dir("llama", base / "src_models" / "tiny-llama"),
-            "tiny-gpt2": testing.save_tiny_model_dir("gpt2", base / "src_models" / "tiny-gpt2")}
-    cfg_two = tiny_config(dirs)
+    cfg_two = tiny_config()
     cfg = dict(cfg_two, models={"tiny-llama": cfg_two["models"]["tiny-llama"]})
     wd = Workdir(base / "wd", pkg_src)
     wd.path.mkdir()

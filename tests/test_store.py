@@ -90,8 +90,14 @@ def test_round_trip_datasets_and_attributes(setup):
         assert datetime.fromisoformat(a["created"]).tzinfo is not None
 
         # datasets: names, shapes, dtypes, units/axes
-        names = []
-        f.visit(lambda x: names.append(x) if isinstance(f[x], h5py.Dataset) else None)
+        names, scales = [], []
+        f.visit(lambda x: (scales if h5py.h5ds.is_scale(f[x].id) else names).append(x)
+                if isinstance(f[x], h5py.Dataset) else None)
+        # the named axes: one dimension scale per axis at the root, attached to every dataset that has it
+        assert sorted(scales) == sorted(["prompt", "layer", "resid_layer", "d_model", "d_unembed", "value_feature",
+                                         "kv_head", "head_dim", "head", "attn_feature", "rank"])
+        assert [f["last_token/keys"].dims[i][0].name for i in range(4)] == ["/prompt", "/layer", "/kv_head", "/head_dim"]
+        np.testing.assert_array_equal(f["resid_layer"][()], np.arange(L + 1))
         assert sorted(names) == sorted([
             "prompts/text", "prompts/meta", "prompts/n_tokens", "last_token/residual", "last_token/final_normed",
             "last_token/values", "last_token/keys", "last_token/attn_output", "attention/entropy",
@@ -118,13 +124,13 @@ def test_round_trip_datasets_and_attributes(setup):
         assert [_str(t) for t in f["prompts/text"][()]] == [r["text"] for r in PROMPTS]
         assert [json.loads(_str(m)) for m in f["prompts/meta"][()]] == [r["meta"] for r in PROMPTS]
         np.testing.assert_array_equal(f["prompts/n_tokens"][()], [len(q) for q in seqs])
-        pairs = {"last_token/residual": "residual", "last_token/final_normed": "final_normed",
-                 "last_token/values": "values", "last_token/keys": "keys", "attention/entropy": "attn_entropy",
-                 "last_token/attn_output": "attn_output",
-                 "next_token/entropy": "next_entropy", "next_token/top_logits": "top_logits"}
+        pairs = {"last_token/residual": "last_token/residual", "last_token/final_normed": "last_token/final_normed",
+                 "last_token/values": "last_token/values", "last_token/keys": "last_token/keys", "attention/entropy": "attention/entropy",
+                 "last_token/attn_output": "last_token/attn_output",
+                 "next_token/entropy": "next_token/entropy", "next_token/top_logits": "next_token/top_logits"}
         for x, k in pairs.items():
             np.testing.assert_allclose(f[x][()], ref[k], atol=1e-5, rtol=0, err_msg=x)
-        np.testing.assert_array_equal(f["next_token/top_ids"][()], ref["top_ids"])
+        np.testing.assert_array_equal(f["next_token/top_ids"][()], ref["next_token/top_ids"])
 
 
 def test_round_trip_corpus(setup):
@@ -143,12 +149,12 @@ def test_round_trip_corpus(setup):
         np.testing.assert_array_equal(sp, np.repeat(np.arange(len(seqs)), [len(x) for x in samples]))
         ref = extraction.extract_batch(model, seqs, attention=False, top_k=7, sample_positions=samples,
                                        token_stats=True)
-        np.testing.assert_allclose(f["tokens/residual_sample"][()], ref["residual_sample"], atol=1e-5, rtol=0)
-        for x, k in (("tokens/margin", "margin"), ("tokens/nll", "nll"), ("tokens/entropy", "tok_entropy")):
+        np.testing.assert_allclose(f["tokens/residual_sample"][()], ref["tokens/residual_sample"], atol=1e-5, rtol=0)
+        for x, k in (("tokens/margin", "tokens/margin"), ("tokens/nll", "tokens/nll"), ("tokens/entropy", "tokens/entropy")):
             np.testing.assert_allclose(f[x][()], ref[k], atol=1e-5, rtol=0, err_msg=x)
             assert f[x].attrs["units"] in ("logits", "nats")
-        np.testing.assert_array_equal(f["tokens/prompt"][()], ref["tok_prompt"])
-        np.testing.assert_array_equal(f["tokens/position"][()], ref["tok_position"])
+        np.testing.assert_array_equal(f["tokens/prompt"][()], ref["tokens/prompt"])
+        np.testing.assert_array_equal(f["tokens/position"][()], ref["tokens/position"])
         assert len(f["tokens/margin"]) == sum(len(q) - 2 for q in seqs)
         for x in ("tokens/residual_sample", "tokens/margin", "tokens/nll", "tokens/position"):
             assert f[x].attrs["units"] and f[x].attrs["axes"], x
@@ -183,6 +189,17 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def _wait_for(marker, proc, what: str, seconds: float) -> None:
+    """Wait until the child process writes ``marker``; fail if it exits first or takes too long."""
+    deadline = time.time() + seconds
+    while not marker.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"child exited early: {proc.stdout.read().decode()[-2000:]}")
+        if time.time() > deadline:
+            pytest.fail(f"child did not {what} within {seconds} s")
+        time.sleep(0.05)
+
+
 def test_killed_write_leaves_only_partial(setup, tmp_path):
     out = tmp_path / "killed.h5"
     partial = tmp_path / "killed.h5.partial"
@@ -191,13 +208,7 @@ def test_killed_write_leaves_only_partial(setup, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(setup["prepared"]), str(setup["prompts"]), str(out),
                              str(marker)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 60
-        while not marker.exists():
-            if proc.poll() is not None:
-                pytest.fail(f"child exited early: {proc.stdout.read().decode()[-2000:]}")
-            if time.time() > deadline:
-                pytest.fail("child did not reach extraction within 60 s")
-            time.sleep(0.05)
+        _wait_for(marker, proc, "reach extraction", 60)
         assert partial.exists()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -490,3 +501,220 @@ def test_corruption_as_reported_in_the_issue(setup, tmp_path):
     with pytest.raises(StoreError, match=rf"{bad}: dataset 'last_token/values' cannot be read.*"
                                          rf"snakemake --forcerun {bad}"):
         value_manifold_table({"mixed": bad}, model="tiny-llama", n_boot=2, seed=0)
+
+
+# --------------------------------------------------------------------------- labelled arrays (notebook use)
+
+
+def test_notebook_opens_activations_as_labelled_xarray(setup):
+    """As a notebook user would: one call gives labelled arrays whose values are the file's values."""
+    import xarray as xr
+
+    import llmgeom
+
+    ds = llmgeom.open_labelled(setup["h5"])  # group "last_token"
+    assert dict(ds.sizes) == {"prompt": 5, "resid_layer": 3, "d_model": 32, "d_unembed": 32, "layer": 2,
+                              "value_feature": 16, "kv_head": 2, "head_dim": 8, "attn_feature": 32}
+    assert ds["values"].dims == ("prompt", "layer", "value_feature")
+    assert ds["residual"].attrs["units"] == "activation"
+    with h5py.File(setup["h5"], "r") as f:
+        raw_v = f["last_token/values"][()]
+        raw_k = f["last_token/keys"][()]
+        raw_e = f["attention/entropy"][()]
+        raw_h = f["next_token/entropy"][()]
+    np.testing.assert_array_equal(ds["values"].sel(layer=1, prompt=3).values, raw_v[3, 1])
+    np.testing.assert_array_equal(ds["keys"].isel(kv_head=1).sel(layer=0).values, raw_k[:, 0, 1])
+    np.testing.assert_array_equal(ds["residual"].sel(resid_layer=0).values.shape, (5, 32))
+    # plain xarray, as the issue asks: engine h5netcdf, one group
+    att = xr.open_dataset(setup["h5"], engine="h5netcdf", group="attention")
+    assert att["entropy"].dims == ("prompt", "layer", "head")
+    np.testing.assert_array_equal(att["entropy"].values, raw_e)
+    assert float(att["entropy"].mean("head").sel(layer=1)[2]) == pytest.approx(float(raw_e[2, 1].mean()), rel=1e-6)
+    # the whole file as a tree
+    tree = llmgeom.open_labelled(setup["h5"], group=None)
+    np.testing.assert_array_equal(tree["next_token"]["entropy"].values, raw_h)
+    # corpus sets: the token-level axes
+    tok = llmgeom.open_labelled(setup["corpus"], group="tokens")
+    assert tok["residual_sample"].dims == ("sample", "resid_layer", "d_model")
+    assert tok["nll"].dims == ("position",) and tok["nll"].attrs["units"] == "nats"
+    with pytest.raises(KeyError, match="no group 'nope'"):
+        llmgeom.open_labelled(setup["h5"], group="nope")
+
+
+def test_labelled_view_refuses_an_untrusted_file(setup, tmp_path):
+    import llmgeom
+
+    bad = _copy(setup, tmp_path)
+    _set_attr(bad, "complete", False)
+    with pytest.raises(StoreError, match="incomplete"):
+        llmgeom.open_labelled(bad)
+
+
+# --------------------------------------------------------------------------- resumable extraction (issue 18.3)
+
+
+def _same_datasets(a, b):
+    """Every dataset of ``a`` is in ``b`` with the same dtype, shape, values (bytes), stored chunk bytes and
+    attributes; the root attributes agree except ``created``; ``b`` has nothing more."""
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        na, nb = [], []
+        fa.visit(lambda x: na.append(x))
+        fb.visit(lambda x: nb.append(x))
+        assert sorted(na) == sorted(nb)
+        for x in na:
+            da, db = fa[x], fb[x]
+            if isinstance(da, h5py.Group):
+                continue
+            assert da.dtype == db.dtype and da.shape == db.shape, x
+            va, vb = da[()], db[()]
+            if h5py.check_string_dtype(da.dtype) is not None:
+                assert list(va) == list(vb), x
+            else:
+                assert va.tobytes() == vb.tobytes(), x
+                if da.chunks:
+                    for i in range(da.id.get_num_chunks()):
+                        off = da.id.get_chunk_info(i).chunk_offset
+                        assert da.id.read_direct_chunk(off) == db.id.read_direct_chunk(off), (x, off)
+            ka = {k: v for k, v in da.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
+            kb = {k: v for k, v in db.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
+            assert ka.keys() == kb.keys() and all(np.array_equal(ka[k], kb[k]) for k in ka), x
+        ra = {k: v for k, v in fa.attrs.items() if k != "created"}
+        rb = {k: v for k, v in fb.attrs.items() if k != "created"}
+        assert ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) for k in ra)
+
+
+_REAL_EXTRACT_BATCH = extraction.extract_batch
+RESUME_KW = dict(model_name="tiny-llama", dtype="float32", device="cpu", batch_size=1, top_k=7, corpus=True,
+                 sample_per_prompt=4, seed=3)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup):
+    out = setup["dir"] / "resume" / "ref.h5"
+    extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
+    return out
+
+
+def _counting(monkeypatch, stop_after=None):
+    """Wrap extract_batch: record the prompt ids of every batch computed; after ``stop_after`` batches send
+    this process SIGUSR1 (as SLURM's --signal=B:USR1@<s> would) while the batch is in flight."""
+    seen = []
+    real = _REAL_EXTRACT_BATCH
+
+    def wrapped(*a, **k):
+        seen.append(tuple(k["prompt_ids"]))
+        if stop_after is not None and len(seen) == stop_after:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(extraction, "extract_batch", wrapped)
+    return seen
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_interrupted_extraction_resumes_to_the_same_bytes(setup, uninterrupted, tmp_path, monkeypatch, sig):
+    out = tmp_path / "r.h5"
+    partial = tmp_path / "r.h5.partial"
+    seen = []
+    real = extraction.extract_batch
+
+    def first(*a, **k):
+        seen.append(tuple(k["prompt_ids"]))
+        if len(seen) == 2:
+            os.kill(os.getpid(), sig)  # arrives during batch 2: it finishes, is committed, then the job stops
+        return real(*a, **k)
+
+    monkeypatch.setattr(extraction, "extract_batch", first)
+    with pytest.raises(extraction.ExtractionInterrupted) as ei:
+        extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
+    assert ei.value.exit_code == 128 + sig and ei.value.signum == sig
+    assert signal.getsignal(sig) is signal.SIG_DFL  # the handler is gone again
+    assert not out.exists() and partial.exists() and len(seen) == 2
+    with h5py.File(partial, "r") as f:
+        assert f["resume/done"][()].tolist() == [1, 1, 0, 0, 0]
+    with pytest.raises(StoreError):
+        open_activations(partial)
+    logs = []
+    again = _counting(monkeypatch)
+    extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **RESUME_KW)
+    ids = {r["id"] for r in PROMPTS}
+    assert len(again) == 3 and set(again).isdisjoint(seen)  # only the missing rows were computed
+    assert {p for b in seen + again for p in b} == ids
+    assert any("resuming" in m and "2 of 5 batches" in m for m in logs), logs
+    assert not partial.exists()
+    _same_datasets(uninterrupted, out)
+    open_activations(out, model="tiny-llama").close()
+
+
+def test_partial_from_other_settings_or_corrupted_is_discarded(setup, uninterrupted, tmp_path, monkeypatch):
+    out = tmp_path / "d.h5"
+    partial = tmp_path / "d.h5.partial"
+    _counting(monkeypatch, stop_after=3)
+    with pytest.raises(extraction.ExtractionInterrupted):
+        extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
+    keep = tmp_path / "keep.partial"
+    shutil.copy(partial, keep)
+    # other settings (top_k): discarded, everything computed again
+    logs = []
+    seen = _counting(monkeypatch)
+    extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **{**RESUME_KW, "top_k": 5})
+    assert len(seen) == 5 and any("discarding" in m and "other inputs" in m for m in logs), logs
+    # a committed batch whose bytes changed: discarded, and the result is still the uninterrupted file
+    out.unlink()
+    shutil.copy(keep, partial)
+    with h5py.File(partial, "r+") as f:  # valid HDF5 (checksums of the new bytes pass), other values
+        f["next_token/entropy"][:] = f["next_token/entropy"][()] + 1.0
+    logs = []
+    seen = _counting(monkeypatch)
+    extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **RESUME_KW)
+    assert len(seen) == 5 and any("discarding" in m and "sha256" in m for m in logs), logs
+    _same_datasets(uninterrupted, out)
+    # a partial that is not an HDF5 file at all
+    out.unlink()
+    partial.write_bytes(b"garbage")
+    logs = []
+    extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **RESUME_KW)
+    assert any("discarding" in m and "not a readable HDF5 file" in m for m in logs), logs
+    _same_datasets(uninterrupted, out)
+
+
+_RESUME_CHILD = textwrap.dedent("""
+    import json, pathlib, sys, time
+    import llmgeom.extract.forward as E
+
+    real, n = E.extract_batch, [0]
+
+    def slow(*a, **k):
+        n[0] += 1
+        if n[0] == 3:
+            pathlib.Path(sys.argv[4]).write_text("half")
+            time.sleep(2)  # the signal arrives while this batch is in flight
+        return real(*a, **k)
+
+    E.extract_batch = slow
+    E.extract_to_hdf5(sys.argv[1], sys.argv[2], sys.argv[3], log=print, **json.loads(sys.argv[5]))
+""")
+
+
+def test_subprocess_stopped_by_sigusr1_exits_non_zero_and_resumes(setup, uninterrupted, tmp_path, monkeypatch):
+    out = tmp_path / "s.h5"
+    marker = tmp_path / "half"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-c", _RESUME_CHILD, str(setup["prepared"]), str(setup["prompts"]),
+                             str(out), str(marker), json.dumps(RESUME_KW)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        _wait_for(marker, proc, "reach its third batch", 120)
+        os.kill(proc.pid, signal.SIGUSR1)
+        text = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, text  # an uncaught ExtractionInterrupted: non-zero, after a clean close
+    assert "stopped by SIGUSR1 after 3 of 5 batches" in text, text
+    assert not out.exists() and (tmp_path / "s.h5.partial").exists()
+    seen = _counting(monkeypatch)
+    extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
+    assert len(seen) == 2
+    _same_datasets(uninterrupted, out)

@@ -91,7 +91,7 @@ def test_generate_sula_structure_and_posteriors():
             m = r["meta"]
             assert m["condition"] == cond and m["n_L1"] + m["n_L2"] == m["k"]
             assert r["text"].count("\n") == m["k"] and r["text"].endswith(":")
-            assert m["label_token_ids"] == (PAIRS[1] if cond == "remap" else PAIRS[0])["token_ids"]
+            assert m["candidate_token_ids"] == (PAIRS[1] if cond == "remap" else PAIRS[0])["token_ids"]
             assert m["labels"] == (PAIRS[1] if cond == "remap" else PAIRS[0])["labels"]
             lines = r["text"].split("\n")
             for line, e in zip(lines[:-1], m["example_labels"]):
@@ -227,9 +227,9 @@ def test_candidate_logprobs_match_the_models_own_softmax(sula_run):
         seq = tok(recs[i]["text"])["input_ids"]
         with torch.no_grad():
             logits = m(input_ids=torch.tensor([seq])).logits[0, -1].float()
-        want = torch.log_softmax(logits, -1)[recs[i]["meta"]["label_token_ids"]].numpy()
+        want = torch.log_softmax(logits, -1)[recs[i]["meta"]["candidate_token_ids"]].numpy()
         np.testing.assert_allclose(lp[i], want, atol=1e-5, rtol=0)
-        assert ids[i].tolist() == recs[i]["meta"]["label_token_ids"]
+        assert ids[i].tolist() == recs[i]["meta"]["candidate_token_ids"]
 
 
 def test_candidates_batch_invariant():
@@ -237,17 +237,17 @@ def test_candidates_batch_invariant():
     seqs = [[1, 40, 41], [1, 10, 11, 12, 13, 14, 15]]
     both = extraction.extract_batch(m, seqs, attention=False, candidates=[[5, 6], [7, 8]])
     alone = extraction.extract_batch(m, seqs[1:], attention=False, candidates=[[7, 8]])
-    np.testing.assert_allclose(both["candidate_logprobs"][1], alone["candidate_logprobs"][0], atol=1e-5)
-    assert "candidate_logprobs" not in extraction.extract_batch(m, seqs, attention=False)
+    np.testing.assert_allclose(both["next_token/candidate_logprobs"][1], alone["next_token/candidate_logprobs"][0], atol=1e-5)
+    assert "next_token/candidate_logprobs" not in extraction.extract_batch(m, seqs, attention=False)
 
 
 def test_bad_candidates_fail_clearly(tmp_path, sula_run):
-    recs = [{"id": "a", "text": "ab:", "meta": {"label_token_ids": [5, 6]}},
-            {"id": "b", "text": "cd:", "meta": {"label_token_ids": [5]}}]
+    recs = [{"id": "a", "text": "ab:", "meta": {"candidate_token_ids": [5, 6]}},
+            {"id": "b", "text": "cd:", "meta": {"candidate_token_ids": [5]}}]
     write_prompt_set(recs, tmp_path / "bad.jsonl")
-    with pytest.raises(ValueError, match="'b'.*label_token_ids"):
+    with pytest.raises(ValueError, match="'b'.*candidate_token_ids"):
         extraction.extract_to_hdf5(sula_run["prepared"], tmp_path / "bad.jsonl", tmp_path / "bad.h5", model_name="tiny",
-                                   dtype="float32", device="cpu", attention=False, candidates_key="label_token_ids",
+                                   dtype="float32", device="cpu", attention=False, candidates_key="candidate_token_ids",
                                    log=lambda *a: None)
     assert not (tmp_path / "bad.h5").exists()
 

@@ -1,4 +1,5 @@
-"""Workflow tests: the whole DAG on a tiny config (tiny random model, a handful of prompts).
+"""Workflow tests: the whole DAG on the tiny study .test/config/config.yaml (two tiny random models, a handful
+of prompts; ``snakemake --directory .test --cores 2`` runs the same).
 
 Runs Snakemake in a temporary working directory with the repository's Snakefile.
 """
@@ -18,46 +19,12 @@ import pytest
 import scipy.stats
 import yaml
 
-from llmgeom.models import tiny as testing
+from conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 pytestmark = pytest.mark.slow
-
-
-def tiny_config(model_dirs: dict) -> dict:
-    return {
-        "models": {name: {"source": "hf_local", "path": str(p), "dtype": "float32", "batch_size": 3}
-                   for name, p in model_dirs.items()},
-        "prompts": {
-            "seed": 0,
-            "token_budget": 32,
-            "sets": {
-                "mixed": {"kind": "mixed", "n": 12},
-                "domain_mathematics": {"kind": "domain", "topics": ["Mathematics"], "n": 12},
-                "corpus": {"kind": "corpus", "n": 8, "token_budget": 48},
-            },
-        },
-        "extract": {"sample_per_prompt": 20, "threads": 1},
-        "value_manifold": {"prompt_sets": ["mixed", "domain_mathematics"], "n_boot": 5, "layers": "all"},
-        "intrinsic_dimension": {"prompt_set": "corpus", "n_subsamples": 2, "subsample_size": 100,
-                                "min_points": 20, "estimators": ["twonn", "mle"]},
-        # the tiny character tokenizer has no single-token " word": labels are single characters after ":"
-        "sula": {"ks": [0, 1, 2, 4], "n_per_k": 4, "n_per_k_controls": 3, "label_pairs": [["x", "y"], ["p", "q"]],
-                 "label_prefix": "", "batch_size": 5},
-        "interventions": {"n_per_k": 3, "n_boot": 10, "batch_size": 6},
-        # issue 14: a tiny wind-tunnel model trained by the workflow in seconds, with one checkpoint entry
-        "wind_tunnel": {
-            "tasks": {"bij4": {"kind": "bijection", "V": 4, "n_pairs": 3}},
-            "models": {"wt-tiny": {"task": "bij4", "arch": {"family": "llama", "n_layers": 2, "d_model": 32,
-                                                           "n_heads": 4},
-                                   "training": {"seed": 0, "steps": 100, "batch_size": 16, "warmup_steps": 10,
-                                                "n_val": 64},
-                                   "checkpoints": [50], "threads": 1, "batch_size": 16, "mem_mb": 2000}},
-            "prompts": {"n_sequences": 6, "seed": 0},
-        },
-    }
 
 
 def run_smk(workdir: Path, *args, check=True):
@@ -73,9 +40,7 @@ def run_smk(workdir: Path, *args, check=True):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     wd = tmp_path_factory.mktemp("wf")
-    dirs = {"tiny-llama": testing.save_tiny_model_dir("llama", wd / "src_models" / "tiny-llama"),
-            "tiny-gpt2": testing.save_tiny_model_dir("gpt2", wd / "src_models" / "tiny-gpt2")}
-    cfg = tiny_config(dirs)
+    cfg = tiny_config()
     (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
     run_smk(wd)
     return wd, cfg

@@ -5,3 +5,14 @@ Reproduces "Geometric Scaling of Bayesian Inference in LLMs" (Paper III) and
 """
 
 __version__ = "0.1.0"
+
+
+
+def __getattr__(name):
+    """``llmgeom.open_labelled`` (notebooks: an activation file as labelled xarray arrays), imported on first
+    use so that ``import llmgeom`` stays free of h5py."""
+    if name == "open_labelled":
+        from llmgeom.core.store import open_labelled
+
+        return open_labelled
+    raise AttributeError(f"module 'llmgeom' has no attribute {name!r}")

@@ -3,24 +3,23 @@ import re
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # before any h5py import in job processes
 
-import yaml
+from snakemake.utils import validate
+
+from llmgeom.prompts.io import CANDIDATES_KEY  # meta key of candidate tokens (SULA labels, wind-tunnel answers)
 
 from llmgeom.workflow.config import (
-    apply_model_defaults,
-    apply_wind_tunnel_defaults,
+    apply_defaults,
     check_config,
-    check_device,
-    check_models,
-    check_prompt_sources,
-    check_wind_tunnel,
     model_source_params,
+    read_schema,
+    token_budgets,
+    validate_config,
     wind_tunnel_cuts,
     wind_tunnel_entries,
 )
 from llmgeom.workflow.cluster import (
     GPU_GROUP,
     GPU_RULES,
-    check_gpu_config,
     float32_mem_mb,
     gpu_job_resources,
     gpu_slot_limits,
@@ -29,17 +28,16 @@ from llmgeom.workflow.cluster import (
     scaled_runtime,
 )
 
-with open(workflow.source_path("../schemas/config.schema.yaml")) as _fh:
-    _SCHEMA = yaml.safe_load(_fh)
-apply_model_defaults(config, _SCHEMA)
-check_config(config)
-check_gpu_config(config)
-check_models(config)  # sources exist, token budgets and layer indices fit each model (no weights read)
-check_prompt_sources(config)  # Wikipedia topics, pool sizes and corpus files exist (no prompt built)
-apply_wind_tunnel_defaults(config, _SCHEMA)
-WT_TASKS = check_wind_tunnel(config)  # wind-tunnel tasks (V, n_pairs, stochastic matrices), models, cut positions
-# CUDA devices are looked up only where the jobs run here: the main process of a local run (no --jobs/executor)
-check_device(config, here=workflow.is_main_process and workflow.resource_settings.nodes is None)
+# The config, loaded and checked once (llmgeom.workflow.config; tests/test_config_errors.py runs the same calls):
+# every schema problem at once in plain words, the schema's defaults (also inside models.<name> and
+# wind_tunnel.models.<name>), Snakemake's validate, then every cross-key, model, prompt-data, wind-tunnel and
+# device check. CUDA devices are looked up only where the jobs run here: the main process of a local run.
+SCHEMA_PATH = workflow.source_path("../schemas/config.schema.yaml")
+SCHEMA = read_schema(SCHEMA_PATH)
+validate_config(config, SCHEMA)
+apply_defaults(config, SCHEMA)
+validate(config, SCHEMA_PATH)
+WT_TASKS = check_config(config, here=workflow.is_main_process and workflow.resource_settings.nodes is None)
 
 MODELS = sorted(config["models"])
 PROMPT_SETS = sorted(config["prompts"]["sets"])
@@ -64,6 +62,102 @@ wildcard_constraints:
 def mcfg(wildcards, key):
     """A key of the model's entry: config["models"][model], or for a wind-tunnel entry its WT record."""
     return (config["models"].get(wildcards.model) or WT[wildcards.model])[key]
+
+
+# Named param functions of the rules (one per computed param; the snakemake-workflows convention).
+def get_dtype(wildcards):
+    """params.dtype of the GPU rules: the model entry's dtype."""
+    return mcfg(wildcards, "dtype")
+
+
+def get_batch_size(wildcards):
+    """params.batch_size of extract / extract_wind_tunnel: the model entry's batch_size."""
+    return mcfg(wildcards, "batch_size")
+
+
+def get_device_map(wildcards):
+    """params.device_map of the GPU rules: the model entry's device_map."""
+    return mcfg(wildcards, "device_map")
+
+
+def get_sula_batch_size(wildcards):
+    """params.batch_size of extract_sula: sula.batch_size, or the model's batch_size when it is null."""
+    return config["sula"]["batch_size"] or mcfg(wildcards, "batch_size")
+
+
+def get_source_params(wildcards):
+    """params.spec of prepare_model: only the keys that determine the prepared model."""
+    return model_source_params(config["models"][wildcards.model])
+
+
+def get_prompt_spec(wildcards):
+    """params.spec of build_prompts: the prompt set's entry of prompts.sets."""
+    return config["prompts"]["sets"][wildcards.promptset]
+
+
+def get_is_corpus(wildcards):
+    """params.corpus of extract: the prompt set is of kind corpus (per-token data, no attention)."""
+    return config["prompts"]["sets"][wildcards.promptset]["kind"] == "corpus"
+
+
+def get_attention(wildcards):
+    """params.attention of extract: attention data for every set that is not a corpus set."""
+    return not get_is_corpus(wildcards)
+
+
+def get_max_tokens(wildcards):
+    """params.max_tokens of extract: the set's token_budget, else prompts.token_budget."""
+    return token_budgets(config)[wildcards.promptset]
+
+
+def get_wt_model(wildcards):
+    """The wind_tunnel.models entry of {model} (train_wind_tunnel's params)."""
+    return config["wind_tunnel"]["models"][wildcards.model]
+
+
+def get_wt_task(wildcards):
+    """params.task of train_wind_tunnel: the checked task spec of the model's task."""
+    return WT_TASKS[get_wt_model(wildcards)["task"]]
+
+
+def get_task_spec(wildcards):
+    """params.task of build_wind_tunnel_prompts: the checked spec of {task}."""
+    return WT_TASKS[wildcards.task]
+
+
+def get_wt_arch(wildcards):
+    """params.arch of train_wind_tunnel."""
+    return get_wt_model(wildcards)["arch"]
+
+
+def get_wt_training(wildcards):
+    """params.training of train_wind_tunnel."""
+    return get_wt_model(wildcards)["training"]
+
+
+def get_wt_checkpoints(wildcards):
+    """params.checkpoints of train_wind_tunnel: the saved steps, sorted."""
+    return sorted(get_wt_model(wildcards)["checkpoints"])
+
+
+def get_wt_threads(wildcards):
+    """threads of train_wind_tunnel: wind_tunnel.models.<name>.threads."""
+    return get_wt_model(wildcards)["threads"]
+
+
+def get_wt_cuts(wildcards):
+    """params.cut_positions of build_wind_tunnel_prompts: the answer positions of {task}."""
+    return wind_tunnel_cuts(config, wildcards.task)
+
+
+def get_wt_base(wildcards):
+    """The final wind-tunnel model of an entry (itself, or the model a checkpoint entry belongs to)."""
+    return WT[wildcards.model]["base"]
+
+
+def get_wt_step(wildcards):
+    """The training step of a wind-tunnel entry (the final model: training.steps)."""
+    return WT[wildcards.model]["step"]
 
 
 # Resources of the GPU rules (GPU_RULES in llmgeom.workflow.cluster), per model entry: `resources: **GPU_RESOURCES`

@@ -1,9 +1,8 @@
 # Domain restriction (Paper III sec. 4): entropy-stratified mixed vs single-topic selections and the
 # value-manifold statistics of each. Code: llmgeom.analyses.domain_restriction. Definitions: DESIGN.md sec. 3.
-from llmgeom.workflow.config import check_bayes_config, resolve_domain_sets  # light: no numpy/pandas at DAG time
+from llmgeom.workflow.config import resolve_domain_sets  # light: no numpy/pandas at DAG time
 
-check_bayes_config(config)
-DR = resolve_domain_sets(config)
+DR = resolve_domain_sets(config)  # checked in common.smk (check_bayes_config)
 DR_SETS = [DR["mixed"], *DR["restricted"]]
 
 summarize("domain_restriction", "domain_selection", "pc_scores", family="bayes")

@@ -7,18 +7,16 @@ rule extract:
     output:
         "results/{model}/activations/{promptset}.h5",
     params:
-        dtype=lambda w: mcfg(w, "dtype"),
-        batch_size=lambda w: mcfg(w, "batch_size"),
-        device_map=lambda w: mcfg(w, "device_map"),
+        dtype=get_dtype,
+        batch_size=get_batch_size,
+        device_map=get_device_map,
         device=config["extract"]["device"],
         top_k=config["extract"]["top_k"],
-        corpus=lambda w: config["prompts"]["sets"][w.promptset]["kind"] == "corpus",
-        attention=lambda w: config["prompts"]["sets"][w.promptset]["kind"] != "corpus",
+        corpus=get_is_corpus,
+        attention=get_attention,
         candidates_key=None,
         sample_per_prompt=config["extract"]["sample_per_prompt"],
-        max_tokens=lambda w: config["prompts"]["sets"][w.promptset].get(
-            "token_budget", config["prompts"]["token_budget"]
-        ),
+        max_tokens=get_max_tokens,
         seed=config["prompts"]["seed"],
     threads: config["extract"]["threads"]
     resources:

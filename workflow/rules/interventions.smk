@@ -28,8 +28,8 @@ rule intervene:
         n_per_k=IV["n_per_k"],
         batch_size=IV["batch_size"],
         seed=IV["seed"],
-        dtype=lambda w: mcfg(w, "dtype"),
-        device_map=lambda w: mcfg(w, "device_map"),
+        dtype=get_dtype,
+        device_map=get_device_map,
         device=config["extract"]["device"],
     threads: config["extract"]["threads"]
     resources:

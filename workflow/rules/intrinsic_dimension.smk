@@ -1,8 +1,5 @@
 # Intrinsic dimension of the residual stream per layer (LSM) and the shape of its profile over depth.
 # Code: llmgeom.analyses.intrinsic_dimension (tables), llmgeom.measures.intrinsic_dimension (TwoNN, MLE).
-from llmgeom.workflow.config import check_lsm_config  # light: no torch/scikit-learn at DAG time
-
-check_lsm_config(config)
 summarize("intrinsic_dimension", "id_profile", family="lsm")
 TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS, table=["intrinsic_dimension", "id_profile"])
 

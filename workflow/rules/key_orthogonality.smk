@@ -13,7 +13,7 @@ rule key_orthogonality:
     params:
         seed=config["key_orthogonality"]["seed"],
         random_init=config["key_orthogonality"]["random_init"],
-        dtype=lambda w: mcfg(w, "dtype"),
+        dtype=get_dtype,
     threads: 1
     resources:
         mem_mb=scaled_mem(model_mem),  # the trained model, and a float32 random-init copy: model_mem (float32)

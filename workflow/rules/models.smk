@@ -7,7 +7,7 @@ rule prepare_model:
     wildcard_constraints:
         model=LLM_RE,  # wind-tunnel models come from train_wind_tunnel / wind_tunnel_checkpoint
     params:
-        spec=lambda w: model_source_params(config["models"][w.model]),
+        spec=get_source_params,
     resources:
         mem_mb=scaled_mem(model_mem),
         runtime=30,

@@ -5,7 +5,7 @@ rule build_prompts:
     output:
         "resources/prompts/{promptset}.jsonl",
     params:
-        spec=lambda w: config["prompts"]["sets"][w.promptset],
+        spec=get_prompt_spec,
         seed=config["prompts"]["seed"],
         token_budget=config["prompts"]["token_budget"],
     resources:

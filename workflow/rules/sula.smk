@@ -5,13 +5,6 @@ SULA = config["sula"]
 SULA_CONDITIONS = list(SULA["conditions"])
 SULA_TABLES = ["sula", "sula_calibration", "sula_geometry", "sula_prompts"]
 
-for _s in PROMPT_SETS:
-    if _s.startswith("sula_"):
-        raise ValueError(
-            f"prompts.sets.{_s}: names starting with 'sula_' are reserved for the SULA activation files "
-            "(results/{model}/activations/sula_{condition}.h5); rename the prompt set"
-        )
-
 summarize(*SULA_TABLES, family="sula")
 TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS, table=SULA_TABLES)
 TARGETS += expand("results/figures/{fig}.{ext}", fig=["sula_calibration", "sula_pc1"], ext=["png", "pdf"])
@@ -56,14 +49,14 @@ rule extract_sula:
     wildcard_constraints:
         condition="|".join(SULA_CONDITIONS),
     params:
-        dtype=lambda w: mcfg(w, "dtype"),
-        batch_size=lambda w: SULA["batch_size"] or mcfg(w, "batch_size"),
-        device_map=lambda w: mcfg(w, "device_map"),
+        dtype=get_dtype,
+        batch_size=get_sula_batch_size,
+        device_map=get_device_map,
         device=config["extract"]["device"],
         top_k=config["extract"]["top_k"],
         attention=False,  # SULA needs no attention weights: sdpa
         corpus=False,
-        candidates_key="label_token_ids",  # meta key of each SULA prompt (llmgeom.prompts.sula.CANDIDATES_KEY)
+        candidates_key=CANDIDATES_KEY,
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,

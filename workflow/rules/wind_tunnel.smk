@@ -25,11 +25,11 @@ rule train_wind_tunnel:
     wildcard_constraints:
         model=WT_FINAL_RE,
     params:
-        task=lambda w: WT_TASKS[WT_CFG["models"][w.model]["task"]],
-        arch=lambda w: WT_CFG["models"][w.model]["arch"],
-        training=lambda w: WT_CFG["models"][w.model]["training"],
-        checkpoints=lambda w: sorted(WT_CFG["models"][w.model]["checkpoints"]),
-    threads: lambda w: WT_CFG["models"][w.model]["threads"]
+        task=get_wt_task,
+        arch=get_wt_arch,
+        training=get_wt_training,
+        checkpoints=get_wt_checkpoints,
+    threads: get_wt_threads
     resources:
         **GPU_RESOURCES,
     group:
@@ -52,7 +52,7 @@ rule wind_tunnel_checkpoint:
     wildcard_constraints:
         model=WT_CHECKPOINT_RE,
     params:
-        base=lambda w: WT[w.model]["base"],
+        base=get_wt_base,
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
@@ -73,9 +73,9 @@ rule build_wind_tunnel_prompts:
     wildcard_constraints:
         task=_re(WT_TASKS),
     params:
-        task=lambda w: WT_TASKS[w.task],
+        task=get_task_spec,
         n_sequences=WT_CFG["prompts"]["n_sequences"],
-        cut_positions=lambda w: wind_tunnel_cuts(config, w.task),
+        cut_positions=get_wt_cuts,
         seed=WT_CFG["prompts"]["seed"],
     resources:
         mem_mb=scaled_mem(1000),
@@ -100,13 +100,13 @@ rule extract_wind_tunnel:
         model=WT_ALL_RE,
     params:
         dtype="float32",
-        batch_size=lambda w: WT[w.model]["batch_size"],
+        batch_size=get_batch_size,
         device_map=None,
         device=config["extract"]["device"],
         top_k=config["extract"]["top_k"],
         attention=True,  # attention entropies for attention focusing
         corpus=False,
-        candidates_key="candidate_token_ids",  # llmgeom.prompts.wind_tunnel.CANDIDATES_KEY
+        candidates_key=CANDIDATES_KEY,
     threads: config["extract"]["threads"]
     resources:
         **GPU_RESOURCES,
@@ -136,7 +136,7 @@ rule wind_tunnel:
     params:
         n_bins=WT_CFG["calibration_bins"],
         layers=WT_CFG["layers"],
-        step=lambda w: WT[w.model]["step"],
+        step=get_wt_step,
     threads: 1
     resources:
         mem_mb=scaled_mem(2000),

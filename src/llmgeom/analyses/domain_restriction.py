@@ -110,23 +110,8 @@ def stratified_sample(entropy, *, n_quantiles: int, per_quantile: int, seed: int
 
 
 # ---------------------------------------------------------------------------------------------
-# value-manifold statistics with their bootstrap replicates
+# changes against the mixed selection
 # ---------------------------------------------------------------------------------------------
-
-def value_manifold_stats_with_boot(X, next_token_entropy, *, n_boot: int, seed: int, standardize: bool = True,
-                                   ci: float = 0.95) -> tuple[dict, np.ndarray]:
-    """:func:`llmgeom.measures.pca.value_manifold_stats` plus its bootstrap replicates.
-
-    Returns (stats, boot): ``stats`` is exactly the dict of ``geometry.value_manifold_stats`` with the
-    same arguments (tested); ``boot`` is float64 [n_boot, 3] with the (PC1, PC2, PC1+PC2)
-    explained-variance fractions of every resample (NaN rows for resamples without variance), used
-    for CIs of differences between prompt sets.
-
-    Raises: as ``geometry.value_manifold_stats``.
-    """
-    return geometry.value_manifold_stats(X, next_token_entropy, n_boot=n_boot, seed=seed,
-                                         standardize=standardize, ci=ci, return_boot=True)
-
 
 def _diff_ci(a: np.ndarray, b: np.ndarray, ci: float, estimate: float) -> tuple[float, float]:
     """Basic-bootstrap CI of a - b from independent bootstrap replicates (rows paired by index);
@@ -176,7 +161,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         pc2, pc12 fractions of variance with *_lo/*_hi basic-bootstrap bounds and *_bc bias-corrected
         estimates 2 t - mean(replicates), participation_ratio (full spectrum), participation_ratio_top10,
         spearman_rho / spearman_p of the PC1 score vs next-token entropy with PC1's sign fixed so that
-        rho >= 0, ...), boot_seed, and the change vs the mixed selection at the same representation,
+        rho >= 0, pc1_sign = "spearman(next_token_entropy) >= 0", ...), boot_seed, and the change vs the mixed selection at the same representation,
         layer and variant: delta_pc1, delta_pc2, delta_pc12 (restricted - mixed; *_lo/*_hi = basic-bootstrap
         CI of the difference of independent bootstrap replicates; delta_pc1_bc / delta_pc12_bc = 2 delta -
         mean(replicate differences), the centre of that interval), delta_participation_ratio,
@@ -190,7 +175,8 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
 
         ``scores`` - per selected prompt at ``score_layers``: model, prompt_set, domain, representation,
         layer, standardized (True), prompt_index, topic, next_token_entropy, entropy_quantile, pc1, pc2 (scores of
-        the standardized data; each component's sign fixed so that its Spearman rho with entropy >= 0).
+        the standardized data; each component's sign fixed so that its Spearman rho with entropy >= 0),
+        pc1_sign, pc2_sign (that convention, "spearman(next_token_entropy) >= 0").
 
     Raises:
         ValueError: unknown ``edges``; ``mixed_set`` not in ``h5_paths``; a selection with < 3 prompts.
@@ -254,8 +240,8 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                     "residual_stream": resid[:, layer + 1, :]}
             for rep, X in reps.items():
                 for std in standardize:
-                    st, boot = value_manifold_stats_with_boot(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std),
-                                                              ci=ci)
+                    st, boot = geometry.value_manifold_stats(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std),
+                                                             ci=ci, return_boot=True)
                     key = (rep, layer, bool(std))
                     row = dict(model=model, prompt_set=s, domain=labels.get(s, s),
                                role="mixed" if s == mixed_set else "restricted", edges=edges,
@@ -280,12 +266,13 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                     rows.append(row)
                     bar.update(1)
                 if layer in keep_scores:
-                    S = geometry.pc_scores(X, True, 2, sign_reference=h)
+                    S = geometry.pc_scores(X, True, 2, sign=geometry.ENTROPY_SIGN, reference=h)
                     for i, pi in enumerate(idx):
                         score_rows.append(dict(model=model, prompt_set=s, domain=labels.get(s, s), representation=rep,
                                                layer=layer, standardized=True, prompt_index=int(pi),
                                                topic=topics[s][pi], next_token_entropy=h[i],
-                                               entropy_quantile=int(sel[s]["bins"][pi]), pc1=S[i, 0], pc2=S[i, 1]))
+                                               entropy_quantile=int(sel[s]["bins"][pi]), pc1=S[i, 0], pc2=S[i, 1],
+                                               pc1_sign=geometry.ENTROPY_SIGN.label, pc2_sign=geometry.ENTROPY_SIGN.label))
         bar.close()
     return {"stats": pd.DataFrame(rows), "selection": pd.DataFrame(sel_rows), "scores": pd.DataFrame(score_rows)}
 

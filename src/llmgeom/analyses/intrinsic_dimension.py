@@ -79,8 +79,8 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
     return add_published(pd.DataFrame(rows), ID_PROFILE_PUBLISHED)
 
 
-def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_subsamples: int,
-                              subsample_size: int, seed: int, min_points: int = 20,
+def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "mle_lb"), n_subsamples: int,
+                              subsample_size: int, seed: int, min_points: int = 50,
                               mle_k: int = 20, disagreement_factor: float = 1.5) -> pd.DataFrame:
     """Intrinsic dimension of the residual stream per layer at sampled corpus tokens.
 

@@ -13,6 +13,7 @@ from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
 from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.bayes import model_label_entropy
+from llmgeom.measures.pca import H_MODEL_SIGN, ValueManifoldPCA
 
 
 def read_sula_h5(path, *, model: str | None = None):
@@ -123,34 +124,18 @@ def calibration_table(per_prompt, *, model: str, n_bins: int = 10):
     return pd.DataFrame(rows)
 
 
-def pc1_scores(X, reference) -> tuple[np.ndarray, float, bool]:
-    """PC1 score of standardized rows X [n, d] with the sign fixed so that Pearson corr(score, reference)
-    >= 0 (the interventions' convention: reference = H_model); returns (score [n], explained-variance
-    fraction of PC1, flipped). Constant reference -> no flip.
-
-    Source: Paper III sec. 4.3/4.5 (PC1 of last-token values; entropy axis sign).
-    """
-    from llmgeom.measures.pca import fit_pca, standardize_columns
-
-    Z, _ = standardize_columns(X, True)
-    pca = fit_pca(Z, 1)
-    s = np.asarray(pca.transform(Z)[:, 0], np.float64)
-    r, _ = pearson(s, np.asarray(reference, np.float64))
-    flipped = bool(np.isfinite(r) and r < 0)
-    return (-s if flipped else s), float(pca.explained_variance_ratio_[0]), flipped
-
-
 def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
     """SULA geometry per condition and layer: PC1 of the standardized last-token values
-    (``last_token/values`` [n, L, n_kv*head_dim]); its sign is fixed so that Pearson corr(PC1, H_model) >= 0.
+    (``last_token/values`` [n, L, n_kv*head_dim]) by :class:`llmgeom.measures.pca.ValueManifoldPCA`; its sign
+    is fixed so that Pearson corr(PC1, H_model) >= 0 (:data:`llmgeom.measures.pca.H_MODEL_SIGN`).
 
     Returns:
-        (table, scores) where table has model, condition, layer, relative_depth ((layer+1)/L), n, pc1_var
-        (explained-variance fraction; not bootstrapped), participation_ratio (full spectrum of the standardized
+        (table, scores) where table has model, condition, layer, relative_depth ((layer+1)/L), n, pc1
+        (explained-variance share, as in value_manifold.csv; not bootstrapped), participation_ratio (full spectrum of the standardized
         values) and participation_ratio_top10 (10 largest eigenvalues, the published code's definition),
         rho_pc1_h_bayes / p (Spearman, PC1 vs H_Bayes; NaN if H_Bayes is
         constant, e.g. shuffled), rho_k_pc1 / p (Spearman, k vs PC1), rho_pc1_h_model / p,
-        pc1_sign_flipped (all NaN at a layer where the values do not vary across prompts, e.g. layer 0: the
+        pc1_sign_flipped, pc1_sign ("pearson(h_model_bits) >= 0") (all NaN at a layer where the values do not vary across prompts, e.g. layer 0: the
         final token is always ":"); and scores = {condition: PC1 score [n] at the last layer analysed}.
 
     Source: Paper III sec. 4.3 (geometry on SULA).
@@ -158,7 +143,6 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
     import pandas as pd
 
     from llmgeom.core.store import open_activations, read_finite
-    from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top
 
     rows, last_scores = [], {}
     for cond, path in h5_paths.items():
@@ -172,21 +156,22 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
                 if not np.any(np.ptp(X, axis=0) > 0):
                     # e.g. layer 0: the value at the final token ":" depends on that token only
                     rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=relative_depth(layer, L),
-                                     n=len(X), pc1_var=np.nan, participation_ratio=np.nan,
+                                     n=len(X), pc1=np.nan, participation_ratio=np.nan,
                                      participation_ratio_top10=np.nan, rho_pc1_h_bayes=np.nan, p_pc1_h_bayes=np.nan,
                                      rho_k_pc1=np.nan, p_k_pc1=np.nan, rho_pc1_h_model=np.nan, p_pc1_h_model=np.nan,
-                                     pc1_sign_flipped=False))
+                                     pc1_sign_flipped=False, pc1_sign=H_MODEL_SIGN.label))
                     last_scores[cond] = np.full(len(X), np.nan)
                     continue
-                s, var, flipped = pc1_scores(X, hm)
-                evr = explained_variance(X, True)
+                est = ValueManifoldPCA(standardize=True, n_components=1, sign=H_MODEL_SIGN).fit(X, hm)
+                s = est.scores_[:, 0]
                 r1, p1 = spearman(s, hb)
                 r2, p2 = spearman(k, s)
                 r3, p3 = spearman(s, hm)
                 rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=relative_depth(layer, L),
-                                 n=len(s), pc1_var=var, participation_ratio=participation_ratio(evr),
-                                 participation_ratio_top10=participation_ratio_top(evr), rho_pc1_h_bayes=r1, p_pc1_h_bayes=p1, rho_k_pc1=r2,
-                                 p_k_pc1=p2, rho_pc1_h_model=r3, p_pc1_h_model=p3, pc1_sign_flipped=flipped))
+                                 n=len(s), pc1=est.pc1_, participation_ratio=est.participation_ratio_,
+                                 participation_ratio_top10=est.participation_ratio_top_, rho_pc1_h_bayes=r1,
+                                 p_pc1_h_bayes=p1, rho_k_pc1=r2, p_k_pc1=p2, rho_pc1_h_model=r3, p_pc1_h_model=p3,
+                                 pc1_sign_flipped=bool(est.sign_flipped_[0]), pc1_sign=H_MODEL_SIGN.label))
                 last_scores[cond] = s
     return pd.DataFrame(rows), last_scores
 

@@ -38,7 +38,8 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
         standardized, n, pc1, pc2, pc12 and their basic-bootstrap CI bounds *_lo / *_hi and
         bias-corrected estimates *_bc = 2 t - mean(replicates) (fractions of variance, 0..1),
         participation_ratio (full spectrum), participation_ratio_top10 (10 largest eigenvalues), spearman_rho, spearman_p (PC1 score vs next-token entropy in nats; PC1 sign
-        fixed so rho >= 0), pc1_sign_flipped.
+        fixed so rho >= 0), pc1_sign_flipped, pc1_sign (the convention, "spearman(next_token_entropy) >= 0";
+        estimator: :class:`llmgeom.measures.pca.ValueManifoldPCA`).
 
     Raises:
         StoreError: an activation file that must not be trusted.

@@ -15,7 +15,7 @@ Tables:
 * ``wind_tunnel_calibration.csv`` (:func:`calibration_bins`): prompts binned by exact entropy.
 * ``wind_tunnel_geometry.csv`` (:func:`geometry_table`): per representation (``values``,
   ``attn_output`` when the file has it, ``residual_stream``) and layer: PC1 share, PC1+PC2 share,
-  participation ratio, Spearman rho(PC1, exact entropy).
+  participation ratio, Spearman rho(PC1, exact entropy), pc1_sign.
 
 Source: Paper I ("The Bayesian Geometry of Transformer Attention": entropy calibration in bits, value
 manifolds ordered by posterior entropy), Paper III sec. 4 (the same statistics on LLMs); issue 14.
@@ -31,10 +31,10 @@ import pandas as pd
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
 from llmgeom.core.units import nats_to_bits
-from llmgeom.measures.pca import explained_variance, participation_ratio, participation_ratio_top, pc_scores
+from llmgeom.measures.pca import SignConvention, ValueManifoldPCA
+from llmgeom.prompts.io import CANDIDATES_KEY
 
 #: Meta key of the candidate (answer-symbol) token ids (= llmgeom.prompts.wind_tunnel.CANDIDATES_KEY).
-CANDIDATES_KEY = "candidate_token_ids"
 
 #: representation name -> (HDF5 dataset, layer index convention of llmgeom.core.layers.relative_depth).
 #: ``attn_output`` (the attention-weighted sum of values at the final token, the input of o_proj) is
@@ -49,7 +49,10 @@ SUMMARY_COLUMNS = ["model", "task", "kind", "step", "t", "n", "mae_bits", "pears
                    "spearman_p", "mean_h_model_bits", "mean_h_exact_bits", "mean_kl_bits", "mean_answer_mass"]
 GEOMETRY_COLUMNS = ["model", "task", "step", "representation", "layer", "relative_depth", "n", "n_features",
                     "pc1", "pc12", "participation_ratio", "participation_ratio_top10", "rho_pc1_h_exact",
-                    "p_pc1_h_exact", "abs_rho_pc1_h_exact"]
+                    "p_pc1_h_exact", "abs_rho_pc1_h_exact", "pc1_sign"]
+
+#: Sign convention of wind_tunnel_geometry.csv: Spearman rho(PC1 score, exact posterior entropy) >= 0.
+H_EXACT_SIGN = SignConvention("h_exact_bits", "spearman")
 
 
 def candidate_entropy(candidate_logprobs, posterior=None) -> dict:
@@ -234,11 +237,13 @@ def manifold_stats(X, h_exact, *, standardize: bool = True) -> dict:
     Returns:
         dict: n, n_features (d), pc1, pc12 (explained-variance fractions), participation_ratio (full
         spectrum), participation_ratio_top10, rho_pc1_h_exact / p_pc1_h_exact (Spearman of the PC1 score
-        with the exact entropy; PC1's sign is fixed so that rho >= 0), abs_rho_pc1_h_exact. All NaN
+        with the exact entropy; PC1's sign is fixed so that rho >= 0), abs_rho_pc1_h_exact, pc1_sign
+        (:data:`H_EXACT_SIGN`, "spearman(h_exact_bits) >= 0"). All NaN
         (n and n_features kept) when X does not vary across prompts; rho NaN when h_exact is constant.
 
     Source: Paper I (value manifolds ordered by posterior entropy); Paper III sec. 4 (PC1 share,
-    participation ratio, rho(PC1, entropy)); measures in :mod:`llmgeom.measures.pca`.
+    participation ratio, rho(PC1, entropy)); the estimator is :class:`llmgeom.measures.pca.ValueManifoldPCA`
+    (no bootstrap here).
     """
     X = np.asarray(X, np.float64)
     he = np.asarray(h_exact, np.float64)
@@ -246,14 +251,14 @@ def manifold_stats(X, h_exact, *, standardize: bool = True) -> dict:
         raise ValueError(f"X must be [n, d] with n = len(h_exact) = {he.size}, got shape {X.shape}")
     nan = float("nan")
     out = dict(n=int(X.shape[0]), n_features=int(X.shape[1]), pc1=nan, pc12=nan, participation_ratio=nan,
-               participation_ratio_top10=nan, rho_pc1_h_exact=nan, p_pc1_h_exact=nan, abs_rho_pc1_h_exact=nan)
+               participation_ratio_top10=nan, rho_pc1_h_exact=nan, p_pc1_h_exact=nan, abs_rho_pc1_h_exact=nan,
+               pc1_sign=H_EXACT_SIGN.label)
     if X.shape[0] < 3 or not np.any(np.ptp(X, axis=0) > 0):
         return out
-    evr = explained_variance(X, standardize)
-    s = pc_scores(X, standardize, 1, sign_reference=he if np.ptp(he) > 0 else None)[:, 0]
-    rho, p = spearman(s, he)
-    out.update(pc1=float(evr[0]), pc12=float(evr[:2].sum()), participation_ratio=participation_ratio(evr),
-               participation_ratio_top10=participation_ratio_top(evr), rho_pc1_h_exact=rho, p_pc1_h_exact=p,
+    est = ValueManifoldPCA(standardize=standardize, n_components=1, sign=H_EXACT_SIGN).fit(X, he)
+    rho, p = float(est.sign_corr_[0]), float(est.sign_p_[0])
+    out.update(pc1=est.pc1_, pc12=est.pc12_, participation_ratio=est.participation_ratio_,
+               participation_ratio_top10=est.participation_ratio_top_, rho_pc1_h_exact=rho, p_pc1_h_exact=p,
                abs_rho_pc1_h_exact=abs(rho))
     return out
 

@@ -28,8 +28,13 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
   ``tokens/sample_position`` int32 [n_sample]; ``tokens/margin`` (top-1 minus top-2 logit),
   ``tokens/nll`` (nats), ``tokens/entropy`` (nats), ``tokens/prompt``, ``tokens/position`` int32 [n_positions].
 
+The names, dtypes, named axes and units above are declared once, in :data:`CONTRACT` (contract 4: the axes
+are HDF5 dimension scales at the root, named as in :data:`DIMS`, so xarray/h5netcdf and
+:func:`open_labelled` give labelled arrays).
+
 Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; a
-crashed job leaves only the ``.partial`` file, which nothing reads.
+crashed job leaves only the ``.partial`` file, which nothing reads except a resumed extraction with the
+same inputs (``ActivationWriter(resume_key=...)``: committed batches are checked against their sha256).
 
 Integrity (contract version 2, issue 12): every numeric dataset is chunked with HDF5's per-chunk
 Fletcher-32 checksum filter (``fletcher32=True``, after lzf compression), so a stored value that is not
@@ -42,12 +47,14 @@ opened. Cost: benchmarks/README.md ("Checksums").
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmgeom.core.io import partial_path
+from llmgeom.core.io import partial_path, sha256_file
 from llmgeom.core.versions import package_versions
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems; set before h5py import
@@ -55,35 +62,89 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems;
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
-CONTRACT_VERSION = 3  # 2: Fletcher-32 checksums on every numeric dataset, sha256 of string datasets; 3: last_token/attn_output
+CONTRACT_VERSION = 4  # 2: Fletcher-32 checksums on every numeric dataset, sha256 of string datasets; 3: last_token/attn_output; 4: named axes (HDF5 dimension scales)
 
 NUMERIC_1D_CHUNK = 4096   # elements per chunk of a 1-D numeric dataset (16-32 KB)
 
-UNITS = {
-    "last_token/residual": ("activation", "prompt,layer(0=embeddings),d_model"),
-    "last_token/final_normed": ("activation", "prompt,d_unembed"),
-    "last_token/values": ("activation", "prompt,layer,n_kv_heads*head_dim"),
-    "last_token/keys": ("activation", "prompt,layer,kv_head,head_dim"),
-    "last_token/attn_output": ("activation", "prompt,layer,n_heads*head_dim"),
-    "attention/entropy": ("nats", "prompt,layer,head"),
-    "next_token/entropy": ("nats", "prompt"),
-    "next_token/top_ids": ("token id", "prompt,rank"),
-    "next_token/top_logits": ("logits", "prompt,rank"),
-    "next_token/candidate_logprobs": ("log-probability (nats)", "prompt,candidate"),
-    "next_token/candidate_ids": ("token id", "prompt,candidate"),
-    "tokens/residual_sample": ("activation", "sample,layer(0=embeddings),d_model"),
-    "tokens/final_normed_sample": ("activation", "sample,d_unembed"),
-    "tokens/sample_prompt": ("index", "sample"),
-    "tokens/sample_position": ("token position", "sample"),
-    "tokens/margin": ("logits", "position"),
-    "tokens/nll": ("nats", "position"),
-    "tokens/entropy": ("nats", "position"),
-    "tokens/prompt": ("index", "position"),
-    "tokens/position": ("token position", "position"),
-    "prompts/n_tokens": ("tokens", "prompt"),
-    "prompts/text": ("text", "prompt"),
-    "prompts/meta": ("JSON object", "prompt"),
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset of the contract: ``dtype`` ("float32", "int32", "int64", "str"), ``dims`` (named axes,
+    stored as HDF5 dimension scales; sizes in :data:`DIMS`), ``units``, ``axes`` (the human-readable
+    ``axes`` attribute) and ``when`` (``always``, ``attention``, ``candidates``, ``corpus``: which files have it)."""
+
+    dtype: str
+    dims: tuple[str, ...]
+    units: str
+    axes: str
+    when: str = "always"
+
+
+#: Named axes of the activation file (HDF5 dimension scales at the file's root; xarray dimension names).
+DIMS = {
+    "prompt": "prompt row (order of the prompt file)",
+    "layer": "decoder block, 0-based",
+    "resid_layer": "residual-stream depth: 0 = embeddings, l = output of block l (pre final norm)",
+    "d_model": "residual-stream coordinate", "d_unembed": "unembedding-input coordinate",
+    "value_feature": "value coordinate (n_kv_heads*head_dim, head-major)", "kv_head": "key/value head",
+    "head_dim": "coordinate within a head", "head": "query head",
+    "attn_feature": "attention-output coordinate (n_heads*head_dim, head-major)",
+    "rank": "rank of the next-token logit (0 = top)", "candidate": "candidate token (prompt meta order)",
+    "sample": "sampled (prompt, position) of a corpus set", "position": "(prompt, position) pair 1..len-2 of a corpus set",
 }
+
+#: The HDF5 contract: every dataset of an activation file (DESIGN.md section 2).
+CONTRACT: dict[str, DatasetSpec] = {
+    "prompts/text": DatasetSpec("str", ("prompt",), "text", "prompt"),
+    "prompts/meta": DatasetSpec("str", ("prompt",), "JSON object", "prompt"),
+    "prompts/n_tokens": DatasetSpec("int32", ("prompt",), "tokens", "prompt"),
+    "last_token/residual": DatasetSpec("float32", ("prompt", "resid_layer", "d_model"), "activation",
+                                       "prompt,layer(0=embeddings),d_model"),
+    "last_token/final_normed": DatasetSpec("float32", ("prompt", "d_unembed"), "activation", "prompt,d_unembed"),
+    "last_token/values": DatasetSpec("float32", ("prompt", "layer", "value_feature"), "activation",
+                                     "prompt,layer,n_kv_heads*head_dim"),
+    "last_token/keys": DatasetSpec("float32", ("prompt", "layer", "kv_head", "head_dim"), "activation",
+                                   "prompt,layer,kv_head,head_dim"),
+    "last_token/attn_output": DatasetSpec("float32", ("prompt", "layer", "attn_feature"), "activation",
+                                          "prompt,layer,n_heads*head_dim"),
+    "next_token/entropy": DatasetSpec("float32", ("prompt",), "nats", "prompt"),
+    "next_token/top_ids": DatasetSpec("int64", ("prompt", "rank"), "token id", "prompt,rank"),
+    "next_token/top_logits": DatasetSpec("float32", ("prompt", "rank"), "logits", "prompt,rank"),
+    "next_token/candidate_logprobs": DatasetSpec("float32", ("prompt", "candidate"), "log-probability (nats)",
+                                                 "prompt,candidate", "candidates"),
+    "next_token/candidate_ids": DatasetSpec("int64", ("prompt", "candidate"), "token id", "prompt,candidate",
+                                            "candidates"),
+    "attention/entropy": DatasetSpec("float32", ("prompt", "layer", "head"), "nats", "prompt,layer,head", "attention"),
+    "tokens/residual_sample": DatasetSpec("float32", ("sample", "resid_layer", "d_model"), "activation",
+                                          "sample,layer(0=embeddings),d_model", "corpus"),
+    "tokens/final_normed_sample": DatasetSpec("float32", ("sample", "d_unembed"), "activation", "sample,d_unembed",
+                                              "corpus"),
+    "tokens/sample_prompt": DatasetSpec("int32", ("sample",), "index", "sample", "corpus"),
+    "tokens/sample_position": DatasetSpec("int32", ("sample",), "token position", "sample", "corpus"),
+    "tokens/margin": DatasetSpec("float32", ("position",), "logits", "position", "corpus"),
+    "tokens/nll": DatasetSpec("float32", ("position",), "nats", "position", "corpus"),
+    "tokens/entropy": DatasetSpec("float32", ("position",), "nats", "position", "corpus"),
+    "tokens/prompt": DatasetSpec("int32", ("position",), "index", "position", "corpus"),
+    "tokens/position": DatasetSpec("int32", ("position",), "token position", "position", "corpus"),
+}
+
+#: ``units`` and ``axes`` attribute of each dataset (read from :data:`CONTRACT`).
+UNITS = {name: (spec.units, spec.axes) for name, spec in CONTRACT.items()}
+
+
+def contract_shapes(sizes: dict, *, attention: bool, candidates: bool, corpus: bool) -> dict:
+    """``ActivationWriter`` shapes of one extraction: dataset name -> (shape, dtype), from :data:`CONTRACT`.
+
+    Args:
+        sizes: size of every named axis the file uses (keys of :data:`DIMS`; ``candidate`` only with
+            ``candidates``, ``sample`` / ``position`` only with ``corpus``).
+        attention / candidates / corpus: which optional datasets the file has (``DatasetSpec.when``).
+
+    Raises:
+        KeyError: an axis size missing from ``sizes``.
+    """
+    on = {"always": True, "attention": attention, "candidates": candidates, "corpus": corpus}
+    return {name: (tuple(int(sizes[d]) for d in spec.dims), spec.dtype)
+            for name, spec in CONTRACT.items() if on[spec.when]}
 
 
 class StoreError(ValueError):
@@ -111,8 +172,6 @@ def chunk_layout(shape: tuple, dtype) -> dict:
 
 def strings_sha256(values) -> str:
     """SHA-256 of a sequence of strings (each UTF-8 encoded, prefixed by its byte length)."""
-    import hashlib
-
     h = hashlib.sha256()
     for v in values:
         b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
@@ -176,36 +235,182 @@ def _checked(group, name, get):
     return obj
 
 
+def batch_digest(items: dict) -> str:
+    """SHA-256 of what one batch wrote: ``items`` maps dataset name -> (rows [m] int, values [m, ...]); names in
+    sorted order, rows sorted, each value array as its stored dtype's bytes (C order)."""
+    h = hashlib.sha256()
+    for name in sorted(items):
+        rows, v = items[name]
+        rows = np.asarray(rows, dtype=np.int64)
+        order = np.argsort(rows, kind="stable")
+        h.update(name.encode() + b"\0" + rows[order].tobytes())
+        h.update(np.ascontiguousarray(np.asarray(v)[order]).tobytes())
+    return h.hexdigest()
+
+
+def _row_index(rows) -> np.ndarray:
+    if isinstance(rows, slice):
+        return np.arange(rows.start or 0, rows.stop, dtype=np.int64)
+    return np.asarray(rows, dtype=np.int64)
+
+
+def _read_rows(ds, idx: np.ndarray) -> np.ndarray:
+    if not len(idx):
+        return ds[:0]
+    if np.all(np.diff(idx) == 1):
+        return ds[int(idx[0]):int(idx[-1]) + 1]
+    return ds[idx]
+
+
 class ActivationWriter:
     """Create ``<path>.partial``, fill datasets by row slices, then ``commit()``.
 
-    ``shapes`` maps dataset name -> (shape tuple, numpy dtype). Rows are written
-    with ``write(name, rows, values)``; non-finite float values raise ValueError
-    (callers name model, layer and prompt before that point).
+    ``shapes`` maps dataset name -> (shape tuple, numpy dtype) (for an extraction: :func:`contract_shapes`).
+    Rows are written with ``write(name, rows, values)``; non-finite float values raise ValueError
+    (callers name model, layer and prompt before that point). Datasets of :data:`CONTRACT` get their named
+    axes as HDF5 dimension scales (datasets at the file's root named as the axis, values 0..size-1), so
+    ``xarray.open_dataset(path, engine="h5netcdf", group=...)`` gives labelled arrays.
+
+    Resumable writing (issue 18 item 3): with ``resume_key`` (a digest of everything that determines the
+    file's content: prompt-set sha256, model, settings) and ``n_batches``, the partial file records, per
+    batch, whether it is complete (``resume/done``) and the :func:`batch_digest` of what it wrote
+    (``resume/sha256``), flushed by :meth:`commit_batch`. A later writer with the same key and shapes
+    reopens the partial and :meth:`verify_batches` re-reads every committed batch against its digest;
+    a partial with another key, other shapes, or a failed digest or chunk checksum is discarded with a log
+    line. ``resume/*`` and the key are removed at :meth:`commit`, so a resumed file has the same datasets,
+    byte for byte, as an uninterrupted one.
     """
 
-    def __init__(self, path, attrs: dict, shapes: dict, compression="lzf"):
+    def __init__(self, path, attrs: dict, shapes: dict, compression="lzf", *, resume_key: str | None = None,
+                 n_batches: int = 0, log=print):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = partial_path(self.path)
-        if self.tmp.exists():
-            self.tmp.unlink()
-        self.f = h5py.File(self.tmp, "w")
+        self.shapes = {k: (tuple(int(x) for x in shp), dt) for k, (shp, dt) in shapes.items()}
+        self.resume_key = resume_key
+        self.n_batches = int(n_batches)
+        self.log = log
+        self._pending: dict = {}
+        self.f = None
+        self.resumed = False
+        if self.tmp.exists() and resume_key is not None:
+            self.f = self._reopen()
+        if self.f is None:
+            self.tmp.unlink(missing_ok=True)
+            self.f = self._create(attrs, compression)
+
+    def _create(self, attrs, compression):
+        f = h5py.File(self.tmp, "w")
         for k, v in attrs.items():
-            self.f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else ("" if v is None else v)
-        self.f.attrs["contract_version"] = CONTRACT_VERSION
-        self.f.attrs["created"] = datetime.now(timezone.utc).isoformat()
-        self.f.attrs["versions"] = json.dumps(package_versions())
-        self.f.attrs["complete"] = False
-        for name, (shape, dtype) in shapes.items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else ("" if v is None else v)
+        f.attrs["contract_version"] = CONTRACT_VERSION
+        f.attrs["created"] = datetime.now(timezone.utc).isoformat()
+        f.attrs["versions"] = json.dumps(package_versions())
+        f.attrs["complete"] = False
+        sizes: dict = {}
+        for name, (shape, dtype) in self.shapes.items():
+            spec = CONTRACT.get(name)
+            if spec is not None and len(spec.dims) == len(shape):
+                for dim, n in zip(spec.dims, shape):
+                    if sizes.setdefault(dim, n) != n:
+                        raise ValueError(f"dataset {name!r}: axis {dim!r} has size {n}, another dataset of the "
+                                         f"file has {sizes[dim]}; fix the shapes passed to ActivationWriter")
+        for dim, n in sizes.items():  # dimension scales first: the named axes of the file
+            sc = f.create_dataset(dim, data=np.arange(n, dtype=np.int64), **chunk_layout((n,), "int64"))
+            sc.make_scale(dim)
+            sc.attrs["description"] = DIMS.get(dim, "")
+        for name, (shape, dtype) in self.shapes.items():
             layout = chunk_layout(tuple(shape), dtype)
             if layout and compression != "lzf":
                 layout["compression"] = compression
-            ds = self.f.create_dataset(name, shape=shape, dtype=h5py.string_dtype("utf-8") if dtype == "str"
-                                       else dtype, **layout)
+            ds = f.create_dataset(name, shape=shape, dtype=h5py.string_dtype("utf-8") if dtype == "str"
+                                  else dtype, **layout)
             units, axes = UNITS.get(name, ("", ""))
             ds.attrs["units"] = units
             ds.attrs["axes"] = axes
+            spec = CONTRACT.get(name)
+            if spec is not None and len(spec.dims) == len(shape):
+                for i, dim in enumerate(spec.dims):
+                    ds.dims[i].attach_scale(f[dim])
+        if self.resume_key is not None:
+            f.attrs["resume_key"] = self.resume_key
+            f.create_dataset("resume/done", shape=(self.n_batches,), dtype="int8", fillvalue=0)
+            f.create_dataset("resume/sha256", shape=(self.n_batches,), dtype="S64")
+            f.flush()
+        return f
+
+    def _reopen(self):
+        why = None
+        try:
+            f = h5py.File(self.tmp, "r+")
+        except OSError as e:
+            self.log(f"[store] discarding {self.tmp}: not a readable HDF5 file ({e})")
+            return None
+        try:
+            if f.attrs.get("resume_key") != self.resume_key:
+                why = "it was written with other inputs (prompts, model or settings)"
+            elif f.attrs.get("contract_version") != CONTRACT_VERSION:
+                why = f"contract version {f.attrs.get('contract_version')} != {CONTRACT_VERSION}"
+            elif "resume/done" not in f or f["resume/done"].shape != (self.n_batches,):
+                why = "it has no record of its committed batches"
+            else:
+                for name, (shape, _) in self.shapes.items():
+                    if name not in f or tuple(f[name].shape) != shape:
+                        why = f"dataset {name!r} is missing or has another shape"
+                        break
+        except (OSError, KeyError) as e:
+            why = f"its structure cannot be read ({e})"
+        if why:
+            f.close()
+            self.log(f"[store] discarding {self.tmp}: {why}; extracting from the start")
+            return None
+        self.resumed = True
+        return f
+
+    def done_batches(self) -> np.ndarray:
+        """Indices of the batches recorded as complete (empty for a new file or without ``resume_key``)."""
+        if self.resume_key is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.f["resume/done"][:] == 1)
+
+    def verify_batches(self, rows_of) -> np.ndarray:
+        """Re-read every committed batch and compare it with its recorded digest.
+
+        Args:
+            rows_of: ``rows_of(j) -> {dataset name: row indices}`` of batch ``j`` (as written).
+
+        Returns:
+            the indices of the verified batches. When one fails (digest mismatch, or a chunk whose
+            Fletcher-32 checksum fails), the partial file is discarded with a log line and recreated empty,
+            and the result is empty.
+        """
+        done = self.done_batches()
+        try:
+            for j in done:
+                items = {}
+                for name, rows in rows_of(int(j)).items():
+                    idx = np.sort(_row_index(rows))
+                    items[name] = (idx, _read_rows(self.f[name], idx))
+                if batch_digest(items) != self.f["resume/sha256"][j].decode():
+                    raise ValueError(f"batch {int(j)} does not match its recorded sha256")
+        except (OSError, ValueError) as e:
+            self.log(f"[store] discarding {self.tmp}: a committed batch cannot be trusted ({e}); "
+                     "extracting from the start")
+            attrs = {k: v for k, v in self.f.attrs.items()
+                     if k not in ("contract_version", "created", "versions", "complete", "resume_key")}
+            self.f.close()
+            self.tmp.unlink()
+            self.resumed = False
+            self.f = self._create(attrs, "lzf")
+            return np.zeros(0, dtype=np.int64)
+        if len(done):
+            self.log(f"[store] resuming {self.tmp}: {len(done)} of {self.n_batches} batches already committed "
+                     "(verified against their sha256)")
+        return done
+
+    def begin_batch(self) -> None:
+        """Start a batch: what is written from here to :meth:`commit_batch` goes into its digest."""
+        self._pending.clear()
 
     def write(self, name: str, rows, values) -> None:
         """Write ``values`` at row indices ``rows`` (sorted int array or slice) of dataset ``name``."""
@@ -213,6 +418,12 @@ class ActivationWriter:
         if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
             raise ValueError(f"refusing to store non-finite values in {name}")
         ds = self.f[name]
+        if self.resume_key is not None and isinstance(v, np.ndarray):
+            idx = _row_index(rows)
+            prev = self._pending.get(name)
+            arr = v.astype(ds.dtype, copy=False)
+            self._pending[name] = (idx, arr) if prev is None else (np.concatenate([prev[0], idx]),
+                                                                   np.concatenate([prev[1], arr]))
         if isinstance(rows, slice):
             ds[rows] = v
             return
@@ -226,9 +437,31 @@ class ActivationWriter:
             for r, x in zip(rows, v):
                 ds[int(r)] = x
 
+    def commit_batch(self, j: int) -> None:
+        """Record batch ``j`` as complete with the digest of what was written since the last commit, and
+        flush the file (a stop after this point keeps the batch)."""
+        if self.resume_key is None:
+            self._pending.clear()
+            return
+        self.f["resume/sha256"][j] = batch_digest(self._pending).encode()
+        self.f["resume/done"][j] = 1
+        self._pending.clear()
+        self.f.flush()
+
+    def close_partial(self) -> Path:
+        """Flush and close, keeping ``<path>.partial`` for a later resume (a stop by signal)."""
+        self._pending.clear()
+        self.f.flush()
+        self.f.close()
+        return self.tmp
+
     def commit(self) -> Path:
         """Record the sha256 of every string dataset, mark complete, close, and atomically rename
         to the final path."""
+        if "resume" in self.f:
+            del self.f["resume"]
+        if "resume_key" in self.f.attrs:
+            del self.f.attrs["resume_key"]
         names = []
         self.f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and _is_string(o) else None)
         for n in names:
@@ -244,16 +477,6 @@ class ActivationWriter:
             self.f.close()
         finally:
             self.tmp.unlink(missing_ok=True)
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _workflow_prompt_file(h5_path: Path, prompt_set) -> Path | None:
@@ -310,9 +533,9 @@ def open_activations(path, *, model: str | None = None, prompt_set_sha256: str |
         problems.append("prompt set sha256 differs from the current prompt file")
     elif prompt_set_sha256 is None:
         current = _workflow_prompt_file(path, a.get("prompt_set"))
-        if current is not None and a.get("prompt_set_sha256") != _sha256(current):
+        if current is not None and a.get("prompt_set_sha256") != sha256_file(current):
             problems.append(f"it was extracted from another version of the prompt set (sha256 "
-                            f"{str(a.get('prompt_set_sha256'))[:12]}.. != {_sha256(current)[:12]}.. of {current})")
+                            f"{str(a.get('prompt_set_sha256'))[:12]}.. != {sha256_file(current)[:12]}.. of {current})")
     if not problems:
         problems = _string_problems(f)
     if problems:
@@ -406,3 +629,31 @@ def attrs_dict(f: h5py.File) -> dict:
                 pass
         out[k] = v.item() if hasattr(v, "item") else v
     return out
+
+
+def open_labelled(path, group: str | None = "last_token", **checks):
+    """An activation file as labelled xarray arrays (for notebooks): one group as an ``xarray.Dataset``
+    whose dimensions are the file's named axes (:data:`DIMS`: prompt, layer, resid_layer, head,
+    value_feature, ...), each with an integer coordinate 0..size-1; ``group=None``: the whole file as an
+    ``xarray.DataTree``.
+
+    The file is checked first as by :func:`open_activations` (``checks``: ``model``, ``prompt_set_sha256``);
+    values are read lazily through h5netcdf, every chunk read verified by its Fletcher-32 checksum.
+
+    Example: ``open_labelled(p)["values"].sel(layer=3)`` is ``f["last_token/values"][:, 3]``.
+
+    Raises:
+        StoreError: the file cannot be trusted (see :func:`open_activations`).
+        KeyError: no such group (names the groups of the file).
+    """
+    import xarray as xr
+
+    with open_activations(path, **checks) as f:
+        groups = sorted(k for k, v in f.items() if isinstance(v, h5py.Group))
+        sizes = {d: int(f[d].shape[0]) for d in DIMS if d in f}
+    if group is None:
+        return xr.open_datatree(path, engine="h5netcdf")  # the root's axes are coordinates of every group
+    if group not in groups:
+        raise KeyError(f"{path}: no group {group!r}; groups: {', '.join(groups)}")
+    ds = xr.open_dataset(path, engine="h5netcdf", group=group)
+    return ds.assign_coords({d: np.arange(sizes[d]) for d in ds.dims if d in sizes})

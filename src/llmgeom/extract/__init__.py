@@ -1,4 +1,5 @@
-"""Stage 2, extract: the forward pass with hooks -> HDF5 (forward), on prompt sets built by llmgeom.prompts.
+"""Stage 2, extract: the one capture API with named hook points (capture) and the forward pass -> HDF5
+(forward), on prompt sets built by llmgeom.prompts.
 
 May import: torch, transformers, tokenizers, llmgeom.prompts, llmgeom.models, llmgeom.measures, llmgeom.core.
 Never analyses, weights, interventions, plots or workflow.

@@ -1,32 +1,38 @@
-"""Activation extraction: one batched forward pass per batch, hooks that keep only
-what the HDF5 contract needs, logits recomputed in float32.
+"""Activation extraction: one batched forward pass per batch through the capture API
+(``extract.capture``), hooks on its named points that keep only what the HDF5 contract
+(``core.store.CONTRACT``) needs, logits recomputed in float32.
 
-Prompts are tokenized one by one and right-padded by us (the tokenizer's own
-padding side never matters); the final position of each prompt is found from
-the attention mask. Position ids are passed explicitly so padding cannot shift
-them. Batching with padding does not change any stored value (tests/test_extraction.py).
+Prompts are tokenized one by one and right-padded (``capture.make_batch``; the tokenizer's own
+padding side never matters); the final position of each prompt is found from the attention mask.
+Position ids are passed explicitly so padding cannot shift them. Batching with padding does not
+change any stored value (tests/test_extraction.py).
 
-The pre-norm residual stream is captured with hooks on the decoder blocks
-(``hidden_states[-1]`` is post-norm in most families); hooks accept block outputs
-that are tensors (transformers >= 5) or tuples (older releases).
+The pre-norm residual stream comes from ``blocks.<l>.hook_resid_post`` (``hidden_states[-1]`` is
+post-norm in most families). ``extract_to_hdf5`` is resumable: the ``.partial`` file records its
+committed batches (checksummed) and a rerun with the same inputs continues from there; SIGUSR1 /
+SIGTERM stop it cleanly after the batch in flight (:class:`ExtractionInterrupted`).
 
 Source: DESIGN.md sections 2 and 4; Paper III sec. 4 (last-token values, keys,
-attention entropy); LSM (token-level margins, residual samples).
+attention entropy); LSM (token-level margins, residual samples); issue 18 item 3 (resume).
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
+import signal
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from llmgeom.core.progress import progress
-from llmgeom.core.store import ActivationWriter
+from llmgeom.core.store import CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
+from llmgeom.core.versions import package_versions
+from llmgeom.extract import capture
+from llmgeom.extract.capture import Float32Head, first_tensor, last_positions, pad_batch, rows_at  # noqa: F401 (re-exported)
 from llmgeom.models import architectures as arch
 
 
@@ -38,39 +44,40 @@ class PromptTokenError(ValueError):
     """A prompt that cannot be extracted (zero tokens, longer than the model's context)."""
 
 
-def first_tensor(x):
-    """The hidden-state tensor of a module output: the output itself (recent transformers) or its first element (tuple outputs of older decoder layers; DESIGN.md sec. 4)."""
-    return x[0] if isinstance(x, (tuple, list)) else x
+class ExtractionInterrupted(RuntimeError):
+    """The extraction stopped on SIGUSR1/SIGTERM (a SLURM warning signal before the time limit, a
+    preemption) after its last committed batch; ``<out>.partial`` keeps the committed batches and a
+    rerun with the same inputs resumes from there. ``exit_code`` = 128 + signal number."""
+
+    def __init__(self, signum: int, partial, n_done: int, n_batches: int):
+        self.signum, self.partial, self.exit_code = signum, partial, 128 + int(signum)
+        super().__init__(f"stopped by {signal.Signals(signum).name} after {n_done} of {n_batches} batches; "
+                         f"{partial} keeps them, rerun the same extraction to resume")
 
 
-@contextlib.contextmanager
-def hooks(handles: list):
-    """Remove every hook handle on exit, also when the forward pass raises."""
-    try:
-        yield handles
-    finally:
-        for h in handles:
-            h.remove()
-        handles.clear()
+class _StopRequest:
+    """While active (main thread only), SIGUSR1 and SIGTERM set ``signum`` instead of killing the process,
+    so the batch in flight finishes and is committed; the previous handlers come back on exit."""
 
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
-def pad_batch(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad token id lists: (input_ids [B,T] long, attention_mask [B,T] long, position_ids [B,T] long)."""
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, :len(s)] = 1
-    pos = torch.arange(T).unsqueeze(0).expand(len(seqs), T).contiguous()
-    return ids.to(device), mask.to(device), pos.to(device)
+    def __init__(self):
+        self.signum = None
+        self._old = {}
 
+    def _set(self, signum, frame):
+        self.signum = signum
 
-def last_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last real token of each row [B], from the mask (any padding side)."""
-    T = attention_mask.shape[1]
-    ar = torch.arange(T, device=attention_mask.device)
-    return (attention_mask.bool() * (ar + 1)).argmax(dim=1)
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._set)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
 
 
 def entropy_nats(logits: torch.Tensor) -> torch.Tensor:
@@ -123,58 +130,36 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     return torch.softmax(scores, dim=-1)
 
 
-def _rows(t: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev) -> torch.Tensor:
-    """``t[bi, ti]`` in float32 on ``dev``. With ``device_map="auto"`` the blocks of a large model sit
-    on different GPUs: the index tensors follow ``t`` and the rows come back to ``dev`` (no-ops on one
-    device)."""
-    if bi.device != t.device:
-        bi, ti = bi.to(t.device), ti.to(t.device)
-    return t[bi, ti].float().to(dev)
-
-
-class Float32Head:
-    """The unembedding in float32 (plus Gemma soft-capping), applied in chunks."""
-
-    def __init__(self, model, chunk: int = 256):
-        W, b = arch.unembedding(model)
-        self.W = W.detach().float()
-        self.b = None if b is None else b.detach().float()
-        self.cap = arch.logit_softcap(model)
-        self.chunk = chunk
-
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        out = []
-        for i in range(0, h.shape[0], self.chunk):
-            z = F.linear(h[i:i + self.chunk].float().to(self.W.device), self.W, self.b)
-            if self.cap:
-                z = torch.tanh(z / self.cap) * self.cap
-            out.append(z)
-        return torch.cat(out) if out else h.new_zeros((0, self.W.shape[0]), dtype=torch.float32)
-
-
 def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int = 10,
                   sample_positions: list[list[int]] | None = None, token_stats: bool = False,
                   prompt_ids: list[str] | None = None, head: Float32Head | None = None,
                   pad_id: int = 0, candidates: list[list[int]] | None = None,
                   model_name: str | None = None) -> dict:
-    """Run one batch and return numpy arrays per prompt (first axis = batch).
+    """Run one batch and return numpy arrays per prompt (first axis = batch), keyed by HDF5 dataset name.
+
+    The forward pass runs through the capture API (:func:`llmgeom.extract.capture.run`) with hooks on its
+    named points; each hook keeps only the rows the contract needs (final tokens, sampled positions).
 
     Args:
         seqs: token ids per prompt (no padding).
         attention: compute final-query attention entropy per head, from the queries and keys that
-            the model's attention function receives (``architectures.capture_attention``): any
+            the model's attention function receives (point ``blocks.<l>.attn.hook_qk``): any
             attention implementation (sdpa, flash attention, eager), no [B, H, T, T] weights.
         sample_positions: per prompt, token positions whose residual stream to keep (corpus sets).
         token_stats: per-position margin / nll / entropy for positions 1..len-2 (corpus sets).
         candidates: per prompt, the same number C of token ids whose next-token log-probability
-            (over the full vocabulary, float32) to return as ``candidate_logprobs`` [B, C] nats
+            (over the full vocabulary, float32) to return as ``next_token/candidate_logprobs`` [B, C] nats
             (SULA labels; Paper III sec. 4.3).
 
-    Returns keys: residual [B, L+1, d_model], final_normed [B, d_unembed], values [B, L, n_kv*hd],
-    keys [B, L, n_kv, hd], attn_output [B, L, H*hd] (the o_proj input: attention-weighted sum of values),
-    next_entropy [B] nats, top_ids/top_logits [B, k], attn_entropy [B, L, H] nats (if attention); residual_sample [S, L+1, d], final_normed_sample [S, d_unembed] with
-    sample_prompt/sample_position [S];
-    margin/nll/tok_entropy/tok_prompt/tok_position [P] (if token_stats).
+    Returns:
+        dataset name (``llmgeom.core.store.CONTRACT``) -> array: ``last_token/residual`` [B, L+1, d_model],
+        ``last_token/final_normed`` [B, d_unembed], ``last_token/values`` [B, L, n_kv*hd], ``last_token/keys``
+        [B, L, n_kv, hd], ``last_token/attn_output`` [B, L, H*hd], ``next_token/entropy`` [B] nats,
+        ``next_token/top_ids`` / ``top_logits`` [B, k], ``next_token/candidate_logprobs`` [B, C] (if candidates),
+        ``attention/entropy`` [B, L, H] nats (if attention); ``tokens/residual_sample`` [S, L+1, d],
+        ``tokens/final_normed_sample`` [S, d_unembed], ``tokens/sample_prompt`` (batch row) /
+        ``tokens/sample_position`` [S] (if sample_positions); ``tokens/margin`` / ``nll`` / ``entropy`` /
+        ``prompt`` (batch row) / ``position`` [P] (if token_stats).
 
     Raises:
         NonFiniteActivationError: naming the model (``model_name``, default the config's
@@ -184,11 +169,10 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     mname = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
     s = arch.summarize(model.config)
     head = head or Float32Head(model)
-    ids, mask, pos = pad_batch(seqs, pad_id, dev)
+    batch = capture.make_batch(model, seqs, pad_id)
+    ids, last, b_idx = batch.ids, batch.last, batch.rows
     B = len(seqs)
     names = prompt_ids or [str(i) for i in range(B)]
-    last = last_positions(mask)
-    b_idx = torch.arange(B, device=dev)
     # gather index: last tokens first, then sampled positions
     gb, gt = [b_idx], [last]
     samp_b, samp_t = [], []
@@ -199,13 +183,13 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         gb.append(torch.tensor(samp_b, dtype=torch.long, device=dev))
         gt.append(torch.tensor(samp_t, dtype=torch.long, device=dev))
     gb, gt = torch.cat(gb), torch.cat(gt)
-    valid = mask.bool()
-
-    resid: list[torch.Tensor | None] = [None] * (s.n_layers + 1)
-    keys: list[torch.Tensor | None] = [None] * s.n_layers
-    vals: list[torch.Tensor | None] = [None] * s.n_layers
-    attn_out: list[torch.Tensor | None] = [None] * s.n_layers
-    attn_ent: list[torch.Tensor | None] = [None] * s.n_layers
+    valid = batch.mask.bool()
+    L = s.n_layers
+    resid: list = [None] * (L + 1)
+    keys: list = [None] * L
+    vals: list = [None] * L
+    attn_out: list = [None] * L
+    attn_ent: list = [None] * L
 
     def check(t: torch.Tensor, where: str):
         bad = ~torch.isfinite(t)
@@ -217,87 +201,66 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                 f"model {mname!r}: non-finite activation in {where}, prompt {names[bi]!r} token {ti} "
                 f"(model dtype {next(model.parameters()).dtype}; try dtype: float32 or bfloat16)")
 
-    def emb_hook(mod, args, kwargs):
-        h = args[0] if args else kwargs["hidden_states"]
+    def embeddings(h, pt):
         check(h, "embeddings (layer 0)")
-        resid[0] = _rows(h, gb, gt, dev)
+        resid[0] = rows_at(h, gb, gt, dev)
 
-    def make_block_hook(layer):
-        def fn(mod, args, out):
-            h = first_tensor(out)
-            check(h, f"block {layer} output (residual layer {layer + 1})")
-            resid[layer + 1] = _rows(h, gb, gt, dev)
+    def block_out(h, pt):
+        check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
+        resid[pt.layer + 1] = rows_at(h, gb, gt, dev)
+
+    def store(buf):
+        def fn(t, pt):
+            buf[pt.layer] = rows_at(t, b_idx, last, dev)
         return fn
 
-    def on_attention(layer, q, k, o, scaling, softcap):
-        o = o.reshape(*o.shape[:2], -1)  # [B, T, H*hd]: the o_proj input
-        attn_out[layer] = _rows(o, b_idx, last, dev)
+    def entropy(c, pt):
+        cfg = model.config
+        p = last_query_attention(
+            c.query, c.key, last, valid, softcap=c.softcap if c.softcap is not None else arch.attention_softcap(cfg),
+            scaling=c.scaling if c.scaling is not None else arch.attention_scaling(cfg, pt.layer),
+            window=arch.attention_window(cfg, pt.layer))
+        attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
+
+    P = capture.point_name
+    hooks = {P("hook_resid_pre", 0): embeddings}
+    for i in range(L):
+        hooks[P("hook_resid_post", i)] = block_out
+        hooks[P("attn.hook_k", i)] = store(keys)
+        hooks[P("attn.hook_v", i)] = store(vals)
+        hooks[P("attn.hook_z", i)] = store(attn_out)
         if attention:
-            cfg = model.config
-            p = last_query_attention(
-                q, k, last, valid, softcap=softcap if softcap is not None else arch.attention_softcap(cfg),
-                scaling=scaling if scaling is not None else arch.attention_scaling(cfg, layer),
-                window=arch.attention_window(cfg, layer))
-            attn_ent[layer] = attention_row_entropy(p).to(dev)
-
-    def make_kv_hook(layer, kfn, vfn, do_k, do_v):
-        def fn(mod, args, out):
-            o = first_tensor(out)
-            if do_k:
-                keys[layer] = _rows(kfn(o), b_idx, last, dev)
-            if do_v:
-                vals[layer] = _rows(vfn(o), b_idx, last, dev)
-        return fn
-
-    layers = arch.decoder_layers(model)
-    handles: list = []
-    with hooks(handles), torch.inference_mode(), arch.capture_attention(model, on_attention) as seen:
-        handles.append(layers[0].register_forward_pre_hook(emb_hook, with_kwargs=True))
-        for i, blk in enumerate(layers):
-            handles.append(blk.register_forward_hook(make_block_hook(i)))
-        for i, (km, kfn, vm, vfn) in enumerate(arch.key_value_extractors(model)):
-            if km is vm:
-                handles.append(km.register_forward_hook(make_kv_hook(i, kfn, vfn, True, True)))
-            else:
-                handles.append(km.register_forward_hook(make_kv_hook(i, kfn, vfn, True, False)))
-                handles.append(vm.register_forward_hook(make_kv_hook(i, kfn, vfn, False, True)))
-        out = arch.base_model(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-        if sorted(set(seen)) != list(range(s.n_layers)):
-            missing = sorted(set(range(s.n_layers)) - set(seen))
-            raise arch.UnsupportedArchitectureError(
-                f"model {mname!r}: the attention of layers {missing} did not go through transformers' attention "
-                f"interface (implementation {model.config._attn_implementation!r}), so queries, keys and the "
-                "attention output cannot be read; load it with attn_implementation='sdpa'")
-        hT = out.last_hidden_state
+            hooks[P("attn.hook_qk", i)] = entropy
+    out = capture.run(model, batch, hooks, head=head, model_name=mname)
+    with torch.inference_mode():
+        hT = out.hidden
         check(hT, "final norm output")
         res: dict = {}
         R = torch.stack(resid, dim=1)  # [G, L+1, d]
-        res["residual"] = R[:B].cpu().numpy()
+        res["last_token/residual"] = R[:B].cpu().numpy()
         if sample_positions is not None:
-            res["residual_sample"] = R[B:].cpu().numpy()
-            res["final_normed_sample"] = _rows(hT, gb[B:], gt[B:], dev).cpu().numpy()
-            res["sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
-            res["sample_position"] = np.asarray(samp_t, dtype=np.int32)
-        h_last = _rows(hT, b_idx, last, dev)
-        res["final_normed"] = h_last.cpu().numpy()
-        res["values"] = torch.stack(vals, 1).cpu().numpy()
-        res["attn_output"] = torch.stack(attn_out, 1).cpu().numpy()
-        res["keys"] = torch.stack(keys, 1).reshape(B, s.n_layers, s.n_kv_heads, s.head_dim).cpu().numpy()
-        logits = head(h_last)
+            res["tokens/residual_sample"] = R[B:].cpu().numpy()
+            res["tokens/final_normed_sample"] = rows_at(hT, gb[B:], gt[B:], dev).cpu().numpy()
+            res["tokens/sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
+            res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
+        res["last_token/final_normed"] = rows_at(hT, b_idx, last, dev).cpu().numpy()
+        res["last_token/values"] = torch.stack(vals, 1).cpu().numpy()
+        res["last_token/attn_output"] = torch.stack(attn_out, 1).cpu().numpy()
+        res["last_token/keys"] = torch.stack(keys, 1).reshape(B, L, s.n_kv_heads, s.head_dim).cpu().numpy()
+        logits = out.logits
         if not torch.isfinite(logits).all():
             bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
             raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) at the "
                                            f"final token of prompt {names[bi]!r}; try dtype: float32 or bfloat16")
-        res["next_entropy"] = entropy_nats(logits).cpu().numpy()
+        res["next_token/entropy"] = entropy_nats(logits).cpu().numpy()
         k = min(top_k, logits.shape[-1])
         tv, ti = logits.topk(k, dim=-1)
-        res["top_ids"] = ti.cpu().numpy()
-        res["top_logits"] = tv.cpu().numpy()
+        res["next_token/top_ids"] = ti.cpu().numpy()
+        res["next_token/top_logits"] = tv.cpu().numpy()
         if candidates is not None:
-            cand = torch.as_tensor(candidates, dtype=torch.long, device=logits.device).reshape(B, -1)
-            res["candidate_logprobs"] = torch.log_softmax(logits, -1).gather(1, cand).cpu().numpy()
+            res["next_token/candidate_logprobs"] = capture.candidate_logprobs(logits, candidates).cpu().numpy()
         if attention:
-            res["attn_entropy"] = torch.stack(attn_ent, 1).cpu().numpy()  # [B, L, H]
+            res["attention/entropy"] = torch.stack(attn_ent, 1).cpu().numpy()  # [B, L, H]
         if token_stats:
             tb, tt = [], []
             for i, sq in enumerate(seqs):
@@ -309,7 +272,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             margins, nlls, ents = [], [], []
             for j in range(0, len(tb), head.chunk):
                 bb, ttt = tb_t[j:j + head.chunk], tt_t[j:j + head.chunk]
-                z = head(_rows(hT, bb, ttt, hT.device))
+                z = head(rows_at(hT, bb, ttt, hT.device))
                 if not torch.isfinite(z).all():
                     bi = int(bb[(~torch.isfinite(z)).any(-1)][0])
                     raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
@@ -320,9 +283,9 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                 nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1).to(logp.device)).squeeze(1))
                 ents.append(-(logp.exp() * logp).sum(-1))
             cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
-            res["margin"], res["nll"], res["tok_entropy"] = cat(margins), cat(nlls), cat(ents)
-            res["tok_prompt"] = np.asarray(tb, dtype=np.int64)
-            res["tok_position"] = np.asarray(tt, dtype=np.int32)
+            res["tokens/margin"], res["tokens/nll"], res["tokens/entropy"] = cat(margins), cat(nlls), cat(ents)
+            res["tokens/prompt"] = np.asarray(tb, dtype=np.int64)
+            res["tokens/position"] = np.asarray(tt, dtype=np.int32)
     return res
 
 
@@ -353,7 +316,7 @@ def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int |
 
 def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype: str = "auto",
                     device: str = "auto", batch_size: int = 8, top_k: int = 10, attention: bool = True,
-                    corpus: bool = False, sample_per_prompt: int = 16, max_tokens: int | None = None,
+                    corpus: bool = False, sample_per_prompt: int = 30, max_tokens: int | None = None,
                     seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
                     mem_mb: int | None = None, attn_implementation: str = "sdpa", reuse_model: bool = False,
                     log=print) -> Path:
@@ -367,7 +330,15 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     positions per passage (position 0 / BOS excluded). Written to
     ``<out_path>.partial`` and renamed when complete.
 
-    ``candidates_key`` (e.g. ``"label_token_ids"`` for SULA sets) names a list of token ids in every
+    Resumable (issue 18 item 3): each batch is committed to the partial file with the sha256 of what it
+    wrote; a rerun with the same inputs (prompt-set sha256, model, dtype, device, every setting here,
+    batch size) verifies the committed batches and computes only the missing ones, giving the same bytes
+    in every dataset as an uninterrupted run. A partial from other inputs, or one that fails its checks,
+    is discarded with a log line. SIGUSR1 / SIGTERM (e.g. SLURM ``--signal=B:USR1@<s>``): the batch in
+    flight finishes and is committed, the partial is flushed and closed, and :class:`ExtractionInterrupted`
+    is raised.
+
+    ``candidates_key`` (``llmgeom.prompts.io.CANDIDATES_KEY`` for SULA and wind-tunnel sets) names a list of token ids in every
     prompt's meta (same length C for all prompts); their next-token log-probabilities at the final
     position are stored as ``next_token/candidate_logprobs`` [n, C] (float32, nats, over the full
     vocabulary) with the ids in ``next_token/candidate_ids`` [n, C] int64.
@@ -380,6 +351,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         PromptTokenError, NonFiniteActivationError, PromptDataError (via read_prompt_set);
         ValueError: a prompt without valid candidate ids when ``candidates_key`` is given;
         ModelMemoryError: the model cannot fit, before any weight is read.
+        ExtractionInterrupted: stopped by SIGUSR1/SIGTERM (the partial file keeps the committed batches).
     """
     from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models.loading import load_prepared
@@ -429,31 +401,15 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             raise PromptTokenError(f"{model_name} {Path(prompts_path).stem}: no corpus passage has a token after "
                                    "position 0, so there is nothing to sample; raise the prompt set's token_budget")
     L, d = s.n_layers, s.d_model
-    shapes = {
-        "prompts/text": ((n,), "str"), "prompts/meta": ((n,), "str"), "prompts/n_tokens": ((n,), "int32"),
-        "last_token/residual": ((n, L + 1, d), "float32"),
-        "last_token/final_normed": ((n, d_unembed), "float32"),
-        "last_token/values": ((n, L, s.n_kv_heads * s.head_dim), "float32"),
-        "last_token/keys": ((n, L, s.n_kv_heads, s.head_dim), "float32"),
-        "last_token/attn_output": ((n, L, s.n_heads * s.head_dim), "float32"),
-        "next_token/entropy": ((n,), "float32"),
-        "next_token/top_ids": ((n, min(top_k, s.vocab_size)), "int64"),
-        "next_token/top_logits": ((n, min(top_k, s.vocab_size)), "float32"),
-    }
+    sizes = dict(prompt=n, layer=L, resid_layer=L + 1, d_model=d, d_unembed=int(d_unembed),
+                 value_feature=s.n_kv_heads * s.head_dim, kv_head=s.n_kv_heads, head_dim=s.head_dim,
+                 head=s.n_heads, attn_feature=s.n_heads * s.head_dim, rank=min(top_k, s.vocab_size))
     if cands is not None:
-        shapes["next_token/candidate_logprobs"] = ((n, len(cands[0])), "float32")
-        shapes["next_token/candidate_ids"] = ((n, len(cands[0])), "int64")
-    if attention:
-        shapes["attention/entropy"] = ((n, L, s.n_heads), "float32")
+        sizes["candidate"] = len(cands[0])
     if corpus:
-        n_s = sum(len(x) for x in samples)
-        n_p = sum(max(len(sq) - 2, 0) for sq in seqs)
-        shapes.update({"tokens/residual_sample": ((n_s, L + 1, d), "float32"),
-                       "tokens/final_normed_sample": ((n_s, d_unembed), "float32"),
-                       "tokens/sample_prompt": ((n_s,), "int32"), "tokens/sample_position": ((n_s,), "int32"),
-                       "tokens/margin": ((n_p,), "float32"), "tokens/nll": ((n_p,), "float32"),
-                       "tokens/entropy": ((n_p,), "float32"), "tokens/prompt": ((n_p,), "int32"),
-                       "tokens/position": ((n_p,), "int32")})
+        sizes["sample"] = sum(len(x) for x in samples)
+        sizes["position"] = sum(max(len(sq) - 2, 0) for sq in seqs)
+    shapes = contract_shapes(sizes, attention=attention, candidates=cands is not None, corpus=corpus)
     attrs = dict(model=model_name, source=manifest.get("source"), revision=manifest.get("revision"),
                  source_sha256=manifest.get("source_sha256"), torch_dtype=str(model.dtype).replace("torch.", ""),
                  device=str(next(model.parameters()).device),
@@ -464,64 +420,95 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                  sample_per_prompt=sample_per_prompt if corpus else 0, kind="corpus" if corpus else "prompts")
     if corpus:
         attrs.update(n_short_passages=len(short), n_samples_requested=n * sample_per_prompt)
-    w = ActivationWriter(out_path, attrs, shapes)
+    order = sorted(range(n), key=lambda i: -len(seqs[i]))
+    batches = [order[j:j + batch_size] for j in range(0, n, batch_size)]
+    tok_offsets = np.concatenate([[0], np.cumsum([max(len(sq) - 2, 0) for sq in seqs])]).astype(np.int64)
+    samp_offsets = np.concatenate([[0], np.cumsum([len(x) for x in samples])]).astype(np.int64) if corpus else None
+    per_prompt = [k for k in shapes if not k.startswith(("prompts/", "tokens/"))]
+    per_sample = [k for k in shapes if k.startswith("tokens/") and CONTRACT[k].dims[0] == "sample"]
+    per_position = [k for k in shapes if k.startswith("tokens/") and CONTRACT[k].dims[0] == "position"]
+
+    def rows_of(j: int) -> dict:
+        """Rows of every dataset that batch ``j`` writes."""
+        idx = np.array(batches[j], dtype=np.int64)
+        out = {k: idx for k in per_prompt}
+        if corpus:
+            srows = np.concatenate([np.arange(samp_offsets[i], samp_offsets[i + 1]) for i in idx])
+            trows = np.concatenate([np.arange(tok_offsets[i], tok_offsets[i + 1]) for i in idx])
+            out.update({k: srows for k in per_sample})
+            out.update({k: trows for k in per_position})
+        return out
+
+    # everything that determines the file's content: a partial written with the same key can be resumed
+    resume_key = hashlib.sha256(json.dumps(dict(
+        attrs={k: v for k, v in attrs.items()}, shapes={k: list(v[0]) for k, v in shapes.items()},
+        batch_size=batch_size, attention=attention, candidates_key=candidates_key, max_tokens=max_tokens,
+        contract_version=CONTRACT_VERSION, versions={k: v for k, v in package_versions().items()
+                                                     if k in ("torch", "transformers", "llmgeom")}),
+        sort_keys=True, default=str).encode()).hexdigest()
+    w = ActivationWriter(out_path, attrs, shapes, resume_key=resume_key, n_batches=len(batches), log=log)
+    stop = _StopRequest()
     try:
+        done = set(w.verify_batches(rows_of).tolist())
         w.write("prompts/text", slice(None), texts)
         w.write("prompts/meta", slice(None), [json.dumps(r.get("meta", {}), sort_keys=True) for r in records])
         w.write("prompts/n_tokens", slice(None), np.array([len(x) for x in seqs], np.int32))
         head = Float32Head(model)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        order = sorted(range(n), key=lambda i: -len(seqs[i]))
-        tok_offsets = np.concatenate([[0], np.cumsum([max(len(sq) - 2, 0) for sq in seqs])])
-        samp_offsets = np.concatenate([[0], np.cumsum([len(x) for x in samples])]) if corpus else None
-        t0, n_tok, t_fwd = time.time(), 0, 0.0
+        t0, n_tok, t_fwd, n_run = time.time(), 0, 0.0, 0
         bar = progress(total=n, desc=f"extract {model_name} {Path(prompts_path).stem}", unit="prompt")
-        for j in range(0, n, batch_size):
-            idx = order[j:j + batch_size]
-            tb = time.perf_counter()
-            r = extract_batch(model, [seqs[i] for i in idx], attention=attention, top_k=top_k,
-                              sample_positions=[samples[i] for i in idx] if corpus else None,
-                              token_stats=corpus, prompt_ids=[pids[i] for i in idx], head=head, pad_id=pad_id,
-                              candidates=[cands[i] for i in idx] if cands is not None else None,
-                              model_name=model_name)
-            t_fwd += time.perf_counter() - tb  # forward pass, hooks and per-token statistics on the device
-            rows = np.array(idx)
-            w.write("last_token/residual", rows, r["residual"])
-            w.write("last_token/final_normed", rows, r["final_normed"])
-            w.write("last_token/values", rows, r["values"])
-            w.write("last_token/keys", rows, r["keys"])
-            w.write("last_token/attn_output", rows, r["attn_output"])
-            w.write("next_token/entropy", rows, r["next_entropy"])
-            w.write("next_token/top_ids", rows, r["top_ids"])
-            w.write("next_token/top_logits", rows, r["top_logits"])
-            if cands is not None:
-                w.write("next_token/candidate_logprobs", rows, r["candidate_logprobs"])
-                w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
-            if attention:
-                w.write("attention/entropy", rows, r["attn_entropy"])
-            if corpus:
-                for bi, i in enumerate(idx):
-                    sel = r["sample_prompt"] == bi
-                    sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
-                    w.write("tokens/residual_sample", sl, r["residual_sample"][sel])
-                    w.write("tokens/final_normed_sample", sl, r["final_normed_sample"][sel])
-                    w.write("tokens/sample_prompt", sl, np.full(sel.sum(), i, np.int32))
-                    w.write("tokens/sample_position", sl, r["sample_position"][sel])
-                    tsel = r["tok_prompt"] == bi
-                    tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
-                    w.write("tokens/margin", tl, r["margin"][tsel])
-                    w.write("tokens/nll", tl, r["nll"][tsel])
-                    w.write("tokens/entropy", tl, r["tok_entropy"][tsel])
-                    w.write("tokens/prompt", tl, np.full(tsel.sum(), i, np.int32))
-                    w.write("tokens/position", tl, r["tok_position"][tsel])
-            n_tok += sum(len(seqs[i]) for i in idx)
-            bar.update(len(idx))
-            bar.set_postfix(tokens=n_tok, refresh=False)
+        bar.update(sum(len(batches[j]) for j in done))
+        with stop:
+            for j, idx in enumerate(batches):
+                if j in done:
+                    continue
+                if stop.signum is not None:
+                    n_done = len(w.done_batches())
+                    raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
+                tb = time.perf_counter()
+                r = extract_batch(model, [seqs[i] for i in idx], attention=attention, top_k=top_k,
+                                  sample_positions=[samples[i] for i in idx] if corpus else None,
+                                  token_stats=corpus, prompt_ids=[pids[i] for i in idx], head=head, pad_id=pad_id,
+                                  candidates=[cands[i] for i in idx] if cands is not None else None,
+                                  model_name=model_name)
+                t_fwd += time.perf_counter() - tb  # forward pass, hooks and per-token statistics on the device
+                w.begin_batch()
+                rows = np.array(idx)
+                for k in per_prompt:
+                    if k != "next_token/candidate_ids":
+                        w.write(k, rows, r[k])
+                if cands is not None:
+                    w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
+                if corpus:
+                    for bi, i in enumerate(idx):
+                        sel = r["tokens/sample_prompt"] == bi
+                        sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
+                        for k in per_sample:
+                            w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == "tokens/sample_prompt" else r[k][sel])
+                        tsel = r["tokens/prompt"] == bi
+                        tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
+                        for k in per_position:
+                            w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == "tokens/prompt" else r[k][tsel])
+                w.commit_batch(j)
+                n_run += 1
+                n_tok += sum(len(seqs[i]) for i in idx)
+                bar.update(len(idx))
+                bar.set_postfix(tokens=n_tok, refresh=False)
         bar.close()
+        if done:
+            log(f"[extract] {model_name} {Path(prompts_path).stem}: resumed; {len(done)} of {len(batches)} batches "
+                f"were committed before, {n_run} computed now")
         log(f"[extract] {model_name} {Path(prompts_path).stem}: {n} prompts, {n_tok} tokens, "
             f"{n_tok / max(time.time() - t0, 1e-9):.0f} tokens/s on {attrs['device']}; "
             f"forward passes {t_fwd:.3f} s of {time.time() - t_call:.3f} s in extract_to_hdf5")
         return w.commit()
+    except ExtractionInterrupted as e:
+        log(f"[extract] {e}")
+        raise
+    except (KeyboardInterrupt, SystemExit):
+        if w.f.id.valid:
+            w.close_partial()  # keep the committed batches for a resume
+        raise
     except BaseException:
         w.abort()
         raise

@@ -1,5 +1,6 @@
 """The entropy axis u_ent (unit PC1 of the standardized last-token values, signed so that
-corr(v.u, H_model) >= 0) and its seeded random control axis (Paper III sec. 4.5). Numpy only.
+corr(v.u, H_model) >= 0) and its seeded random control axis (Paper III sec. 4.5). Numpy only; the PCA is
+:class:`llmgeom.measures.pca.ValueManifoldPCA` with :data:`llmgeom.measures.pca.H_MODEL_SIGN`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmgeom.core.stats import pearson
+from llmgeom.measures.pca import H_MODEL_SIGN, ValueManifoldPCA
 
 # --------------------------------------------------------------------------- axes
 
@@ -17,15 +19,17 @@ from llmgeom.core.stats import pearson
 class EntropyAxis:
     """Entropy axis of one layer: unit ``u`` [D] (raw value coordinates), ``sigma`` (std of v.u over the
     fit prompts, raw value units), ``corr`` (Pearson corr(v.u, H_model) >= 0 on the fit prompts),
-    ``pc1_var`` (explained-variance fraction of PC1 of the standardized values), ``n_fit``, ``flipped``."""
+    ``pc1`` (explained-variance share of PC1 of the standardized values, as ``pc1`` in value_manifold.csv),
+    ``n_fit``, ``flipped``; ``sign`` is the convention's label, "pearson(h_model_bits) >= 0"."""
 
     layer: int
     u: np.ndarray
     sigma: float
     corr: float
-    pc1_var: float
+    pc1: float
     n_fit: int
     flipped: bool
+    sign: str = H_MODEL_SIGN.label
 
 
 def entropy_axis(values, h_model, layer: int = -1) -> EntropyAxis:
@@ -45,7 +49,6 @@ def entropy_axis(values, h_model, layer: int = -1) -> EntropyAxis:
 
     Source: Paper III sec. 4.5 (entropy axis and sigma); DESIGN.md sec. 3 (Interventions).
     """
-    from llmgeom.measures.pca import fit_pca, standardize_columns
 
     V = np.asarray(values, np.float64)
     h = np.asarray(h_model, np.float64)
@@ -56,19 +59,13 @@ def entropy_axis(values, h_model, layer: int = -1) -> EntropyAxis:
     if not np.any(np.ptp(V, axis=0) > 0):
         raise ValueError(f"layer {layer}: the last-token values are identical for every prompt (at layer 0 they "
                          "depend only on the final token ':'), so there is no entropy axis; choose a later layer")
-    Z, kept = standardize_columns(V, True)
-    pca = fit_pca(Z, 1)
-    w = np.asarray(pca.components_[0], np.float64)
-    sd = V[:, kept].std(axis=0)
+    est = ValueManifoldPCA(standardize=True, n_components=1, sign=H_MODEL_SIGN).fit(V, h)
+    sd = V[:, est.kept_].std(axis=0)
     u = np.zeros(V.shape[1])
-    u[kept] = w / sd
+    u[est.kept_] = est.components_[0] / sd  # the signed loading, back in raw value coordinates
     u /= np.linalg.norm(u)
-    r = pearson(V @ u, h)[0]
-    flipped = bool(np.isfinite(r) and r < 0)
-    if flipped:
-        u, r = -u, -r
-    return EntropyAxis(layer=int(layer), u=u, sigma=float(np.std(V @ u)), corr=r,
-                       pc1_var=float(pca.explained_variance_ratio_[0]), n_fit=int(V.shape[0]), flipped=flipped)
+    return EntropyAxis(layer=int(layer), u=u, sigma=float(np.std(V @ u)), corr=pearson(V @ u, h)[0],
+                       pc1=est.pc1_, n_fit=int(V.shape[0]), flipped=bool(est.sign_flipped_[0]))
 
 
 def random_axis(u, seed: int, layer: int) -> np.ndarray:

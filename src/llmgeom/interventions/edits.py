@@ -90,35 +90,38 @@ def apply_edit(v: torch.Tensor, edit: ValueEdit) -> torch.Tensor:
     return out.to(v.dtype)
 
 
-def _edit_output(t: torch.Tensor, edit: ValueEdit, cols: torch.Tensor | None,
-                 positions: torch.Tensor | None) -> torch.Tensor:
-    if cols is not None:
-        cols = cols.to(t.device)
-    if positions is None:
-        if cols is None:
-            return apply_edit(t, edit)
-        new = t.clone()
-        new[..., cols] = apply_edit(t[..., cols], edit)
+def edit_hook(edit: ValueEdit, positions: torch.Tensor | None = None):
+    """A capture hook (``llmgeom.extract.capture``) for point ``blocks.<l>.attn.hook_v`` that applies ``edit``
+    to the values [B, T, D]: at every position (``positions`` None) or only at ``positions`` [B] (one per
+    batch row). Fused QKV layouts: the capture API writes the edited values back into the value columns."""
+    def hook(v, point):
+        if positions is None:
+            return apply_edit(v, edit)
+        b = torch.arange(v.shape[0], device=v.device)
+        pos = positions.to(v.device)
+        new = v.clone()
+        new[b, pos] = apply_edit(v[b, pos], edit)
         return new
-    b = torch.arange(t.shape[0], device=t.device)
-    pos = positions.to(t.device)
-    new = t.clone()
-    rows = new[b, pos]  # [B, out]
-    if cols is None:
-        rows = apply_edit(rows, edit)
-    else:
-        rows[:, cols] = apply_edit(rows[:, cols], edit)
-    new[b, pos] = rows
-    return new
-
-
-def _make_hook(edit: ValueEdit, cols, positions):
-    def hook(mod, args, out):
-        if isinstance(out, (tuple, list)):
-            new = _edit_output(out[0], edit, cols, positions)
-            return type(out)([new, *out[1:]]) if isinstance(out, list) else (new,) + tuple(out[1:])
-        return _edit_output(out, edit, cols, positions)
     return hook
+
+
+def value_edit_hooks(model, edits: Mapping[int, ValueEdit], positions: torch.Tensor | None = None) -> dict:
+    """Capture hooks of ``edits`` (layer, 0-based or negative from the end -> :class:`ValueEdit`): point name
+    ``blocks.<l>.attn.hook_v`` -> hook.
+
+    Raises:
+        IndexError: a layer outside the model.
+    """
+    from llmgeom.extract.capture import point_name
+
+    n_layers = len(arch.decoder_layers(model))
+    out = {}
+    for layer, e in edits.items():
+        li = layer if layer >= 0 else n_layers + layer
+        if not 0 <= li < n_layers:
+            raise IndexError(f"layer {layer} outside the model's {n_layers} layers")
+        out[point_name("attn.hook_v", li)] = edit_hook(e, positions)
+    return out
 
 
 @contextlib.contextmanager
@@ -132,26 +135,19 @@ def value_edits(model, edits: Mapping[int, ValueEdit], positions: torch.Tensor |
         positions: None = edit every token position; or a LongTensor [B] with one position per batch row
             (e.g. the last real token) to edit only there.
 
-    The hooks sit on ``architectures.v_module(model, layer)`` and accept modules that return a tensor or a
-    tuple (first element edited, the rest passed through). For fused QKV layouts only the value columns
-    (``architectures.v_columns``) are edited. Hooks are removed on exit, also when the body raises.
+    The edits are hooks on the capture API's point ``blocks.<l>.attn.hook_v`` (``llmgeom.extract.capture``,
+    on ``architectures.v_module``; modules that return a tensor or a tuple). For fused QKV layouts only the
+    value columns are edited. Hooks are removed on exit, also when the body raises.
+
+    Yields:
+        the torch hook handles (one per edited layer).
 
     Raises:
         IndexError: a layer outside the model.
 
     Source: Paper III sec. 4.5-4.6.
     """
-    n_layers = len(arch.decoder_layers(model))
-    cols = arch.v_columns(model)
-    handles = []
-    try:
-        for layer, e in edits.items():
-            li = layer if layer >= 0 else n_layers + layer
-            if not 0 <= li < n_layers:
-                raise IndexError(f"layer {layer} outside the model's {n_layers} layers")
-            handles.append(arch.v_module(model, li).register_forward_hook(_make_hook(e, cols, positions)))
-        yield handles
-    finally:
-        for h in handles:
-            h.remove()
-        handles.clear()
+    from llmgeom.extract.capture import hooked
+
+    with hooked(model, value_edit_hooks(model, edits, positions)) as st:
+        yield st["handles"]

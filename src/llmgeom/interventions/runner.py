@@ -16,7 +16,7 @@ import torch
 from llmgeom.core.layers import select_layers
 from llmgeom.core.progress import progress
 from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
-from llmgeom.interventions.edits import AXES, EDIT_NAMES, ValueEdit, value_edits
+from llmgeom.interventions.edits import AXES, EDIT_NAMES, ValueEdit, value_edit_hooks
 from llmgeom.models import architectures as arch
 
 
@@ -91,8 +91,14 @@ def skip_layers(model, upto: int, output):
 
 
 def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, probe_layers: Sequence[int] = (),
-                  record_blocks: Sequence[int] = (), head=None, pad_id: int = 0) -> dict:
-    """One forward pass (inside whatever :func:`value_edits` / :func:`skip_layers` contexts are active).
+                  record_blocks: Sequence[int] = (), head=None, pad_id: int = 0,
+                  edits: Mapping | None = None) -> dict:
+    """One forward pass through the capture API (``llmgeom.extract.capture.run``), inside whatever
+    :func:`skip_layers` context is active.
+
+    Args:
+        edits: capture hooks that edit (point name -> hook, e.g. ``edits.value_edit_hooks``); they run
+            before the reads, so the probes see the edited values.
 
     Returns:
         {"logp": [B, C] float32 log-probabilities (nats, full vocabulary) of the candidate tokens at the final
@@ -103,56 +109,35 @@ def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, 
     Raises:
         NonFiniteActivationError: non-finite logits.
     """
-    from llmgeom.extract.forward import (
-        Float32Head,
-        NonFiniteActivationError,
-        first_tensor,
-        hooks,
-        last_positions,
-        pad_batch,
-    )
+    from llmgeom.extract import capture
+    from llmgeom.extract.forward import NonFiniteActivationError
 
-    dev = next(model.parameters()).device
-    head = head or Float32Head(model)
-    ids, mask, pos = pad_batch(seqs, pad_id, dev)
-    last = last_positions(mask)
-    b_idx = torch.arange(len(seqs), device=dev)
-    cols = arch.v_columns(model)
+    batch = capture.make_batch(model, seqs, pad_id)
+    dev = batch.ids.device
     vals, blocks = {}, {}
 
-    def vhook(layer):
-        def fn(mod, args, out):
-            o = first_tensor(out)
-            v = o if cols is None else o[..., cols.to(o.device)]
-            vals[layer] = v[b_idx.to(o.device), last.to(o.device)].float()  # device_map="auto": blocks on several GPUs
-        return fn
+    def read_v(v, pt):
+        vals[pt.layer] = capture.rows_at(v, batch.rows, batch.last, dev)  # device_map="auto": blocks on several GPUs
 
-    def bhook(i):
-        def fn(mod, args, out):
-            blocks[i] = out
-        return fn
+    def record(h, pt):
+        blocks[pt.layer] = pt.raw
 
-    layers = arch.decoder_layers(model)
-    handles: list = []
-    with hooks(handles), torch.inference_mode():
-        for layer in probe_layers:
-            handles.append(arch.v_module(model, layer).register_forward_hook(vhook(layer)))
-        for i in record_blocks:
-            handles.append(layers[i].register_forward_hook(bhook(i)))
-        out = arch.base_model(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-        hT = out.last_hidden_state
-        logits = head(hT[b_idx.to(hT.device), last.to(hT.device)])
-        if not torch.isfinite(logits).all():
-            raise NonFiniteActivationError("non-finite logits at the final token during an intervention run")
-        cand = torch.as_tensor(candidates, dtype=torch.long, device=logits.device).reshape(len(seqs), -1)
-        logp = torch.log_softmax(logits, -1).gather(1, cand)
+    hooks: dict = {k: [fn] for k, fn in (edits or {}).items()}
+    for layer in probe_layers:
+        hooks.setdefault(capture.point_name("attn.hook_v", layer), []).append(read_v)
+    for i in record_blocks:
+        hooks.setdefault(capture.point_name("hook_resid_post", i), []).append(record)
+    out = capture.run(model, batch, hooks, head=head)
+    if not torch.isfinite(out.logits).all():
+        raise NonFiniteActivationError("non-finite logits at the final token during an intervention run")
+    logp = capture.candidate_logprobs(out.logits, candidates)
     return {"logp": logp.cpu().numpy(), "values": {k: v.cpu().numpy() for k, v in vals.items()}, "blocks": blocks}
 
 
 def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]], conditions: list[dict],
                       axes: Mapping[int, EntropyAxis], random_axes: Mapping[int, np.ndarray], *,
                       probe_layers: Sequence[int], shift_scale: float = 1.0, positions: str = "all",
-                      batch_size: int = 32, pad_id: int = 0, skip: bool = True, log=print) -> dict:
+                      batch_size: int = 64, pad_id: int = 0, skip: bool = True, log=print) -> dict:
     """Run every condition over the prompts and collect per-prompt outputs.
 
     Prompts are batched by length (:func:`length_batches`, at most ``batch_size``). Per batch, the unedited
@@ -174,7 +159,7 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
 
     Source: Paper III sec. 4.5-4.6.
     """
-    from llmgeom.extract.forward import Float32Head
+    from llmgeom.extract.capture import Float32Head
 
     if positions not in ("all", "last"):
         raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
@@ -203,11 +188,11 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
             l0 = min(c["layers"]) if c["layers"] else 0
             use_skip = skip and base is not None and l0 > 0
             with contextlib.ExitStack() as st:
-                st.enter_context(value_edits(model, edits, positions=last if positions == "last" else None))
                 if use_skip:
                     st.enter_context(skip_layers(model, l0, base["blocks"][l0 - 1]))
                 r = forward_probe(model, batch, cands, probe_layers=[l for l in probe_layers if not use_skip or l >= l0],
-                                  record_blocks=record if not c["layers"] else (), head=head, pad_id=pad_id)
+                                  record_blocks=record if not c["layers"] else (), head=head, pad_id=pad_id,
+                                  edits=value_edit_hooks(model, edits, positions=last if positions == "last" else None))
             bar.update(len(idx))
             if not c["layers"]:
                 base = r
@@ -223,7 +208,7 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
 
 def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str, layers=("middle", "last"),
                             multi_layers=("middle", "last"), edits=tuple(EDIT_NAMES), shift_scale: float = 1.0,
-                            positions: str = "all", n_per_k: int | None = None, batch_size: int = 32,
+                            positions: str = "all", n_per_k: int | None = 15, batch_size: int = 64,
                             seed: int = 0, dtype: str = "auto", device: str = "auto",
                             device_map: str | None = None, reuse_model: bool = False, log=print):
     """Fit entropy axes on the SULA main activations, then run the baseline and every edit.
@@ -235,13 +220,13 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
         h5_path: ``results/{model}/activations/sula_main.h5`` (extracted from the same prompt file).
         layers: single-layer runs ("first"/"middle"/"last"/ints); multi_layers: one run editing all of
             them at once (empty = none).
-        n_per_k: run on the first n_per_k prompts of each k (default all); the axes are fit on all.
+        n_per_k: run on the first n_per_k prompts of each k (None: all); the axes are fit on all.
 
     Returns:
         (per_prompt DataFrame, axes DataFrame, arrays dict for ``numpy.savez``). per_prompt has one row per
         condition and prompt: model, condition, run, layers ("15+29"), axis, edit, shift_sigmas, positions,
         prompt, k, n_L1, n_L2, h_bayes_bits, logp_l1, logp_l2 (nats), p_model, h_model_bits, label_mass, and
-        proj_L{l} (post-edit v.u_ent at probe layer l, raw units). axes has layer, sigma, corr_fit, pc1_var,
+        proj_L{l} (post-edit v.u_ent at probe layer l, raw units). axes has layer, sigma, corr_fit, pc1, pc1_sign,
         n_fit, flipped, random_dot_u (|u . r|), random_norm.
 
     Raises:
@@ -254,6 +239,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
     from llmgeom.core.store import open_activations
     from llmgeom.extract.forward import tokenize_prompts
     from llmgeom.prompts.io import read_prompt_set
+    from llmgeom.prompts.io import CANDIDATES_KEY
     from llmgeom.measures.bayes import model_label_entropy
     from llmgeom.models.loading import load_prepared
 
@@ -280,7 +266,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
     s = arch.summarize(model.config)
     seqs = tokenize_prompts(tok, [records[i]["text"] for i in keep], [records[i].get("id", str(i)) for i in keep],
                             max_tokens=None, truncate=False, context=s.max_positions)
-    cands = [meta[i]["label_token_ids"] for i in keep]
+    cands = [meta[i][CANDIDATES_KEY] for i in keep]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     conds = intervention_conditions(single, multi, edits)
     log(f"[interventions] {model_name}: layers {single}, multi {multi}, {len(conds)} conditions, "
@@ -302,7 +288,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
             d[f"proj_L{l}"] = res[c["condition"]]["proj"][l]
         rows.append(pd.DataFrame(d))
     per_prompt = pd.concat(rows, ignore_index=True)
-    ax_rows = [dict(model=model_name, layer=l, edited=l in edited, sigma=a.sigma, corr_fit=a.corr, pc1_var=a.pc1_var,
+    ax_rows = [dict(model=model_name, layer=l, edited=l in edited, sigma=a.sigma, corr_fit=a.corr, pc1=a.pc1, pc1_sign=a.sign,
                     n_fit=a.n_fit, flipped=a.flipped,
                     random_dot_u=float(abs(rnd[l] @ a.u)) if l in rnd else np.nan,
                     random_norm=float(np.linalg.norm(rnd[l])) if l in rnd else np.nan)

@@ -261,6 +261,16 @@ def v_columns(model) -> torch.Tensor | None:
     ([..., n_heads*head_dim], head-major), so an edit of the values can be written back into the fused
     output in place (interventions; Paper III sec. 4.5).
     """
+    return _fused_columns(model, 2)
+
+
+def k_columns(model) -> torch.Tensor | None:
+    """Output columns of ``kv_module(model, layer)`` that hold the keys (fused layouts:
+    ``out[..., k_columns(model)]`` equals ``split_fused(model, out)[1]``), or None for separate projections."""
+    return _fused_columns(model, 1)
+
+
+def _fused_columns(model, part: int) -> torch.Tensor | None:
     import torch
 
     fam = family_for(model.config)
@@ -269,9 +279,9 @@ def v_columns(model) -> torch.Tensor | None:
     s = summarize(model.config)
     d = s.n_heads * s.head_dim
     if fam.qkv == "gpt2_conv1d":
-        return torch.arange(2 * d, 3 * d)
+        return torch.arange(part * d, (part + 1) * d)
     if fam.qkv == "neox_fused":
-        h = torch.arange(s.n_heads).unsqueeze(1) * 3 * s.head_dim + 2 * s.head_dim
+        h = torch.arange(s.n_heads).unsqueeze(1) * 3 * s.head_dim + part * s.head_dim
         return (h + torch.arange(s.head_dim).unsqueeze(0)).reshape(-1)
     raise ValueError(f"family {fam.name}: unknown qkv layout {fam.qkv!r}")
 

@@ -16,6 +16,11 @@ from llmgeom.core.io import atomic_path
 from llmgeom.prompts.cleaning import format_chars
 
 
+#: Meta key of a prompt's candidate next tokens (list of token ids: the SULA labels' first tokens, the
+#: wind tunnel's answer symbols); extraction stores their log-probs as ``next_token/candidate_logprobs``.
+CANDIDATES_KEY = "candidate_token_ids"
+
+
 class PromptDataError(ValueError):
     """A prompt set cannot be built or read (missing data, bad arguments, corrupt file)."""
 

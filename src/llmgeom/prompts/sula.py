@@ -49,11 +49,11 @@ from llmgeom.measures.bayes import (
     h_bayes_bits,
     posterior_predictive,
 )
+from llmgeom.prompts.io import CANDIDATES_KEY
 
 CONDITIONS = ("main", "remap", "shuffled", "ablation")
 DEFAULT_KS = (0, 1, 2, 4, 8)
 DEFAULT_MASK = "[MASK]"
-CANDIDATES_KEY = "label_token_ids"
 
 # Carrier words: sentiment-laden on purpose (a model might be tempted to use them), but drawn
 # independently of the latent label, so they carry no information about it.
@@ -168,7 +168,7 @@ def _draw(seed: int, k: int, i: int, alpha: float) -> dict:
 
 
 def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_per_k: int = 50,
-                  n_per_k_controls: int | None = None, alpha: float = 0.9, seed: int = 0,
+                  n_per_k_controls: int | None = 25, alpha: float = 0.9, seed: int = 0,
                   mask: str = DEFAULT_MASK, prefix: str = " ",
                   conditions: Sequence[str] = CONDITIONS) -> dict[str, list[dict]]:
     """Build the SULA prompt sets (main and controls) for one tokenizer's label pairs.
@@ -177,7 +177,7 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
         pairs: from :func:`choose_label_pairs`; pairs[0] is used by main, shuffled and ablation,
             pairs[1] by remap (needed only when "remap" is in ``conditions``).
         ks: numbers of in-context examples (each >= 0).
-        n_per_k: prompts per k for ``main``; ``n_per_k_controls`` (default: the same) for the controls,
+        n_per_k: prompts per k for ``main``; ``n_per_k_controls`` (None: the same) for the controls,
             which use the first ``n_per_k_controls`` draws of each k (a paired subset of main).
         alpha: example-label reliability in [0.5, 1).
         seed: prompt i at k uses ``numpy.random.default_rng([seed, k, i])``; changing n_per_k keeps
@@ -187,7 +187,7 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
 
     Returns:
         condition -> list of records {"id", "text", "meta"}; meta has condition, k, i, y ("L1"/"L2", None
-        for shuffled), n_L1, n_L2, labels [w1, w2], label_token_ids [id1, id2], label_prefix, alpha,
+        for shuffled), n_L1, n_L2, labels [w1, w2], candidate_token_ids [id1, id2], label_prefix, alpha,
         p_bayes (= p(y = L1)), h_bayes_bits, p_pred / h_pred_bits (posterior predictive of the next label and
         its entropy, :func:`posterior_predictive`), h_counts_bits (alpha-model entropy from the counts, = h_bayes_bits
         except in the shuffled control), query_word, query_sentiment, example_labels (0 = L1, 1 = L2), seed.

@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from llmgeom.measures.bayes import bijection_entropy_bits, hmm_forward
+from llmgeom.prompts.io import CANDIDATES_KEY
 
 __all__ = [
     "KINDS",
@@ -89,7 +90,6 @@ STREAM_TRAIN, STREAM_VALID, STREAM_PROMPTS = 0, 1, 2
 
 #: Key in a prompt's ``meta`` holding the token ids of the answer symbols (the extraction's
 #: ``candidates_key``); ``meta["posterior"][i]`` is the exact probability of ``candidate_token_ids[i]``.
-CANDIDATES_KEY = "candidate_token_ids"
 
 _ROW_TOL = 1e-6
 _ALLOWED = {

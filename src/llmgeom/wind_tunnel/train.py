@@ -287,7 +287,7 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
                       warmup_steps: int, weight_decay: float, clip_norm: float, arch: Mapping,
                       checkpoints: Sequence[int] = (), threads: int = 1, log: Callable[[str], None] = print,
                       name: str | None = None, eval_every: int | None = None, log_every: int | None = None,
-                      n_val: int = 512, schedule: str = "cosine", min_lr_ratio: float = 0.1,
+                      n_val: int = 1024, schedule: str = "cosine", min_lr_ratio: float = 0.1,
                       betas: tuple[float, float] = (0.9, 0.98)) -> dict:
     """Train a small causal transformer on a task with an exact posterior (Paper I; recipe in the module doc).
 
@@ -444,7 +444,7 @@ def _manifest(name, spec, training, arch, config, ev, step, wall, n_params, chec
          "created": datetime.now(timezone.utc).isoformat(), "weights_path": ".",
          "task": dict(spec), "training": dict(training), "arch": dict(arch), "step": int(step),
          "wall_s": round(float(wall), 3), "n_params": int(n_params),
-         "sequence_length": tasks.sequence_length(spec), "candidate_token_ids": tasks.answer_token_ids(spec),
+         "sequence_length": tasks.sequence_length(spec), tasks.CANDIDATES_KEY: tasks.answer_token_ids(spec),
          "val_mae_bits": ev.get("mae_bits"), "val_mae_bits_by_t": ev.get("mae_bits_by_t"),
          "val_answer_mass": ev.get("answer_mass"), "val_kl_bits": ev.get("kl_bits"),
          "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

@@ -139,17 +139,6 @@ def gpu_slot_limits(models: dict) -> dict:
     return {gpu_slot_name(models, m): 1 for m in models}
 
 
-def check_gpu_config(config: dict) -> None:
-    """Raises ``ConfigError`` for ``gpus`` > 1 without ``device_map: auto`` (the model would use one GPU
-    and the others would sit idle in the allocation)."""
-    from llmgeom.workflow.config import ConfigError
-
-    for name, spec in sorted(config.get("models", {}).items()):
-        if int(spec.get("gpus") or 1) > 1 and spec.get("device_map") != "auto":
-            raise ConfigError(f"models.{name}.gpus = {spec['gpus']} needs models.{name}.device_map = auto "
-                              "(without it the model runs on one GPU); valid: gpus: 1, or add device_map: auto")
-
-
 # --------------------------------------------------------------------------- code tracking
 
 

@@ -1,87 +1,33 @@
-"""Config checks that run while Snakemake builds the DAG (imported by workflow/rules/*.smk).
+"""The workflow's one config loader: schema check in plain words, defaults, and every check that runs
+while Snakemake builds the DAG (called once, from workflow/rules/common.smk).
 
-Pure Python on the config dict: this module imports nothing heavy (no torch, numpy, pandas, scipy,
-scikit-learn), so that a no-op ``snakemake -n`` stays fast (issue 7: <= 3 s on 20 models). The functions
-are defined here and re-exported by their home modules (``llmgeom.analyses``, ``llmgeom.analyses.domain_restriction``),
-where their documentation and tests live. ``tests/test_cluster.py`` checks that every module a rule file
-imports stays light.
+Order (common.smk; ``tests/test_config_errors.py`` runs the same calls): :func:`validate_config` (every
+schema problem at once, in plain words) -> :func:`apply_defaults` (the schema's defaults, also inside the
+per-name maps ``models.<name>`` and ``wind_tunnel.models.<name>`` that Snakemake's ``validate`` does not fill)
+-> Snakemake's ``validate`` -> :func:`check_config` (cross-key, model, prompt-data, wind-tunnel and device
+checks). :func:`check_config_files` checks the YAML text first (Snakefile). Every problem is a
+:class:`ConfigError` naming the key, the value and what is valid. Defaults live only in
+workflow/schemas/config.schema.yaml; config/README.md is generated from it (``python -m
+llmgeom.workflow.config --markdown > config/README.md``).
+
+Pure Python on the config dict: this module imports nothing heavy at import time (no torch, numpy,
+pandas, scipy, scikit-learn), so that a no-op ``snakemake -n`` stays fast (issue 7: <= 3 s on 20 models);
+``tests/test_cluster.py`` checks that every module a rule file imports stays light.
 """
 
 from __future__ import annotations
 
-"""Config helpers used by the Snakemake rules (kept here so they are tested).
+import copy
+from pathlib import Path
 
-Source: DESIGN.md section 1 (model sweeps, params as rule ``params:``).
-"""
-
-
-
-# --- LSM (llmgeom.analyses) ---
-
-
-class LSMConfigError(ValueError):
-    """An LSM config value that is schema-valid but cannot work; names the key and the fix."""
-
-
-def check_lsm_config(config: dict) -> None:
-    """Cross-key checks for the LSM sections of the config.
-
-    Raises:
-        LSMConfigError: ``margins.prompt_set`` / ``fisher.prompt_set`` not a corpus prompt set;
-            ``curvature.id_estimator`` not among ``intrinsic_dimension.estimators``;
-            ``margins.fit_eps_max`` outside [eps_min, eps_max].
-    """
-    sets = config["prompts"]["sets"]
-    for sec in ("margins", "fisher"):
-        ps = config[sec]["prompt_set"]
-        if ps not in sets or sets[ps]["kind"] != "corpus":
-            raise LSMConfigError(f"{sec}.prompt_set is {ps!r}; it must name a prompt set of kind corpus in "
-                                 f"prompts.sets (defined: {', '.join(sorted(sets))})")
-    est = config["curvature"]["id_estimator"]
-    alias = {"mle": "mle_mg"}  # = llmgeom.measures.intrinsic_dimension.ESTIMATOR_ALIASES (skdim not imported at DAG time)
-    if alias.get(est, est) not in {alias.get(e, e) for e in config["intrinsic_dimension"]["estimators"]}:
-        raise LSMConfigError(f"curvature.id_estimator is {est!r} but intrinsic_dimension.estimators is "
-                             f"{config['intrinsic_dimension']['estimators']}; add it there or change it")
-    mg = config["margins"]
-    if not (mg["eps_min"] < mg["fit_eps_max"] <= mg["eps_max"]):
-        raise LSMConfigError(f"margins.fit_eps_max={mg['fit_eps_max']} must lie in (eps_min={mg['eps_min']}, "
-                             f"eps_max={mg['eps_max']}]")
-
-
-def check_bayes_config(config: dict) -> None:
-    """Cross-key checks of the Bayesian-geometry sections that JSON schema cannot express.
-
-    Raises:
-        llmgeom.workflow.config.ConfigError: a named prompt set is missing from ``prompts.sets`` or is
-            a corpus set; no restricted set; ``summary_set`` not among the restricted sets.
-    """
-    from llmgeom.workflow.config import ConfigError
-
-    sets = config["prompts"]["sets"]
-    r = resolve_domain_sets(config)
-    named = {"domain_restriction.mixed_set": [r["mixed"]],
-             "domain_restriction.restricted_sets": r["restricted"],
-             "attention_focusing.prompt_set": [config["attention_focusing"]["prompt_set"]]}
-    for key, names in named.items():
-        for s in names:
-            if s not in sets:
-                raise ConfigError(f"{key} names prompt set {s!r}, which is not in prompts.sets "
-                                  f"({', '.join(sorted(sets))}); add it under prompts.sets or change {key}")
-            if sets[s]["kind"] == "corpus":
-                raise ConfigError(f"{key} names {s!r}, a corpus set (no last-token or attention data); "
-                                  "use a set of kind mixed, domain or code")
-    if not r["restricted"]:
-        raise ConfigError("domain_restriction: no restricted prompt set (define a set of kind domain or code, "
-                          "or list them in domain_restriction.restricted_sets)")
-    if r["summary"] not in r["restricted"]:
-        raise ConfigError(f"domain_restriction.summary_set is {r['summary']!r}; it must be one of the restricted "
-                          f"sets {r['restricted']}")
+#: The workflow's config schema (workflow/schemas/config.schema.yaml in the source tree).
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 SOURCE_KEYS = ("source", "package", "gguf_file", "path", "repo_id", "revision")
 
 
 class ConfigError(ValueError):
-    """A config value that is valid JSON-schema-wise but cannot work; names key, value and fix."""
+    """A config value that cannot work (schema or cross-key); the message names key, value and fix."""
 
 
 _TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
@@ -203,33 +149,82 @@ def validate_config(config: dict, schema: dict) -> None:
 
 
 
-def validate_config_file(config: dict, schema_path) -> None:
-    """:func:`validate_config` with the schema read from a YAML file (called by the Snakefile)."""
+
+def read_schema(path=None) -> dict:
+    """The config schema as a dict (``path`` default: :data:`SCHEMA_PATH`)."""
     import yaml
 
-    with open(schema_path) as fh:
-        validate_config(config, yaml.safe_load(fh))
+    with open(path or SCHEMA_PATH) as fh:
+        return yaml.safe_load(fh)
 
-def apply_model_defaults(config: dict, schema: dict) -> dict:
-    """Fill per-model defaults from the schema (``validate`` does not descend into
-    ``additionalProperties``). Mutates and returns ``config``."""
-    props = schema["properties"]["models"]["additionalProperties"]["properties"]
-    for spec in config.get("models", {}).values():
-        for key, p in props.items():
-            if "default" in p and key not in spec:
-                spec[key] = p["default"]
+
+def apply_defaults(config: dict, schema: dict) -> dict:
+    """Fill in every default of the schema, also inside per-name maps (``models.<name>``,
+    ``wind_tunnel.models.<name>``, their ``arch`` / ``training``) that Snakemake's ``validate`` does not
+    descend into. A model entry with ``params_b`` first gets ``mem_mb`` / ``runtime`` from its size
+    (``llmgeom.workflow.cluster.apply_size_defaults``) unless given. Mutates and returns ``config``."""
+    from llmgeom.workflow.cluster import apply_size_defaults
+
+    apply_size_defaults(config)
+    _fill(config, schema)
     return config
 
 
-def check_config(config: dict) -> None:
+def _fill(node, schema: dict) -> None:
+    if not isinstance(node, dict) or not isinstance(schema, dict):
+        return
+    for key, sub in (schema.get("properties") or {}).items():
+        if key not in node and isinstance(sub, dict) and "default" in sub:
+            node[key] = copy.deepcopy(sub["default"])
+        if key in node:
+            _fill(node[key], sub)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key, value in node.items():
+            if key not in (schema.get("properties") or {}):
+                _fill(value, extra)
+
+
+def check_config(config: dict, *, here: bool = True, root=".") -> dict:
+    """Every check of a schema-valid config with its defaults filled in, before any job runs.
+
+    In order: :func:`check_cross_keys`, :func:`check_gpu_config`, :func:`check_models`,
+    :func:`check_prompt_sources`, :func:`check_wind_tunnel`, :func:`check_device` (``here``: the jobs run
+    on this machine), :func:`check_lsm_config`, :func:`check_bayes_config`.
+
+    Returns:
+        the normalized wind-tunnel task specs (:func:`check_wind_tunnel`).
+
+    Raises:
+        ConfigError: the first failing check's problems (key, value, what is valid).
+        llmgeom.models.sources.ModelSourceError: a model source that cannot be read (names the fix).
+    """
+    check_cross_keys(config)
+    check_gpu_config(config)
+    check_models(config, root=root)  # sources exist, token budgets and layer indices fit (no weights read)
+    check_prompt_sources(config, root=root)  # Wikipedia topics, pool sizes and corpus files (no prompt built)
+    tasks = check_wind_tunnel(config)
+    check_device(config, here=here)
+    check_lsm_config(config)
+    check_bayes_config(config)
+    return tasks
+
+def check_cross_keys(config: dict) -> None:
     """Cross-key checks that JSON schema cannot express.
 
     Raises:
         ConfigError: an analysis names a prompt set that is not defined, the
-            intrinsic-dimension set is not a corpus set, or the value-manifold
-            sets include a corpus set.
+            intrinsic-dimension set is not a corpus set, a prompt set uses a reserved name
+            (``wind_tunnel``, ``sula_*``), or sizes that no estimator accepts.
     """
     sets = config["prompts"]["sets"]
+    for s in sets:
+        if s == WIND_TUNNEL_SET:
+            raise ConfigError(f"prompts.sets.{s}: the name is reserved for the wind-tunnel activation files "
+                              f"(results/{{model}}/activations/{s}.h5); rename the prompt set")
+        if s.startswith("sula_"):
+            raise ConfigError(f"prompts.sets.{s}: names starting with 'sula_' are reserved for the SULA activation "
+                              "files (results/{model}/activations/sula_{condition}.h5); rename the prompt set")
     for s in config["value_manifold"]["prompt_sets"]:
         if s not in sets:
             raise ConfigError(f"value_manifold.prompt_sets contains {s!r}, which is not in prompts.sets "
@@ -252,6 +247,71 @@ def check_config(config: dict) -> None:
         if cv.get("k") is not None and cv["k"] >= cv["n_points"]:
             raise ConfigError(f"curvature.k = {cv['k']} nearest neighbours needs more points than "
                               f"curvature.n_points = {cv['n_points']}; valid: k < {cv['n_points']}")
+
+
+def check_lsm_config(config: dict) -> None:
+    """Cross-key checks for the LSM sections of the config.
+
+    Raises:
+        ConfigError: ``margins.prompt_set`` / ``fisher.prompt_set`` not a corpus prompt set;
+            ``curvature.id_estimator`` not among ``intrinsic_dimension.estimators``;
+            ``margins.fit_eps_max`` outside [eps_min, eps_max].
+    """
+    sets = config["prompts"]["sets"]
+    for sec in ("margins", "fisher"):
+        ps = config[sec]["prompt_set"]
+        if ps not in sets or sets[ps]["kind"] != "corpus":
+            raise ConfigError(f"{sec}.prompt_set is {ps!r}; it must name a prompt set of kind corpus in "
+                                 f"prompts.sets (defined: {', '.join(sorted(sets))})")
+    est = config["curvature"]["id_estimator"]
+    alias = {"mle": "mle_mg"}  # = llmgeom.measures.intrinsic_dimension.ESTIMATOR_ALIASES (skdim not imported at DAG time)
+    if alias.get(est, est) not in {alias.get(e, e) for e in config["intrinsic_dimension"]["estimators"]}:
+        raise ConfigError(f"curvature.id_estimator is {est!r} but intrinsic_dimension.estimators is "
+                             f"{config['intrinsic_dimension']['estimators']}; add it there or change it")
+    mg = config["margins"]
+    if not (mg["eps_min"] < mg["fit_eps_max"] <= mg["eps_max"]):
+        raise ConfigError(f"margins.fit_eps_max={mg['fit_eps_max']} must lie in (eps_min={mg['eps_min']}, "
+                             f"eps_max={mg['eps_max']}]")
+
+
+def check_bayes_config(config: dict) -> None:
+    """Cross-key checks of the Bayesian-geometry sections that JSON schema cannot express.
+
+    Raises:
+        ConfigError: a named prompt set is missing from ``prompts.sets`` or is
+            a corpus set; no restricted set; ``summary_set`` not among the restricted sets.
+    """
+    sets = config["prompts"]["sets"]
+    r = resolve_domain_sets(config)
+    named = {"domain_restriction.mixed_set": [r["mixed"]],
+             "domain_restriction.restricted_sets": r["restricted"],
+             "attention_focusing.prompt_set": [config["attention_focusing"]["prompt_set"]]}
+    for key, names in named.items():
+        for s in names:
+            if s not in sets:
+                raise ConfigError(f"{key} names prompt set {s!r}, which is not in prompts.sets "
+                                  f"({', '.join(sorted(sets))}); add it under prompts.sets or change {key}")
+            if sets[s]["kind"] == "corpus":
+                raise ConfigError(f"{key} names {s!r}, a corpus set (no last-token or attention data); "
+                                  "use a set of kind mixed, domain or code")
+    if not r["restricted"]:
+        raise ConfigError("domain_restriction: no restricted prompt set (define a set of kind domain or code, "
+                          "or list them in domain_restriction.restricted_sets)")
+    if r["summary"] not in r["restricted"]:
+        raise ConfigError(f"domain_restriction.summary_set is {r['summary']!r}; it must be one of the restricted "
+                          f"sets {r['restricted']}")
+
+
+def check_gpu_config(config: dict) -> None:
+    """``gpus`` > 1 needs ``device_map: auto`` (else the model would use one GPU and the others sit idle).
+
+    Raises:
+        ConfigError: naming the model, the value and the fix.
+    """
+    for name, spec in sorted(config.get("models", {}).items()):
+        if int(spec.get("gpus") or 1) > 1 and spec.get("device_map") != "auto":
+            raise ConfigError(f"models.{name}.gpus = {spec['gpus']} needs models.{name}.device_map = auto "
+                              "(without it the model runs on one GPU); valid: gpus: 1, or add device_map: auto")
 
 
 def token_budgets(config: dict) -> dict:
@@ -327,12 +387,12 @@ WIKI_POOL_CACHE = ".snakemake/llmgeom/wiki_topic_pool.json"
 
 
 def wiki_pool(root=".") -> dict:
-    """``llmgeom.extract.prompts.wiki_topic_pool()`` of the installed summaries file, cached in
+    """``llmgeom.prompts.sources.wiki_topic_pool()`` of the installed summaries file, cached in
     ``<root>/.snakemake/llmgeom/wiki_topic_pool.json`` keyed by the file's path, size and mtime (reading
     and counting the ~10k summaries takes ~0.2 s; the cache ~1 ms). An unwritable cache is skipped.
 
     Raises:
-        llmgeom.extract.prompts.PromptDataError: the Wikipedia package is not installed (names the fix).
+        llmgeom.prompts.io.PromptDataError: the Wikipedia package is not installed (names the fix).
     """
     import json
     from pathlib import Path
@@ -374,7 +434,7 @@ def check_prompt_sources(config: dict, root=".") -> None:
 
     Raises:
         ConfigError: naming the key, the value and what is valid.
-        llmgeom.extract.prompts.PromptDataError: the Wikipedia package is missing (names the fix).
+        llmgeom.prompts.io.PromptDataError: the Wikipedia package is missing (names the fix).
     """
     from pathlib import Path
 
@@ -584,44 +644,18 @@ def resolve_domain_sets(config: dict) -> dict:
 WIND_TUNNEL_SET = "wind_tunnel"  # reserved: results/{model}/activations/wind_tunnel.h5
 
 
-def apply_wind_tunnel_defaults(config: dict, schema: dict) -> dict:
-    """Fill the per-model defaults of ``wind_tunnel.models.<name>`` (and its ``arch`` / ``training``) from the
-    schema (``validate`` does not descend into ``additionalProperties``). Mutates and returns ``config``."""
-    wt_schema = schema["properties"]["wind_tunnel"]["properties"]
-    props = wt_schema["models"]["additionalProperties"]["properties"]
-    wt = config.setdefault("wind_tunnel", {})
-    for sec in ("tasks", "models", "prompts"):
-        wt.setdefault(sec, {})
-    for spec in wt["models"].values():
-        if not isinstance(spec, dict):
-            continue
-        for key, p in props.items():
-            if "default" in p and key not in spec:
-                spec[key] = p["default"] if not isinstance(p["default"], (dict, list)) else type(p["default"])(p["default"])
-        for sub in ("arch", "training"):
-            if isinstance(spec.get(sub), dict):
-                for key, p in props[sub]["properties"].items():
-                    if "default" in p and key not in spec[sub]:
-                        spec[sub][key] = p["default"]
-    for key, p in wt_schema["prompts"]["properties"].items():
-        if "default" in p:
-            wt["prompts"].setdefault(key, p["default"])
-    return config
-
-
 def _wt_cut_range(spec: dict) -> tuple[int, int]:
     return (0, spec["n_pairs"] - 1) if spec["kind"] == "bijection" else (1, spec["length"] - 1)
 
 
 def check_wind_tunnel(config: dict) -> dict:
-    """Checks of the ``wind_tunnel`` section before any job runs (called from common.smk).
+    """Checks of the ``wind_tunnel`` section before any job runs (part of :func:`check_config`).
 
-    Task values go through :func:`llmgeom.wind_tunnel.tasks.check_task` (numpy only): V < 2, n_pairs < 1 or
+    Task values go through :func:`llmgeom.prompts.wind_tunnel.check_task` (numpy only): V < 2, n_pairs < 1 or
     > V, bad HMM sizes, a transition / emission / initial that is not stochastic. Models: a task that is not
     defined, n_heads not dividing d_model, n_kv_heads not dividing n_heads (or given for gpt2), checkpoints
     beyond ``training.steps``, names that collide with ``models`` or with another entry's checkpoints; the
-    prompts' ``cut_positions`` must lie in every used task's answer positions; the prompt-set name
-    ``wind_tunnel`` is reserved.
+    prompts' ``cut_positions`` must lie in every used task's answer positions.
 
     Returns:
         the normalized task specs (name -> spec).
@@ -630,9 +664,6 @@ def check_wind_tunnel(config: dict) -> dict:
         ConfigError: naming the key (``wind_tunnel.tasks.<name>.V`` ...), the value and what is valid.
     """
     wt = config.get("wind_tunnel") or {}
-    if WIND_TUNNEL_SET in config.get("prompts", {}).get("sets", {}):
-        raise ConfigError(f"prompts.sets.{WIND_TUNNEL_SET}: the name is reserved for the wind-tunnel activation "
-                          f"files (results/{{model}}/activations/{WIND_TUNNEL_SET}.h5); rename the prompt set")
     tasks = {}
     if wt.get("tasks"):
         from llmgeom.prompts.wind_tunnel import check_task
@@ -712,3 +743,69 @@ def wind_tunnel_cuts(config: dict, task: str) -> list[int]:
     if spec["kind"] == "bijection":
         return list(range(spec["n_pairs"]))
     return list(range(1, spec["length"]))
+
+
+# --- config/README.md, generated from the schema's descriptions ---
+
+
+def _md(text) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _rows(schema: dict, path: str):
+    for key, sub in (schema.get("properties") or {}).items():
+        dotted = f"{path}.{key}" if path else key
+        yield dotted, sub
+        if isinstance(sub, dict):
+            yield from _rows(sub, dotted)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict) and extra.get("properties"):
+        yield from _rows(extra, f"{path}.<name>")
+
+
+def config_markdown(schema: dict) -> str:
+    """config/README.md: every key of the schema (dotted path, ``<name>`` for a user-chosen name), what it
+    accepts (:func:`describe_schema`), its default and its description; one table per top-level section.
+
+    Raises:
+        ConfigError: a key without a description (every key documents itself in the schema).
+    """
+    import json
+
+    missing = [k for k, sub in _rows(schema, "") if not (isinstance(sub, dict) and sub.get("description"))]
+    if missing:
+        raise ConfigError(f"schema keys without a description: {', '.join(missing)}; add a description: to each "
+                          "in workflow/schemas/config.schema.yaml")
+    out = ["# Configuration reference", "",
+           "<!-- Generated from workflow/schemas/config.schema.yaml by `python -m llmgeom.workflow.config "
+           "--markdown > config/README.md`; do not edit by hand (tests/test_config_schema.py compares). -->", "",
+           _md(schema.get("description", "")), "",
+           "Every default below is filled in before the workflow runs; a key you do not set takes it. Required "
+           "top-level keys: " + ", ".join(f"`{k}`" for k in schema.get("required", [])) + ". `<name>` stands for a "
+           "name you choose (a model, a prompt set, a task).", ""]
+    for top, sub in (schema.get("properties") or {}).items():
+        out += [f"## `{top}`", "", _md(sub.get("description", "")), ""]
+        rows = list(_rows(sub, top))
+        if rows:
+            out += ["| key | valid | default | description |", "|---|---|---|---|"]
+            for dotted, node in rows:
+                default = f"`{json.dumps(node['default'])}`" if "default" in node else ""
+                req = " (required)" if dotted.rsplit(".", 1)[-1] in _parent(schema, dotted).get("required", []) else ""
+                out.append(f"| `{dotted}`{req} | {_md(describe_schema(node))} | {default} | {_md(node['description'])} |")
+            out.append("")
+    return "\n".join(out)
+
+
+def _parent(schema: dict, dotted: str) -> dict:
+    node = schema
+    for part in dotted.split(".")[:-1]:
+        node = node["additionalProperties"] if part == "<name>" else node["properties"][part]
+    return node
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m llmgeom.workflow.config --markdown > config/README.md")
+    print(config_markdown(read_schema()), end="")

@@ -1,0 +1,348 @@
+"""One capture API: named hook points on any supported decoder-only model (TransformerLens style).
+
+Every reading or editing of a model's internals during a forward pass goes through :func:`hooked`, the
+one place where torch hooks are registered (extraction, interventions, the wind tunnel's extraction).
+A hook is ``fn(activation, point) -> Tensor | None`` on a named point; returning a tensor on an editable
+point replaces the activation for the rest of the model (an edit, e.g. ``interventions.edits``).
+Family knowledge (where the blocks, projections and attention live; fused QKV layouts) stays in
+``models.architectures``.
+
+Named points (``l`` = 0-based block index; shapes for a batch of B prompts padded to T tokens):
+
+=================================  =====================================================  ========
+point                              activation                                             editable
+=================================  =====================================================  ========
+``blocks.{l}.hook_resid_pre``      residual stream entering block l [B, T, d_model]       yes
+                                   (l = 0: the embeddings)
+``blocks.{l}.hook_resid_post``     output of block l [B, T, d_model] (pre final norm)     yes
+``blocks.{l}.attn.hook_k``         keys [B, T, n_kv_heads*head_dim], pre-RoPE             yes
+``blocks.{l}.attn.hook_v``         values [B, T, n_kv_heads*head_dim]                      yes
+``blocks.{l}.attn.hook_z``         attention output [B, T, n_heads*head_dim] (o_proj in)  no
+``blocks.{l}.attn.hook_qk``        :class:`AttentionCall`: post-RoPE queries and keys as   no
+                                   the attention function receives them (entropy)
+``ln_final.hook_normalized``       final normed state [B, T, d_unembed]                   no
+``hook_logits``                    float32 logits at each prompt's final token [B, V]     no
+=================================  =====================================================  ========
+
+Hooks of one point run in the order given; a hook sees the edits of the hooks before it. Hooks on
+``hook_z`` / ``hook_qk`` go through ``architectures.capture_attention`` (any attention implementation,
+no [B, H, T, T] weights).
+
+Source: DESIGN.md sections 2 and 4 (one capture API); issue 17 item 2; TransformerLens ``HookPoint``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from llmgeom.models import architectures as arch
+
+EDITABLE = ("hook_resid_pre", "hook_resid_post", "attn.hook_k", "attn.hook_v")
+ATTENTION_POINTS = ("attn.hook_z", "attn.hook_qk")
+GLOBAL_POINTS = ("ln_final.hook_normalized", "hook_logits")
+_BLOCK = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_post|attn\.hook_k|attn\.hook_v|attn\.hook_z|attn\.hook_qk)$")
+
+Hook = Callable[[Any, "HookPoint"], "torch.Tensor | None"]
+
+
+def point_name(kind: str, layer: int | None = None) -> str:
+    """The name of a hook point: ``point_name("attn.hook_v", 3) == "blocks.3.attn.hook_v"``; global points
+    (``ln_final.hook_normalized``, ``hook_logits``) take no layer."""
+    return kind if layer is None else f"blocks.{int(layer)}.{kind}"
+
+
+@dataclass
+class Batch:
+    """A right-padded batch: ``ids``, ``mask``, ``pos`` [B, T] long on the model's device, ``last`` [B]
+    (index of each prompt's final real token) and ``rows`` = arange(B)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    pos: torch.Tensor
+    last: torch.Tensor
+    rows: torch.Tensor
+
+
+@dataclass
+class AttentionCall:
+    """What one attention function call receives: ``query`` [B, n_heads, T, head_dim], ``key``
+    [B, n_kv_heads, T, head_dim] (post-RoPE), ``scaling``/``softcap`` (None where the module passes
+    none: then ``architectures.attention_scaling`` / ``attention_softcap`` apply)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    scaling: float | None
+    softcap: float | None
+
+
+@dataclass
+class HookPoint:
+    """The point a hook runs on: ``name``, ``layer`` (None for global points), the :class:`Batch` (None
+    outside :func:`run`) and ``raw``, the module's own output (tensor or tuple) where there is one."""
+
+    name: str
+    layer: int | None
+    batch: Batch | None = None
+    raw: Any = field(default=None, repr=False)
+
+
+def first_tensor(x):
+    """The hidden-state tensor of a module output: the output itself (recent transformers) or its first
+    element (tuple outputs of older decoder layers; DESIGN.md sec. 4)."""
+    return x[0] if isinstance(x, (tuple, list)) else x
+
+
+def _replace_first(out, new):
+    if isinstance(out, list):
+        return [new, *out[1:]]
+    if isinstance(out, tuple):
+        return (new,) + tuple(out[1:])
+    return new
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad token id lists: (input_ids [B,T] long, attention_mask [B,T] long, position_ids [B,T] long)."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, :len(s)] = 1
+    pos = torch.arange(T).unsqueeze(0).expand(len(seqs), T).contiguous()
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+def last_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last real token of each row [B], from the mask (any padding side)."""
+    T = attention_mask.shape[1]
+    ar = torch.arange(T, device=attention_mask.device)
+    return (attention_mask.bool() * (ar + 1)).argmax(dim=1)
+
+
+def make_batch(model, seqs: list[list[int]], pad_id: int = 0) -> Batch:
+    """Right-pad ``seqs`` (token ids, no padding) for ``model``: explicit position ids, so padding
+    cannot shift them; ``last`` from the mask. Padding never changes a stored value
+    (tests/test_extraction.py)."""
+    dev = next(model.parameters()).device
+    ids, mask, pos = pad_batch(seqs, pad_id, dev)
+    return Batch(ids, mask, pos, last_positions(mask), torch.arange(len(seqs), device=dev))
+
+
+class Float32Head:
+    """The unembedding in float32 (plus Gemma soft-capping), applied in chunks of ``chunk`` rows:
+    ``head(h [N, d_unembed]) -> logits [N, vocab]`` float32."""
+
+    def __init__(self, model, chunk: int = 256):
+        W, b = arch.unembedding(model)
+        self.W = W.detach().float()
+        self.b = None if b is None else b.detach().float()
+        self.cap = arch.logit_softcap(model)
+        self.chunk = chunk
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        out = []
+        for i in range(0, h.shape[0], self.chunk):
+            z = F.linear(h[i:i + self.chunk].float().to(self.W.device), self.W, self.b)
+            if self.cap:
+                z = torch.tanh(z / self.cap) * self.cap
+            out.append(z)
+        return torch.cat(out) if out else h.new_zeros((0, self.W.shape[0]), dtype=torch.float32)
+
+
+def candidate_logprobs(logits: torch.Tensor, candidates) -> torch.Tensor:
+    """Log-probabilities (nats, over the full vocabulary) of candidate tokens.
+
+    Args:
+        logits: [B, V] float32 next-token logits at the final position.
+        candidates: [B, C] token ids (nested lists or a tensor), the same C for every prompt.
+
+    Returns:
+        [B, C] float32 log-probabilities.
+
+    Source: Paper III sec. 4.3 (SULA label probabilities).
+    """
+    cand = torch.as_tensor(candidates, dtype=torch.long, device=logits.device).reshape(logits.shape[0], -1)
+    return torch.log_softmax(logits, -1).gather(1, cand)
+
+
+def _as_list(h) -> list:
+    return list(h) if isinstance(h, (list, tuple)) else [h]
+
+
+def _parse(name: str, n_layers: int) -> tuple[str, int | None]:
+    if name in GLOBAL_POINTS:
+        return name, None
+    m = _BLOCK.match(name)
+    if not m:
+        raise KeyError(f"unknown hook point {name!r}; valid: blocks.<l>.{{{', '.join(EDITABLE + ATTENTION_POINTS)}}}, "
+                       f"{', '.join(GLOBAL_POINTS)} (llmgeom.extract.capture)")
+    layer = int(m.group(1))
+    if not 0 <= layer < n_layers:
+        raise IndexError(f"hook point {name!r}: layer {layer} outside the model's {n_layers} layers")
+    return m.group(2), layer
+
+
+def _module_hook(model, kind: str, layer: int, fns: list, state: dict, blocks: list, fused: bool):
+    """(module, torch hook, is_pre_hook): a forward hook (pre-hook for resid_pre) that runs ``fns`` on the
+    named activation; ``blocks`` = ``architectures.decoder_layers(model)``, ``fused``: a fused QKV layout."""
+    pt = HookPoint(point_name(kind, layer), layer)
+
+    def run_fns(act):
+        pt.batch = state.get("batch")
+        changed = None
+        for fn in fns:
+            new = fn(act, pt)
+            if new is not None:
+                if kind not in EDITABLE:
+                    raise ValueError(f"hook point {pt.name!r} is read-only; a hook returned a tensor")
+                act = changed = new
+        return changed
+
+    if kind == "hook_resid_pre":
+        def pre(mod, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            pt.raw = h
+            new = run_fns(h)
+            if new is None:
+                return None
+            if args:
+                return (new, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": new}
+        return blocks[layer], pre, True
+
+    def post(mod, args, out):
+        pt.raw = out
+        o = first_tensor(out)
+        if kind == "hook_resid_post" or not fused:
+            new = run_fns(o)
+            return None if new is None else _replace_first(out, new)
+        idx = 1 if kind == "attn.hook_k" else 2
+        new = run_fns(arch.split_fused(model, o)[idx])
+        if new is None:
+            return None
+        cols = (arch.k_columns(model) if idx == 1 else arch.v_columns(model)).to(o.device)
+        o2 = o.clone()
+        o2[..., cols] = new.to(o2.dtype)
+        return _replace_first(out, o2)
+
+    if kind == "hook_resid_post":
+        mod = blocks[layer]
+    elif kind == "attn.hook_k":
+        mod = arch.kv_module(model, layer)
+    else:
+        mod = arch.v_module(model, layer)
+    return mod, post, False
+
+
+@contextlib.contextmanager
+def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
+    """Context manager: run ``hooks`` (point name -> hook or list of hooks) during ``model``'s forward
+    passes. The one hook-registration site of the package; every handle is removed on exit, also when
+    the body raises.
+
+    Yields:
+        a dict: ``"handles"`` (the torch hook handles, one per module point), ``"batch"`` (set by
+        :func:`run`), ``"attention_seen"`` (layers whose attention went through the attention
+        interface, when ``hook_z``/``hook_qk`` points are hooked).
+
+    Raises:
+        KeyError: an unknown point name. IndexError: a layer outside the model.
+    """
+    blocks = arch.decoder_layers(model)
+    fused = arch.family_for(model.config).qkv != "separate"
+    parsed = [(name, *_parse(name, len(blocks)), _as_list(fns)) for name, fns in hooks.items()]
+    state: dict = {"handles": [], "batch": None, "attention_seen": [], "global": {}}
+    attn: dict[int, dict[str, list]] = {}
+    try:
+        for name, kind, layer, fns in parsed:
+            if kind in GLOBAL_POINTS:
+                state["global"][kind] = fns
+            elif kind in ATTENTION_POINTS:
+                attn.setdefault(layer, {})[kind] = fns
+            else:
+                mod, fn, pre = _module_hook(model, kind, layer, fns, state, blocks, fused)
+                state["handles"].append(mod.register_forward_pre_hook(fn, with_kwargs=True) if pre
+                                        else mod.register_forward_hook(fn))
+        with contextlib.ExitStack() as st:
+            if attn:
+                points = {l: (HookPoint(point_name("attn.hook_z", l), l), HookPoint(point_name("attn.hook_qk", l), l))
+                          for l in attn}
+
+                def on_attention(layer, q, k, o, scaling, softcap):
+                    if layer not in attn:
+                        return
+                    pz, pqk = points[layer]
+                    pz.batch = pqk.batch = state["batch"]
+                    for fn in attn[layer].get("attn.hook_z", ()):
+                        fn(o.reshape(*o.shape[:2], -1), pz)  # [B, T, H*hd]: the o_proj input
+                    for fn in attn[layer].get("attn.hook_qk", ()):
+                        fn(AttentionCall(q, k, scaling, softcap), pqk)
+
+                state["attention_seen"] = st.enter_context(arch.capture_attention(model, on_attention))
+                state["attention_layers"] = sorted(attn)
+            yield state
+    finally:
+        for h in state["handles"]:
+            h.remove()
+        state["handles"].clear()
+
+
+@dataclass
+class Output:
+    """What :func:`run` returns: ``hidden`` the final normed state [B, T, d_unembed] (model dtype),
+    ``logits`` float32 [B, V] at each prompt's final token (None when not asked), ``batch``."""
+
+    hidden: torch.Tensor
+    logits: torch.Tensor | None
+    batch: Batch
+
+
+def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None = None, *,
+        head: Float32Head | None = None, logits: bool = True, model_name: str | None = None) -> Output:
+    """One forward pass of the decoder stack (no LM head on all positions, no KV cache) with ``hooks``.
+
+    The final normed state comes from the base model's output; logits are computed in float32 only at
+    the final positions (``head``, default :class:`Float32Head`).
+
+    Raises:
+        UnsupportedArchitectureError: ``hook_z``/``hook_qk`` were hooked but a layer's attention did not
+            go through transformers' attention interface (names the fix: sdpa).
+    """
+    hooks = hooks or {}
+    with torch.inference_mode(), hooked(model, hooks) as st:
+        st["batch"] = batch
+        out = arch.base_model(model)(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.pos,
+                                     use_cache=False)
+        want = st.get("attention_layers")
+        if want is not None and not set(want) <= set(st["attention_seen"]):
+            missing = sorted(set(want) - set(st["attention_seen"]))
+            mname = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
+            raise arch.UnsupportedArchitectureError(
+                f"model {mname!r}: the attention of layers {missing} did not go through transformers' attention "
+                f"interface (implementation {model.config._attn_implementation!r}), so queries, keys and the "
+                "attention output cannot be read; load it with attn_implementation='sdpa'")
+        hT = out.last_hidden_state
+        g = st["global"]
+        for fn in g.get("ln_final.hook_normalized", ()):
+            fn(hT, HookPoint("ln_final.hook_normalized", None, batch))
+        z = None
+        if logits:
+            z = (head or Float32Head(model))(hT[batch.rows.to(hT.device), batch.last.to(hT.device)])
+            for fn in g.get("hook_logits", ()):
+                fn(z, HookPoint("hook_logits", None, batch))
+    return Output(hT, z, batch)
+
+
+def rows_at(t: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev) -> torch.Tensor:
+    """``t[bi, ti]`` in float32 on ``dev`` (one row per (prompt, position) pair). With
+    ``device_map="auto"`` the blocks of a large model sit on different GPUs: the index tensors follow
+    ``t`` and the rows come back to ``dev`` (no-ops on one device)."""
+    if bi.device != t.device:
+        bi, ti = bi.to(t.device), ti.to(t.device)
+    return t[bi, ti].float().to(dev)
