@@ -374,30 +374,36 @@ def _fake_tables():
 
 def test_table1_table2_and_markdown():
     dr, ko, af = _fake_tables()
-    t1 = table1(dr)
+    t1_all = table1(dr)
+    t1 = t1_all[t1_all.source == "measured"]
     assert len(t1) == 4 and (t1.layer == 1).all() and t1.role.tolist() == ["mixed", "restricted"] * 2
     assert t1.pc1.tolist() == pytest.approx([0.3, 0.6, 0.3, 0.6])
-    t2 = table2(dr, ko, af, restricted_set="domain_mathematics")
+    t2_all = table2(dr, ko, af, restricted_set="domain_mathematics")
+    t2 = t2_all[t2_all.source == "llm"]
     assert t2.model.tolist() == ["a", "b"]
     r = t2.set_index("model").loc["b"]
     assert r.attention_type == "MQA + sliding window (512 tokens, 1/2 layers)"
     assert (r.orth_min, r.orth_max) == pytest.approx((0.1, 0.2))
     assert r.pc12_mixed == pytest.approx(0.3) and r.pc12_restricted == pytest.approx(0.6)
     assert r.restricted_domain == "Mathematics" and r.orth_over_random_init == pytest.approx(0.15 / 0.04)
-    md1, md2 = to_markdown(t1, "table1"), to_markdown(t2, "table2")
-    assert md1.count("\n| ") == 4 and "30.0 (25.0) [20.0, 40.0]" in md1 and "Mathematics" in md1
+    md1, md2 = to_markdown(t1_all, "table1"), to_markdown(t2_all, "table2")
+    assert md1.count("| this run |") == 4 and "30.0 (25.0) [20.0, 40.0]" in md1 and "Mathematics" in md1
     assert "estimate (bias-corrected)" in md1
     assert "0.100–0.200" in md2 and "40.0" in md2
-    # published values beside the measured ones, with what they were measured on (issue 11, point 4)
-    assert (t1.pc12_published.str.contains("0.997 (Pythia-410M (mixed-domain prompts))", regex=False)).all()
-    assert (t1.participation_ratio_top10_published == "").all()  # not in Paper III's Table 1
-    assert (t2.random_init_mean_published == "0.35-0.45").all()
-    assert "Paper III" in t2.random_init_mean_published_on.iloc[0] and "Table 2" in t2.random_init_mean_published_on.iloc[0]
-    assert "0.35-0.45 (the Paper III Table 2 models" in md2 and "sqrt(2 / (pi d_model))" in md2 and "0.033" in md2
+    # issue 19: published values are not attached to models the paper did not measure; the papers' models are
+    # rows of their own (6 in Table 1: 3 models x mixed / restricted), in the same columns and units
+    assert (t1.pc12_published == "").all() and (t2.random_init_mean_published == "").all()
+    p1 = t1_all[t1_all.source == "published"]
+    assert len(p1) == 6 and set(p1.role) == {"mixed", "restricted"}
+    assert "| Pythia-410M | published | mixed | - | 79.6 | 99.7 |" in md1 and "| -0.32 |" in md1
+    assert "| Mistral-7B | published | - | 15-20 | 80 | 0.05-0.06 |" in md2
+    assert "0.35-0.45" in md2 and "sqrt(2 / (pi d_model))" in md2 and "0.033" in md2
+    assert "Table 2, arXiv:2512.23752v1" in md2 and all(len(ln) < 400 for ln in md1.splitlines() if ln.startswith("|"))
     with pytest.raises(ValueError):
         to_markdown(t1, "table3")
     page = markdown_tables_html({"Table 1 analogue": md1, "Table 2 analogue": md2})
-    assert page.count("<table>") == 2 and page.count("<tr>") == 1 + 4 + 1 + 2
+    n_pub2 = int((t2_all.source == "published").sum())
+    assert page.count("<table>") == 2 and page.count("<tr>") == 1 + 4 + 6 + 1 + 2 + n_pub2
     assert "<th>PC1 % (bc) [95% CI]</th>" in page and "MQA + sliding window" in page
 
 

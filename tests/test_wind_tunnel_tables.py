@@ -169,7 +169,8 @@ def test_table2_wind_tunnel_rows_beside_the_llms():
     from llmgeom.analyses.bayes_tables import table2, to_markdown
 
     dr, ko, af, wt, geo = _summary_tables()
-    t = table2(dr, ko, af, restricted_set="domain_mathematics", wt=wt, wt_geometry=geo)
+    t_all = table2(dr, ko, af, restricted_set="domain_mathematics", wt=wt, wt_geometry=geo)
+    t = t_all[t_all.source != "published"]
     assert list(t.model) == ["llm", "wt"] and list(t.source) == ["llm", "wind_tunnel"]
     llm, w = t.iloc[0], t.iloc[1]
     assert llm.pc12_mixed == pytest.approx(0.5) and math.isnan(llm.entropy_mae_bits)
@@ -181,11 +182,16 @@ def test_table2_wind_tunnel_rows_beside_the_llms():
             w.abs_rho_pc1_h_exact_residual_stream) == pytest.approx((0.5, 0.9, 0.2))
     pub = [c for c in t.columns if c.endswith("_published")]
     assert pub and all(w[c] == "" for c in pub)  # published LLM values are not shown beside wind-tunnel rows
-    md = to_markdown(t, "table2")
+    # Paper III's wind-tunnel row (issue 19): a published row with PC1 84-90%, key orthogonality, focusing
+    pw = t_all[t_all.model == "wind-tunnel transformers (Paper III Table 2)"].iloc[0]
+    assert pw.source == "published" and pw.pc1_wind_tunnel_published == "0.84-0.9"
+    assert (pw.orth_mean_published, pw.focusing_pct_published) == ("0.09-0.12", "85-90")
+    md = to_markdown(t_all, "table2")
     assert "| 0.0500 | 0.50 / 0.90 / 0.20 |" in md and "Wind-tunnel rows" in md
+    assert "| 84-90 | - | - |" in md
     # without wind-tunnel models: the LLM table as before, one row
     t0 = table2(dr, ko[ko.model == "llm"], af[af.model == "llm"], restricted_set="domain_mathematics")
-    assert list(t0.model) == ["llm"] and "entropy_mae_bits" not in t0
+    assert list(t0[t0.source == "llm"].model) == ["llm"] and "entropy_mae_bits" not in t0
 
 
 def test_wind_tunnel_figure_writes_png_and_pdf(tmp_path):

@@ -107,7 +107,7 @@ def test_bayes_geometry_outputs(tiny_run):
         assert set(af.level) == {"head", "layer"} and (af[af.level == "layer"].shape[0] == 2)
     t1 = pd.read_csv(wd / "results/summary/table1.csv")
     t2 = pd.read_csv(wd / "results/summary/table2.csv")
-    assert len(t1) == 4 and set(t2[t2.source == "llm"].model) == set(cfg["models"])
+    assert len(t1[t1.source == "measured"]) == 4 and set(t2[t2.source == "llm"].model) == set(cfg["models"])
     assert list(t2[t2.source == "wind_tunnel"].model) == list(cfg["wind_tunnel"]["models"])  # Table 2 rows
     assert "| Model |" in (wd / "results/summary/table2.md").read_text()
     for fig in ("pc_scatter", "explained_variance_layers", "key_orthogonality", "attention_focusing", "bayes_summary"):
@@ -245,3 +245,18 @@ def test_analysis_param_change_reruns_only_that_analysis(tiny_run):
     assert "value_manifold" in out
     assert "extract" not in out.split("Job stats:")[1].split("Reasons")[0]
     assert "intrinsic_dimension  " not in out.split("Job stats:")[1].split("Reasons")[0]
+
+
+def test_claims_scorecard(tiny_run):
+    """Issue 19: the report's first table, a verdict and a reason for every claim and model, never blank."""
+    from llmgeom.analyses.claims import VERDICTS, load_claims
+
+    wd, cfg = tiny_run
+    card = pd.read_csv(wd / "results/summary/claims.csv", keep_default_na=False)
+    assert set(card.claim_id) == {c["id"] for c in load_claims()}
+    assert card.verdict.isin(VERDICTS).all() and (card.reason.str.len() > 0).all()
+    absent = [t for t in set(card.table) if not (wd / f"results/summary/{t}.csv").exists()]
+    assert (card[card.table.isin(absent)].reason == "table not produced by this run").all()
+    assert (card[~card.table.isin(absent)].reason != "table not produced by this run").all()
+    assert "| Verdict | Claim |" in (wd / "results/summary/claims.md").read_text()
+    assert len(pd.read_csv(wd / "results/summary/published.csv")) > 50

@@ -147,3 +147,61 @@ rule figure_lsm:
         "../../envs/analysis.yaml"
     script:
         "../scripts/figure_lsm.py"
+
+
+# Claims scorecard (issue 19): every claim of llmgeom/data/claims.yaml decided on the cross-model tables this
+# run produces; a claim whose table is not produced is "not testable here". Code: llmgeom.analyses.claims.
+from pathlib import Path
+
+from llmgeom.analyses.claims import claims_file, load_claims
+
+CLAIM_TABLES = sorted({c["table"] for c in load_claims()})
+TARGETS += expand("results/summary/claims.{ext}", ext=["csv", "md", "html"]) + ["results/summary/published.csv"]
+CLAIMS_CATEGORY = "0 Claims: what this run found"  # sorts first among the report's categories
+
+
+def claims_data_input():
+    """llmgeom/data/claims.yaml, relative to the working directory when the package lies below it."""
+    p = claims_file().resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def claim_tables(wildcards):
+    """The claims' tables that this run produces (results/summary/<table>.csv among the targets)."""
+    made = set(TARGETS)
+    return {t: f"results/summary/{t}.csv" for t in CLAIM_TABLES if f"results/summary/{t}.csv" in made}
+
+
+rule claims:
+    """Claims scorecard: results/summary/claims.csv (claim x model: measured value and interval, published
+    value and its models, verdict and reason), its Markdown / HTML rendering, and published.csv (every entry of
+    llmgeom/data/published.yaml)."""
+    input:
+        unpack(claim_tables),
+        claims_data=claims_data_input(),  # editing a claim reruns the scorecard
+        code=code("claims"),
+    output:
+        csv=report("results/summary/claims.csv", caption="../report/claims.rst", category=CLAIMS_CATEGORY,
+                   labels={"table": "claims (csv)"}),
+        md="results/summary/claims.md",
+        html=report("results/summary/claims.html", caption="../report/claims.rst", category=CLAIMS_CATEGORY,
+                    labels={"table": "claims scorecard"}),
+        published=report("results/summary/published.csv", caption="../report/claims.rst",
+                         category=CLAIMS_CATEGORY, labels={"table": "published values (all entries)"}),
+    params:
+        tables=CLAIM_TABLES,
+        models=MODELS + WT_FINALS,
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/claims.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/claims.py"

@@ -4,6 +4,8 @@ Markdown / HTML renderings for the report. Tables in, tables out; never torch.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -11,10 +13,12 @@ from llmgeom.core.published import add_published
 
 #: measured column -> quantity looked up in llmgeom/data/published.yaml (absent quantity: empty cell)
 TABLE1_PUBLISHED = {"pc1": "paper3_table1_pc1", "pc12": "paper3_table1_pc12",
-                    "participation_ratio_top10": "paper3_table1_participation_ratio_top10"}
+                    "participation_ratio_top10": "paper3_table1_participation_ratio_top10",
+                    "spearman_rho": "paper3_rho_pc1_entropy"}
 TABLE2_PUBLISHED = {"pc12_mixed": "paper3_table2_pc12_mixed", "pc12_restricted": "paper3_table2_pc12_restricted",
-                    "orth_mean": "key_orthogonality_trained", "random_init_mean": "key_orthogonality_random_init",
-                    "focusing_pct": "paper3_table2_focusing_pct"}
+                    "orth_mean": "key_orthogonality_trained", "gaussian_expected": "key_orthogonality_gaussian",
+                    "random_init_mean": "key_orthogonality_random_init", "focusing_pct": "paper3_table2_focusing_pct",
+                    "pc1_wind_tunnel": "paper3_table2_pc1"}
 
 BC_NOTE = ("Each share is shown as 'estimate (bias-corrected) [95% basic-bootstrap CI]': with n = 75 prompts < d "
            "features the sample share is biased upward, the bootstrap estimates that bias, and the basic "
@@ -51,9 +55,12 @@ def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bo
         ((layer+1)/L = 1.0), representation, standardized, pc1, pc1_bc (bias-corrected, 2 t - mean of the
         replicates), pc1_lo, pc1_hi (basic bootstrap), pc12, pc12_bc, pc12_lo, pc12_hi, participation_ratio (full
         spectrum), participation_ratio_top10 (10 largest eigenvalues), spearman_rho, spearman_p, delta_pc12,
-        delta_pc12_bc, delta_pc12_lo, delta_pc12_hi (fractions of variance), and beside pc1, pc12 and
-        participation_ratio_top10 the published value (``*_published``) and what it was measured on
-        (``*_published_on``) from ``llmgeom/data/published.yaml`` (empty where the file holds none).
+        delta_pc12_bc, delta_pc12_lo, delta_pc12_hi (fractions of variance), source ("measured"), and beside
+        pc1, pc12, participation_ratio_top10 and spearman_rho the value published for the same model and
+        prompt-set kind (``*_published``, "" where none) and its source (``*_published_on``); then the
+        published models as rows of their own (source = "published", model = the paper's model, role = mixed /
+        restricted, the published number in the same column and unit, ``secondary``), from
+        ``llmgeom/data/published.yaml`` (:func:`llmgeom.core.published.add_published`).
     """
     d = _final_values(dr, representation, standardized).copy()
     d["_o"] = (d.role != "mixed").astype(int)
@@ -62,7 +69,8 @@ def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bo
             "pc1", "pc1_bc", "pc1_lo", "pc1_hi", "pc12", "pc12_bc", "pc12_lo", "pc12_hi", "participation_ratio",
             "participation_ratio_top10", "spearman_rho", "spearman_p", "delta_pc12", "delta_pc12_bc", "delta_pc12_lo",
             "delta_pc12_hi"]
-    return add_published(d[[c for c in cols if c in d.columns]].reset_index(drop=True), TABLE1_PUBLISHED)
+    return add_published(d[[c for c in cols if c in d.columns]].reset_index(drop=True), TABLE1_PUBLISHED,
+                         kind_col="role", rows=True)
 
 
 def _attention_label(att: str, n_sliding: int, n_layers: int, window) -> str:
@@ -91,14 +99,17 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         random_init_min/max/mean (same statistic, same shapes), orth_over_random_init (orth_mean / mean
         random-init baseline); focusing_pct, focusing_pct_global, focusing_rho, focusing_p. Orthogonality values
         dimensionless in [0, 1]. Beside pc12_mixed, pc12_restricted, orth_mean, random_init_mean and
-        focusing_pct: ``*_published`` / ``*_published_on`` (``llmgeom/data/published.yaml``; empty where none).
+        focusing_pct: ``*_published`` / ``*_published_on``, the value published for the same model ("" where
+        none); then the published models as rows of their own (``source`` = "published": Paper III's Table 2
+        models, its wind-tunnel row and its random-init / Gaussian baselines), the published number in the same
+        column and unit (``llmgeom/data/published.yaml``, :func:`llmgeom.core.published.add_published`).
 
         Wind-tunnel models (issue 14; ``wt``: concatenated ``wind_tunnel`` tables, ``wt_geometry``:
         ``wind_tunnel_geometry`` tables, both of :mod:`llmgeom.analyses.wind_tunnel`) are rows beside the LLMs
         (after them): ``source`` = "wind_tunnel" (LLMs: "llm"), ``task``, ``step``, ``entropy_mae_bits`` and
         ``entropy_pearson_r`` (model entropy over the answer symbols vs the exact posterior entropy, all
-        prompts), ``pc12_wind_tunnel`` (PC1+PC2 of the standardized final-layer values on the wind-tunnel
-        prompts), and per representation (values, attn_output, residual_stream) the largest |Spearman
+        prompts), ``pc1_wind_tunnel`` / ``pc12_wind_tunnel`` (PC1 / PC1+PC2 of the standardized final-layer
+        values on the wind-tunnel prompts), and per representation (values, attn_output, residual_stream) the largest |Spearman
         rho(PC1, exact entropy)| over layers, ``abs_rho_pc1_h_exact_<representation>``; the LLM-only columns
         (pc12_mixed / restricted, restricted_set) are empty for them, and theirs for the LLMs. Only the
         models of ``wt`` count as wind-tunnel models (checkpoints left out of ``wt`` are not rows).
@@ -136,10 +147,7 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
             r[k] = float(rs[k].iloc[0]) if len(rs) and k in rs else float("nan")
         r.update(ko_af)
         rows.append(r)
-    out = add_published(pd.DataFrame(rows), TABLE2_PUBLISHED)
-    pub = [c for c in out.columns if c.endswith(("_published", "_published_on"))]
-    out.loc[out.source == "wind_tunnel", pub] = ""  # published values were measured on LLMs
-    return out
+    return add_published(pd.DataFrame(rows), TABLE2_PUBLISHED, rows=True)
 
 
 _WT_REPRESENTATIONS = ("values", "attn_output", "residual_stream")
@@ -153,14 +161,17 @@ def _wind_tunnel_columns(m: str, wt: pd.DataFrame, geo: pd.DataFrame | None) -> 
     if len(s):
         s = s.iloc[0]
         out.update(task=s.task, step=s.step, entropy_mae_bits=float(s.mae_bits), entropy_pearson_r=float(s.pearson_r))
-    out["pc12_wind_tunnel"] = float("nan")
+    out["pc1_wind_tunnel"] = out["pc12_wind_tunnel"] = float("nan")
     for rep in _WT_REPRESENTATIONS:
         out[f"abs_rho_pc1_h_exact_{rep}"] = float("nan")
     if geo is not None and len(geo):
         g = geo[geo.model == m]
         v = g[g.representation == "values"]
         if len(v):
-            out["pc12_wind_tunnel"] = float(v[v.layer == v.layer.max()].pc12.iloc[0])
+            last = v[v.layer == v.layer.max()]
+            out["pc12_wind_tunnel"] = float(last.pc12.iloc[0])
+            if "pc1" in last:
+                out["pc1_wind_tunnel"] = float(last.pc1.iloc[0])
         for rep in _WT_REPRESENTATIONS:
             x = g[g.representation == rep].abs_rho_pc1_h_exact
             if x.notna().any():
@@ -194,13 +205,17 @@ WIND_TUNNEL_NOTE = ("Wind-tunnel rows (issue 14): small transformers trained on 
 
 
 def _wind_tunnel_cells(r) -> list[str]:
-    """Markdown cells of the wind-tunnel columns of Table 2 ('-' for LLM rows)."""
-    if getattr(r, "source", "llm") != "wind_tunnel":
-        return ["-", "-"]
+    """Markdown cells of the wind-tunnel columns of Table 2 ('-' for LLM rows; the published PC1 for a
+    published row)."""
+    src = getattr(r, "source", "llm")
+    if src == "published":
+        return [_pub_cell(r, "pc1_wind_tunnel", pct=True), "-", "-"]
+    if src != "wind_tunnel":
+        return ["-", "-", "-"]
     f = lambda v: "n/a" if v is None or not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
     rho = " / ".join(f(getattr(r, f"abs_rho_pc1_h_exact_{rep}", float("nan"))) for rep in _WT_REPRESENTATIONS)
     mae = getattr(r, "entropy_mae_bits", float("nan"))
-    return ["n/a" if not np.isfinite(mae) else f"{mae:.4f}", rho]
+    return [_pct(getattr(r, "pc1_wind_tunnel", float("nan"))), "n/a" if not np.isfinite(mae) else f"{mae:.4f}", rho]
 
 
 def _pct(v, lo=None, hi=None, bc=None) -> str:
@@ -215,64 +230,91 @@ def _pct(v, lo=None, hi=None, bc=None) -> str:
     return s
 
 
-def _published(r, col: str) -> str:
-    """Markdown cell: the published value of ``col`` and what it was measured on, or '-' (none known)."""
+def _pub_cell(r, col: str, pct: bool = False) -> str:
+    """Markdown cell of a published row: the published text of ``col`` ('-' where the paper gives none), shares
+    turned into percent like our cells when ``pct``."""
     txt = getattr(r, f"{col}_published", "")
     if not isinstance(txt, str) or not txt:
         return "-"
-    on = getattr(r, f"{col}_published_on", "")
-    return f"{txt} ({on})" if isinstance(on, str) and on else txt
+    if pct:
+        txt = re.sub(r"\d+(?:\.\d+)?(?:e-?\d+)?", lambda m: f"{100 * float(m.group()):.3g}", txt)
+    return txt
+
+
+def _is_pub(r) -> bool:
+    return getattr(r, "source", "") == "published"
+
+
+def _pub_sources(df: pd.DataFrame) -> str:
+    """Legend line: the sources of the published rows (once per source)."""
+    if "published_source" not in df or "source" not in df:
+        return ""
+    srcs = sorted({x for v in df.loc[df.source == "published", "published_source"] if isinstance(v, str)
+                   for x in v.split(" | ") if x})
+    return ("Published rows (source = published, in the same columns and units): " + "; ".join(srcs) + "."
+            if srcs else "")
 
 
 def to_markdown(df: pd.DataFrame, kind: str) -> str:
     """Markdown rendering of :func:`table1` (``kind="table1"``) or :func:`table2` (``kind="table2"``):
-    shares in percent as 'estimate (bias-corrected) [95% CI]', a 'published' column beside the measured
-    values (value and the model it was measured on, '-' where ``published.yaml`` holds none), and a legend
-    (a GitHub-flavoured pipe table plus legend lines)."""
+    shares in percent as 'estimate (bias-corrected) [95% CI]'; the published models as rows of their own
+    (Source = published, the paper's number in the same column and unit, '-' where the paper gives none), after
+    ours; and a legend (a GitHub-flavoured pipe table plus legend lines)."""
     g0 = lambda r, k: getattr(r, k, float("nan"))  # noqa: E731
     if kind == "table1":
-        head = ["Model", "Prompt set", "n", "PC1 % (bc) [95% CI]", "PC1 published (share, 0-1)", "PC1+PC2 % (bc) [95% CI]",
-                "PC1+PC2 published (share, 0-1)", "PR (full)", "PR (top 10)", "PR top 10 published", "rho(PC1, H)",
-                "Δ PC1+PC2 vs mixed (pp) (bc) [95% CI]"]
-        body = [[r.model, r.domain if r.role == "restricted" else "mixed", str(int(r.n)),
-                 _pct(r.pc1, r.pc1_lo, r.pc1_hi, g0(r, "pc1_bc")), _published(r, "pc1"),
-                 _pct(r.pc12, r.pc12_lo, r.pc12_hi, g0(r, "pc12_bc")), _published(r, "pc12"),
-                 f"{r.participation_ratio:.2f}", f"{g0(r, 'participation_ratio_top10'):.2f}",
-                 _published(r, "participation_ratio_top10"),
-                 f"{r.spearman_rho:.2f} (p={r.spearman_p:.2g})",
-                 "-" if r.role == "mixed" else _pct(r.delta_pc12, r.delta_pc12_lo, r.delta_pc12_hi,
-                                                    g0(r, "delta_pc12_bc"))]
-                for r in df.itertuples()]
+        head = ["Model", "Source", "Prompt set", "n", "PC1 % (bc) [95% CI]", "PC1+PC2 % (bc) [95% CI]", "PR (full)",
+                "PR (top 10)", "rho(PC1, H)", "Δ PC1+PC2 vs mixed (pp) (bc) [95% CI]"]
+        body = []
+        for r in df.itertuples():
+            if _is_pub(r):
+                body.append([r.model, "published", str(r.role), "-", _pub_cell(r, "pc1", True),
+                             _pub_cell(r, "pc12", True), "-", _pub_cell(r, "participation_ratio_top10"),
+                             _pub_cell(r, "spearman_rho"), "-"])
+                continue
+            body.append([r.model, "this run", r.domain if r.role == "restricted" else "mixed", str(int(r.n)),
+                         _pct(r.pc1, r.pc1_lo, r.pc1_hi, g0(r, "pc1_bc")),
+                         _pct(r.pc12, r.pc12_lo, r.pc12_hi, g0(r, "pc12_bc")),
+                         f"{r.participation_ratio:.2f}", f"{g0(r, 'participation_ratio_top10'):.2f}",
+                         f"{r.spearman_rho:.2f} (p={r.spearman_p:.2g})",
+                         "-" if r.role == "mixed" else _pct(r.delta_pc12, r.delta_pc12_lo, r.delta_pc12_hi,
+                                                            g0(r, "delta_pc12_bc"))])
         legend = ("Table 1 analogue (Paper III): standardized last-token value vectors at the final layer "
-                  "(relative depth 1.0), entropy-stratified selections; PC1 sign fixed so that rho >= 0; Δ = "
-                  "restricted - mixed in percentage points (CI from independent bootstraps). " + BC_NOTE + " PR: "
-                  "participation ratio over the full spectrum and over the 10 largest eigenvalues (the published "
-                  "code's definition). Published: Paper III values with the model they were measured on "
-                  "(llmgeom/data/published.yaml); '-' = not in the file. " + DEPTH_NOTE)
+                  "(relative depth 1.0), entropy-stratified selections; PC1 sign fixed so that rho >= 0 (Paper III's "
+                  "sign is arbitrary: compare |rho|); Δ = restricted - mixed in percentage points (CI from independent "
+                  "bootstraps). " + BC_NOTE + " PR: participation ratio over the full spectrum and over the 10 largest "
+                  "eigenvalues (the published code's definition). Published rows: Paper III's models with its "
+                  "prompt-set kind (restricted = its mathematics prompts), from llmgeom/data/published.yaml; '-' = not "
+                  "published. " + _pub_sources(df) + " " + DEPTH_NOTE)
     elif kind == "table2":
-        head = ["Model", "Attention", "PC1+PC2 mixed % (bc) [95% CI]", "PC1+PC2 restricted % (bc) [95% CI]",
-                "Key orthogonality (range over layers)", "Key orthogonality published", "Gaussian baseline",
-                "Random-init baseline", "Random-init published", "Focusing %", "Focusing published", "rho(H, depth)",
-                "Entropy MAE (bits)", "max |rho(PC1, H_exact)| values / attn output / residual"]
+        head = ["Model", "Source", "Attention", "PC1+PC2 mixed % (bc) [95% CI]", "PC1+PC2 restricted % (bc) [95% CI]",
+                "Key orthogonality (range over layers)", "Gaussian baseline", "Random-init baseline", "Focusing %",
+                "rho(H, depth)", "PC1 % (wind tunnel)", "Entropy MAE (bits)",
+                "max |rho(PC1, H_exact)| values / attn output / residual"]
         body = []
         for r in df.itertuples():
             g = lambda k: g0(r, k)  # noqa: E731
-            body.append([r.model, str(g("attention_type")),
+            if _is_pub(r):
+                body.append([r.model, "published", "-", _pub_cell(r, "pc12_mixed", True),
+                             _pub_cell(r, "pc12_restricted", True), _pub_cell(r, "orth_mean"),
+                             _pub_cell(r, "gaussian_expected"), _pub_cell(r, "random_init_mean"),
+                             _pub_cell(r, "focusing_pct"), "-", *_wind_tunnel_cells(r)])
+                continue
+            body.append([r.model, "this run", str(g("attention_type")),
                          _pct(g("pc12_mixed"), g("pc12_mixed_lo"), g("pc12_mixed_hi"), g("pc12_mixed_bc")),
                          f"{_pct(g('pc12_restricted'), g('pc12_restricted_lo'), g('pc12_restricted_hi'), g('pc12_restricted_bc'))} "
                          f"({g('restricted_domain')})",
-                         f"{g('orth_min'):.3f}–{g('orth_max'):.3f}", _published(r, "orth_mean"),
+                         f"{g('orth_min'):.3f}–{g('orth_max'):.3f}",
                          f"{g('gaussian_min'):.3f}–{g('gaussian_max'):.3f}",
-                         f"{g('random_init_min'):.3f}–{g('random_init_max'):.3f}", _published(r, "random_init_mean"),
-                         f"{g('focusing_pct'):.1f}", _published(r, "focusing_pct"), f"{g('focusing_rho'):.2f}",
-                         *_wind_tunnel_cells(r)])
+                         f"{g('random_init_min'):.3f}–{g('random_init_max'):.3f}",
+                         f"{g('focusing_pct'):.1f}", f"{g('focusing_rho'):.2f}", *_wind_tunnel_cells(r)])
         legend = ("Table 2 analogue (Paper III): PC1+PC2 of standardized final-layer value vectors (mixed vs "
                   "restricted selection); key orthogonality = mean |cos| between W_K columns, per-layer mean over "
                   "key heads, range over layers, vs a Gaussian matrix and the random-init architecture of the same "
                   "shape; focusing = % reduction of the mean final-query attention entropy from the first to the last "
-                  "layer; rho = Spearman of entropy vs layer index. " + BC_NOTE + " Published: value and the models "
-                  "it was measured on (llmgeom/data/published.yaml); '-' = not in the file. " + RANDOM_INIT_NOTE
-                  + " " + WIND_TUNNEL_NOTE)
+                  "layer; rho = Spearman of entropy vs layer index. " + BC_NOTE + " Published rows: Paper III's "
+                  "Table 2 models, its wind-tunnel row and its baselines (sec. 4.2 / 4.5), in the same columns and "
+                  "units (key orthogonality: the paper's early layers), from llmgeom/data/published.yaml; '-' = not "
+                  "published. " + _pub_sources(df) + " " + RANDOM_INIT_NOTE + " " + WIND_TUNNEL_NOTE)
     else:
         raise ValueError(f"kind must be table1 or table2, got {kind!r}")
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731

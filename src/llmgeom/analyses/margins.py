@@ -13,7 +13,11 @@ from llmgeom.core.store import attrs_dict, open_activations, read_finite
 from llmgeom.measures import margins
 
 #: measured column -> quantity of llmgeom/data/published.yaml
-MARGINS_PUBLISHED = {"hard_core_margin": "hard_core_margin"}
+MARGINS_PUBLISHED = {"hard_core_margin": "hard_core_margin", "margin_q25": "lsm_margin_q25", "margin_q50": "lsm_margin_q50",
+                     "margin_q75": "lsm_margin_q75", "margin_q95": "lsm_margin_q95",
+                     "p_margin_below": "lsm_p_margin_below"}
+#: the same quantities under margin_vs_perplexity's column names
+MVP_PUBLISHED = dict(MARGINS_PUBLISHED, median_margin="lsm_margin_q50")
 GAP_PUBLISHED = {"beta": "eta_slope", "r2": "eta_r2"}
 
 # --------------------------------------------------------------------------------------------
@@ -37,16 +41,18 @@ def margin_tables(h5_path, *, model: str, threshold: float = 0.5, hard_core_quan
         dict of DataFrames:
         ``margins``: one row: model, prompt_set, vocab_size, d_model, n_positions, margin_mean,
         margin_q05/q25/q50/q75/q95, threshold, p_margin_below, hard_core_quantile,
-        hard_core_margin (+ hard_core_margin_published / _published_on), hard_core_fraction, hard_core_count,
+        hard_core_margin, hard_core_fraction, hard_core_count,
         hard_core_nll_share, mean_nll, perplexity, spearman_margin_nll(_p), mean_entropy,
         spearman_margin_entropy(_p) (see :func:`llmgeom.measures.margins.margin_summary`), and per threshold t of
         ``hard_core_thresholds`` (logits, config ``margins.hard_core_thresholds``) the fraction of positions with
         margin < t: hard_core_frac_lt_{t} with _count, _lo / _hi (basic bootstrap over passages, ``n_boot``
         resamples, seeded) and _bc (bias-corrected), hard_core_boot, hard_core_n_boot
-        (see :func:`llmgeom.measures.margins.fraction_below`);
+        (see :func:`llmgeom.measures.margins.fraction_below`); beside hard_core_margin and margin_q25 / q50 / q75 /
+        q95 / p_margin_below the value published for the same model (``*_published`` / ``*_published_on``; ""
+        where none: LSM's values are over six models and appear as rows of margin_vs_perplexity and claims.csv);
         ``eta_curve``: per eps: model, prompt_set, eps, eta, count, in_fit;
-        ``expressibility_gap``: one row: beta (+ beta_published / _published_on), intercept, r2 (+ r2_published /
-        _published_on), alpha, beta_lo, beta_hi,
+        ``expressibility_gap``: one row: beta, intercept, r2 (each with ``*_published`` / ``*_published_on`` of
+        the same model, "" where none), alpha, beta_lo, beta_hi,
         beta_boot_std, alpha_lo, alpha_hi, fit_eps_lo, fit_eps_hi, n_fit_points, n_positions,
         n_boot, ci, min_count (see :func:`llmgeom.measures.margins.expressibility_gap`);
         ``margin_histogram``: per bin: bin_lo, bin_hi, count, density, n_above, plus the
@@ -96,11 +102,13 @@ def margin_vs_perplexity_table(margins_table: pd.DataFrame) -> pd.DataFrame:
         DataFrame, one row per model and prompt set: model, prompt_set, vocab_size,
         median_margin (logits), margin_q25, margin_q75, perplexity (per token), log_perplexity
         (= mean NLL, nats),
-        p_margin_below, hard_core_margin with hard_core_margin_published / _published_on (LSM; from
-        ``llmgeom/data/published.yaml``), the hard-core fractions below fixed thresholds with their intervals
+        p_margin_below, hard_core_margin, beside the margin columns ``*_published`` / ``*_published_on`` (the value
+        published for the same model, "" where none; ``llmgeom/data/published.yaml``), the hard-core fractions below fixed thresholds with their intervals
         (hard_core_frac_lt_*), spearman_margin_nll, n_positions, and across models of the
         same prompt set: n_models, spearman_rho_across_models and spearman_p_across_models
-        (rank correlation of median margin with perplexity; NaN with fewer than 3 models).
+        (rank correlation of median margin with perplexity; NaN with fewer than 3 models), ``source``
+        ("measured"). LSM's published margin values (over several models, some secondary) are not attached to
+        our rows: they appear once, with their models, in ``claims.csv`` and ``published.csv`` (rule claims).
         Perplexities of models with different tokenizers count different tokens: compare them
         with care.
 
@@ -122,5 +130,6 @@ def margin_vs_perplexity_table(margins_table: pd.DataFrame) -> pd.DataFrame:
             r, p = spearman(g.median_margin, g.perplexity)
             d.loc[g.index, "spearman_rho_across_models"] = r
             d.loc[g.index, "spearman_p_across_models"] = p
-    d = d.drop(columns=[c for c in d.columns if c.startswith("hard_core_margin_published")])
-    return add_published(d.sort_values(["prompt_set", "model"]).reset_index(drop=True), MARGINS_PUBLISHED)
+    d = d.drop(columns=[c for c in d.columns if c.endswith(("_published", "_published_on"))] + ["source"],
+               errors="ignore")
+    return add_published(d.sort_values(["prompt_set", "model"]).reset_index(drop=True), MVP_PUBLISHED)

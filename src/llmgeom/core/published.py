@@ -2,10 +2,11 @@
 
 The numbers live in the data file, never in code (DESIGN.md sec. 3, "Published values"); every entry
 names its paper, where in the paper, and the model(s) it was measured on. Tables add, beside a measured
-column ``x``, the text columns ``x_published`` (value or range, "" when the file has none) and
-``x_published_on`` (models and source).
+column ``x``, the text columns ``x_published`` (value or range of the entry published for the same model and
+prompt-set kind; "" when there is none) and ``x_published_on`` (source), and the published models as rows of
+their own (``source`` = "published"; issue 19).
 
-May import: the standard library, yaml.
+May import: the standard library, yaml, pandas (inside the functions that build tables).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 import yaml
 
 DATA_FILE = "data/published.yaml"
-_FIELDS = {"quantity", "value", "range", "min", "unit", "paper", "where", "models", "reading", "note"}
+_FIELDS = {"quantity", "value", "range", "min", "unit", "paper", "where", "models", "model", "kind", "secondary",
+           "source", "reading", "note"}
+_KINDS = ("mixed", "restricted")
 
 
 class PublishedDataError(ValueError):
@@ -39,12 +42,15 @@ def load_published(path: str | None = None) -> dict[str, list[dict]]:
     Returns:
         {quantity: [entry, ...]} (several entries for one quantity = one per model it was published for);
         each entry has exactly one of ``value`` (float), ``range`` ([lo, hi] floats) or ``min`` (float lower
-        bound), plus ``unit``, ``paper`` (the title), ``paper_key``, ``where``, ``models`` (strings) and
-        optionally ``reading`` / ``note``.
+        bound), plus ``unit``, ``paper`` (the title), ``paper_key``, ``where``, ``models`` (strings),
+        ``model`` (the model's short name when the value belongs to one model, e.g. "Pythia-410M"; else ""),
+        ``kind`` ("mixed" / "restricted" prompt set when the value belongs to one; else ""), ``secondary``
+        (True: found only in a secondary source, named in ``source``) and optionally ``reading`` / ``note``.
 
     Raises:
         PublishedDataError: unknown field, missing source, an entry with no number or two kinds of number,
-            a paper key not listed under ``papers``, the same quantity twice for the same models, or lo > hi.
+            a paper key not listed under ``papers``, the same quantity twice for the same models, lo > hi, a
+            ``kind`` other than mixed / restricted, or ``secondary: true`` without a ``source``.
     """
     p = Path(path) if path else _default_path()
     doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
@@ -69,7 +75,12 @@ def load_published(path: str | None = None) -> dict[str, list[dict]]:
                                      f"({sorted(papers)})")
         if any(o["models"] == e["models"] for o in out.get(q, [])):
             raise PublishedDataError(f"{where}: quantity {q!r} appears twice for models {e['models']!r}")
-        ent = dict(e, paper=str(papers[e["paper"]]), paper_key=e["paper"])
+        if e.get("kind") and e["kind"] not in _KINDS:
+            raise PublishedDataError(f"{where} ({q}): kind {e['kind']!r} must be one of {list(_KINDS)}")
+        if e.get("secondary") and not e.get("source"):
+            raise PublishedDataError(f"{where} ({q}): secondary: true needs a 'source' (where the number was found)")
+        ent = dict(e, paper=str(papers[e["paper"]]), paper_key=e["paper"], model=str(e.get("model") or ""),
+                   kind=str(e.get("kind") or ""), secondary=bool(e.get("secondary", False)))
         if "range" in e:
             lo, hi = (float(v) for v in e["range"])
             if lo > hi:
@@ -83,16 +94,33 @@ def load_published(path: str | None = None) -> dict[str, list[dict]]:
     return out
 
 
+def load_papers(path: str | None = None) -> dict[str, str]:
+    """The ``papers`` of the data file: key (e.g. "paper3", as in claims.yaml) -> title and authors."""
+    p = Path(path) if path else _default_path()
+    return {str(k): str(v) for k, v in ((yaml.safe_load(p.read_text(encoding="utf-8")) or {}).get("papers")
+                                        or {}).items()}
+
+
 def _num(v: float) -> str:
     return f"{v:.3g}"
 
 
-def _value_text(e: dict) -> str:
+def value_text(e: dict) -> str:
+    """An entry's number as text: "0.87-1.12" (range), "> 0.985" (min) or "0.007" (value); "(secondary)"
+    appended for an entry found only in a secondary source."""
     if "range" in e:
-        return f"{_num(e['range'][0])}-{_num(e['range'][1])}"
-    if "min" in e:
-        return f"> {_num(e['min'])}"
-    return _num(e["value"])
+        s = f"{_num(e['range'][0])}-{_num(e['range'][1])}"
+    elif "min" in e:
+        s = f"> {_num(e['min'])}"
+    else:
+        s = _num(e["value"])
+    return s + " (secondary)" if e.get("secondary") else s
+
+
+def source_text(e: dict) -> str:
+    """Where an entry is published: "paper, where", plus "; secondary source: ..." for a secondary entry."""
+    s = f"{e['paper']}, {e['where']}"
+    return s + f"; secondary source: {e['source']}" if e.get("secondary") else s
 
 
 def published_text(quantity: str, *, path: str | None = None) -> str:
@@ -100,8 +128,8 @@ def published_text(quantity: str, *, path: str | None = None) -> str:
     model, "value (models); value (models)"; "" if the file holds none."""
     es = load_published(path).get(quantity, [])
     if len(es) == 1:
-        return _value_text(es[0])
-    return "; ".join(f"{_value_text(e)} ({e['models']})" for e in es)
+        return value_text(es[0])
+    return "; ".join(f"{value_text(e)} ({e['models']})" for e in es)
 
 
 def published_on(quantity: str, *, path: str | None = None) -> str:
@@ -110,20 +138,122 @@ def published_on(quantity: str, *, path: str | None = None) -> str:
     es = load_published(path).get(quantity, [])
     if len(es) == 1:
         e = es[0]
-        return f"{e['models']} ({e['paper']}, {e['where']})"
-    return "; ".join(sorted({f"{e['paper']}, {e['where']}" for e in es}))
+        return f"{e['models']} ({source_text(e)})"
+    return "; ".join(sorted({source_text(e) for e in es}))
 
 
-def add_published(df, mapping: dict[str, str], *, path: str | None = None):
-    """Add ``<col>_published`` and ``<col>_published_on`` beside every measured column of ``mapping``
-    (column -> quantity in the data file); a copy of ``df`` (pandas DataFrame) with the new columns placed
-    right after their measured column. Columns absent from ``df`` are skipped; a quantity the file does not
-    hold gives "" (we do not know the number)."""
-    d = df.copy()
-    for col, q in mapping.items():
-        if col not in d.columns:
+def model_key(name) -> str:
+    """Normalized model name for matching ours to a published one: lower case, letters and digits only
+    ("Pythia-410M" and "pythia-410m" -> "pythia410m")."""
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+
+
+def matching_entries(quantity: str, model, kind: str | None = None, *, path: str | None = None) -> list[dict]:
+    """Entries of ``quantity`` published for ``model`` (by :func:`model_key`) and, when both name one, the same
+    prompt-set ``kind`` (mixed / restricted). An entry without a ``model`` (a range over several models, e.g.
+    LSM's six transformers) matches no row: it is compared, not attached (issue 19)."""
+    out = []
+    for e in load_published(path).get(quantity, []):
+        if not e["model"] or model_key(e["model"]) != model_key(model):
             continue
+        if kind and e["kind"] and kind != e["kind"]:
+            continue
+        out.append(e)
+    return out
+
+
+def comparison_entries(quantity: str, model, kind: str | None = None, *,
+                       path: str | None = None) -> tuple[list[dict], bool]:
+    """The entries to compare a measurement of ``model`` with: ``(entries, same_model)``.
+
+    The entries published for ``model`` (:func:`matching_entries`; same_model True) when the file has any;
+    else the per-model entries of the other published models (same_model False: a comparison across models);
+    else the entries that name no model (a range over several models, e.g. LSM's six transformers). ``kind``
+    (mixed / restricted) keeps only entries of that kind or of none. ``[]`` when the file has no entry."""
+    own = matching_entries(quantity, model, kind, path=path)
+    if own:
+        return own, True
+    es = [e for e in load_published(path).get(quantity, []) if not kind or e["kind"] in ("", kind)]
+    named = [e for e in es if e["model"]]
+    return (named or es), False
+
+
+def _row_label(e: dict) -> str:
+    return e["model"] or e["models"]
+
+
+def add_published(df, mapping: dict[str, str], *, path: str | None = None, model_col: str = "model",
+                  kind_col: str | None = None, rows: bool = False):
+    """Published values beside and below our rows (issue 19: matched by model and prompt-set kind).
+
+    Args:
+        df: pandas DataFrame of measured rows with a ``model_col`` column.
+        mapping: measured column -> quantity of the data file; columns absent from ``df`` are skipped.
+        model_col: the column naming the model of a row.
+        kind_col: a column holding "mixed" / "restricted" per row (e.g. Table 1's ``role``), matched against
+            an entry's ``kind``; None: the quantity itself is kind-specific (e.g. pc12_restricted).
+        rows: also append the published models as rows of their own (``source`` = "published", the model's
+            published name in ``model_col``, the entry's kind in ``kind_col``, the published number in the
+            measured column when it is a single value, its text in ``<col>_published``).
+
+    Returns:
+        a copy of ``df`` with ``<col>_published`` (value text of the entry published for the row's model and
+        kind, "" when none: a value is never attached by quantity alone) and ``<col>_published_on`` (paper,
+        where; secondary source) right after each measured column; a ``source`` column ("measured" unless
+        ``df`` already has one); with ``rows``, one appended row per published model (and kind), each published
+        value once, ``secondary`` (True where any value of the row is from a secondary source) and
+        ``published_source`` (the row's sources, " | "-separated).
+    """
+    import pandas as pd
+
+    d = df.copy()
+    if "source" not in d.columns:
+        d["source"] = "measured"
+    cols = [c for c in mapping if c in d.columns]
+    for col in cols:
+        q = mapping[col]
+        hits = [matching_entries(q, r[model_col], r[kind_col] if kind_col else None, path=path)
+                for _, r in d.iterrows()]
         pos = list(d.columns).index(col) + 1
-        d.insert(pos, f"{col}_published", published_text(q, path=path))
-        d.insert(pos + 1, f"{col}_published_on", published_on(q, path=path))
-    return d
+        d.insert(pos, f"{col}_published", ["; ".join(value_text(e) for e in h) for h in hits])
+        d.insert(pos + 1, f"{col}_published_on", ["; ".join(source_text(e) for e in h) for h in hits])
+    if not rows:
+        return d
+    pub: dict[tuple, dict] = {}
+    for col in cols:
+        for e in load_published(path).get(mapping[col], []):
+            key = (_row_label(e), e["kind"] if kind_col else "")
+            r = pub.setdefault(key, {model_col: key[0], "source": "published", "secondary": False,
+                                     **({kind_col: key[1] or None} if kind_col else {})})
+            if "value" in e:
+                r[col] = e["value"]
+            r[f"{col}_published"] = value_text(e)
+            r[f"{col}_published_on"] = f"{e['models']} ({source_text(e)})"
+            r["secondary"] = r["secondary"] or e["secondary"]
+            r["published_source"] = " | ".join(dict.fromkeys(filter(None, [r.get("published_source"),
+                                                                            source_text(e)])))
+    if "secondary" not in d.columns:
+        d["secondary"] = False
+    out = pd.concat([d, pd.DataFrame(list(pub.values()), columns=None)], ignore_index=True)
+    for col in cols:
+        for c in (f"{col}_published", f"{col}_published_on"):
+            out[c] = out[c].fillna("")
+    return out
+
+
+def published_table(*, path: str | None = None):
+    """Every entry of the data file as one row (pandas DataFrame): quantity, model, kind, models, value, lo, hi
+    (range; ``min`` entries: lo = min, hi NaN), text (as shown in the tables), unit, paper, where, secondary,
+    source, reading, note. Written as ``results/summary/published.csv`` so that every entry reaches a table."""
+    import pandas as pd
+
+    recs = []
+    for q, es in load_published(path).items():
+        for e in es:
+            lo, hi = (e["range"] if "range" in e else (e.get("min", float("nan")), float("nan")))
+            recs.append(dict(quantity=q, model=e["model"], kind=e["kind"], models=e["models"],
+                             value=e.get("value", float("nan")), lo=lo, hi=hi, text=value_text(e), unit=e["unit"],
+                             paper=e["paper"], where=e["where"], secondary=e["secondary"],
+                             source=str(e.get("source") or ""), reading=str(e.get("reading") or ""),
+                             note=str(e.get("note") or "")))
+    return pd.DataFrame(recs)

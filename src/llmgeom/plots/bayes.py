@@ -138,6 +138,7 @@ def attention_focusing_figure(af: pd.DataFrame, paths) -> None:
 def bayes_summary_figure(t2: pd.DataFrame, paths) -> None:
     """Cross-model summary (Table-2 analogue): PC1+PC2 mixed vs restricted with 95% CIs, key
     orthogonality range over layers vs random-init and Gaussian ranges, focusing percent."""
+    t2 = t2[t2.get("source", pd.Series("", index=t2.index)) != "published"]  # the papers' rows: in the table only
     t2 = t2.sort_values("model").reset_index(drop=True)
     x = np.arange(len(t2))
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 4.4), layout="constrained")

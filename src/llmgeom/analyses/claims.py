@@ -1,0 +1,541 @@
+"""claims.csv: what this run found, claim by claim (issue 19). The claims are data
+(``llmgeom/data/claims.yaml``: sentence, paper and section, table and columns, rule and its parameters); this
+module holds the rule engine that decides each claim on the cross-model tables and the scorecard it writes.
+Tables in, tables out; never torch.
+
+Verdicts: ``supported``, ``not supported``, ``inconclusive`` (the measurement cannot decide, e.g. an interval
+that contains the threshold, a NaN value, estimators that disagree) and ``not testable here`` (the run lacks
+what the claim needs: a table, a column, a second attention type, three models). Every row carries a reason.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from llmgeom.core.published import comparison_entries, source_text, value_text
+
+DATA_FILE = "data/claims.yaml"
+SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE = ("supported", "not supported", "inconclusive",
+                                                         "not testable here")
+VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)
+MISSING_TABLE = "table not produced by this run"
+_FIELDS = {"id", "sentence", "paper", "section", "table", "where", "by", "value", "lo", "hi", "context",
+           "published", "kind", "scope", "requires", "unlike", "rule", "note"}
+#: columns of the scorecard, in order (docs/claims.md describes each)
+SCORECARD_COLUMNS = ["claim_id", "claim", "paper", "section", "table", "column", "model", "setting", "measured",
+                     "measured_lo", "measured_hi", "measured_text", "published", "published_on",
+                     "published_models", "same_model", "comparison_flags", "rule", "verdict", "reason"]
+
+
+class ClaimsDataError(ValueError):
+    """The claims file is malformed (message names the file, the claim and the field)."""
+
+
+def claims_file() -> Path:
+    """Path of the package's claims file ``llmgeom/data/claims.yaml`` (an input of rule ``claims``)."""
+    return Path(str(resources.files("llmgeom") / DATA_FILE))
+
+
+@lru_cache(maxsize=4)
+def _load(path: str) -> tuple:
+    p = Path(path)
+    doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    out, seen = [], set()
+    for i, c in enumerate(doc.get("claims") or []):
+        where = f"{p}: claims[{i}]"
+        if not isinstance(c, dict) or "id" not in c:
+            raise ClaimsDataError(f"{where}: each claim must be a mapping with an 'id'")
+        bad = set(c) - _FIELDS
+        if bad:
+            raise ClaimsDataError(f"{where} ({c['id']}): unknown field(s) {sorted(bad)}; valid: {sorted(_FIELDS)}")
+        for k in ("sentence", "paper", "section", "table", "value", "rule"):
+            if not c.get(k):
+                raise ClaimsDataError(f"{where} ({c['id']}): missing '{k}'")
+        if c["id"] in seen:
+            raise ClaimsDataError(f"{where}: claim id {c['id']!r} appears twice")
+        seen.add(c["id"])
+        kind = (c["rule"] or {}).get("kind")
+        if kind not in RULES:
+            raise ClaimsDataError(f"{where} ({c['id']}): rule kind {kind!r} unknown; valid: {sorted(RULES)}")
+        if kind == "same_verdict_all_estimators" and (c["rule"].get("inner") or {}).get("kind") not in RULES:
+            raise ClaimsDataError(f"{where} ({c['id']}): same_verdict_all_estimators needs inner: {{kind: ...}} "
+                                  f"with a kind of {sorted(RULES)}")
+        out.append(c)
+    return tuple(out)
+
+
+def load_claims(path: str | None = None) -> list[dict]:
+    """The claims of ``llmgeom/data/claims.yaml`` (or ``path``), in file order.
+
+    Returns:
+        list of dicts with the fields described at the top of the file (id, sentence, paper, section, table,
+        value, rule, ...).
+
+    Raises:
+        ClaimsDataError: unknown field, missing field, duplicate id, unknown rule kind.
+    """
+    return [dict(c) for c in _load(str(path or claims_file()))]
+
+
+# ------------------------------------------------------------------------------------------------ rules
+# Each rule gets the rows of one verdict (a DataFrame), the claim and the rule's parameters and returns a dict
+# with verdict, reason, measured, measured_lo, measured_hi, measured_text (any of the last four may be absent).
+
+
+def _f(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _num(v) -> str:
+    if np.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return "NaN" if not np.isfinite(v) else f"{v:.4g}"
+
+
+def _pick(rows: pd.DataFrame, claim: dict, params: dict):
+    """The one row a scalar rule decides on: the only row, or by ``pick`` (last = largest layer, first,
+    max / min of the value column); None and a reason when that is ambiguous."""
+    pick = params.get("pick")
+    if len(rows) == 1 or pick == "first":
+        return rows.iloc[0], ""
+    col = claim["value"]
+    if pick == "last" and "layer" in rows:
+        return rows.loc[rows.layer.astype(float).idxmax()], ""
+    if pick in ("max", "min"):
+        v = pd.to_numeric(rows[col], errors="coerce")
+        if params.get("abs"):
+            v = v.abs()
+        if v.notna().any():
+            return rows.loc[v.idxmax() if pick == "max" else v.idxmin()], ""
+        return rows.iloc[0], ""
+    return None, f"{len(rows)} rows where the rule expects one (set rule.pick: last / first / max / min)"
+
+
+def _measure(row, claim: dict, params: dict):
+    v, lo, hi = (_f(row.get(claim[k])) if claim.get(k) else float("nan") for k in ("value", "lo", "hi"))
+    if params.get("abs"):
+        if np.isfinite(lo) and np.isfinite(hi):
+            lo, hi = (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
+        v = abs(v)
+    return v, lo, hi
+
+
+def _nan_result(v, lo, hi) -> dict:
+    return dict(verdict=INCONCLUSIVE, reason="measured value is NaN (not measurable on this run's data)",
+                measured=v, measured_lo=lo, measured_hi=hi)
+
+
+def _published_range(claim: dict, model, params: dict):
+    """(lo, hi, entries, same_model) of the claim's published quantity: the range over
+    :func:`llmgeom.core.published.comparison_entries` (the model's own entry, else the other published models)."""
+    q = claim.get("published")
+    if not q:
+        return None
+    ents, same = comparison_entries(q, model, claim.get("kind"))
+    if not ents:
+        return None
+    tol = float(params.get("tolerance", 0.0))
+    los, his = [], []
+    for e in ents:
+        if "range" in e:
+            los.append(e["range"][0]), his.append(e["range"][1])
+        elif "min" in e:
+            los.append(e["min"]), his.append(math.inf)
+        else:
+            los.append(e["value"]), his.append(e["value"])
+    return min(los) - tol, max(his) + tol, ents, same
+
+
+def rule_threshold(rows, claim, params, model=None) -> dict:
+    """``value op threshold`` (op ">" or "<"); with an interval, supported only when the whole interval is
+    on the claimed side, not supported when it is wholly on the other side, else inconclusive. ``threshold``
+    may be ``published_lo`` / ``published_hi`` (the published range's end); ``abs``: compare |value|."""
+    row, why = _pick(rows, claim, params)
+    if row is None:
+        return dict(verdict=INCONCLUSIVE, reason=why)
+    v, lo, hi = _measure(row, claim, params)
+    t = params.get("threshold")
+    if isinstance(t, str):
+        pr = _published_range(claim, model, params)
+        if pr is None:
+            return dict(verdict=NOT_TESTABLE, reason=f"threshold {t} needs a published value of {claim.get('published')}")
+        t = pr[0] if t == "published_lo" else pr[1]
+    t, op = float(t), params.get("op", ">")
+    if op not in (">", "<"):
+        raise ClaimsDataError(f"claim {claim['id']}: rule.op must be '>' or '<', got {op!r}")
+    if not np.isfinite(v):
+        return _nan_result(v, lo, hi)
+    name = f"|{claim['value']}|" if params.get("abs") else claim["value"]
+    out = dict(measured=v, measured_lo=lo, measured_hi=hi)
+    if np.isfinite(lo) and np.isfinite(hi):
+        ok, bad = (lo > t, hi <= t) if op == ">" else (hi < t, lo >= t)
+        if ok:
+            return dict(out, verdict=SUPPORTED, reason=f"{name} interval [{_num(lo)}, {_num(hi)}] {op} {_num(t)}")
+        if bad:
+            return dict(out, verdict=NOT_SUPPORTED,
+                        reason=f"{name} interval [{_num(lo)}, {_num(hi)}] on the other side of {_num(t)}")
+        return dict(out, verdict=INCONCLUSIVE, reason=f"{name} interval [{_num(lo)}, {_num(hi)}] contains {_num(t)}")
+    ok = v > t if op == ">" else v < t
+    return dict(out, verdict=SUPPORTED if ok else NOT_SUPPORTED,
+                reason=f"{name} = {_num(v)} {'' if ok else 'not '}{op} {_num(t)} (no interval)")
+
+
+def _ci_excludes_zero(rows, claim, params, sign: int) -> dict:
+    row, why = _pick(rows, claim, params)
+    if row is None:
+        return dict(verdict=INCONCLUSIVE, reason=why)
+    v, lo, hi = _measure(row, claim, params)
+    if not np.isfinite(v):
+        return _nan_result(v, lo, hi)
+    out = dict(measured=v, measured_lo=lo, measured_hi=hi)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return dict(out, verdict=INCONCLUSIVE, reason=f"{claim['value']} = {_num(v)} has no interval")
+    iv = f"interval [{_num(lo)}, {_num(hi)}]"
+    want = "> 0" if sign > 0 else "< 0"
+    if (lo > 0 and sign > 0) or (hi < 0 and sign < 0):
+        return dict(out, verdict=SUPPORTED, reason=f"{iv} excludes 0, {want}")
+    if lo > 0 or hi < 0:
+        return dict(out, verdict=NOT_SUPPORTED, reason=f"{iv} excludes 0 on the opposite side (claim: {want})")
+    return dict(out, verdict=INCONCLUSIVE, reason=f"{iv} contains 0")
+
+
+def rule_ci_excludes_zero_positive(rows, claim, params, model=None) -> dict:
+    """Supported when the interval ``[lo, hi]`` lies above 0; not supported when it lies below 0;
+    inconclusive when it contains 0 or is missing."""
+    return _ci_excludes_zero(rows, claim, params, +1)
+
+
+def rule_ci_excludes_zero_negative(rows, claim, params, model=None) -> dict:
+    """Supported when the interval ``[lo, hi]`` lies below 0; not supported above 0; inconclusive when it
+    contains 0 or is missing."""
+    return _ci_excludes_zero(rows, claim, params, -1)
+
+
+def rule_inside_published_range(rows, claim, params, model=None) -> dict:
+    """Value inside the published range of ``claim.published`` (the entry of the same model when the file has
+    one, else the range over all published models; ``min`` entries: [min, inf); ``tolerance`` widens it).
+    Supported: value inside; not supported: value outside and its interval (if any) does not reach the range;
+    inconclusive: value outside but the interval overlaps the range. ``abs``: compare |value|."""
+    row, why = _pick(rows, claim, params)
+    if row is None:
+        return dict(verdict=INCONCLUSIVE, reason=why)
+    pr = _published_range(claim, model, params)
+    if pr is None:
+        return dict(verdict=NOT_TESTABLE, reason=f"no published value of {claim.get('published')} in published.yaml")
+    plo, phi = pr[0], pr[1]
+    v, lo, hi = _measure(row, claim, params)
+    if not np.isfinite(v):
+        return _nan_result(v, lo, hi)
+    out = dict(measured=v, measured_lo=lo, measured_hi=hi)
+    rng = f"[{_num(plo)}, {_num(phi)}]"
+    if plo <= v <= phi:
+        return dict(out, verdict=SUPPORTED, reason=f"{_num(v)} inside the published range {rng}")
+    if np.isfinite(lo) and np.isfinite(hi) and lo <= phi and hi >= plo:
+        return dict(out, verdict=INCONCLUSIVE,
+                    reason=f"{_num(v)} outside {rng} but its interval [{_num(lo)}, {_num(hi)}] overlaps it")
+    return dict(out, verdict=NOT_SUPPORTED, reason=f"{_num(v)} outside the published range {rng}")
+
+
+def rule_sign_of(rows, claim, params, model=None) -> dict:
+    """Sign of the value is ``expected`` (positive / negative); with ``p`` (a p-value column) and ``alpha``,
+    a p-value >= alpha is inconclusive."""
+    row, why = _pick(rows, claim, params)
+    if row is None:
+        return dict(verdict=INCONCLUSIVE, reason=why)
+    v, lo, hi = _measure(row, claim, params)
+    exp = params.get("expected", "positive")
+    if exp not in ("positive", "negative"):
+        raise ClaimsDataError(f"claim {claim['id']}: rule.expected must be positive or negative, got {exp!r}")
+    if not np.isfinite(v):
+        return _nan_result(v, lo, hi)
+    out = dict(measured=v, measured_lo=lo, measured_hi=hi)
+    p = _f(row.get(params["p"])) if params.get("p") else float("nan")
+    ptxt = f" (p = {p:.2g})" if np.isfinite(p) else ""
+    if params.get("p"):
+        out["measured_text"] = f"{claim['value']} = {_num(v)}{ptxt}"
+        alpha = float(params.get("alpha", 0.05))
+        if not np.isfinite(p) or p >= alpha:
+            return dict(out, verdict=INCONCLUSIVE, reason=f"{claim['value']} = {_num(v)}{ptxt}: p >= {alpha} or NaN")
+    ok = v > 0 if exp == "positive" else v < 0
+    return dict(out, verdict=SUPPORTED if ok else NOT_SUPPORTED,
+                reason=f"{claim['value']} = {_num(v)}{ptxt} is {'' if ok else 'not '}{exp}")
+
+
+def rule_compare_columns(rows, claim, params, model=None) -> dict:
+    """``value op other`` for every column of ``others`` (op "<" or ">"), all in the same row."""
+    row, why = _pick(rows, claim, params)
+    if row is None:
+        return dict(verdict=INCONCLUSIVE, reason=why)
+    v = _f(row.get(claim["value"]))
+    op = params.get("op", "<")
+    others = {o: _f(row.get(o)) for o in params.get("others", [])}
+    if not np.isfinite(v) or not all(np.isfinite(x) for x in others.values()):
+        return dict(_nan_result(v, float("nan"), float("nan")),
+                    reason=f"NaN among {claim['value']} and {sorted(others)}")
+    fails = [o for o, x in others.items() if not (v < x if op == "<" else v > x)]
+    txt = ", ".join(f"{o} = {_num(x)}" for o, x in others.items())
+    if fails:
+        return dict(measured=v, verdict=NOT_SUPPORTED, reason=f"{claim['value']} = {_num(v)} not {op} {', '.join(fails)} ({txt})")
+    return dict(measured=v, verdict=SUPPORTED, reason=f"{claim['value']} = {_num(v)} {op} {txt}")
+
+
+def rule_category_in(rows, claim, params, model=None) -> dict:
+    """A text value (e.g. the ID profile's ``shape``) is one of ``values``."""
+    row, why = _pick(rows, claim, params)
+    if row is None:
+        return dict(verdict=INCONCLUSIVE, reason=why)
+    v = row.get(claim["value"])
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return dict(verdict=INCONCLUSIVE, reason=f"{claim['value']} is empty")
+    ok = str(v) in [str(x) for x in params.get("values", [])]
+    return dict(measured_text=str(v), verdict=SUPPORTED if ok else NOT_SUPPORTED,
+                reason=f"{claim['value']} = {v} {'is' if ok else 'is not'} one of {params.get('values')}")
+
+
+def rule_same_verdict_all_estimators(rows, claim, params, model=None) -> dict:
+    """The ``inner`` rule decided per value of ``group`` (default ``estimator``): supported / not supported
+    when every group agrees on it, inconclusive when they disagree (the reason lists each)."""
+    g = params.get("group", "estimator")
+    if g not in rows:
+        return dict(verdict=NOT_TESTABLE, reason=f"table {claim['table']} has no column {g}")
+    inner = dict(params["inner"])
+    fn = RULES[inner.pop("kind")]
+    res = {k: fn(r, claim, inner, model) for k, r in rows.groupby(g, sort=True)}
+    verdicts = {r["verdict"] for r in res.values()}
+    parts = [f"{k}: {r.get('measured_text') or _num(_f(r.get('measured')))} {r['verdict']}" for k, r in res.items()]
+    text = "; ".join(parts)
+    if len(verdicts) == 1:
+        v = verdicts.pop()
+        return dict(measured_text=text, verdict=v, reason=f"the same under every {g}: {text}")
+    return dict(measured_text=text, verdict=INCONCLUSIVE, reason=f"{g}s disagree: {text}")
+
+
+def _attention_family(label) -> str:
+    return str(label).split()[0] if isinstance(label, str) and label else ""
+
+
+def rule_group_greater(rows, claim, params, model=None) -> dict:
+    """Across models: mean value of the models whose ``group`` (first word: MHA / GQA / MQA) is in ``greater``
+    above that of the models in ``lesser``; not testable here when either side has no model."""
+    fam = rows[params.get("group", "attention_type")].map(_attention_family)
+    a = pd.to_numeric(rows.loc[fam.isin(params["greater"]), claim["value"]], errors="coerce").dropna()
+    b = pd.to_numeric(rows.loc[fam.isin(params["lesser"]), claim["value"]], errors="coerce").dropna()
+    have = sorted(set(fam) - {""})
+    if not len(a) or not len(b):
+        return dict(verdict=NOT_TESTABLE, reason=f"needs models with two attention types ({'/'.join(params['greater'])} "
+                    f"and {'/'.join(params['lesser'])}); this run has: {', '.join(have) or 'none'}")
+    d = float(a.mean() - b.mean())
+    ok = d > 0
+    return dict(measured=d, measured_text=f"{'/'.join(params['greater'])} {a.mean():.3g} vs "
+                f"{'/'.join(params['lesser'])} {b.mean():.3g}", verdict=SUPPORTED if ok else NOT_SUPPORTED,
+                reason=f"difference of means {d:.3g} {'>' if ok else '<='} 0 ({len(a)} vs {len(b)} models)")
+
+
+def rule_interval_contains_reference(rows, claim, params, model=None) -> dict:
+    """Per row (e.g. layer), the interval ``[lo, hi]`` contains the ``reference`` column; supported when the
+    share of rows where it does is >= ``min_share``."""
+    ref = params["reference"]
+    for c in (claim.get("lo"), claim.get("hi"), ref):
+        if c not in rows:
+            return dict(verdict=NOT_TESTABLE, reason=f"table {claim['table']} has no column {c}")
+    lo, hi, r = (pd.to_numeric(rows[c], errors="coerce") for c in (claim["lo"], claim["hi"], ref))
+    ok = lo.notna() & hi.notna() & r.notna()
+    if not ok.any():
+        return _nan_result(float("nan"), float("nan"), float("nan"))
+    share = float(((lo[ok] <= r[ok]) & (r[ok] <= hi[ok])).mean())
+    need = float(params.get("min_share", 0.5))
+    v = SUPPORTED if share >= need else NOT_SUPPORTED
+    return dict(measured=share, measured_text=f"{ref} inside [{claim['lo']}, {claim['hi']}] at {share:.0%} of "
+                f"{int(ok.sum())} rows", verdict=v, reason=f"share {share:.2f} {'>=' if share >= need else '<'} {need}")
+
+
+#: rule kind (claims.yaml ``rule.kind``) -> function(rows, claim, params, model) -> result dict
+RULES = {"threshold": rule_threshold, "ci_excludes_zero_positive": rule_ci_excludes_zero_positive,
+         "ci_excludes_zero_negative": rule_ci_excludes_zero_negative,
+         "inside_published_range": rule_inside_published_range, "sign_of": rule_sign_of,
+         "compare_columns": rule_compare_columns, "category_in": rule_category_in,
+         "same_verdict_all_estimators": rule_same_verdict_all_estimators, "group_greater": rule_group_greater,
+         "interval_contains_reference": rule_interval_contains_reference}
+
+
+# ------------------------------------------------------------------------------------------------ scorecard
+
+def _rule_text(rule: dict) -> str:
+    r = dict(rule)
+    k = r.pop("kind")
+    return k + (" " + ", ".join(f"{a}={b}" for a, b in r.items()) if r else "")
+
+
+def _filter(df: pd.DataFrame, where: dict | None) -> pd.DataFrame:
+    for col, want in (where or {}).items():
+        if col not in df:
+            return df.iloc[0:0]
+        vals = [str(w) for w in (want if isinstance(want, list) else [want])]
+        df = df[df[col].astype(str).isin(vals)]
+    return df
+
+
+def _published_cells(claim: dict, model) -> dict:
+    q = claim.get("published")
+    if not q:
+        return dict(published="", published_on="", published_models="", same_model=False)
+    ents, same = comparison_entries(q, model, claim.get("kind"))
+    if not ents:
+        return dict(published="", published_on=f"{q}: not in published.yaml", published_models="", same_model=False)
+    return dict(published="; ".join(value_text(e) + ("" if same or len(ents) == 1 else f" ({e['model'] or e['models']})")
+                                    for e in ents),
+                published_on="; ".join(sorted({source_text(e) for e in ents})),
+                published_models="; ".join(dict.fromkeys(e["models"] for e in ents)), same_model=same,
+                _secondary=any(e["secondary"] for e in ents))
+
+
+def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) -> list[dict]:
+    base = dict(claim_id=claim["id"], claim=claim["sentence"], paper=claim["paper"], section=claim["section"],
+                table=claim["table"], column=claim["value"], rule=_rule_text(claim["rule"]))
+    rule = dict(claim["rule"])
+    fn = RULES[rule.pop("kind")]
+    across = claim.get("scope") == "across_models"
+
+    def none(reason, model):
+        return [dict(base, model=model, setting="", verdict=NOT_TESTABLE, reason=reason, **_published_cells(claim, ""))]
+
+    everyone = "all models" if across else None
+    if table is None:
+        return [r for m in ([everyone] if across else (models or ["(any)"])) for r in none(MISSING_TABLE, m)]
+    need = [claim["value"]] + ([] if rule.get("inner") else [c for c in (claim.get("lo"), claim.get("hi")) if c])
+    miss = [c for c in need if c not in table.columns]
+    if miss and fn is not rule_interval_contains_reference:
+        return none(f"table {claim['table']} has no column(s) {', '.join(miss)}", everyone or "(any)")
+    rows = _filter(table, claim.get("where"))
+    if not len(rows):
+        return none(f"no rows of {claim['table']} match {claim.get('where')}", everyone or "(any)")
+    by = [c for c in (claim.get("by") or []) if c in rows.columns]
+    keys = by if across else ["model"] + by
+    out = []
+    for key, g in (rows.groupby(keys, sort=False, dropna=False) if keys else [((), rows)]):
+        key = key if isinstance(key, tuple) else (key,)
+        kv = dict(zip(keys, key))
+        model = everyone if across else kv.pop("model")
+        if across:
+            model = f"all models ({', '.join(dict.fromkeys(map(str, g.model)))})" if "model" in g else everyone
+        setting = ", ".join(f"{k}={v}" for k, v in kv.items())
+        req = claim.get("requires") or {}
+        n_models = g.model.nunique() if "model" in g else len(g)
+        pub = _published_cells(claim, "" if across else model)
+        if req.get("min_models") and n_models < int(req["min_models"]):
+            res = dict(verdict=NOT_TESTABLE, reason=f"{req.get('reason', 'needs more models')} (this run: {n_models})")
+        else:
+            res = fn(g, claim, rule, None if across else model)
+        text = res.get("measured_text") or _measured_text(res)
+        text += _context_text(g, claim, rule)
+        out.append(dict(base, model=model, setting=setting, measured=_f(res.get("measured")),
+                        measured_lo=_f(res.get("measured_lo")), measured_hi=_f(res.get("measured_hi")),
+                        measured_text=text, verdict=res["verdict"], reason=res["reason"],
+                        comparison_flags=_flags(claim, pub, model), **pub))
+    return out
+
+
+def _context_text(g: pd.DataFrame, claim: dict, rule: dict) -> str:
+    """" | c = v, ..." for the claim's ``context`` columns: of the row the rule decided on (per group of a
+    group rule, e.g. per estimator)."""
+    ctx = [c for c in (claim.get("context") or []) if c in g.columns]
+    if not ctx or not len(g):
+        return ""
+    grp = rule.get("group") if rule.get("inner") else None
+    if grp and grp in g:
+        return " | " + "; ".join(f"{k}: " + ", ".join(f"{c} = {_ctx(r[c])}" for c in ctx)
+                                 for k, r in g.groupby(grp, sort=True).first().iterrows())
+    row, _ = _pick(g, claim, rule)
+    row = g.iloc[0] if row is None else row
+    return " | " + ", ".join(f"{c} = {_ctx(row[c])}" for c in ctx)
+
+
+def _ctx(v) -> str:
+    return _num(v) if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) else str(v)
+
+
+def _measured_text(res: dict) -> str:
+    v, lo, hi = (_f(res.get(k)) for k in ("measured", "measured_lo", "measured_hi"))
+    if not np.isfinite(v):
+        return "" if res.get("measured") is None else "NaN"
+    return _num(v) + (f" [{_num(lo)}, {_num(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else "")
+
+
+def _flags(claim: dict, pub: dict, model) -> str:
+    """Comparison flags: published on other models than ours, secondary source, and the claim's ``unlike``."""
+    flags = []
+    if pub.get("published_models") and not pub.get("same_model"):
+        flags.append(f"different models: published on {pub['published_models']}; ran {model}")
+    if pub.get("_secondary"):
+        flags.append("secondary source (not found in the paper itself)")
+    flags += list(claim.get("unlike") or [])
+    return "; ".join(flags)
+
+
+def claims_table(tables: dict, *, models: list[str] | None = None, path: str | None = None) -> pd.DataFrame:
+    """The scorecard: every claim of the claims file decided on this run's tables, one row per claim and model.
+
+    Args:
+        tables: table name -> pandas DataFrame (the cross-model ``results/summary/<name>.csv``), or None for a
+            table this run did not produce (its claims are "not testable here: table not produced by this run").
+        models: the run's models (rows of a claim whose table is missing).
+        path: a claims file instead of the package's ``llmgeom/data/claims.yaml``.
+
+    Returns:
+        DataFrame with :data:`SCORECARD_COLUMNS`: claim_id, claim (sentence), paper, section, table, column,
+        model (our model, or "all models (...)" for an across-model claim), setting (the ``by`` values, e.g.
+        prompt_set=wiki), measured, measured_lo, measured_hi (the interval where the table has one; units of the
+        column), measured_text, published (value text), published_on (paper, where), published_models (what the
+        published value was measured on), same_model (True: published for this very model), comparison_flags
+        (unlike settings: different models, secondary source, text, estimator ...), rule (kind and parameters),
+        verdict (one of :data:`VERDICTS`, never empty) and reason (never empty).
+
+    Raises:
+        ClaimsDataError: a malformed claims file.
+
+    Source: issue 19; the claims' papers and sections are in the file.
+    """
+    rows = []
+    for c in load_claims(path):
+        t = tables.get(c["table"])
+        rows += _verdict_rows(c, t, list(models or []))
+    df = pd.DataFrame(rows)
+    for col in SCORECARD_COLUMNS:
+        if col not in df:
+            df[col] = ""
+    for col in ("published", "published_on", "published_models", "comparison_flags", "setting", "measured_text"):
+        df[col] = df[col].fillna("")
+    return df[SCORECARD_COLUMNS]
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """Markdown rendering of :func:`claims_table` for the report: one line per claim and model with the
+    verdict first (tested claims first: supported, not supported, inconclusive, then not testable here; file
+    order within a verdict), the measurement, the published value with its models, the flags and the reason."""
+    head = ["Verdict", "Claim", "Model", "Measured", "Published (on)", "Flags", "Reason"]
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    order = df.assign(_v=df.verdict.map({v: i for i, v in enumerate(VERDICTS)})).sort_values("_v", kind="stable")
+    for r in order.itertuples():
+        one = r.published and "(" not in r.published.replace("(secondary)", "")
+        pub = (f"{r.published} ({r.published_models})" if one else r.published) if r.published else "-"
+        model = r.model + (f" ({r.setting})" if r.setting else "")
+        lines.append("| " + " | ".join(esc(x) for x in (r.verdict, f"{r.claim_id}: {r.claim}", model,
+                                                        r.measured_text or "-", pub, r.comparison_flags or "-",
+                                                        r.reason)) + " |")
+    n = df.verdict.value_counts()
+    legend = ("Claims scorecard (issue 19): each claim of llmgeom/data/claims.yaml decided on this run's tables; "
+              + ", ".join(f"{v}: {int(n.get(v, 0))}" for v in VERDICTS) + ". A verdict on a model is a verdict on that "
+              "model: 'Published (on)' names the models the paper measured, 'Flags' the settings in which our run "
+              "differs. Columns and rules: docs/claims.md.")
+    return "\n".join(lines) + "\n\n" + legend + "\n"
