@@ -13,10 +13,17 @@ calls :func:`run_task`, which
    (also written to the job's log). A failed task also drops the server's cached model, so the retry
    loads fresh weights.
 
-The server runs tasks one at a time with ``reuse_model=True`` (``models.loading.load_prepared(reuse=True)``),
-writes each task's output to that job's log, and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds
-(default 120) without a task, or with the allocation. ``LLMGEOM_MODEL_SERVER=0`` runs every task in
-the job's own process instead (the behaviour before issue 13).
+The server runs tasks one at a time with ``reuse_model=True`` (``models.loading.load_prepared(reuse=True)``)
+and writes each task's output to that job's log. Its lifetime follows the jobs that may still need it
+(issue 21 point 5; issue 18): it exits as soon as its *owner* exits, the outermost ``snakemake`` process
+among the job's ancestors (see :func:`owner_pid`): locally the run itself, so the weights are loaded once per
+model per study while the run lasts; on SLURM the ``snakemake`` inside the allocation, so no server outlives
+its allocation. A job killed while its task runs (scancel, time limit) takes the task with it: the server
+exits before the task can write that job's output, so a later rerun never finds an output of a job that
+Snakemake saw fail. It sleeps between tasks (blocking ``accept`` and a watchdog blocked in ``select`` on
+the owner's pidfd; no polling), and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds (default 3600)
+without a task as a safety net. ``LLMGEOM_MODEL_SERVER=0`` runs every task in the job's own process instead
+(the behaviour before issue 13).
 
 The client side imports only the standard library (a GPU job's process starts in well under a second).
 """
@@ -55,12 +62,12 @@ def enabled() -> bool:
 
 
 def idle_seconds() -> float:
-    """``LLMGEOM_MODEL_SERVER_IDLE_S`` (default 120).
+    """``LLMGEOM_MODEL_SERVER_IDLE_S`` (default 3600: a safety net; the server exits with its owner).
 
     Raises:
         ValueError: not a number > 0, naming the variable.
     """
-    raw = os.environ.get("LLMGEOM_MODEL_SERVER_IDLE_S", "120")
+    raw = os.environ.get("LLMGEOM_MODEL_SERVER_IDLE_S", "3600")
     try:
         v = float(raw)
     except ValueError:
@@ -70,13 +77,47 @@ def idle_seconds() -> float:
     return v
 
 
+def _ancestors(pid: int):
+    """(pid, argv) of ``pid`` and its ancestors, nearest first (Linux /proc)."""
+    while pid > 1:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        yield pid, [a.decode(errors="replace") for a in argv if a]
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4, after the command name in parentheses
+
+
+def _is_snakemake(argv: list[str]) -> bool:
+    return any(a == "snakemake" or a.endswith("/snakemake") for a in argv[:3])
+
+
+def owner_pid() -> int:
+    """The process whose exit ends the model server: ``LLMGEOM_MODEL_SERVER_OWNER`` (a pid) when set, else
+    the outermost ``snakemake`` process among this process's ancestors (locally the run; on SLURM the
+    ``snakemake`` that runs the jobs of the allocation: the submitting one is on another host and no
+    ancestor), else this process itself (a task run outside Snakemake, e.g. from a test).
+
+    Raises:
+        ValueError: ``LLMGEOM_MODEL_SERVER_OWNER`` is not a pid of a running process.
+    """
+    raw = os.environ.get("LLMGEOM_MODEL_SERVER_OWNER")
+    if raw:
+        if not (raw.isdigit() and Path(f"/proc/{raw}").exists()):
+            raise ValueError(f"LLMGEOM_MODEL_SERVER_OWNER={raw!r} is not the pid of a running process")
+        return int(raw)
+    found = [pid for pid, argv in _ancestors(os.getpid()) if _is_snakemake(argv)]
+    return found[-1] if found else os.getpid()
+
+
 def server_dir(load: dict) -> Path:
     """The directory of the server for ``load`` (model_dir, dtype, device, device_map) in this allocation,
     for this version of the package code (an edited source file gets a new server: no stale code)."""
     base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
     pkg = Path(__file__).resolve().parents[1]  # a changed package source starts a new server (new code)
     code = hashlib.sha256(repr(sorted((str(f), f.stat().st_mtime_ns) for f in pkg.rglob("*.py"))).encode()).hexdigest()
-    ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()), code=code,
+    ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()), code=code, owner=owner_pid(),
                  job=os.environ.get("SLURM_JOB_ID", ""), gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                  python=sys.executable, path=os.environ.get("PYTHONPATH", ""))
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
@@ -110,7 +151,7 @@ def _start(d: Path, load: dict):
                 (d / f).unlink()
         log = open(d / "server.log", "a")
         proc = subprocess.Popen([sys.executable, "-m", "llmgeom.workflow.model_server", str(d),
-                                 json.dumps(load)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 json.dumps(load), str(owner_pid())], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=os.environ.copy())
         t0 = time.time()
         while time.time() - t0 < START_TIMEOUT_S:
@@ -161,7 +202,7 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1)
     conn = _start(d, load)
     with conn:
         conn.send({"task": task, "kwargs": kwargs, "log": str(Path(log).resolve()), "threads": int(threads),
-                   "cwd": os.getcwd()})
+                   "cwd": os.getcwd(), "pid": os.getpid()})
         reply = conn.recv()
     if not reply["ok"]:
         raise ModelServerTaskError(f"{task} failed in the model server (pid {reply.get('pid')}; log {log}):\n"
@@ -184,8 +225,57 @@ def stop_server(load: dict) -> bool:
 # --------------------------------------------------------------------------- server side
 
 
-def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
-    """Serve tasks for one model from ``d`` until idle for ``idle_s`` seconds (see the module docstring)."""
+def _pidfd(pid: int):
+    """A pidfd of ``pid`` (readable once it exits), or None where the kernel has none or it is gone."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _exit_when_gone(pid: int, what: str, d: Path, done: threading.Event | None = None) -> None:
+    """Block until ``pid`` exits (pidfd) or ``done`` is set; exit the server at once when ``pid`` went first."""
+    import select
+
+    fd = _pidfd(pid)
+    while not (done is not None and done.is_set()):
+        if fd is None:  # no pidfd: fall back to a liveness check every second
+            if _gone(pid):
+                break
+            if done is not None and done.wait(1.0):
+                return
+            elif done is None:
+                time.sleep(1.0)
+            continue
+        if select.select([fd], [], [], None if done is None else 1.0)[0]:
+            break
+    else:
+        if fd is not None:
+            os.close(fd)
+        return
+    print(f"[model server] {what} (pid {pid}) exited; exiting", flush=True)
+    _remove_socket(d)
+    os._exit(0 if done is None else 1)
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` has exited (a zombie counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _remove_socket(d: Path) -> None:
+    for f in ("sock", "authkey"):
+        with contextlib.suppress(FileNotFoundError):
+            (d / f).unlink()
+
+
+def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = None) -> None:
+    """Serve tasks for one model from ``d`` until ``owner`` (a pid; default: none) exits, a ``__stop__``
+    request, or ``idle_s`` seconds without a task (see the module docstring). A task whose client (the
+    job's process) exits before it ends is abandoned: the server exits without writing its output."""
     from multiprocessing.connection import Listener
 
     idle_s = idle_seconds() if idle_s is None else idle_s
@@ -195,22 +285,24 @@ def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
     tmp.write_text(key.hex())
     tmp.chmod(0o600)
     tmp.replace(d / "authkey")
-    state = {"last": time.time(), "busy": False, "tasks": 0}
-    lock = threading.Lock()
+    state = {"tasks": 0}
+    activity = threading.Event()  # set on every task start and end: restarts the idle clock
+    busy = threading.Event()
 
-    def watchdog():
+    def idle_watchdog():
         while True:
-            time.sleep(min(1.0, idle_s / 4))
-            with lock:
-                if not state["busy"] and time.time() - state["last"] > idle_s:
-                    print(f"[model server] idle for {idle_s:.0f} s after {state['tasks']} tasks; exiting", flush=True)
-                    for f in ("sock", "authkey"):
-                        with contextlib.suppress(FileNotFoundError):
-                            (d / f).unlink()
-                    os._exit(0)
+            if activity.wait(None if busy.is_set() else idle_s):  # blocks: no polling
+                activity.clear()
+                continue
+            if not busy.is_set():
+                print(f"[model server] idle for {idle_s:.0f} s after {state['tasks']} tasks; exiting", flush=True)
+                _remove_socket(d)
+                os._exit(0)
 
-    threading.Thread(target=watchdog, daemon=True).start()
-    print(f"[model server] pid {os.getpid()} serving {load} at {d / 'sock'}", flush=True)
+    threading.Thread(target=idle_watchdog, daemon=True).start()
+    if owner is not None:
+        threading.Thread(target=_exit_when_gone, args=(owner, "the owner", d), daemon=True).start()
+    print(f"[model server] pid {os.getpid()} serving {load} at {d / 'sock'} (owner pid {owner})", flush=True)
     from llmgeom.models import loading
     from llmgeom.workflow.jobs import run_logged, set_threads
 
@@ -220,18 +312,20 @@ def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
         except Exception as e:  # a client that failed authentication or went away
             print(f"[model server] refused a connection: {e!r}", flush=True)
             continue
-        with lock:
-            state["busy"] = True
+        busy.set()
+        activity.set()
+        done = threading.Event()
         try:
             req = conn.recv()
             if req.get("task") == "__stop__":
                 print(f"[model server] stopped after {state['tasks']} tasks", flush=True)
-                for f in ("sock", "authkey"):
-                    with contextlib.suppress(FileNotFoundError):
-                        (d / f).unlink()
+                _remove_socket(d)
                 conn.send({"ok": True})
                 conn.close()
                 os._exit(0)
+            if req.get("pid"):  # the job's process: if it dies mid-task, its output is never written
+                threading.Thread(target=_exit_when_gone, args=(int(req["pid"]), f"the client of {req['log']}", d, done),
+                                 daemon=True).start()
             t0 = time.time()
             before = sum(loading.LOADS.values())
             try:
@@ -241,6 +335,14 @@ def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
                     print(f"[model server] pid {os.getpid()}: task {req['task']} (model kept loaded between tasks; "
                           f"LLMGEOM_MODEL_SERVER=0 runs it in the job's process)", flush=True)
                     result = _call(req["task"], req["kwargs"], reuse=True)
+                    if req.get("pid") and _gone(int(req["pid"])):  # died just before the end: no output for it
+                        out = req["kwargs"].get("out_path")
+                        if out:
+                            with contextlib.suppress(FileNotFoundError):
+                                Path(out).unlink()
+                        print(f"[model server] the client of {req['log']} exited; its output removed", flush=True)
+                        _remove_socket(d)
+                        os._exit(1)
                     print(f"[model server] task done in {time.time() - t0:.1f} s; weights loaded for it: "
                           f"{sum(loading.LOADS.values()) - before} (this server: {dict(loading.LOADS)})", flush=True)
                 reply = {"ok": True, "result": result, "pid": os.getpid(), "loads": dict(loading.LOADS)}
@@ -254,12 +356,12 @@ def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
         except (EOFError, OSError) as e:
             print(f"[model server] client went away: {e!r}", flush=True)
         finally:
+            done.set()
             conn.close()
-            with lock:
-                state["busy"] = False
-                state["tasks"] += 1
-                state["last"] = time.time()
+            state["tasks"] += 1
+            busy.clear()
+            activity.set()
 
 
-if __name__ == "__main__":  # started by run_task: python -m llmgeom.workflow.model_server <dir> <load json>
-    serve(Path(sys.argv[1]), json.loads(sys.argv[2]))
+if __name__ == "__main__":  # started by run_task: python -m llmgeom.workflow.model_server <dir> <load json> <owner pid>
+    serve(Path(sys.argv[1]), json.loads(sys.argv[2]), owner=int(sys.argv[3]) if len(sys.argv) > 3 else None)
