@@ -3,11 +3,11 @@
 Used by the session fixture ``slurm`` of tests/test_slurm_real.py, and by hand (docs/cluster.md,
 "Try it on a one-node SLURM")::
 
-    python tests/slurm_cluster.py up /tmp/llmgeom-slurm     # prints: export SLURM_CONF=...
+    python tests/slurm_cluster.py up /tmp/llmgeom-slurm     # prints: export SLURM_CONF=... PATH=...
     python tests/slurm_cluster.py down /tmp/llmgeom-slurm
 
 Everything lives in one directory: a munge key and socket, slurm.conf and gres.conf, the state and spool
-directories and the daemons' logs. The ports are free ones chosen at start, so the cluster does not clash
+directories, the daemons' logs and ``bin/srun`` (see ``SlurmCluster.__init__``). The ports are free ones chosen at start, so the cluster does not clash
 with a site SLURM or a second copy. One node ``llmgeom-node`` (CPUs=2, RealMemory=20000, one GPU gres on
 /dev/null: a GPU gres needs a device file, and with none the node registers as INVALID), partitions ``cpu``
 (default) and ``gpu``; no accounting (``accounting_storage/none``: ``sacct`` answers nothing, so the profile
@@ -115,7 +115,10 @@ class SlurmCluster:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).resolve()
         self.conf = self.root / "slurm.conf"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        # bin/srun: the real srun with SLURM_CONF set. snakemake-executor-plugin-slurm-jobstep (0.6) drops every
+        # SLURM_* variable but the job's identity before its srun inside the allocation, SLURM_CONF too, so
+        # a cluster whose slurm.conf is not at the default path (/etc/slurm/slurm.conf) needs it.
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf), PATH=f"{self.root / 'bin'}:{os.environ.get('PATH', '')}")
         self.procs: dict[str, int] = {}
 
     # ------------------------------------------------------------------ set-up
@@ -133,6 +136,10 @@ class SlurmCluster:
         self.conf.write_text(SLURM_CONF.format(d=d, host=host, node=NODE, ctld_port=_free_port(),
                                                slurmd_port=_free_port()))
         (d / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File=/dev/null\n")
+        (d / "bin").mkdir(exist_ok=True)
+        shim = d / "bin" / "srun"
+        shim.write_text(f"#!/bin/sh\nSLURM_CONF={self.conf} exec {shutil.which('srun') or '/usr/bin/srun'} \"$@\"\n")
+        shim.chmod(0o755)
 
     def start(self, timeout: float = 60.0) -> "SlurmCluster":
         """Write the configuration, start munged, ``slurmctld -i`` and slurmd; wait for the node to be idle.
@@ -286,10 +293,9 @@ def main(argv: list[str]) -> int:
             print(reason, file=sys.stderr)
             return 1
         c.start()
-        print(f"export SLURM_CONF={c.conf}")
+        print(f"export SLURM_CONF={c.conf} PATH={c.root / 'bin'}:$PATH")
         return 0
     c.procs = c._pids_from_files()
-    c.env = dict(os.environ, SLURM_CONF=str(c.conf))
     c.stop()
     return 0
 

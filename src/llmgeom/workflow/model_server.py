@@ -17,8 +17,8 @@ The server runs tasks one at a time with ``reuse_model=True`` (``models.loading.
 and writes each task's output to that job's log. Its lifetime follows the jobs that may still need it
 (issue 21 point 5; issue 18): it exits as soon as its *owner* exits, the outermost ``snakemake`` process
 among the job's ancestors (see :func:`owner_pid`): locally the run itself, so the weights are loaded once per
-model per study while the run lasts; on SLURM the ``snakemake`` inside the allocation, so no server outlives
-its allocation. A job killed while its task runs (scancel, time limit) takes the task with it: the server
+model per study while the run lasts. Inside a SLURM allocation it runs as its own job step
+(:func:`srun_prefix`) and ends with the allocation, so no server outlives it. A job killed while its task runs (scancel, time limit) takes the task with it: the server
 exits before the task can write that job's output, so a later rerun never finds an output of a job that
 Snakemake saw fail. It sleeps between tasks (blocking ``accept`` and a watchdog blocked in ``select`` on
 the owner's pidfd; no polling), and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds (default 3600)
@@ -104,11 +104,32 @@ def owner_pid() -> int:
     """
     raw = os.environ.get("LLMGEOM_MODEL_SERVER_OWNER")
     if raw:
-        if not (raw.isdigit() and Path(f"/proc/{raw}").exists()):
-            raise ValueError(f"LLMGEOM_MODEL_SERVER_OWNER={raw!r} is not the pid of a running process")
+        if not raw.strip().isdigit():
+            raise ValueError(f"LLMGEOM_MODEL_SERVER_OWNER={raw!r} must be a process id (a whole number)")
         return int(raw)
     found = [pid for pid, argv in _ancestors(os.getpid()) if _is_snakemake(argv)]
     return found[-1] if found else os.getpid()
+
+
+def srun_prefix() -> list[str]:
+    """Inside a SLURM allocation (``SLURM_JOB_ID`` set, ``srun`` on PATH; ``LLMGEOM_MODEL_SERVER_SRUN=0``
+    turns it off): the ``srun`` command that starts the server as its own job step, sharing the
+    allocation's CPUs, memory and GPUs (``--overlap``). A GPU job runs in a job step of its own
+    (snakemake-executor-plugin-slurm-jobstep: ``srun -n1 ... snakemake --execute``), and SLURM ends every
+    process of a step with the step, so a server started inside it would serve one job only; its own step
+    lives until the allocation ends, when SLURM ends it (no server outlives its allocation). Else ``[]``.
+    """
+    if not os.environ.get("SLURM_JOB_ID") or os.environ.get("LLMGEOM_MODEL_SERVER_SRUN", "1").strip().lower() in (
+            "0", "false", "no", "off"):
+        return []
+    import shutil
+
+    srun = shutil.which("srun")
+    if srun is None:
+        return []
+    return [srun, "--overlap", f"--jobid={os.environ['SLURM_JOB_ID']}", "-N1", "-n1", "--mem=0",
+            f"--cpus-per-task={os.environ.get('SLURM_CPUS_ON_NODE', '1')}", "--job-name=llmgeom-model-server",
+            "--quiet"]
 
 
 def server_dir(load: dict) -> Path:
@@ -117,7 +138,8 @@ def server_dir(load: dict) -> Path:
     base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
     pkg = Path(__file__).resolve().parents[1]  # a changed package source starts a new server (new code)
     code = hashlib.sha256(repr(sorted((str(f), f.stat().st_mtime_ns) for f in pkg.rglob("*.py"))).encode()).hexdigest()
-    ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()), code=code, owner=owner_pid(),
+    ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()), code=code,
+                 owner="allocation" if srun_prefix() else owner_pid(),
                  job=os.environ.get("SLURM_JOB_ID", ""), gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                  python=sys.executable, path=os.environ.get("PYTHONPATH", ""))
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
@@ -150,9 +172,14 @@ def _start(d: Path, load: dict):
             with contextlib.suppress(FileNotFoundError):
                 (d / f).unlink()
         log = open(d / "server.log", "a")
-        proc = subprocess.Popen([sys.executable, "-m", "llmgeom.workflow.model_server", str(d),
-                                 json.dumps(load), str(owner_pid())], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=os.environ.copy())
+        prefix, env = srun_prefix(), os.environ.copy()
+        if prefix:  # SLURM keeps only allocation-level settings for the new step (as the jobstep plugin does)
+            env = {k: v for k, v in env.items() if not (k.startswith(("SRUN_", "SBATCH_")) or (
+                k.startswith("SLURM_") and k not in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME")))}
+        owner = "" if prefix else str(owner_pid())
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "llmgeom.workflow.model_server", str(d),
+                                 json.dumps(load), owner], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         t0 = time.time()
         while time.time() - t0 < START_TIMEOUT_S:
             conn = _connect(d)
@@ -364,4 +391,4 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
 
 
 if __name__ == "__main__":  # started by run_task: python -m llmgeom.workflow.model_server <dir> <load json> <owner pid>
-    serve(Path(sys.argv[1]), json.loads(sys.argv[2]), owner=int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    serve(Path(sys.argv[1]), json.loads(sys.argv[2]), owner=int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None)

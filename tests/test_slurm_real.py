@@ -1,0 +1,206 @@
+"""The cluster path on a real SLURM (issue 18): a one-node cluster started and stopped by these tests
+(tests/slurm_cluster.py; Debian's slurm-wlm and munge installed when missing), the tiny workflow through
+profiles/slurm with the placeholders filled in as a site would, and what each job got from the scheduler
+(read back with ``scontrol show job``: MinJobAge=3600 keeps finished jobs).
+
+Skipped, with the reason, only where SLURM cannot be installed (not root, no apt-get). Kept lean for the
+2-core development machine: one end-to-end run on the tiny config restricted to one model.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import slurm_cluster
+import slurm_stub
+from llmgeom.models import tiny as testing
+from llmgeom.workflow import cluster
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "tiny-gpt2"
+PLACEHOLDERS = {"<account>": "llmgeom", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu"}
+# what a site with 2-CPU nodes adds (docs/cluster.md "Group jobs and node size"): group jobs are layered to fit a
+# node, and quick status checks for the tests
+SITE = {"cores": 2, "slurm-init-seconds-before-status-checks": 2, "latency-wait": 5}
+
+pytestmark = pytest.mark.slow
+
+
+def study_config(wd: Path) -> dict:
+    """The tiny workflow config, restricted to one model (:data:`MODEL`) and without the wind tunnel.
+
+    The one place that reads the tiny config: it moves to .test/config/config.yaml (another branch); then
+    this becomes ``yaml.safe_load((REPO / ".test/config/config.yaml").read_text())`` plus the model path."""
+    from test_workflow import tiny_config
+
+    cfg = tiny_config({MODEL: testing.save_tiny_model_dir("gpt2", wd / "src_models" / MODEL)})
+    cfg.pop("wind_tunnel", None)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A running one-node SLURM (see tests/slurm_cluster.py); stopped at the end, nothing left running."""
+    reason = slurm_cluster.ensure_installed()
+    if reason:
+        pytest.skip(f"no real SLURM: {reason}")
+    c = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm_cluster"))
+    c.start()
+    yield c
+    pids = dict(c.procs)
+    c.stop()  # raises if a daemon is still running
+    assert not [p for p in pids.values() if slurm_cluster._alive(p)]
+
+
+def site_profile(dest: Path, **extra) -> Path:
+    """profiles/slurm with the placeholders filled in (as a site would) and ``extra`` settings added."""
+    dest.mkdir(parents=True, exist_ok=True)
+    text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    for k, v in PLACEHOLDERS.items():
+        text = text.replace(k, v)
+    prof = yaml.safe_load(text)
+    prof.update(extra)
+    (dest / "config.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    return dest
+
+
+def smk(*args, cwd, env, check=True, timeout=1200):
+    env = dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args],
+                       capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(map(str, args))} failed:\n{r.stdout[-5000:]}\n{r.stderr[-8000:]}")
+    return r
+
+
+def _minutes(limit: str) -> int:
+    """scontrol's TimeLimit ([days-]hh:mm:ss) in minutes."""
+    days, _, hms = limit.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return (int(days or 0) * 24 + h) * 60 + m + (s > 0)
+
+
+def _mem_mb(v: str) -> int:
+    n, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", v).groups()
+    return int(float(n) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[unit])
+
+
+@pytest.fixture(scope="module")
+def cluster_run(slurm, tmp_path_factory):
+    """The tiny study (one model) through profiles/slurm on the real scheduler."""
+    wd = tmp_path_factory.mktemp("slurm_wf")
+    cfg = study_config(wd)
+    (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    base = ["--configfile", str(wd / "config.yaml"), "-d", str(wd)]
+    plan = slurm_stub.dry_run_jobs(smk("-n", *base, cwd=wd, env=slurm.env).stdout)
+    before = {j["JobId"] for j in slurm.jobs()}
+    prof = site_profile(wd / "profile", **SITE)
+    run = smk("--profile", str(prof), *base, cwd=wd, env=slurm.env, check=False)
+    jobs = [j for j in slurm.jobs() if j["JobId"] not in before]
+    return wd, cfg, plan, run, jobs
+
+
+def test_tiny_study_end_to_end(cluster_run, slurm):
+    wd, cfg, plan, run, jobs = cluster_run
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:] + "\n" + slurm.logs()
+    outputs = [o for j in plan for o in j["output"]]
+    assert outputs and not [o for o in outputs if not (wd / o).exists()]
+    assert jobs and all(j["JobState"] == "COMPLETED" for j in jobs), [(j["JobId"], j["JobState"]) for j in jobs]
+    # a second dry run schedules nothing
+    r = smk("-n", "--configfile", str(wd / "config.yaml"), "-d", str(wd), cwd=wd, env=slurm.env)
+    assert "Nothing to be done" in r.stdout + r.stderr, r.stdout[-3000:]
+
+
+def test_what_each_job_got_from_the_scheduler(cluster_run):
+    """GPU rules: one submission per model, on the gpu partition with the GPU gres, the model's mem_mb, the
+    sum of its jobs' runtimes and extract.threads CPUs; every other job on cpu, without a GPU."""
+    wd, cfg, plan, run, jobs = cluster_run
+    assert run.returncode == 0, run.stderr[-4000:]
+    gpu_plan = [j for j in plan if j["rule"] in cluster.GPU_RULES]
+    assert gpu_plan
+    gpu_jobs = [j for j in jobs if j["Partition"] == "gpu"]
+    assert len(gpu_jobs) == 1, [(j["JobId"], j.get("Comment")) for j in gpu_jobs]  # one model: one submission
+    g = gpu_jobs[0]
+    spec = cfg["models"][MODEL]
+    assert g["TresPerJob"] in ("gres:gpu:1", "gres/gpu:1", "gpu:1"), g["TresPerJob"]
+    assert _mem_mb(g["MinMemoryNode"]) == int(spec.get("mem_mb", 8000))
+    assert _minutes(g["TimeLimit"]) == sum(int(j["resources"]["runtime"]) for j in gpu_plan)
+    assert int(g["CPUs/Task"]) == int(cfg["extract"]["threads"])
+    cpu_jobs = [j for j in jobs if j["Partition"] != "gpu"]
+    assert cpu_jobs and all(j["Partition"] == "cpu" for j in cpu_jobs)
+    assert all(j.get("TresPerJob", "(null)") in ("(null)", "") for j in cpu_jobs), [j["TresPerJob"] for j in cpu_jobs]
+    # every CPU job asked at least the memory and time its rules declare (groups: max / sum)
+    cpu_plan = [j for j in plan if j["rule"] not in cluster.GPU_RULES and j["rule"] != "all"]
+    assert min(_mem_mb(j["MinMemoryNode"]) for j in cpu_jobs) >= min(int(j["resources"]["mem_mb"]) for j in cpu_plan)
+    assert all(_minutes(j["TimeLimit"]) >= 1 for j in cpu_jobs)
+    # the weights were loaded once in the model's allocation (the model server; issue 13)
+    logs = sorted((wd / "logs").rglob("*.log"))
+    loads = sum(int(m) for f in logs for m in re.findall(r"weights loaded for it: (\d+)", f.read_text()))
+    assert loads == 1, loads
+
+
+def test_placeholders_left_unfilled_are_refused_before_submission(slurm, tmp_path):
+    cfg = study_config(tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    before = len(slurm.jobs())
+    r = smk("--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(tmp_path / "config.yaml"),
+            "-d", str(tmp_path), cwd=tmp_path, env=slurm.env, check=False, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "still holds placeholders" in out, out[-3000:]
+    assert "default-resources: slurm_account='<account>'" in out and "slurm_partition='<gpu-partition>'" in out
+    assert len(slurm.jobs()) == before  # nothing was submitted
+
+
+@pytest.mark.xfail(strict=False, reason="needs resumable extraction (i-capture)")
+def test_extraction_preempted_half_way_resumes_byte_identical(slurm, tmp_path):
+    """An extraction killed (scancel) after about half its batches, rerun on the cluster: it resumes from the
+    committed rows, and the file equals that of an uninterrupted run in every dataset, byte for byte."""
+    import time
+
+    import h5py
+    import numpy as np
+
+    cfg = study_config(tmp_path)
+    cfg["prompts"]["sets"] = {"mixed": {"kind": "mixed", "n": 24}}
+    cfg["models"][MODEL]["batch_size"] = 1
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    target = f"results/{MODEL}/activations/mixed.h5"
+    base = ["--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), target]
+    prof = site_profile(tmp_path / "profile", **SITE, retries=0)
+    env = dict(slurm.env, LLMGEOM_MODEL_SERVER="0")
+    p = subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(prof),
+                          *base], cwd=tmp_path, env=dict(env, HF_HUB_OFFLINE="1"), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "logs" / MODEL / "extract_mixed.log"
+    t0 = time.time()
+    while time.time() - t0 < 600:  # wait for about half the batches (the job log's progress lines)
+        if log.exists() and len(re.findall(r"batch", log.read_text())) >= 12:
+            break
+        time.sleep(0.5)
+    running = [j for j in slurm.jobs() if j["JobState"] == "RUNNING" and j["Partition"] == "gpu"]
+    assert running
+    slurm.run("scancel", running[0]["JobId"])
+    p.communicate(timeout=600)
+    assert not (tmp_path / target).exists()
+    smk("--profile", str(prof), *base, cwd=tmp_path, env=env)
+    assert "resum" in log.read_text().lower()
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copytree(tmp_path / "resources", ref / "resources")
+    shutil.copy(tmp_path / "config.yaml", ref / "config.yaml")
+    smk("--cores", "1", "--configfile", str(ref / "config.yaml"), "-d", str(ref), target, cwd=ref, env=env)
+    with h5py.File(tmp_path / target) as a, h5py.File(ref / target) as b:
+        names = []
+        a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        assert names
+        for n in names:
+            assert a[n][()].tobytes() == b[n][()].tobytes(), n
+            np.testing.assert_array_equal(a[n][()], b[n][()])
