@@ -114,6 +114,15 @@ def test_tiny_study_end_to_end(cluster_run, slurm):
     outputs = [o for j in plan for o in j["output"]]
     assert outputs and not [o for o in outputs if not (wd / o).exists()]
     assert jobs and all(j["JobState"] == "COMPLETED" for j in jobs), [(j["JobId"], j["JobState"]) for j in jobs]
+    # no process of the run is left (the model server ended with its allocation)
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")).is_relative_to(wd):
+                left.append(proc.name)
+        except OSError:
+            continue
+    assert not left, [(p, (Path("/proc") / p / "cmdline").read_bytes()[:200]) for p in left]
     # a second dry run schedules nothing
     r = smk("-n", "--configfile", str(wd / "config.yaml"), "-d", str(wd), cwd=wd, env=slurm.env)
     assert "Nothing to be done" in r.stdout + r.stderr, r.stdout[-3000:]
@@ -157,6 +166,104 @@ def test_placeholders_left_unfilled_are_refused_before_submission(slurm, tmp_pat
     assert r.returncode != 0 and "still holds placeholders" in out, out[-3000:]
     assert "default-resources: slurm_account='<account>'" in out and "slurm_partition='<gpu-partition>'" in out
     assert len(slurm.jobs()) == before  # nothing was submitted
+
+
+# --------------------------------------------------------------------------- faults on the real scheduler
+
+
+def _start_run(prof, wd, env, *targets):
+    """snakemake --profile ``prof`` in the background (stdout and stderr to ``wd``/run.log)."""
+    log = open(wd / "run.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(prof),
+                             "--configfile", str(wd / "config.yaml"), "-d", str(wd), *targets],
+                            cwd=wd, env=dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"), stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def _wait_for(pred, timeout=300.0, what=""):
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _small_study(wd):
+    cfg = study_config(wd)
+    (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return cfg
+
+
+SHORT_TARGETS = ("resources/prompts/mixed.jsonl", f"resources/models/{MODEL}")
+
+
+def test_node_drained_while_jobs_queued_then_resumed(slurm, tmp_path):
+    """The node drained before the jobs can start: they wait in the queue (nothing runs, the run waits), and
+    finish once the node is resumed."""
+    import time
+
+    _small_study(tmp_path)
+    slurm.run("scontrol", "update", f"nodename={slurm_cluster.NODE}", "state=drain", "reason=llmgeom-test")
+    try:
+        before = {j["JobId"] for j in slurm.jobs()}
+        run = _start_run(site_profile(tmp_path / "profile", **SITE), tmp_path, slurm.env, *SHORT_TARGETS)
+        mine = lambda: [j for j in slurm.jobs() if j["JobId"] not in before]  # noqa: E731
+        _wait_for(lambda: len(mine()) >= 2, what="the jobs to be queued")
+        time.sleep(8)
+        assert run.poll() is None and all(j["JobState"] == "PENDING" for j in mine()), mine()
+    finally:
+        slurm.run("scontrol", "update", f"nodename={slurm_cluster.NODE}", "state=resume")
+    assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:]
+    assert all((tmp_path / t).exists() for t in SHORT_TARGETS)
+    assert all(j["JobState"] == "COMPLETED" for j in mine())
+
+
+def test_slurmctld_restarted_while_jobs_run(slurm, tmp_path):
+    """slurmctld stopped and started again (from its saved state) while jobs run: the run finishes."""
+    _small_study(tmp_path)
+    before = {j["JobId"] for j in slurm.jobs()}
+    run = _start_run(site_profile(tmp_path / "profile", **SITE), tmp_path, slurm.env, *SHORT_TARGETS)
+    _wait_for(lambda: [j for j in slurm.jobs() if j["JobId"] not in before and j["JobState"] == "RUNNING"],
+              what="a running job")
+    slurm.restart_slurmctld()
+    assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:] + slurm.logs()
+    assert all((tmp_path / t).exists() for t in SHORT_TARGETS)
+
+
+def test_gpu_group_job_cancelled_mid_extraction(slurm, tmp_path):
+    """scancel of a model's GPU submission while an extraction runs: the run fails for those jobs, the rerun
+    completes, no .partial file is left, and the table equals that of an uninterrupted (local) run."""
+    import pandas as pd
+
+    _small_study(tmp_path)
+    target = f"results/{MODEL}/tables/attention_focusing.csv"
+    prof = site_profile(tmp_path / "profile", **SITE, retries=0)
+    before = {j["JobId"] for j in slurm.jobs()}
+    run = _start_run(prof, tmp_path, slurm.env, target)
+    logs = tmp_path / "logs"
+
+    def extracting():
+        running = [j for j in slurm.jobs() if j["JobId"] not in before and j["Partition"] == "gpu"
+                   and j["JobState"] == "RUNNING"]
+        busy = logs.exists() and any("task extract" in f.read_text() for f in logs.rglob("extract*.log"))
+        return running if running and busy else None
+
+    gpu = _wait_for(extracting, timeout=600, what="an extraction in the GPU job")
+    slurm.run("scancel", gpu[0]["JobId"])
+    assert run.wait(timeout=600) != 0  # the cancelled jobs failed (retries: 0)
+    assert not (tmp_path / target).exists()
+    smk("--profile", str(prof), "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), target,
+        cwd=tmp_path, env=slurm.env)
+    assert not list((tmp_path / "results").rglob("*.partial*"))
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "config.yaml").write_text((tmp_path / "config.yaml").read_text())
+    smk("--cores", "2", "--configfile", str(ref / "config.yaml"), "-d", str(ref), target, cwd=ref, env=slurm.env)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / target), pd.read_csv(ref / target))
 
 
 @pytest.mark.xfail(strict=False, reason="needs resumable extraction (i-capture)")

@@ -261,25 +261,26 @@ def _pidfd(pid: int):
 
 
 def _exit_when_gone(pid: int, what: str, d: Path, done: threading.Event | None = None) -> None:
-    """Block until ``pid`` exits (pidfd) or ``done`` is set; exit the server at once when ``pid`` went first."""
+    """Block until ``pid`` exits or ``done`` is set (the task it waits for has ended); exit the server at
+    once when ``pid`` went first. Blocks in ``select`` on a pidfd (a 1 s liveness check where there is none)."""
     import select
 
     fd = _pidfd(pid)
-    while not (done is not None and done.is_set()):
-        if fd is None:  # no pidfd: fall back to a liveness check every second
-            if _gone(pid):
-                break
-            if done is not None and done.wait(1.0):
-                return
-            elif done is None:
+    try:
+        while not (done is not None and done.is_set()):
+            if fd is None:
+                if _gone(pid):
+                    break
                 time.sleep(1.0)
-            continue
-        if select.select([fd], [], [], None if done is None else 1.0)[0]:
-            break
-    else:
+            elif select.select([fd], [], [], None if done is None else 1.0)[0]:
+                break
+        else:
+            return
+        if done is not None and done.is_set():  # the task ended (its reply is on the way): nothing to abandon
+            return
+    finally:
         if fd is not None:
             os.close(fd)
-        return
     print(f"[model server] {what} (pid {pid}) exited; exiting", flush=True)
     _remove_socket(d)
     os._exit(0 if done is None else 1)
@@ -378,6 +379,7 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
                 reply = {"ok": False, "error": traceback.format_exc(), "pid": os.getpid()}
             print(f"[model server] {req['task']} -> {req['log']}: {'ok' if reply['ok'] else 'FAILED'} "
                   f"({time.time() - t0:.1f} s)", flush=True)
+            done.set()  # before the reply: a client that exits once it has it is no abandoned task
             with contextlib.suppress(OSError):
                 conn.send(reply)
         except (EOFError, OSError) as e:
