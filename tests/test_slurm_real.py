@@ -240,7 +240,10 @@ def test_gpu_group_job_cancelled_mid_extraction(slurm, tmp_path):
     completes, no .partial file is left, and the table equals that of an uninterrupted (local) run."""
     import pandas as pd
 
-    _small_study(tmp_path)
+    cfg = study_config(tmp_path)
+    cfg["prompts"]["sets"]["mixed"]["n"] = 300  # an extraction of some seconds, to be cancelled in the middle
+    cfg["models"][MODEL]["batch_size"] = 1
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     target = f"results/{MODEL}/tables/attention_focusing.csv"
     prof = site_profile(tmp_path / "profile", **SITE, retries=0)
     before = {j["JobId"] for j in slurm.jobs()}
@@ -248,12 +251,16 @@ def test_gpu_group_job_cancelled_mid_extraction(slurm, tmp_path):
     logs = tmp_path / "logs"
 
     def extracting():
+        if run.poll() is not None:
+            raise AssertionError("the run ended before an extraction could be cancelled:\n"
+                                 + (tmp_path / "run.log").read_text()[-3000:])
         running = [j for j in slurm.jobs() if j["JobId"] not in before and j["Partition"] == "gpu"
                    and j["JobState"] == "RUNNING"]
         busy = logs.exists() and any("task extract" in f.read_text() for f in logs.rglob("extract*.log"))
         return running if running and busy else None
 
     gpu = _wait_for(extracting, timeout=600, what="an extraction in the GPU job")
+    assert not (tmp_path / f"results/{MODEL}/activations/mixed.h5").exists()
     slurm.run("scancel", gpu[0]["JobId"])
     assert run.wait(timeout=600) != 0  # the cancelled jobs failed (retries: 0)
     assert not (tmp_path / target).exists()
