@@ -256,7 +256,7 @@ def test_gpu_group_job_cancelled_mid_extraction(slurm, tmp_path):
                                  + (tmp_path / "run.log").read_text()[-3000:])
         running = [j for j in slurm.jobs() if j["JobId"] not in before and j["Partition"] == "gpu"
                    and j["JobState"] == "RUNNING"]
-        busy = logs.exists() and any("task extract" in f.read_text() for f in logs.rglob("extract*.log"))
+        busy = any("task extract" in f.read_text() for f in (logs / "extract").rglob("*.log"))
         return running if running and busy else None
 
     gpu = _wait_for(extracting, timeout=600, what="an extraction in the GPU job")
