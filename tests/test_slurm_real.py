@@ -284,7 +284,7 @@ def test_extraction_preempted_half_way_resumes_byte_identical(slurm, tmp_path):
     import numpy as np
 
     cfg = study_config(tmp_path)
-    cfg["prompts"]["sets"] = {"mixed": {"kind": "mixed", "n": 24}}
+    cfg["prompts"]["sets"]["mixed"]["n"] = 300  # some seconds of extraction on the tiny model
     cfg["models"][MODEL]["batch_size"] = 1
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     target = f"results/{MODEL}/activations/mixed.h5"
@@ -301,10 +301,8 @@ def test_extraction_preempted_half_way_resumes_byte_identical(slurm, tmp_path):
             log = found[0]
             break
         time.sleep(0.5)
-    assert log is not None, "the extraction never started"
-    t1 = time.time()
-    while time.time() - t1 < 60 and len(re.findall(r"batch", log.read_text())) < 12:  # about half of 24 batches
-        time.sleep(0.2)
+    assert log is not None, "the extraction never started:\n" + (tmp_path / "run.log").read_text()[-3000:]
+    time.sleep(3.0)  # part of the batches committed (the cancel test finds the same extraction running after this)
     running = [j for j in slurm.jobs() if j["JobState"] == "RUNNING" and j["Partition"] == "gpu"]
     assert running
     slurm.run("scancel", running[0]["JobId"])
