@@ -63,6 +63,10 @@ def test_slurm_profile_declares_what_the_issue_asks():
     assert prof["rerun-incomplete"] is True
     dr = prof["default-resources"]
     assert dr["slurm_account"] == "<account>" and dr["slurm_partition"] == "<cpu-partition>"
+    # issue 18: status from squeue (sacct hangs the run where there is no accounting), a warning signal
+    # before the time limit for a resumable extraction
+    assert prof["slurm-status-command"] == "squeue"
+    assert re.fullmatch(r"'--signal=B:USR1@\d+'", dr["slurm_extra"]), dr["slurm_extra"]
     # every GPU rule gets the GPU partition; no CPU rule is listed
     assert set(prof["set-resources"]) <= set(cluster.GPU_RULES)
     for rule in cluster.GPU_RULES:
@@ -263,6 +267,18 @@ def test_after_stub_cluster_run_nothing_to_do(stub_cluster_run):
     for _ in range(2):
         r = smk("-n", "--configfile", str(wd / "config.yaml"), "-d", str(wd), cwd=wd)
         assert "Nothing to be done" in r.stdout + r.stderr, r.stdout[-3000:]
+
+
+def test_unfilled_placeholders_are_named(tmp_path):
+    """Issue 18 point 4: every profile setting that still holds <account>, <cpu-partition> or <gpu-partition>
+    is named (check_site_profile refuses the run with these lines before anything is submitted)."""
+    prof = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    found = cluster.unfilled_placeholders(prof["default-resources"], prof["set-resources"])
+    assert "default-resources: slurm_account=<account>" in found
+    assert "default-resources: slurm_partition=<cpu-partition>" in found
+    assert {f"set-resources: {r}: slurm_partition=<gpu-partition>" for r in prof["set-resources"]} <= set(found)
+    filled = yaml.safe_load((site_profile(tmp_path) / "config.yaml").read_text())
+    assert cluster.unfilled_placeholders(filled["default-resources"], filled["set-resources"]) == []
 
 
 # --------------------------------------------------------------------------- resources and memory

@@ -69,3 +69,88 @@ def test_idle_setting_is_checked(monkeypatch):
     monkeypatch.setenv("LLMGEOM_MODEL_SERVER_IDLE_S", "-3")
     with pytest.raises(ValueError, match="LLMGEOM_MODEL_SERVER_IDLE_S='-3'"):
         ms.idle_seconds()
+
+
+# --------------------------------------------------------------------------- lifetime (issue 18, issue 21 point 5)
+
+
+def _server_pid(load) -> int:
+    import re
+
+    text = (ms.server_dir(load) / "server.log").read_text()
+    return int(re.findall(r"\[model server\] pid (\d+) serving", text)[-1])
+
+
+def _wait_gone(pid, timeout=15.0) -> bool:
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if ms._gone(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _cpu_seconds(pid) -> float:
+    import os
+    from pathlib import Path
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_server_sleeps_when_idle_and_exits_with_its_owner(setup, monkeypatch):
+    """Between tasks the server uses no CPU (it blocks; it used to poll at ~5% of a core), stays while its
+    owner (locally: the snakemake run) lives, however long it idles, and exits when the owner exits."""
+    import subprocess
+    import time
+
+    tmp, prepared, (p1, _), load = setup
+    owner = subprocess.Popen(["sleep", "300"])
+    try:
+        monkeypatch.setenv("LLMGEOM_MODEL_SERVER_OWNER", str(owner.pid))
+        monkeypatch.setenv("LLMGEOM_MODEL_SERVER_IDLE_S", "3600")
+        ms.run_task("extract", _kw(prepared, p1, tmp / "a.h5"), load=load, log=str(tmp / "a.log"), threads=1)
+        pid = _server_pid(load)
+        time.sleep(0.5)
+        c0 = _cpu_seconds(pid)
+        time.sleep(3.0)
+        assert _cpu_seconds(pid) - c0 < 0.03  # asleep: at most a few clock ticks in 3 s
+        assert not ms._gone(pid) and ms.server_dir(load).joinpath("sock").exists()
+    finally:
+        owner.kill()
+        owner.wait()
+    assert _wait_gone(pid), "the server outlived its owner"
+    assert not ms.server_dir(load).joinpath("sock").exists()
+
+
+def test_a_job_killed_mid_task_never_gets_its_output(setup, monkeypatch):
+    """The job's process dies while the server runs its task (scancel, time limit): the server exits before
+    the task ends, and the job's output is never written (a rerun cannot find an output Snakemake saw fail)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    tmp, prepared, _, load = setup
+    monkeypatch.setenv("LLMGEOM_MODEL_SERVER_OWNER", str(os.getpid()))
+    many = tmp / "many.jsonl"
+    write_prompt_set([{"id": f"p{i}", "text": "hello world " * 8 + str(i), "meta": {}} for i in range(400)], many)
+    out, log = tmp / "killed.h5", tmp / "killed.log"
+    kw = dict(_kw(prepared, many, out), batch_size=1)
+    code = ("import json, sys\nfrom llmgeom.workflow import model_server as ms\n"
+            f"ms.run_task('extract', json.loads(sys.argv[1]), load=json.loads(sys.argv[2]), log={str(log)!r})\n")
+    job = subprocess.Popen([sys.executable, "-c", code, json.dumps(kw), json.dumps(load)])
+    t0 = time.time()
+    while not (log.exists() and "task extract" in log.read_text()) and time.time() - t0 < 120:
+        time.sleep(0.1)
+    assert job.poll() is None, "the task ended before the job could be killed; give it more prompts"
+    pid = _server_pid(load)
+    job.kill()
+    job.wait()
+    assert _wait_gone(pid), "the server went on with a dead job's task"
+    time.sleep(1.0)
+    assert not out.exists()
+    assert "exited; exiting" in (ms.server_dir(load) / "server.log").read_text()

@@ -20,6 +20,7 @@ from llmgeom.workflow.config import (
 from llmgeom.workflow.cluster import (
     GPU_GROUP,
     GPU_RULES,
+    check_site_profile,
     float32_mem_mb,
     gpu_job_resources,
     gpu_slot_limits,
@@ -171,6 +172,11 @@ GPU_RESOURCES = gpu_job_resources(GPU_MODELS)
 # another on the model's GPUs, in one model-server process that loads the weights once (docs/design-notes.md).
 for _slot, _n in gpu_slot_limits(GPU_MODELS).items():
     workflow.register_resource(_slot, _n)
+
+
+onstart:  # profiles/slurm placeholders left unfilled: refused after the DAG, before the first submission
+    check_site_profile(workflow)
+
 
 
 def model_mem(wildcards):

@@ -243,3 +243,65 @@ def package_files(*modules: str, cwd: str | os.PathLike | None = None, script: s
 #: package data read by a module: a rule whose code imports the module also reruns when the data change
 #: (e.g. a published value added to data/published.yaml reruns the tables that show it).
 MODULE_DATA = {"core.published": ("data/published.yaml",)}
+
+
+# --------------------------------------------------------------------------- site profile
+
+#: placeholders of profiles/slurm/config.yaml that a site fills in (docs/cluster.md)
+PROFILE_PLACEHOLDERS = {
+    "<account>": "your SLURM account (sacctmgr show assoc user=$USER format=account; any name where the "
+                 "cluster has no accounting)",
+    "<cpu-partition>": "the partition for CPU jobs (sinfo -s)",
+    "<gpu-partition>": "the partition with GPUs, for the GPU rules (sinfo -s)",
+}
+
+
+def _resource_items(res):
+    """(name, value) pairs of a profile's resource mapping (a dict, or Snakemake's ``Resources`` holding
+    ``Resource`` objects, whose ``raw`` is the value as the profile gave it), or nothing for None."""
+    if res is None:
+        return []
+    items = res.items() if hasattr(res, "items") else dict(res).items()
+    return [(k, getattr(v, "raw", v)) for k, v in items]
+
+
+def unfilled_placeholders(default_resources, set_resources) -> list[str]:
+    """Profile settings that still hold a placeholder of :data:`PROFILE_PLACEHOLDERS`, as
+    ``"default-resources: slurm_account=<account>"`` / ``"set-resources: extract: slurm_partition=..."``.
+
+    ``default_resources`` maps resource -> value, ``set_resources`` rule -> {resource: value} (the
+    profile's ``default-resources`` and ``set-resources``, as Snakemake holds them)."""
+    found = []
+    for k, v in _resource_items(default_resources):
+        if any(p in str(v) for p in PROFILE_PLACEHOLDERS):
+            found.append(f"default-resources: {k}={v}")
+    for rule, res in (dict(set_resources) if set_resources else {}).items():
+        for k, v in _resource_items(res):
+            if any(p in str(v) for p in PROFILE_PLACEHOLDERS):
+                found.append(f"set-resources: {rule}: {k}={v}")
+    return found
+
+
+def check_site_profile(workflow) -> None:
+    """Refuse, before anything is submitted, a SLURM run whose profile still holds a placeholder
+    (``<account>``, ``<cpu-partition>``, ``<gpu-partition>`` of profiles/slurm). Called at DAG time by
+    workflow/rules/common.smk with Snakemake's ``workflow``; dry runs and other executors pass.
+
+    Raises:
+        WorkflowError (snakemake's; ValueError when Snakemake's class cannot be imported): naming each
+            unfilled setting and what to put there.
+    """
+    plugin = getattr(workflow, "executor_plugin", None)
+    if plugin is None or getattr(plugin, "name", None) != "slurm" or workflow.dryrun or workflow.remote_exec:
+        return
+    rs = workflow.resource_settings
+    found = unfilled_placeholders(rs.default_resources, rs.overwrite_resources)
+    if not found:
+        return
+    try:
+        from snakemake_interface_common.exceptions import WorkflowError
+    except ImportError:  # pragma: no cover
+        WorkflowError = ValueError
+    hints = "\n".join(f"  {p}: {why}" for p, why in PROFILE_PLACEHOLDERS.items())
+    raise WorkflowError("the SLURM profile still holds placeholders; fill them in before the first run "
+                        "(docs/cluster.md):\n" + "\n".join(f"  {f}" for f in found) + "\nwhere\n" + hints)

@@ -14,10 +14,17 @@ calls :func:`run_task`, which
    (also written to the job's log). A failed task also drops the server's cached model, so the retry
    loads fresh weights.
 
-The server runs tasks one at a time with ``reuse_model=True`` (``models.loading.load_prepared(reuse=True)``),
-writes each task's output to that job's log, and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds
-(default 120) without a task, or with the allocation. ``LLMGEOM_MODEL_SERVER=0`` runs every task in
-the job's own process instead (the behaviour before issue 13).
+The server runs tasks one at a time with ``reuse_model=True`` (``models.loading.load_prepared(reuse=True)``)
+and writes each task's output to that job's log. Its lifetime follows the jobs that may still need it
+(issue 21 point 5; issue 18): it exits as soon as its *owner* exits, the outermost ``snakemake`` process
+among the job's ancestors (see :func:`owner_pid`): locally the run itself, so the weights are loaded once per
+model per study while the run lasts. Inside a SLURM allocation it runs as its own job step
+(:func:`srun_prefix`) and ends with the allocation, so no server outlives it. A job killed while its task runs (scancel, time limit) takes the task with it: the server
+exits before the task can write that job's output, so a later rerun never finds an output of a job that
+Snakemake saw fail. It sleeps between tasks (blocking ``accept`` and a watchdog blocked in ``select`` on
+the owner's pidfd; no polling), and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds (default 3600)
+without a task as a safety net. ``LLMGEOM_MODEL_SERVER=0`` runs every task in the job's own process instead
+(the behaviour before issue 13).
 
 The client side imports only the standard library (a GPU job's process starts in well under a second).
 """
@@ -56,12 +63,12 @@ def enabled() -> bool:
 
 
 def idle_seconds() -> float:
-    """``LLMGEOM_MODEL_SERVER_IDLE_S`` (default 120).
+    """``LLMGEOM_MODEL_SERVER_IDLE_S`` (default 3600: a safety net; the server exits with its owner).
 
     Raises:
         ValueError: not a number > 0, naming the variable.
     """
-    raw = os.environ.get("LLMGEOM_MODEL_SERVER_IDLE_S", "120")
+    raw = os.environ.get("LLMGEOM_MODEL_SERVER_IDLE_S", "3600")
     try:
         v = float(raw)
     except ValueError:
@@ -71,6 +78,61 @@ def idle_seconds() -> float:
     return v
 
 
+def _ancestors(pid: int):
+    """(pid, argv) of ``pid`` and its ancestors, nearest first (Linux /proc)."""
+    while pid > 1:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        yield pid, [a.decode(errors="replace") for a in argv if a]
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4, after the command name in parentheses
+
+
+def _is_snakemake(argv: list[str]) -> bool:
+    return any(a == "snakemake" or a.endswith("/snakemake") for a in argv[:3])
+
+
+def owner_pid() -> int:
+    """The process whose exit ends the model server: ``LLMGEOM_MODEL_SERVER_OWNER`` (a pid) when set, else
+    the outermost ``snakemake`` process among this process's ancestors (locally the run; on SLURM the
+    ``snakemake`` that runs the jobs of the allocation: the submitting one is on another host and no
+    ancestor), else this process itself (a task run outside Snakemake, e.g. from a test).
+
+    Raises:
+        ValueError: ``LLMGEOM_MODEL_SERVER_OWNER`` is not a pid of a running process.
+    """
+    raw = os.environ.get("LLMGEOM_MODEL_SERVER_OWNER")
+    if raw:
+        if not raw.strip().isdigit():
+            raise ValueError(f"LLMGEOM_MODEL_SERVER_OWNER={raw!r} must be a process id (a whole number)")
+        return int(raw)
+    found = [pid for pid, argv in _ancestors(os.getpid()) if _is_snakemake(argv)]
+    return found[-1] if found else os.getpid()
+
+
+def srun_prefix() -> list[str]:
+    """Inside a SLURM allocation (``SLURM_JOB_ID`` set, ``srun`` on PATH; ``LLMGEOM_MODEL_SERVER_SRUN=0``
+    turns it off): the ``srun`` command that starts the server as its own job step, sharing the
+    allocation's CPUs, memory and GPUs (``--overlap``). A GPU job runs in a job step of its own
+    (snakemake-executor-plugin-slurm-jobstep: ``srun -n1 ... snakemake --execute``), and SLURM ends every
+    process of a step with the step, so a server started inside it would serve one job only; its own step
+    lives until the allocation ends, when SLURM ends it (no server outlives its allocation). Else ``[]``.
+    """
+    if not os.environ.get("SLURM_JOB_ID") or os.environ.get("LLMGEOM_MODEL_SERVER_SRUN", "1").strip().lower() in (
+            "0", "false", "no", "off"):
+        return []
+    import shutil
+
+    srun = shutil.which("srun")
+    if srun is None:
+        return []
+    return [srun, "--overlap", f"--jobid={os.environ['SLURM_JOB_ID']}", "-N1", "-n1", "--mem=0",
+            f"--cpus-per-task={os.environ.get('SLURM_CPUS_ON_NODE', '1')}", "--job-name=llmgeom-model-server",
+            "--quiet"]
+
+
 def server_dir(load: dict) -> Path:
     """The directory of the server for ``load`` (model_dir, dtype, device, device_map) in this allocation,
     for this version of the package code (an edited source file gets a new server: no stale code)."""
@@ -78,6 +140,7 @@ def server_dir(load: dict) -> Path:
     pkg = Path(__file__).resolve().parents[1]  # a changed package source starts a new server (new code)
     code = hashlib.sha256(repr(sorted((str(f), f.stat().st_mtime_ns) for f in pkg.rglob("*.py"))).encode()).hexdigest()
     ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()), code=code,
+                 owner="allocation" if srun_prefix() else owner_pid(),
                  job=os.environ.get("SLURM_JOB_ID", ""), gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                  python=sys.executable, path=os.environ.get("PYTHONPATH", ""))
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
@@ -110,9 +173,14 @@ def _start(d: Path, load: dict):
             with contextlib.suppress(FileNotFoundError):
                 (d / f).unlink()
         log = open(d / "server.log", "a")
-        proc = subprocess.Popen([sys.executable, "-m", "llmgeom.workflow.model_server", str(d),
-                                 json.dumps(load)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=os.environ.copy())
+        prefix, env = srun_prefix(), os.environ.copy()
+        if prefix:  # SLURM keeps only allocation-level settings for the new step (as the jobstep plugin does)
+            env = {k: v for k, v in env.items() if not (k.startswith(("SRUN_", "SBATCH_")) or (
+                k.startswith("SLURM_") and k not in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME")))}
+        owner = "" if prefix else str(owner_pid())
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "llmgeom.workflow.model_server", str(d),
+                                 json.dumps(load), owner], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         t0 = time.time()
         while time.time() - t0 < START_TIMEOUT_S:
             conn = _connect(d)
@@ -162,7 +230,7 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1)
     conn = _start(d, load)
     with conn:
         conn.send({"task": task, "kwargs": kwargs, "log": str(Path(log).resolve()), "threads": int(threads),
-                   "cwd": os.getcwd()})
+                   "cwd": os.getcwd(), "pid": os.getpid()})
         reply = conn.recv()
     if not reply["ok"]:
         raise ModelServerTaskError(f"{task} failed in the model server (pid {reply.get('pid')}; log {log}):\n"
@@ -185,8 +253,58 @@ def stop_server(load: dict) -> bool:
 # --------------------------------------------------------------------------- server side
 
 
-def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
-    """Serve tasks for one model from ``d`` until idle for ``idle_s`` seconds (see the module docstring)."""
+def _pidfd(pid: int):
+    """A pidfd of ``pid`` (readable once it exits), or None where the kernel has none or it is gone."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _exit_when_gone(pid: int, what: str, d: Path, done: threading.Event | None = None) -> None:
+    """Block until ``pid`` exits or ``done`` is set (the task it waits for has ended); exit the server at
+    once when ``pid`` went first. Blocks in ``select`` on a pidfd (a 1 s liveness check where there is none)."""
+    import select
+
+    fd = _pidfd(pid)
+    try:
+        while not (done is not None and done.is_set()):
+            if fd is None:
+                if _gone(pid):
+                    break
+                time.sleep(1.0)
+            elif select.select([fd], [], [], None if done is None else 1.0)[0]:
+                break
+        else:
+            return
+        if done is not None and done.is_set():  # the task ended (its reply is on the way): nothing to abandon
+            return
+    finally:
+        if fd is not None:
+            os.close(fd)
+    print(f"[model server] {what} (pid {pid}) exited; exiting", flush=True)
+    _remove_socket(d)
+    os._exit(0 if done is None else 1)
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` has exited (a zombie counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _remove_socket(d: Path) -> None:
+    for f in ("sock", "authkey"):
+        with contextlib.suppress(FileNotFoundError):
+            (d / f).unlink()
+
+
+def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = None) -> None:
+    """Serve tasks for one model from ``d`` until ``owner`` (a pid; default: none) exits, a ``__stop__``
+    request, or ``idle_s`` seconds without a task (see the module docstring). A task whose client (the
+    job's process) exits before it ends is abandoned: the server exits without writing its output."""
     from multiprocessing.connection import Listener
 
     idle_s = idle_seconds() if idle_s is None else idle_s
@@ -196,22 +314,24 @@ def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
     tmp.write_text(key.hex())
     tmp.chmod(0o600)
     tmp.replace(d / "authkey")
-    state = {"last": time.time(), "busy": False, "tasks": 0}
-    lock = threading.Lock()
+    state = {"tasks": 0}
+    activity = threading.Event()  # set on every task start and end: restarts the idle clock
+    busy = threading.Event()
 
-    def watchdog():
+    def idle_watchdog():
         while True:
-            time.sleep(min(1.0, idle_s / 4))
-            with lock:
-                if not state["busy"] and time.time() - state["last"] > idle_s:
-                    print(f"[model server] idle for {idle_s:.0f} s after {state['tasks']} tasks; exiting", flush=True)
-                    for f in ("sock", "authkey"):
-                        with contextlib.suppress(FileNotFoundError):
-                            (d / f).unlink()
-                    os._exit(0)
+            if activity.wait(None if busy.is_set() else idle_s):  # blocks: no polling
+                activity.clear()
+                continue
+            if not busy.is_set():
+                print(f"[model server] idle for {idle_s:.0f} s after {state['tasks']} tasks; exiting", flush=True)
+                _remove_socket(d)
+                os._exit(0)
 
-    threading.Thread(target=watchdog, daemon=True).start()
-    print(f"[model server] pid {os.getpid()} serving {load} at {d / 'sock'}", flush=True)
+    threading.Thread(target=idle_watchdog, daemon=True).start()
+    if owner is not None:
+        threading.Thread(target=_exit_when_gone, args=(owner, "the owner", d), daemon=True).start()
+    print(f"[model server] pid {os.getpid()} serving {load} at {d / 'sock'} (owner pid {owner})", flush=True)
     from llmgeom.models import loading
     from llmgeom.workflow.jobs import run_logged, set_threads
 
@@ -221,18 +341,20 @@ def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
         except Exception as e:  # a client that failed authentication or went away
             print(f"[model server] refused a connection: {e!r}", flush=True)
             continue
-        with lock:
-            state["busy"] = True
+        busy.set()
+        activity.set()
+        done = threading.Event()
         try:
             req = conn.recv()
             if req.get("task") == "__stop__":
                 print(f"[model server] stopped after {state['tasks']} tasks", flush=True)
-                for f in ("sock", "authkey"):
-                    with contextlib.suppress(FileNotFoundError):
-                        (d / f).unlink()
+                _remove_socket(d)
                 conn.send({"ok": True})
                 conn.close()
                 os._exit(0)
+            if req.get("pid"):  # the job's process: if it dies mid-task, its output is never written
+                threading.Thread(target=_exit_when_gone, args=(int(req["pid"]), f"the client of {req['log']}", d, done),
+                                 daemon=True).start()
             t0 = time.time()
             before = sum(loading.LOADS.values())
             try:
@@ -242,6 +364,14 @@ def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
                     print(f"[model server] pid {os.getpid()}: task {req['task']} (model kept loaded between tasks; "
                           f"LLMGEOM_MODEL_SERVER=0 runs it in the job's process)", flush=True)
                     result = _call(req["task"], req["kwargs"], reuse=True)
+                    if req.get("pid") and _gone(int(req["pid"])):  # died just before the end: no output for it
+                        out = req["kwargs"].get("out_path")
+                        if out:
+                            with contextlib.suppress(FileNotFoundError):
+                                Path(out).unlink()
+                        print(f"[model server] the client of {req['log']} exited; its output removed", flush=True)
+                        _remove_socket(d)
+                        os._exit(1)
                     print(f"[model server] task done in {time.time() - t0:.1f} s; weights loaded for it: "
                           f"{sum(loading.LOADS.values()) - before} (this server: {dict(loading.LOADS)})", flush=True)
                 reply = {"ok": True, "result": result, "pid": os.getpid(), "loads": dict(loading.LOADS)}
@@ -250,17 +380,18 @@ def serve(d: Path, load: dict, idle_s: float | None = None) -> None:
                 reply = {"ok": False, "error": traceback.format_exc(), "pid": os.getpid()}
             print(f"[model server] {req['task']} -> {req['log']}: {'ok' if reply['ok'] else 'FAILED'} "
                   f"({time.time() - t0:.1f} s)", flush=True)
+            done.set()  # before the reply: a client that exits once it has it is no abandoned task
             with contextlib.suppress(OSError):
                 conn.send(reply)
         except (EOFError, OSError) as e:
             print(f"[model server] client went away: {e!r}", flush=True)
         finally:
+            done.set()
             conn.close()
-            with lock:
-                state["busy"] = False
-                state["tasks"] += 1
-                state["last"] = time.time()
+            state["tasks"] += 1
+            busy.clear()
+            activity.set()
 
 
-if __name__ == "__main__":  # started by run_task: python -m llmgeom.workflow.model_server <dir> <load json>
-    serve(Path(sys.argv[1]), json.loads(sys.argv[2]))
+if __name__ == "__main__":  # started by run_task: python -m llmgeom.workflow.model_server <dir> <load json> <owner pid>
+    serve(Path(sys.argv[1]), json.loads(sys.argv[2]), owner=int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None)

@@ -1,0 +1,322 @@
+"""The cluster path on a real SLURM (issue 18): a one-node cluster started and stopped by these tests
+(tests/slurm_cluster.py; Debian's slurm-wlm and munge installed when missing), the tiny workflow through
+profiles/slurm with the placeholders filled in as a site would, and what each job got from the scheduler
+(read back with ``scontrol show job``: MinJobAge=3600 keeps finished jobs).
+
+Skipped, with the reason, only where SLURM cannot be installed (not root, no apt-get). Kept lean for the
+2-core development machine: one end-to-end run on the tiny config restricted to one model.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import slurm_cluster
+import slurm_stub
+from llmgeom.models import tiny as testing
+from llmgeom.workflow import cluster
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "tiny-gpt2"
+PLACEHOLDERS = {"<account>": "llmgeom", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu"}
+# what a site with 2-CPU nodes adds (docs/cluster.md "Group jobs and node size"): group jobs are layered to fit a
+# node, and quick status checks for the tests
+SITE = {"cores": 2, "slurm-init-seconds-before-status-checks": 2, "latency-wait": 5}
+
+pytestmark = pytest.mark.slow
+
+
+def study_config(wd: Path) -> dict:
+    """The tiny workflow config (.test/config/config.yaml, through conftest.tiny_config), restricted to one
+    model (:data:`MODEL`, its committed directory) and without the wind tunnel."""
+    from conftest import tiny_config
+
+    cfg = tiny_config()
+    cfg["models"] = {MODEL: cfg["models"][MODEL]}
+    cfg.pop("wind_tunnel", None)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A running one-node SLURM (see tests/slurm_cluster.py); stopped at the end, nothing left running."""
+    reason = slurm_cluster.ensure_installed()
+    if reason:
+        pytest.skip(f"no real SLURM: {reason}")
+    c = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm_cluster"))
+    c.start()
+    yield c
+    pids = dict(c.procs)
+    c.stop()  # raises if a daemon is still running
+    assert not [p for p in pids.values() if slurm_cluster._alive(p)]
+
+
+def site_profile(dest: Path, **extra) -> Path:
+    """profiles/slurm with the placeholders filled in (as a site would) and ``extra`` settings added."""
+    dest.mkdir(parents=True, exist_ok=True)
+    text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    for k, v in PLACEHOLDERS.items():
+        text = text.replace(k, v)
+    prof = yaml.safe_load(text)
+    prof.update(extra)
+    (dest / "config.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    return dest
+
+
+def smk(*args, cwd, env, check=True, timeout=1200):
+    env = dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args],
+                       capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(map(str, args))} failed:\n{r.stdout[-5000:]}\n{r.stderr[-8000:]}")
+    return r
+
+
+def _minutes(limit: str) -> int:
+    """scontrol's TimeLimit ([days-]hh:mm:ss) in minutes."""
+    days, _, hms = limit.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return (int(days or 0) * 24 + h) * 60 + m + (s > 0)
+
+
+def _mem_mb(v: str) -> int:
+    n, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", v).groups()
+    return int(float(n) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[unit])
+
+
+@pytest.fixture(scope="module")
+def cluster_run(slurm, tmp_path_factory):
+    """The tiny study (one model) through profiles/slurm on the real scheduler."""
+    wd = tmp_path_factory.mktemp("slurm_wf")
+    cfg = study_config(wd)
+    (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    base = ["--configfile", str(wd / "config.yaml"), "-d", str(wd)]
+    plan = slurm_stub.dry_run_jobs(smk("-n", *base, cwd=wd, env=slurm.env).stdout)
+    before = {j["JobId"] for j in slurm.jobs()}
+    prof = site_profile(wd / "profile", **SITE)
+    run = smk("--profile", str(prof), *base, cwd=wd, env=slurm.env, check=False)
+    jobs = [j for j in slurm.jobs() if j["JobId"] not in before]
+    return wd, cfg, plan, run, jobs
+
+
+def test_tiny_study_end_to_end(cluster_run, slurm):
+    wd, cfg, plan, run, jobs = cluster_run
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:] + "\n" + slurm.logs()
+    outputs = [o for j in plan for o in j["output"]]
+    assert outputs and not [o for o in outputs if not (wd / o).exists()]
+    assert jobs and all(j["JobState"] == "COMPLETED" for j in jobs), [(j["JobId"], j["JobState"]) for j in jobs]
+    # no process of the run is left (the model server ended with its allocation)
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")).is_relative_to(wd):
+                left.append(proc.name)
+        except OSError:
+            continue
+    assert not left, [(p, (Path("/proc") / p / "cmdline").read_bytes()[:200]) for p in left]
+    # a second dry run schedules nothing
+    r = smk("-n", "--configfile", str(wd / "config.yaml"), "-d", str(wd), cwd=wd, env=slurm.env)
+    assert "Nothing to be done" in r.stdout + r.stderr, r.stdout[-3000:]
+
+
+def test_what_each_job_got_from_the_scheduler(cluster_run):
+    """GPU rules: one submission per model, on the gpu partition with the GPU gres, the model's mem_mb, the
+    sum of its jobs' runtimes and extract.threads CPUs; every other job on cpu, without a GPU."""
+    wd, cfg, plan, run, jobs = cluster_run
+    assert run.returncode == 0, run.stderr[-4000:]
+    gpu_plan = [j for j in plan if j["rule"] in cluster.GPU_RULES]
+    assert gpu_plan
+    gpu_jobs = [j for j in jobs if j["Partition"] == "gpu"]
+    assert len(gpu_jobs) == 1, [(j["JobId"], j.get("Comment")) for j in gpu_jobs]  # one model: one submission
+    g = gpu_jobs[0]
+    spec = cfg["models"][MODEL]
+    assert g["TresPerJob"] in ("gres:gpu:1", "gres/gpu:1", "gpu:1"), g["TresPerJob"]
+    assert _mem_mb(g["MinMemoryNode"]) == int(spec.get("mem_mb", 8000))
+    assert _minutes(g["TimeLimit"]) == sum(int(j["resources"]["runtime"]) for j in gpu_plan)
+    assert int(g["CPUs/Task"]) == int(cfg["extract"]["threads"])
+    cpu_jobs = [j for j in jobs if j["Partition"] != "gpu"]
+    assert cpu_jobs and all(j["Partition"] == "cpu" for j in cpu_jobs)
+    assert all(j.get("TresPerJob", "(null)") in ("(null)", "") for j in cpu_jobs), [j["TresPerJob"] for j in cpu_jobs]
+    # every CPU job asked at least the memory and time its rules declare (groups: max / sum)
+    cpu_plan = [j for j in plan if j["rule"] not in cluster.GPU_RULES and j["rule"] != "all"]
+    assert min(_mem_mb(j["MinMemoryNode"]) for j in cpu_jobs) >= min(int(j["resources"]["mem_mb"]) for j in cpu_plan)
+    assert all(_minutes(j["TimeLimit"]) >= 1 for j in cpu_jobs)
+    # the weights were loaded once in the model's allocation (the model server; issue 13)
+    logs = sorted((wd / "logs").rglob("*.log"))
+    loads = sum(int(m) for f in logs for m in re.findall(r"weights loaded for it: (\d+)", f.read_text()))
+    assert loads == 1, loads
+
+
+def test_placeholders_left_unfilled_are_refused_before_submission(slurm, tmp_path):
+    cfg = study_config(tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    before = len(slurm.jobs())
+    r = smk("--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(tmp_path / "config.yaml"),
+            "-d", str(tmp_path), cwd=tmp_path, env=slurm.env, check=False, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "still holds placeholders" in out, out[-3000:]
+    assert re.search(r"default-resources: slurm_account='?<account>", out), out[-3000:]
+    assert re.search(r"set-resources: extract: slurm_partition='?<gpu-partition>", out), out[-3000:]
+    assert len(slurm.jobs()) == before  # nothing was submitted
+
+
+# --------------------------------------------------------------------------- faults on the real scheduler
+
+
+def _start_run(prof, wd, env, *targets):
+    """snakemake --profile ``prof`` in the background (stdout and stderr to ``wd``/run.log)."""
+    log = open(wd / "run.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile", str(prof),
+                             "--configfile", str(wd / "config.yaml"), "-d", str(wd), *targets],
+                            cwd=wd, env=dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"), stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def _wait_for(pred, timeout=300.0, what=""):
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _small_study(wd):
+    cfg = study_config(wd)
+    (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return cfg
+
+
+SHORT_TARGETS = ("resources/prompts/mixed.jsonl", f"resources/models/{MODEL}")
+
+
+def test_node_drained_while_jobs_queued_then_resumed(slurm, tmp_path):
+    """The node drained before the jobs can start: they wait in the queue (nothing runs, the run waits), and
+    finish once the node is resumed."""
+    import time
+
+    _small_study(tmp_path)
+    slurm.run("scontrol", "update", f"nodename={slurm_cluster.NODE}", "state=drain", "reason=llmgeom-test")
+    try:
+        before = {j["JobId"] for j in slurm.jobs()}
+        run = _start_run(site_profile(tmp_path / "profile", **SITE), tmp_path, slurm.env, *SHORT_TARGETS)
+        mine = lambda: [j for j in slurm.jobs() if j["JobId"] not in before]  # noqa: E731
+        _wait_for(lambda: len(mine()) >= 2, what="the jobs to be queued")
+        time.sleep(8)
+        assert run.poll() is None and all(j["JobState"] == "PENDING" for j in mine()), mine()
+    finally:
+        slurm.run("scontrol", "update", f"nodename={slurm_cluster.NODE}", "state=resume")
+    assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:]
+    assert all((tmp_path / t).exists() for t in SHORT_TARGETS)
+    assert all(j["JobState"] == "COMPLETED" for j in mine())
+
+
+def test_slurmctld_restarted_while_jobs_run(slurm, tmp_path):
+    """slurmctld stopped and started again (from its saved state) while jobs run: the run finishes."""
+    _small_study(tmp_path)
+    before = {j["JobId"] for j in slurm.jobs()}
+    run = _start_run(site_profile(tmp_path / "profile", **SITE), tmp_path, slurm.env, *SHORT_TARGETS)
+    _wait_for(lambda: [j for j in slurm.jobs() if j["JobId"] not in before and j["JobState"] == "RUNNING"],
+              what="a running job")
+    slurm.restart_slurmctld()
+    assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:] + slurm.logs()
+    assert all((tmp_path / t).exists() for t in SHORT_TARGETS)
+
+
+def test_gpu_group_job_cancelled_mid_extraction(slurm, tmp_path):
+    """scancel of a model's GPU submission while an extraction runs: the run fails for those jobs, the rerun
+    completes, no .partial file is left, and the table equals that of an uninterrupted (local) run."""
+    import pandas as pd
+
+    cfg = study_config(tmp_path)
+    cfg["prompts"]["sets"]["mixed"]["n"] = 300  # an extraction of some seconds, to be cancelled in the middle
+    cfg["models"][MODEL]["batch_size"] = 1
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    target = f"results/{MODEL}/tables/attention_focusing.csv"
+    prof = site_profile(tmp_path / "profile", **SITE, retries=0)
+    before = {j["JobId"] for j in slurm.jobs()}
+    run = _start_run(prof, tmp_path, slurm.env, target)
+    logs = tmp_path / "logs"
+
+    def extracting():
+        if run.poll() is not None:
+            raise AssertionError("the run ended before an extraction could be cancelled:\n"
+                                 + (tmp_path / "run.log").read_text()[-3000:])
+        running = [j for j in slurm.jobs() if j["JobId"] not in before and j["Partition"] == "gpu"
+                   and j["JobState"] == "RUNNING"]
+        busy = any("task extract" in f.read_text() for f in (logs / "extract").rglob("*.log"))
+        return running if running and busy else None
+
+    gpu = _wait_for(extracting, timeout=600, what="an extraction in the GPU job")
+    assert not (tmp_path / f"results/{MODEL}/activations/mixed.h5").exists()
+    slurm.run("scancel", gpu[0]["JobId"])
+    assert run.wait(timeout=600) != 0  # the cancelled jobs failed (retries: 0)
+    assert not (tmp_path / target).exists()
+    smk("--profile", str(prof), "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), target,
+        cwd=tmp_path, env=slurm.env)
+    assert not list((tmp_path / "results").rglob("*.partial*"))
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "config.yaml").write_text((tmp_path / "config.yaml").read_text())
+    smk("--cores", "2", "--configfile", str(ref / "config.yaml"), "-d", str(ref), target, cwd=ref, env=slurm.env)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / target), pd.read_csv(ref / target))
+
+
+def test_extraction_preempted_half_way_resumes_byte_identical(slurm, tmp_path):
+    """An extraction killed (scancel) after about half its batches, rerun on the cluster: it resumes from the
+    committed rows, and the file equals that of an uninterrupted run in every dataset, byte for byte."""
+    import time
+
+    import h5py
+    import numpy as np
+
+    cfg = study_config(tmp_path)
+    cfg["prompts"]["sets"]["mixed"]["n"] = 300  # some seconds of extraction on the tiny model
+    cfg["models"][MODEL]["batch_size"] = 1
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    target = f"results/{MODEL}/activations/mixed.h5"
+    base = ["--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), target]
+    prof = site_profile(tmp_path / "profile", **SITE, retries=0)
+    env = slurm.env
+    p = _start_run(prof, tmp_path, env, target)
+    logs = tmp_path / "logs"
+    t0 = time.time()
+    log = None
+    while time.time() - t0 < 300 and p.poll() is None:  # the extraction has started in the GPU job
+        found = [f for f in logs.rglob("*.log") if "task extract" in f.read_text()] if logs.exists() else []
+        if found:
+            log = found[0]
+            break
+        time.sleep(0.5)
+    assert log is not None, "the extraction never started:\n" + (tmp_path / "run.log").read_text()[-3000:]
+    time.sleep(3.0)  # part of the batches committed (the cancel test finds the same extraction running after this)
+    running = [j for j in slurm.jobs() if j["JobState"] == "RUNNING" and j["Partition"] == "gpu"]
+    assert running
+    slurm.run("scancel", running[0]["JobId"])
+    p.wait(timeout=600)
+    assert not (tmp_path / target).exists()
+    smk("--profile", str(prof), *base, cwd=tmp_path, env=env)
+    assert "resum" in log.read_text().lower()
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copytree(tmp_path / "resources", ref / "resources")
+    shutil.copy(tmp_path / "config.yaml", ref / "config.yaml")
+    smk("--cores", "1", "--configfile", str(ref / "config.yaml"), "-d", str(ref), target, cwd=ref, env=env)
+    with h5py.File(tmp_path / target) as a, h5py.File(ref / target) as b:
+        names = []
+        a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        assert names
+        for n in names:
+            assert a[n][()].tobytes() == b[n][()].tobytes(), n
+            np.testing.assert_array_equal(a[n][()], b[n][()])
