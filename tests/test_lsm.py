@@ -217,6 +217,38 @@ def test_fisher_trace_and_spectrum_equal_bruteforce(softcap):
         assert r["top_eigenvalue"][i] == pytest.approx(ev.max(), rel=1e-5)
 
 
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_fisher_uses_the_decoding_logits(softcap):
+    """One home for logits from the unembedding (issue 20 clean-up): fisher_metrics's margin and entropy are
+    those of measures.decoding.unembed_logits (float32 BLAS rounding apart), and its trace is the brute-force Jacobian formula's
+    written out here with the slope that unembed_logits returns (the pre-change formula of fisher.py)."""
+    from scipy.special import log_softmax
+
+    from llmgeom.measures import decoding as dec
+
+    rng = np.random.default_rng(19)
+    V, d = 80, 10
+    W = rng.standard_normal((V, d)).astype(np.float32)
+    b = rng.standard_normal(V).astype(np.float32)
+    H = (rng.standard_normal((9, d)) * 2.0).astype(np.float32)
+    r = fisher.fisher_metrics(H, W, b, softcap, max_tokens=V, tail_mass=0.0, batch=4)
+    z, slope = dec.unembed_logits(H, W, b, softcap, return_slope=True)
+    top2 = -np.partition(-z, 1, axis=1)[:, :2]
+    np.testing.assert_allclose(r["margin"], top2[:, 0] - top2[:, 1], rtol=1e-5, atol=1e-5)
+    logp = log_softmax(z.astype(np.float64), axis=1)
+    np.testing.assert_allclose(r["entropy"], -(np.exp(logp) * logp).sum(1), rtol=1e-5)
+    assert (slope is None) == (softcap is None)
+    s = np.ones_like(logp) if slope is None else slope
+    u = H.astype(np.float64) @ W.T.astype(np.float64) + b
+    if softcap:
+        np.testing.assert_allclose(s, 1 - np.tanh(u / softcap) ** 2, atol=1e-6)
+    J = s[:, :, None] * W.astype(np.float64)[None]  # [n, V, d]
+    p = np.exp(logp)
+    mu = np.einsum("nv,nvd->nd", p, J)
+    want = np.einsum("nv,nvd->n", p, J * J) - (mu * mu).sum(1)
+    np.testing.assert_allclose(r["trace"], want, rtol=1e-4)
+
+
 def test_fisher_bruteforce_equals_expected_score_outer_product():
     """G(h) = E_p[grad log p grad log p^T] with the gradient from autograd (independent of the formula)."""
     rng = np.random.default_rng(19)
