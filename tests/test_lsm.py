@@ -198,13 +198,18 @@ def test_margin_summary_quantiles_hard_core_and_correlations():
 # --- Fisher information metric -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("softcap", [None, 4.0])
-def test_fisher_trace_and_spectrum_equal_bruteforce(softcap):
-    rng = np.random.default_rng(18)
-    V, d = 64, 12
+def _unembedding_case(seed, V, d, n, scale):
+    """Random float32 unembedding W [V, d], bias [V] and states H [n, d] (scale: spread of H)."""
+    rng = np.random.default_rng(seed)
     W = rng.standard_normal((V, d)).astype(np.float32)
     b = rng.standard_normal(V).astype(np.float32)
-    H = (rng.standard_normal((7, d)) * 1.5).astype(np.float32)
+    return W, b, (rng.standard_normal((n, d)) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_fisher_trace_and_spectrum_equal_bruteforce(softcap):
+    V = 64
+    W, b, H = _unembedding_case(18, V, 12, 7, 1.5)
     r = fisher.fisher_metrics(H, W, b, softcap, max_tokens=V, tail_mass=0.0, batch=3)
     for i in range(len(H)):
         G = fisher.fisher_matrix_bruteforce(H[i], W, b, softcap)
@@ -226,11 +231,8 @@ def test_fisher_uses_the_decoding_logits(softcap):
 
     from llmgeom.measures import decoding as dec
 
-    rng = np.random.default_rng(19)
-    V, d = 80, 10
-    W = rng.standard_normal((V, d)).astype(np.float32)
-    b = rng.standard_normal(V).astype(np.float32)
-    H = (rng.standard_normal((9, d)) * 2.0).astype(np.float32)
+    V = 80
+    W, b, H = _unembedding_case(19, V, 10, 9, 2.0)
     r = fisher.fisher_metrics(H, W, b, softcap, max_tokens=V, tail_mass=0.0, batch=4)
     z, slope = dec.unembed_logits(H, W, b, softcap, return_slope=True)
     top2 = -np.partition(-z, 1, axis=1)[:, :2]

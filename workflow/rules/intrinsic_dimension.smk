@@ -3,7 +3,7 @@
 from llmgeom.workflow.config import check_lsm_config  # light: no torch/scikit-learn at DAG time
 
 check_lsm_config(config)
-summarize("intrinsic_dimension", "id_profile", family="lsm")
+summarize("intrinsic_dimension", "id_profile", "id_last_token", "gride_scale", family="lsm")
 TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS,
                   table=["intrinsic_dimension", "id_profile", "id_last_token", "gride_scale"])
 # last-token ID (Cheng et al.'s points): the last_token/residual states of this prompt set, when it is configured
