@@ -1,12 +1,15 @@
-"""intrinsic_dimension.csv and id_profile.csv (LSM): intrinsic dimension of the residual stream per layer
-and the shape of its profile over depth.
+"""intrinsic_dimension.csv, id_last_token.csv, gride_scale.csv and id_profile.csv (LSM; issue 20 item 3): intrinsic
+dimension of the residual stream per layer, at corpus token positions and at the last token of each prompt of a
+second set, GRIDE's scale curve, and the shape of each profile over depth.
 
 Source: LSM, "Latent Semantic Manifolds in Large Language Models"; DESIGN.md sec. 3 ("Intrinsic dimension
-per layer"). The estimators are in :mod:`llmgeom.measures.intrinsic_dimension` (scikit-dimension's TwoNN
-and MLE on deduplicated float64 points); this module reads the corpus activation file, subsamples each
-layer, and returns one row per layer and estimator (:func:`intrinsic_dimension_table`), then the peak
-layer / value and shape of each estimator's profile with LSM's published values beside them
-(:func:`id_profile_table`). Every row carries ``model`` and ``prompt_set``. HDF5 in, tables out; never
+per layer"); Cheng, Vaidya & Antonello (ICML 2026; GRIDE on last-token states). The estimators are in
+:mod:`llmgeom.measures.intrinsic_dimension` (scikit-dimension's TwoNN and MLE, and GRIDE, on deduplicated float64
+points and one shared neighbour graph); the linear dimensions (participation ratio, PCs for 99% of the variance)
+come from :mod:`llmgeom.measures.pca`. This module reads the activation files, subsamples each layer, and returns
+one row per layer and estimator (:func:`intrinsic_dimension_table`, :func:`last_token_id_table`), then the peak
+layer / value and shape of each estimator's profile, which estimators agree, and the published values beside them
+(:func:`id_profile_table`). Every row carries ``model``, ``prompt_set`` and ``points``. HDF5 in, tables out; never
 torch. The other LSM tables are in :mod:`llmgeom.analyses.curvature`, :mod:`llmgeom.analyses.margins`
 and :mod:`llmgeom.analyses.fisher`.
 """
@@ -21,6 +24,11 @@ from llmgeom.core.published import add_published
 from llmgeom.core.store import attrs_dict, open_activations, read_finite
 from llmgeom.measures import intrinsic_dimension as manifold
 from llmgeom.measures.pca import explained_variance, participation_ratio
+
+#: fraction of the variance the ``n_pc99`` column's principal components carry
+N_PC_VARIANCE = 0.99
+#: values of the ``points`` column: corpus token positions (LSM's points) and last-token states (Cheng et al.'s)
+POINTS_TOKENS, POINTS_LAST = "token positions", "last token"
 
 #: measured column -> quantity of llmgeom/data/published.yaml (LSM)
 ID_PROFILE_PUBLISHED = {"peak_id": "id_peak", "peak_relative_depth": "id_peak_relative_depth",
@@ -121,9 +129,6 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
     return out
 
 
-#: fraction of the variance the ``n_pc99`` column's principal components carry
-N_PC_VARIANCE = 0.99
-POINTS_TOKENS, POINTS_LAST = "token positions", "last token"
 
 
 def _linear_dimensions(pts) -> dict:
@@ -195,6 +200,8 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn",), n_s
 
     Raises:
         StoreError: untrusted file. manifold.TooFewPointsError: too few distinct points in a layer.
+
+    ``gride_max_rank`` and ``gride_plateau_tol``: see :func:`llmgeom.measures.intrinsic_dimension.gride_scaling`.
     """
     estimators = list(dict.fromkeys(manifold.canonical_estimator(e) for e in estimators))  # 'mle' = 'mle_mg'
     rows, scale, short = [], [], []
