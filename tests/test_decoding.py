@@ -61,3 +61,43 @@ def test_margin_temperatures_recover_the_true_ones(synthetic):
     r = dec.compare_schemes(st, passages, edges=edges, n_boot=100)
     assert r["delta_nll_adaptive_vs_single_hi"] < 0 < r["nll_t1"] - r["nll_adaptive"]
     assert r["delta_nll_adaptive_vs_single_lo"] <= r["delta_nll_adaptive_vs_single"]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gemma3"])
+def test_next_ids_from_nll_on_a_tiny_models_corpus_file(family, tmp_path):
+    """On a real extraction (tiny model, corpus mode), logsumexp(z) - nll at the sampled positions is the logit of
+    the true next token: the one read off prompts/text tokenized by the model's own tokenizer."""
+    import h5py
+    from llmgeom.extract import forward as extraction
+    from llmgeom.models import sources as models, tiny as testing
+    from llmgeom.models.loading import load_tokenizer
+    from llmgeom.prompts.io import write_prompt_set
+    from llmgeom.weights.unembedding import load_unembedding
+
+    src = testing.save_tiny_model_dir(family, tmp_path / "src")
+    prepared = tmp_path / "prepared"
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "sigma", "omega", "tau", "rho"]
+    recs = [{"id": f"p{i}", "text": " ".join(rng.choice(words, 12)), "meta": {}} for i in range(6)]
+    write_prompt_set(recs, tmp_path / "corpus.jsonl")
+    out = tmp_path / "corpus.h5"
+    extraction.extract_to_hdf5(prepared, tmp_path / "corpus.jsonl", out, model_name="tiny", dtype="float32",
+                               device="cpu", batch_size=2, corpus=True, sample_per_prompt=5, attention=False,
+                               log=lambda *a: None)
+    W, b, cap = load_unembedding(prepared)
+    tok = load_tokenizer(prepared)
+    with h5py.File(out, "r") as f:
+        H = f["tokens/final_normed_sample"][:]
+        sp, spos = f["tokens/sample_prompt"][:], f["tokens/sample_position"][:]
+        key = dict(zip(zip(f["tokens/prompt"][:], f["tokens/position"][:]), f["tokens/nll"][:]))
+        texts = [t.decode() if isinstance(t, bytes) else str(t) for t in f["prompts/text"][:]]
+    ids = [tok(t, add_special_tokens=True)["input_ids"] for t in texts]
+    true_next = np.array([ids[p][t + 1] for p, t in zip(sp, spos)])
+    nll = np.array([key[(p, t)] for p, t in zip(sp, spos)])
+    z = dec.unembed_logits(H, W, b, cap).astype(np.float64)
+    z_next = dec.next_token_logit(logsumexp(z, axis=1), nll)
+    recovered = np.abs(z - z_next[:, None]).argmin(axis=1)
+    assert len(true_next) == 30
+    np.testing.assert_array_equal(recovered, true_next)
+    np.testing.assert_allclose(z_next, z[np.arange(len(z)), true_next], atol=1e-4)

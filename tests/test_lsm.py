@@ -198,13 +198,18 @@ def test_margin_summary_quantiles_hard_core_and_correlations():
 # --- Fisher information metric -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("softcap", [None, 4.0])
-def test_fisher_trace_and_spectrum_equal_bruteforce(softcap):
-    rng = np.random.default_rng(18)
-    V, d = 64, 12
+def _unembedding_case(seed, V, d, n, scale):
+    """Random float32 unembedding W [V, d], bias [V] and states H [n, d] (scale: spread of H)."""
+    rng = np.random.default_rng(seed)
     W = rng.standard_normal((V, d)).astype(np.float32)
     b = rng.standard_normal(V).astype(np.float32)
-    H = (rng.standard_normal((7, d)) * 1.5).astype(np.float32)
+    return W, b, (rng.standard_normal((n, d)) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_fisher_trace_and_spectrum_equal_bruteforce(softcap):
+    V = 64
+    W, b, H = _unembedding_case(18, V, 12, 7, 1.5)
     r = fisher.fisher_metrics(H, W, b, softcap, max_tokens=V, tail_mass=0.0, batch=3)
     for i in range(len(H)):
         G = fisher.fisher_matrix_bruteforce(H[i], W, b, softcap)
@@ -215,6 +220,35 @@ def test_fisher_trace_and_spectrum_equal_bruteforce(softcap):
         assert r["effective_rank"][i] == pytest.approx(st["effective_rank"], rel=1e-4)
         assert r["participation_ratio"][i] == pytest.approx(st["participation_ratio"], rel=1e-4)
         assert r["top_eigenvalue"][i] == pytest.approx(ev.max(), rel=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_fisher_uses_the_decoding_logits(softcap):
+    """One home for logits from the unembedding (issue 20 clean-up): fisher_metrics's margin and entropy are
+    those of measures.decoding.unembed_logits (float32 BLAS rounding apart), and its trace is the brute-force Jacobian formula's
+    written out here with the slope that unembed_logits returns (the pre-change formula of fisher.py)."""
+    from scipy.special import log_softmax
+
+    from llmgeom.measures import decoding as dec
+
+    V = 80
+    W, b, H = _unembedding_case(19, V, 10, 9, 2.0)
+    r = fisher.fisher_metrics(H, W, b, softcap, max_tokens=V, tail_mass=0.0, batch=4)
+    z, slope = dec.unembed_logits(H, W, b, softcap, return_slope=True)
+    top2 = -np.partition(-z, 1, axis=1)[:, :2]
+    np.testing.assert_allclose(r["margin"], top2[:, 0] - top2[:, 1], rtol=1e-5, atol=1e-5)
+    logp = log_softmax(z.astype(np.float64), axis=1)
+    np.testing.assert_allclose(r["entropy"], -(np.exp(logp) * logp).sum(1), rtol=1e-5)
+    assert (slope is None) == (softcap is None)
+    s = np.ones_like(logp) if slope is None else slope
+    u = H.astype(np.float64) @ W.T.astype(np.float64) + b
+    if softcap:
+        np.testing.assert_allclose(s, 1 - np.tanh(u / softcap) ** 2, atol=1e-6)
+    J = s[:, :, None] * W.astype(np.float64)[None]  # [n, V, d]
+    p = np.exp(logp)
+    mu = np.einsum("nv,nvd->nd", p, J)
+    want = np.einsum("nv,nvd->n", p, J * J) - (mu * mu).sum(1)
+    np.testing.assert_allclose(r["trace"], want, rtol=1e-4)
 
 
 def test_fisher_bruteforce_equals_expected_score_outer_product():
@@ -313,6 +347,58 @@ def test_id_table_disagreement_profile_and_curvature_tables(corpus_h5):
     assert len(cv) == 4 and cv.m.isin([5, 6]).all() and (cv.k == 20).all()  # m = round(TwoNN ID)
     assert (cv.curvature_mean < 1e-6).all()  # a linear 5-d cloud is flat at m >= 5
     assert (cv.n == 250).all()
+
+
+@pytest.fixture(scope="module")
+def mixed_h5(tmp_path_factory):
+    """A last-token activation file: 120 prompts, 4 layers (+ embeddings) of 3-d data in 16 dims whose
+    spread rises then falls over depth (the ID does not change: a linear 3-d cloud at every layer)."""
+    rng = np.random.default_rng(22)
+    n, L, d = 120, 4, 16
+    base = _embed(rng.standard_normal((n, 3)), d, rng)
+    R = np.stack([base * s for s in (1, 2, 3, 2, 1)], axis=1).astype(np.float32)
+    path = tmp_path_factory.mktemp("lsm") / "mixed.h5"
+    w = ActivationWriter(path, {"model": "toy", "prompt_set": "mixed", "d_model": d, "vocab_size": 50},
+                         {"last_token/residual": ((n, L + 1, d), "float32")})
+    w.write("last_token/residual", slice(None), R)
+    w.commit()
+    return path
+
+
+def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
+    kw = dict(model="toy", estimators=["twonn", "mle_mg", "gride"], min_points=20, mle_k=10, gride_max_rank=32)
+    idt, scale = intrinsic_dimension_table(corpus_h5, n_subsamples=2, subsample_size=200, seed=0, return_scale=True,
+                                           **kw)
+    assert len(idt) == 12 and (idt.points == "token positions").all()
+    g = idt[idt.estimator == "gride"]
+    assert g.id_mean.between(4.25, 5.75).all()  # the cloud is 5-d
+    # linear dimensions of the same points: a 5-d Gaussian cloud needs 5 PCs, its PR lies in (1, 5]
+    assert (idt.n_pc99 == 5).all() and idt.participation_ratio.between(3.0, 5.0).all()
+    assert list(scale.columns) == lsm.gride_scale_columns()
+    assert len(scale) == 4 * 5 and set(scale.n1) == {1, 2, 4, 8, 16} and (scale.n2 == 2 * scale.n1).all()
+    assert scale.groupby("layer").in_plateau.any().all()
+    # the per-layer ID is the same whether or not GRIDE shares the neighbour graph
+    solo = intrinsic_dimension_table(corpus_h5, n_subsamples=2, subsample_size=200, seed=0,
+                                     **{**kw, "estimators": ["twonn"]})
+    np.testing.assert_array_equal(solo.id_mean, idt[idt.estimator == "twonn"].id_mean)
+    last, last_scale = lsm.last_token_id_table(mixed_h5, **kw)
+    assert len(last) == 15 and (last.points == "last token").all() and (last.n == 120).all()
+    assert (last.n_subsamples == 1).all() and (last.id_std == 0).all()
+    assert last[last.estimator == "gride"].id_mean.between(2.5, 3.5).all() and (last.n_pc99 == 3).all()
+    prof = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.1)
+    assert len(prof) == 6 and set(prof.points) == {"token positions", "last token"}
+    assert (prof.n_estimators == 3).all() and prof.agrees_with.str.contains(";").any()
+    for _, grp in prof.groupby("points"):
+        agree = grp["shape"].nunique() == 1 and np.ptp(grp.peak_relative_depth) <= 0.1
+        assert (grp.estimators_agree == agree).all()
+        assert (grp.shape_verdict == (grp["shape"].iloc[0] if agree else "none (estimators disagree)")).all()
+    # published peaks: LSM's beside token positions, Cheng et al.'s GRIDE peaks beside the last-token GRIDE row
+    lg = prof[(prof.points == "last token") & (prof.estimator == "gride")]
+    assert lg.peak_id_published.str.contains("23.4").all() and lg.peak_id_published_on.str.contains("Cheng").all()
+    assert (prof[(prof.points == "last token") & (prof.estimator != "gride")].peak_id_published == "").all()
+    assert (prof[prof.points == "token positions"].peak_id_published == "19-22").all()
+    strict = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.0)
+    assert (strict.agrees_with.str.split(";").str.len() <= prof.agrees_with.str.split(";").str.len()).all()
 
 
 def test_margin_tables_on_uniform_margins(corpus_h5):

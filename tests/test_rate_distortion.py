@@ -60,3 +60,31 @@ def test_too_few_points_and_bad_input():
         n_grid(40, n_min=8, max_fraction=0.25)
     with pytest.raises(ValueError, match="train_fraction"):
         rate_distortion_exponent(np.zeros((10, 2)), train_fraction=1.0)
+
+
+def test_table_takes_the_token_position_ids_beside_k_rd(tmp_path):
+    """gride (and every ID column) comes from the token-position rows of intrinsic_dimension.csv, the same points as
+    k_RD, never from last-token rows; NaN for the final normed states."""
+    import pandas as pd
+
+    from llmgeom.analyses.rate_distortion import rate_distortion_table
+    from llmgeom.core.store import ActivationWriter
+
+    rng = np.random.default_rng(3)
+    n, L, d = 400, 2, 12
+    R = np.stack([_embed(_cube(n, 3, rng), d, rng) for _ in range(L + 1)], axis=1).astype(np.float32)
+    path = tmp_path / "corpus.h5"
+    w = ActivationWriter(path, {"model": "toy", "prompt_set": "corpus", "d_model": d, "vocab_size": 50},
+                         {"tokens/residual_sample": ((n, L + 1, d), "float32"),
+                          "tokens/final_normed_sample": ((n, d), "float32")})
+    w.write("tokens/residual_sample", slice(None), R)
+    w.write("tokens/final_normed_sample", slice(None), R[:, -1])
+    w.commit()
+    ids = pd.DataFrame([dict(model="toy", points=pts, estimator=e, layer=l, id_mean=v + l)
+                        for pts, v in (("token positions", 3.0), ("last token", 90.0))
+                        for e in ("twonn", "gride") for l in range(L + 1)])
+    df = rate_distortion_table(path, ids, model="toy", n_boot=20)
+    res = df[df.states == "residual"]
+    np.testing.assert_array_equal(res.gride, 3.0 + res.layer)
+    np.testing.assert_array_equal(res.twonn, 3.0 + res.layer)
+    assert df[df.states == "final_normed"].gride.isna().all() and df.mle_mg.isna().all()

@@ -6,7 +6,7 @@ TARGETS += expand("results/{model}/tables/rate_distortion.csv", model=MODELS)
 
 rule rate_distortion:
     """LSM: held-out k-means distortion D(N) on a log grid of N, k_RD = -2 / slope on the straight range, per
-    residual layer and for the final normed states, beside TwoNN / MLE from intrinsic_dimension.csv."""
+    residual layer and for the final normed states, beside TwoNN / MLE / GRIDE from intrinsic_dimension.csv."""
     input:
         h5=f"results/{{model}}/activations/{ID_SET}.h5",
         ids="results/{model}/tables/intrinsic_dimension.csv",

@@ -1,29 +1,39 @@
-"""LSM: intrinsic dimension of the residual stream per layer, and the shape of its profile over depth."""
+"""LSM: intrinsic dimension of the residual stream per layer (token positions and, when a last-token set is
+configured, last-token states over prompts), GRIDE's scale curve, and the shape of each profile over depth."""
 import time
+
+import pandas as pd
 
 from llmgeom.analyses.intrinsic_dimension import id_profile_table
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
+from llmgeom.analyses.intrinsic_dimension import last_token_id_table
 from llmgeom.core.io import write_table
 from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params
+    model = snakemake.wildcards.model
     t0 = time.time()
-    df = intrinsic_dimension_table(
-        snakemake.input.h5,
-        model=snakemake.wildcards.model,
-        estimators=p.estimators,
-        n_subsamples=p.n_subsamples,
-        subsample_size=p.subsample_size,
-        min_points=p.min_points,
-        mle_k=p.mle_k,
-        seed=p.seed,
-        disagreement_factor=p.disagreement_factor,
-    )
+    common = dict(model=model, estimators=p.estimators, min_points=p.min_points, mle_k=p.mle_k,
+                  disagreement_factor=p.disagreement_factor, gride_max_rank=p.gride_max_rank,
+                  gride_plateau_tol=p.gride_plateau_tol)
+    df, scale = intrinsic_dimension_table(snakemake.input.h5, n_subsamples=p.n_subsamples,
+                                          subsample_size=p.subsample_size, seed=p.seed, return_scale=True, **common)
     write_table(df, snakemake.output.ids)
-    prof = id_profile_table(df, shape_tol=p.shape_tol, layers=p.profile_layers)
+    t1 = time.time()
+    if getattr(snakemake.input, "last_token", None):
+        last, last_scale = last_token_id_table(snakemake.input.last_token, seed=p.seed, **common)
+    else:
+        print("[intrinsic_dimension] no last-token set (intrinsic_dimension.last_token_set not among prompts.sets):"
+              " id_last_token.csv is empty")
+        last, last_scale = df.head(0), scale.head(0)
+    write_table(last, snakemake.output.last_token)
+    write_table(pd.concat([scale, last_scale], ignore_index=True), snakemake.output.scale)
+    prof = id_profile_table(pd.concat([df, last], ignore_index=True), shape_tol=p.shape_tol,
+                            layers=p.profile_layers, peak_depth_tol=p.peak_depth_tol)
     write_table(prof, snakemake.output.profile)
     for r in prof.itertuples():
-        print(f"[intrinsic_dimension] {r.model} {r.estimator}: peak {r.peak_id:.2f} at layer {r.peak_layer} "
-              f"(relative depth {r.peak_relative_depth:.2f}), shape {r.shape}")
-    print(f"[intrinsic_dimension] {snakemake.wildcards.model}: {time.time() - t0:.1f} s")
+        print(f"[intrinsic_dimension] {r.model} {r.points} {r.estimator}: peak {r.peak_id:.2f} at layer "
+              f"{r.peak_layer} (relative depth {r.peak_relative_depth:.2f}), shape {r.shape}, "
+              f"agrees with {r.agrees_with}")
+    print(f"[intrinsic_dimension] {model}: {t1 - t0:.1f} s token positions, {time.time() - t1:.1f} s last token")

@@ -1,12 +1,15 @@
-"""intrinsic_dimension.csv and id_profile.csv (LSM): intrinsic dimension of the residual stream per layer
-and the shape of its profile over depth.
+"""intrinsic_dimension.csv, id_last_token.csv, gride_scale.csv and id_profile.csv (LSM; issue 20 item 3): intrinsic
+dimension of the residual stream per layer, at corpus token positions and at the last token of each prompt of a
+second set, GRIDE's scale curve, and the shape of each profile over depth.
 
 Source: LSM, "Latent Semantic Manifolds in Large Language Models"; DESIGN.md sec. 3 ("Intrinsic dimension
-per layer"). The estimators are in :mod:`llmgeom.measures.intrinsic_dimension` (scikit-dimension's TwoNN
-and MLE on deduplicated float64 points); this module reads the corpus activation file, subsamples each
-layer, and returns one row per layer and estimator (:func:`intrinsic_dimension_table`), then the peak
-layer / value and shape of each estimator's profile with LSM's published values beside them
-(:func:`id_profile_table`). Every row carries ``model`` and ``prompt_set``. HDF5 in, tables out; never
+per layer"); Cheng, Vaidya & Antonello (ICML 2026; GRIDE on last-token states). The estimators are in
+:mod:`llmgeom.measures.intrinsic_dimension` (scikit-dimension's TwoNN and MLE, and GRIDE, on deduplicated float64
+points and one shared neighbour graph); the linear dimensions (participation ratio, PCs for 99% of the variance)
+come from :mod:`llmgeom.measures.pca`. This module reads the activation files, subsamples each layer, and returns
+one row per layer and estimator (:func:`intrinsic_dimension_table`, :func:`last_token_id_table`), then the peak
+layer / value and shape of each estimator's profile, which estimators agree, and the published values beside them
+(:func:`id_profile_table`). Every row carries ``model``, ``prompt_set`` and ``points``. HDF5 in, tables out; never
 torch. The other LSM tables are in :mod:`llmgeom.analyses.curvature`, :mod:`llmgeom.analyses.margins`
 and :mod:`llmgeom.analyses.fisher`.
 """
@@ -20,6 +23,12 @@ from llmgeom.core.layers import relative_depth
 from llmgeom.core.published import add_published
 from llmgeom.core.store import attrs_dict, open_activations, read_finite
 from llmgeom.measures import intrinsic_dimension as manifold
+from llmgeom.measures.pca import explained_variance, participation_ratio
+
+#: fraction of the variance the ``n_pc99`` column's principal components carry
+N_PC_VARIANCE = 0.99
+#: values of the ``points`` column: corpus token positions (LSM's points) and last-token states (Cheng et al.'s)
+POINTS_TOKENS, POINTS_LAST = "token positions", "last token"
 
 #: measured column -> quantity of llmgeom/data/published.yaml (LSM)
 ID_PROFILE_PUBLISHED = {"peak_id": "id_peak", "peak_relative_depth": "id_peak_relative_depth",
@@ -30,35 +39,67 @@ ID_PROFILE_PUBLISHED = {"peak_id": "id_peak", "peak_relative_depth": "id_peak_re
 # --------------------------------------------------------------------------------------------
 
 
-def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: str = "blocks") -> pd.DataFrame:
-    """Shape of the intrinsic-dimension profile over depth, per model, prompt set and estimator.
+#: the same columns beside the last-token GRIDE profile: Cheng, Vaidya & Antonello (ICML 2026)
+ID_PROFILE_PUBLISHED_LAST_TOKEN_GRIDE = {"peak_id": "gride_last_token_peak_id",
+                                         "peak_relative_depth": "gride_last_token_peak_relative_depth",
+                                         "peak_id_over_d_model": "gride_last_token_peak_id_over_d_model"}
+
+
+def _agreement(prof: pd.DataFrame, peak_depth_tol: float) -> pd.DataFrame:
+    """Columns agrees_with, n_estimators, estimators_agree, shape_verdict per (model, prompt_set, points)."""
+    prof = prof.copy()
+    prof["agrees_with"], prof["n_estimators"], prof["estimators_agree"], prof["shape_verdict"] = "", 0, False, ""
+    for _, g in prof.groupby(["model", "prompt_set", "points"], sort=False):
+        for i, r in g.iterrows():
+            ok = g[(g["shape"] == r["shape"]) & ((g.peak_relative_depth - r.peak_relative_depth).abs() <= peak_depth_tol)]
+            prof.at[i, "agrees_with"] = ";".join(sorted(ok.estimator))
+        agree = bool(g["shape"].nunique() == 1 and np.ptp(g.peak_relative_depth.to_numpy()) <= peak_depth_tol)
+        prof.loc[g.index, "n_estimators"] = len(g)
+        prof.loc[g.index, "estimators_agree"] = agree
+        prof.loc[g.index, "shape_verdict"] = g["shape"].iloc[0] if agree else "none (estimators disagree)"
+    prof["peak_depth_tol"] = peak_depth_tol
+    return prof
+
+
+def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: str = "blocks",
+                     peak_depth_tol: float = 0.1) -> pd.DataFrame:
+    """Shape of the intrinsic-dimension profile over depth, per model, prompt set, points and estimator.
 
     Args:
-        id_table: rows of ``intrinsic_dimension.csv`` (columns model, prompt_set, estimator,
-            layer, relative_depth, d_model, id_mean, ...).
+        id_table: rows of ``intrinsic_dimension.csv`` and ``id_last_token.csv`` (columns model, prompt_set,
+            points (absent = "token positions"), estimator, layer, relative_depth, d_model, id_mean, ...).
         shape_tol: see :func:`llmgeom.measures.intrinsic_dimension.id_profile_shape`.
         layers: "blocks" (default): the outputs of blocks 1..L; "all": also layer 0, the token
             embeddings, whose points are a discrete set (one per vocabulary entry seen, many exact
             duplicates) and whose ID often exceeds every hidden layer's, which would hide the shape
             of the hidden-layer profile.
+        peak_depth_tol: two estimators agree when their shapes are equal and their peak relative depths
+            differ by at most this much.
 
     Returns:
-        DataFrame, one row per (model, prompt_set, estimator): n_layers (blocks), d_model,
+        DataFrame, one row per (model, prompt_set, points, estimator): n_layers (blocks), d_model,
         peak_layer, peak_relative_depth, peak_id, peak_id_over_d_model, trough_layer,
         trough_relative_depth, trough_id, embedding_id (layer 0, reported even when excluded),
         first_id (first layer of the profile), final_id (last block), mean_id (over the profile),
         spearman_depth (ID vs depth; NaN for a constant profile), shape ("rise-then-fall", "fall-then-rise",
         "increasing", "decreasing", "flat"), shape_tol, embeddings_included (True: layer 0 is part of the
-        profile); beside peak_id, peak_relative_depth and peak_id_over_d_model the LSM values
-        (``*_published``, ``*_published_on``; ``llmgeom/data/published.yaml``, empty where it has none).
+        profile); agrees_with (';'-joined estimators of the same model, prompt set and points with the same
+        shape and a peak depth within ``peak_depth_tol``, this one included), n_estimators, estimators_agree
+        (all of them agree), shape_verdict (the common shape when they agree, else "none (estimators
+        disagree)"), peak_depth_tol; beside peak_id, peak_relative_depth and peak_id_over_d_model the
+        published values (``*_published``, ``*_published_on``; ``llmgeom/data/published.yaml``): LSM's for
+        token positions, Cheng, Vaidya & Antonello's GRIDE peaks for the last-token GRIDE rows, "" elsewhere.
         Relative depth = layer / L for residual-stream layer l (output of block l; 0 = embeddings).
 
-    Source: LSM (universal ID profile over relative depth); DESIGN.md sec. 3.
+    Source: LSM (universal ID profile over relative depth); Cheng, Vaidya & Antonello (ICML 2026);
+    DESIGN.md sec. 3; issue 20 item 3.
     """
     if layers not in ("blocks", "all"):
         raise ValueError(f"layers must be 'blocks' or 'all', got {layers!r}")
+    if "points" not in id_table.columns:
+        id_table = id_table.assign(points=POINTS_TOKENS)
     rows = []
-    for (model, pset, est), g in id_table.groupby(["model", "prompt_set", "estimator"], sort=True):
+    for (model, pset, pts, est), g in id_table.groupby(["model", "prompt_set", "points", "estimator"], sort=True):
         g = g.sort_values("layer")
         emb = g[g.layer == 0].id_mean
         n_layers = int(g.layer.max())
@@ -68,7 +109,7 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
         lay = g.layer.to_numpy()
         d_model = int(g.d_model.iloc[0])
         rows.append(dict(
-            model=model, prompt_set=pset, estimator=est, n_layers=n_layers, d_model=d_model,
+            model=model, prompt_set=pset, points=pts, estimator=est, n_layers=n_layers, d_model=d_model,
             peak_layer=int(lay[s["peak_index"]]), peak_relative_depth=s["peak_depth"], peak_id=s["peak_id"],
             peak_id_over_d_model=s["peak_id"] / d_model,
             trough_layer=int(lay[s["trough_index"]]), trough_relative_depth=s["trough_depth"],
@@ -76,33 +117,94 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
             first_id=s["first_id"], final_id=s["last_id"], mean_id=float(g.id_mean.mean()),
             spearman_depth=s["spearman_depth"], shape=s["shape"], shape_tol=shape_tol,
             embeddings_included=bool(lay.min() == 0)))
-    return add_published(pd.DataFrame(rows), ID_PROFILE_PUBLISHED)
+    prof = _agreement(pd.DataFrame(rows), peak_depth_tol)
+    cols = list(add_published(prof.head(0), ID_PROFILE_PUBLISHED).columns)
+    last_gride = (prof.points == POINTS_LAST) & (prof.estimator == "gride")
+    parts = [add_published(prof[prof.points == POINTS_TOKENS], ID_PROFILE_PUBLISHED),
+             add_published(prof[last_gride], ID_PROFILE_PUBLISHED_LAST_TOKEN_GRIDE),
+             prof[(prof.points != POINTS_TOKENS) & ~last_gride]]
+    out = pd.concat([p for p in parts if len(p)], ignore_index=True).reindex(columns=cols)
+    pub = [c for c in cols if c.endswith(("_published", "_published_on"))]
+    out[pub] = out[pub].fillna("")
+    return out
 
 
-def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "mle_lb"), n_subsamples: int,
-                              subsample_size: int, seed: int, min_points: int = 50,
-                              mle_k: int = 20, disagreement_factor: float = 1.5) -> pd.DataFrame:
+
+
+def _linear_dimensions(pts) -> dict:
+    """Participation ratio and number of PCs for 99% of the variance of centred (not z-scored) points."""
+    ratios = explained_variance(pts, standardize=False)
+    return {"participation_ratio": participation_ratio(ratios),
+            "n_pc99": int(min(np.searchsorted(np.cumsum(ratios), N_PC_VARIANCE) + 1, ratios.size))}
+
+
+def _id_rows(pts, *, estimators, n_subsamples, subsample_size, seed, min_points, mle_k, gride_max_rank,
+             gride_plateau_tol, base: dict, scale_rows: list) -> tuple[list, int]:
+    """Rows of one layer (all estimators, one neighbour graph per subset) and GRIDE's scale curve."""
+    res = manifold.id_subsamples(pts, estimator=estimators, n_subsamples=n_subsamples,
+                                 subsample_size=subsample_size, seed=seed, min_points=min_points, mle_k=mle_k,
+                                 gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol)
+    lin = _linear_dimensions(pts)
+    rows = []
+    for est, r in res.items():
+        rows.append(dict(base, estimator=est, n=r["n_points"], n_duplicates_removed=r["n_duplicates_removed"],
+                         n_subsamples=r["n_subsamples"], subsample_size=subsample_size,
+                         subsample_size_used=r["subsample_size"], id_mean=r["id_mean"], id_std=r["id_std"],
+                         id_min=r["id_min"], id_max=r["id_max"], id_over_d_model=r["id_mean"] / base["d_model"],
+                         mle_k=mle_k if est.startswith("mle") else None, **lin))
+        if est == "gride":
+            curves = np.asarray([x["ids"] for x in r["results"]], dtype=np.float64)  # [subsets, scales]
+            n1 = r["results"][0]["n1"]
+            mean = curves.mean(axis=0)
+            i, j, val = manifold.gride_plateau(mean, tol=gride_plateau_tol)
+            for s_, (n, v, sd) in enumerate(zip(n1, mean, curves.std(axis=0))):
+                scale_rows.append(dict(base, n1=n, n2=2 * n, id_mean=float(v), id_std=float(sd),
+                                       in_plateau=i <= s_ <= j, plateau_n1_min=n1[i], plateau_n1_max=n1[j],
+                                       plateau_id=val, plateau_tol=gride_plateau_tol, max_rank=gride_max_rank))
+    return rows, min(r["subsample_size"] for r in res.values())
+
+
+def _flag_disagreement(df: pd.DataFrame, disagreement_factor: float) -> pd.DataFrame:
+    g = df.groupby(["points", "layer"]).id_mean
+    ratio = g.transform("max") / g.transform("min")
+    df["estimator_ratio"] = ratio.where(df.groupby(["points", "layer"]).estimator.transform("nunique") > 1)
+    df["estimators_disagree"] = df.estimator_ratio > disagreement_factor
+    df["disagreement_factor"] = disagreement_factor
+    return df
+
+
+def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "mle_lb", "gride"),
+                              n_subsamples: int, subsample_size: int, seed: int, min_points: int = 50,
+                              mle_k: int = 20, disagreement_factor: float = 1.5, gride_max_rank: int = 64,
+                              gride_plateau_tol: float = 0.1, return_scale: bool = False):
     """Intrinsic dimension of the residual stream per layer at sampled corpus tokens.
 
     Points: ``tokens/residual_sample`` [n_sample, L+1, d_model] (position 0 excluded at
     extraction), float64, exact duplicates removed and counted. Layer 0 = embeddings,
-    layer l = output of block l. Every estimator sees the same subsamples (same seed).
+    layer l = output of block l. Every estimator sees the same subsamples (same seed) and, within a
+    subsample, the same exact neighbour graph (:func:`llmgeom.measures.intrinsic_dimension.id_estimates`).
 
     Returns:
-        DataFrame with model, prompt_set, estimator ("twonn"; "mle_mg" = MLE with MacKay-Ghahramani's harmonic
-        mean, skdim's default; "mle_lb" = MLE with Levina-Bickel's arithmetic mean), layer, relative_depth
+        DataFrame with model, prompt_set, points ("token positions"), estimator ("twonn"; "mle_mg" = MLE with
+        MacKay-Ghahramani's harmonic mean, skdim's default; "mle_lb" = MLE with Levina-Bickel's arithmetic mean;
+        "gride" = the plateau of GRIDE's scale curve, Denti et al. 2022), layer, relative_depth
         (layer / L = (block index + 1) / L: the one convention of every table), d_model,
         n (distinct points), n_duplicates_removed, n_subsamples, subsample_size (requested),
         subsample_size_used (= n when fewer distinct points exist; then a warning), id_mean, id_std, id_min,
-        id_max, id_over_d_model, mle_k (neighbours of MLE; empty for TwoNN), estimator_ratio (largest /
-        smallest id_mean over the estimators at that layer; NaN with one estimator),
-        estimators_disagree (estimator_ratio > disagreement_factor), disagreement_factor.
+        id_max, id_over_d_model, mle_k (neighbours of MLE; empty otherwise), participation_ratio and n_pc99
+        (linear dimensions of all distinct points of the layer: PR of the PCA spectrum of the centred points,
+        PCs for 99% of the variance; :mod:`llmgeom.measures.pca`), estimator_ratio (largest / smallest id_mean
+        over the estimators at that layer; NaN with one estimator), estimators_disagree (estimator_ratio >
+        disagreement_factor), disagreement_factor. With ``return_scale`` also GRIDE's scale curve
+        (:func:`gride_scale_columns`; empty without "gride"): ``(table, scale_table)``.
 
     Raises:
         StoreError: untrusted file. manifold.TooFewPointsError: too few distinct points in a layer.
+
+    ``gride_max_rank`` and ``gride_plateau_tol``: see :func:`llmgeom.measures.intrinsic_dimension.gride_scaling`.
     """
     estimators = list(dict.fromkeys(manifold.canonical_estimator(e) for e in estimators))  # 'mle' = 'mle_mg'
-    rows, short = [], []
+    rows, scale, short = [], [], []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
         X = f["tokens/residual_sample"]
@@ -110,33 +212,64 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn", "mle_
         d_model = X.shape[2]
         for layer in range(n_layers + 1):
             pts = read_finite(f, "tokens/residual_sample", layer=layer)
-            for est in estimators:
-                kw = {"min_points": min_points}
-                if est.startswith("mle"):
-                    kw["k"] = mle_k
-                r = manifold.id_subsamples(pts, estimator=est, n_subsamples=n_subsamples,
-                                           subsample_size=subsample_size, seed=seed, **kw)
-                if r["subsample_size"] < subsample_size and not short:
-                    short.append(layer)
-                    import warnings
+            base = dict(model=model, prompt_set=a.get("prompt_set"), points=POINTS_TOKENS, layer=layer,
+                        relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
+            r, used = _id_rows(pts, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size,
+                               seed=seed, min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
+                               gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)
+            rows += r
+            if used < subsample_size and not short:
+                short.append(layer)
+                import warnings
 
-                    warnings.warn(f"{h5_path}: layer {layer} has only {r['n_points']} distinct points, fewer than "
-                                  f"intrinsic_dimension.subsample_size={subsample_size}: every subsample is all of "
-                                  "them (id_std = 0; column subsample_size_used). Extract more corpus positions "
-                                  "(prompts.sets.<corpus>.n, extract.sample_per_prompt) for a spread", stacklevel=2)
-                rows.append(dict(model=model, prompt_set=a.get("prompt_set"), estimator=est, layer=layer,
-                                 relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model, n=r["n_points"],
-                                 n_duplicates_removed=r["n_duplicates_removed"], n_subsamples=r["n_subsamples"],
-                                 subsample_size=subsample_size, subsample_size_used=r["subsample_size"],
-                                 id_mean=r["id_mean"], id_std=r["id_std"],
-                                 id_min=r["id_min"], id_max=r["id_max"],
-                                 id_over_d_model=r["id_mean"] / d_model,
-                                 mle_k=mle_k if est.startswith("mle") else None))
-    df = pd.DataFrame(rows)
-    # LSM (issue 5): flag layers where the estimators disagree by more than a factor
-    g = df.groupby("layer").id_mean
-    ratio = g.transform("max") / g.transform("min")
-    df["estimator_ratio"] = ratio.where(df.groupby("layer").estimator.transform("nunique") > 1)
-    df["estimators_disagree"] = df.estimator_ratio > disagreement_factor
-    df["disagreement_factor"] = disagreement_factor
-    return df
+                warnings.warn(f"{h5_path}: layer {layer} has only {r[0]['n']} distinct points, fewer than "
+                              f"intrinsic_dimension.subsample_size={subsample_size}: every subsample is all of "
+                              "them (id_std = 0; column subsample_size_used). Extract more corpus positions "
+                              "(prompts.sets.<corpus>.n, extract.sample_per_prompt) for a spread", stacklevel=2)
+    df = _flag_disagreement(pd.DataFrame(rows), disagreement_factor)
+    return (df, pd.DataFrame(scale, columns=gride_scale_columns())) if return_scale else df
+
+
+def gride_scale_columns() -> list:
+    """Columns of ``gride_scale.csv``: model, prompt_set, points, layer, relative_depth, d_model, n1, n2
+    (neighbour orders; n2 = 2 n1), id_mean / id_std (GRIDE at that scale over the subsamples), in_plateau,
+    plateau_n1_min, plateau_n1_max, plateau_id (plateau of the mean curve:
+    :func:`llmgeom.measures.intrinsic_dimension.gride_plateau`), plateau_tol, max_rank."""
+    return ["model", "prompt_set", "points", "layer", "relative_depth", "d_model", "n1", "n2", "id_mean", "id_std",
+            "in_plateau", "plateau_n1_min", "plateau_n1_max", "plateau_id", "plateau_tol", "max_rank"]
+
+
+def last_token_id_table(h5_path, *, model: str, estimators=("twonn",), min_points: int = 20, mle_k: int = 20,
+                        disagreement_factor: float = 1.5, gride_max_rank: int = 64, gride_plateau_tol: float = 0.1,
+                        seed: int = 0):
+    """Intrinsic dimension of the last-token residual states over prompts, per layer (Cheng et al.'s points).
+
+    Points: ``last_token/residual`` [n_prompts, L+1, d_model] of a prompt set (the default study: ``mixed``),
+    one point per prompt, all of them (one "subsample"), float64, duplicates removed.
+
+    Returns:
+        ``(table, scale_table)``: the columns of :func:`intrinsic_dimension_table` with points = "last token"
+        (n_subsamples = 1, id_std = 0), and GRIDE's scale curve (:func:`gride_scale_columns`).
+
+    Raises:
+        StoreError: untrusted file. KeyError: no ``last_token/residual``. TooFewPointsError: too few prompts.
+
+    Source: Cheng, Vaidya & Antonello (ICML 2026): GRIDE on last-token states; issue 20 item 3.
+    """
+    estimators = list(dict.fromkeys(manifold.canonical_estimator(e) for e in estimators))
+    rows, scale = [], []
+    with open_activations(h5_path, model=model) as f:
+        a = attrs_dict(f)
+        if "last_token/residual" not in f:
+            raise KeyError(f"{h5_path} has no last_token/residual: the last-token ID needs a prompt set with "
+                           "last-token states (rerun rule extract)")
+        n_prompts, n_layers, d_model = f["last_token/residual"].shape
+        n_layers -= 1
+        for layer in range(n_layers + 1):
+            pts = read_finite(f, "last_token/residual", layer=layer)
+            base = dict(model=model, prompt_set=a.get("prompt_set"), points=POINTS_LAST, layer=layer,
+                        relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
+            rows += _id_rows(pts, estimators=estimators, n_subsamples=1, subsample_size=n_prompts, seed=seed,
+                             min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
+                             gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)[0]
+    return _flag_disagreement(pd.DataFrame(rows), disagreement_factor), pd.DataFrame(scale, columns=gride_scale_columns())

@@ -70,7 +70,10 @@ def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, mode
     for est in ID_COLUMNS:
         df[est] = np.nan
     if id_table is not None and len(id_table):
-        ids = id_table[id_table.model == model].pivot_table(index="layer", columns="estimator", values="id_mean")
+        sel = id_table.model == model
+        if "points" in id_table.columns:  # the token-position ID (the same points as k_RD), not the last-token one
+            sel &= id_table.points == "token positions"
+        ids = id_table[sel].pivot_table(index="layer", columns="estimator", values="id_mean")
         res = df.states == "residual"
         for est in ID_COLUMNS:
             if est in ids.columns:

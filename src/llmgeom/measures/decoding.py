@@ -31,19 +31,31 @@ from scipy.special import logsumexp
 SCHEMES = ("t1", "single", "adaptive")
 
 
-def unembed_logits(H, W, b=None, softcap=None) -> np.ndarray:
+def unembed_logits(H, W, b=None, softcap=None, *, return_slope: bool = False):
     """Logits z = c tanh((H W^T + b) / c) (or H W^T + b without soft-capping), float32 [n, V].
+
+    The one place the package turns unembedding inputs into logits (decoding and the Fisher metric,
+    :func:`llmgeom.measures.fisher.fisher_metrics`), in float32 as at extraction.
 
     Args:
         H: [n, d] unembedding inputs; W: [V, d]; b: [V] or None; softcap: c or None (Gemma 2/3
             ``final_logit_softcapping``, as :func:`llmgeom.weights.unembedding.load_unembedding` returns it).
+        return_slope: also return dz/du = 1 - tanh^2(u / c), float64 [n, V] (None without soft-capping):
+            the Jacobian factor of the Fisher metric.
+
+    Returns:
+        z (float32 [n, V], logits), or ``(z, slope)`` with ``return_slope``.
     """
     u = np.asarray(H, np.float32) @ np.asarray(W, np.float32).T
     if b is not None:
         u += np.asarray(b, np.float32)
+    slope = None
     if softcap:
-        u = np.tanh(u / np.float32(softcap)) * np.float32(softcap)
-    return u
+        t = np.tanh(u / np.float32(softcap))
+        u = t * np.float32(softcap)
+        if return_slope:
+            slope = 1.0 - t.astype(np.float64) ** 2
+    return (u, slope) if return_slope else u
 
 
 def next_token_logit(logsumexp_z, nll) -> np.ndarray:

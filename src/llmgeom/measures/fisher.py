@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from llmgeom.measures.decoding import unembed_logits
+
 # Largest unembedding kept as one float64 copy (bytes); larger ones are converted in chunks.
 _MAX_W64_BYTES = 2 * 2**30
 
@@ -130,15 +132,7 @@ def fisher_metrics(H, W, b=None, softcap=None, *, max_tokens: int = 1024, tail_m
     out = {k: np.empty(n) for k in keys}
     for s0 in range(0, n, batch):
         h = H[s0:s0 + batch]
-        u = h @ W.T  # float32 logits [B, V], as in extraction
-        if b is not None:
-            u = u + b
-        if softcap:
-            t = np.tanh(u / np.float32(softcap))
-            z = t * np.float32(softcap)
-            sc = 1.0 - t.astype(np.float64) ** 2  # dz/du, float64
-        else:
-            z, sc = u, None
+        z, sc = unembed_logits(h, W, b, softcap, return_slope=True)  # float32 logits [B, V]; dz/du float64 or None
         if not np.all(np.isfinite(z)):
             raise ValueError(f"non-finite logits in positions {s0}..{s0 + len(h) - 1}")
         top2, _ = _topk_desc(z, 2)

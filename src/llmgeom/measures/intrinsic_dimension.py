@@ -16,6 +16,10 @@ module only prepares their inputs:
 * hand the exact distances to skdim (``TwoNN(dist=True)`` with (r1, r2); ``MLE.fit`` with
   ``precomputed_knn_arrays``), so both estimators see the same neighbour graph.
 
+GRIDE (Denti et al. 2022) is implemented here (:func:`gride_mle`, :func:`gride`, :func:`gride_scaling`) on
+the same exact neighbour distances, because its reference implementation (DADApy 0.3.4) cannot be installed
+beside numpy 2 (issue 20).
+
 Nothing here touches a model or an HDF5 file.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 import skdim
+from scipy.optimize import brentq
 
 from llmgeom.core.stats import spearman
 from llmgeom.measures.neighbors import as_points, deduplicate, prepare_neighbors
@@ -68,9 +73,12 @@ def twonn(X, *, min_points: int = 20, discard_fraction: float = 0.1, method: str
     """
     min_points = max(int(min_points), 3)
     X, dist, _, n_exact, n_zero = prepare_neighbors(X, 2, min_points, "TwoNN")
+    return _id_result(_twonn_knn(dist, discard_fraction, method), X, n_exact, n_zero, "TwoNN")
+
+
+def _twonn_knn(dist, discard_fraction=0.1, method="linear") -> float:
     est = skdim.id.TwoNN(discard_fraction=discard_fraction, dist=True, method=method)
-    d = est.fit(dist).dimension_
-    return _id_result(d, X, n_exact, n_zero, "TwoNN")
+    return est.fit(np.ascontiguousarray(dist[:, :2])).dimension_
 
 
 def mle_id(X, *, k: int = 20, min_points=None, comb: str = "mle") -> dict:
@@ -118,9 +126,12 @@ def mle_id(X, *, k: int = 20, min_points=None, comb: str = "mle") -> dict:
     if comb not in MLE_COMBS:
         raise ValueError(f"comb must be one of {MLE_COMBS}, got {comb!r}")
     X, dist, idx, n_exact, n_zero = prepare_neighbors(X, k, min_points, "MLE")
-    est = skdim.id.MLE()
-    d = est.fit(X, precomputed_knn_arrays=(dist, idx), n_neighbors=k, comb=comb).dimension_
-    return _id_result(d, X, n_exact, n_zero, "MLE")
+    return _id_result(_mle_knn(X, dist, idx, k, comb), X, n_exact, n_zero, "MLE")
+
+
+def _mle_knn(X, dist, idx, k: int, comb: str) -> float:
+    knn = (np.ascontiguousarray(dist[:, :k]), np.ascontiguousarray(idx[:, :k]))
+    return skdim.id.MLE().fit(X, precomputed_knn_arrays=knn, n_neighbors=k, comb=comb).dimension_
 
 
 MLE_COMBS = ("mle", "mean", "median")
@@ -138,13 +149,233 @@ def mle_lb(X, *, k: int = 20, min_points=None) -> dict:
     return mle_id(X, k=k, min_points=min_points, comb="mean")
 
 
-_ESTIMATORS = {"twonn": twonn, "mle_mg": mle_mg, "mle_lb": mle_lb}
+#: search interval of the GRIDE likelihood root (dimensionless ID); DADApy's defaults d0, d1 are 0.001, 1000
+GRIDE_D_BOUNDS = (1e-3, 1e4)
+
+
+def _gride_score(d: float, a: np.ndarray, n1: int, n2: int) -> float:
+    """d/dd of the GRIDE log-likelihood at d for log-ratios a = log mu >= 0 (strictly decreasing in d)."""
+    s = a.size / d - (n2 - 1) * a.sum()
+    if n2 - n1 - 1:
+        pos = a > 0
+        # mu^d log mu / (mu^d - 1) = a / (1 - exp(-a d)); its limit at a = 0 (tied distances) is 1 / d
+        s += (n2 - n1 - 1) * (np.sum(a[pos] / -np.expm1(-a[pos] * d)) + np.count_nonzero(~pos) / d)
+    return float(s)
+
+
+def gride_mle(mu, n1: int, n2: int | None = None) -> float:
+    """Maximum-likelihood intrinsic dimension from generalized neighbour-distance ratios (GRIDE).
+
+    Under a locally uniform density on a d-dimensional manifold, mu = r_{n2} / r_{n1} (distances to a
+    point's n2-th and n1-th nearest neighbours, n2 > n1) has the density (Denti et al. 2022, eq. 5)
+
+        f(mu | d) = d (mu^d - 1)^(n2 - n1 - 1) / (B(n2 - n1, n1) mu^((n2 - 1) d + 1)),  mu > 1,
+
+    and, treating the points' ratios as independent, the log-likelihood
+    N log d + (n2 - n1 - 1) sum log(mu^d - 1) - (n2 - 1) d sum log mu (+ terms free of d) is strictly concave
+    in d. Its maximum is the root of the score, found with ``scipy.optimize.brentq`` in ``GRIDE_D_BOUNDS``.
+    With n1 = 1, n2 = 2 it is the closed form N / sum log mu (TwoNN's likelihood).
+
+    Parameters
+    ----------
+    mu : array [n_points] of ratios >= 1 (float64; 1 = tied distances).
+    n1 : neighbour order of the denominator (>= 1).
+    n2 : neighbour order of the numerator (> n1); default 2 n1 (GRIDE's choice, as DADApy).
+
+    Returns
+    -------
+    d : float, the maximum-likelihood intrinsic dimension (dimensionless).
+
+    Raises
+    ------
+    ValueError : empty or non-finite mu, a ratio < 1, n2 <= n1, all ratios 1 (no scale), or a root outside
+        ``GRIDE_D_BOUNDS``.
+
+    Source: Denti, Doimo, Laio & Mira (2022), "The generalized ratios intrinsic dimension estimator",
+    Sci. Rep. 12:20005, sec. "Methods" (eq. 5 and its likelihood).
+    """
+    n1 = int(n1)
+    n2 = 2 * n1 if n2 is None else int(n2)
+    if n1 < 1 or n2 <= n1:
+        raise ValueError(f"GRIDE needs 1 <= n1 < n2, got n1={n1}, n2={n2}")
+    mu = np.asarray(mu, dtype=np.float64).ravel()
+    if mu.size == 0 or not np.all(np.isfinite(mu)):
+        raise ValueError("mu must be a non-empty finite array of distance ratios")
+    if mu.min() < 1.0:
+        raise ValueError(f"distance ratios mu = r_n2 / r_n1 must be >= 1, got min {mu.min()!r}")
+    a = np.log(mu)
+    if not np.any(a > 0):
+        raise ValueError("all distance ratios are 1 (every n1-th and n2-th neighbour tie): GRIDE undefined")
+    lo, hi = GRIDE_D_BOUNDS
+    if _gride_score(lo, a, n1, n2) <= 0 or _gride_score(hi, a, n1, n2) >= 0:
+        raise ValueError(f"GRIDE likelihood maximum lies outside d in {GRIDE_D_BOUNDS} "
+                         f"(n1={n1}, n2={n2}, {mu.size} ratios)")
+    return float(brentq(_gride_score, lo, hi, args=(a, n1, n2), xtol=1e-13, rtol=4 * np.finfo(float).eps,
+                        maxiter=500))
+
+
+def gride(X, *, n1: int = 1, n2: int | None = None, min_points: int = 20) -> dict:
+    """GRIDE intrinsic dimension at one scale (neighbour orders n1 and n2 = 2 n1 by default).
+
+    Parameters
+    ----------
+    X : array [n_points, n_features] (cast to float64; finite); exact duplicates and zero-distance points
+        removed as for :func:`twonn`.
+    n1, n2 : neighbour orders of :func:`gride_mle`.
+    min_points : minimum number of distinct points (raised to n2 + 1).
+
+    Returns
+    -------
+    dict: ``id`` (float), ``n1``, ``n2``, ``n_points``, ``n_duplicates_removed``, ``n_zero_distance_removed``.
+
+    Raises
+    ------
+    TooFewPointsError : fewer distinct points than needed. ValueError : bad X or see :func:`gride_mle`.
+
+    Source: Denti et al. (2022), Sci. Rep. 12:20005. Implemented here because DADApy 0.3.4 (the
+    reference implementation) needs numpy < 2 and does not build against numpy 2.
+    """
+    n1 = int(n1)
+    n2 = 2 * n1 if n2 is None else int(n2)
+    X, dist, _, n_exact, n_zero = prepare_neighbors(X, n2, max(int(min_points), n2 + 1, 3), "GRIDE")
+    d = gride_mle(dist[:, n2 - 1] / dist[:, n1 - 1], n1, n2)
+    return dict(_id_result(d, X, n_exact, n_zero, "GRIDE"), n1=n1, n2=n2)
+
+
+def gride_plateau(ids, *, tol: float = 0.1) -> tuple[int, int, float]:
+    """The plateau of a GRIDE scale curve: the longest run of consecutive scales whose IDs all lie within
+    ``tol`` (relative) of the run's median; ties go to the run at the smallest scales.
+
+    Parameters
+    ----------
+    ids : array [n_scales] of IDs ordered by scale (n1 = 1, 2, 4, ...). tol : relative half-width (> 0).
+
+    Returns
+    -------
+    (first, last, value): indices of the run's first and last scale (inclusive) and its median ID.
+
+    Raises
+    ------
+    ValueError : empty or non-finite ids, tol <= 0.
+
+    Source: the rule of this package (Denti et al. 2022 read the plateau off the scale curve by eye).
+    """
+    ids = np.asarray(ids, dtype=np.float64).ravel()
+    if ids.size == 0 or not np.all(np.isfinite(ids)):
+        raise ValueError("ids must be a non-empty finite array")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol!r}")
+    best = (0, 0, float(ids[0]))
+    for i in range(ids.size):
+        for j in range(ids.size - 1, i + best[1] - best[0] - 1, -1):  # longest first; only longer than best
+            med = float(np.median(ids[i:j + 1]))
+            if j - i > best[1] - best[0] and np.all(np.abs(ids[i:j + 1] - med) <= tol * abs(med)):
+                best = (i, j, med)
+                break
+    return best
+
+
+def gride_scaling(X, *, max_rank: int = 64, plateau_tol: float = 0.1, min_points: int = 20) -> dict:
+    """GRIDE scale curve: ID at n1 = 1, 2, 4, ... (n2 = 2 n1 <= ``max_rank``) and its plateau.
+
+    As DADApy's ``return_id_scaling_gride(range_max=max_rank)``: the neighbour order doubles from scale to
+    scale, so the curve shows the ID from the shortest distances (noise) to the longest (curvature); the
+    plateau (:func:`gride_plateau`) is the value reported as ``id``.
+
+    Parameters
+    ----------
+    X : array [n_points, n_features] (float64, duplicates removed as in :func:`twonn`).
+    max_rank : largest neighbour order n2 used (>= 2); capped at the distinct points - 1.
+    plateau_tol : see :func:`gride_plateau`.
+    min_points : minimum number of distinct points.
+
+    Returns
+    -------
+    dict: ``id`` (plateau median), ``n1`` (list of scales), ``ids`` (list, ID per scale), ``plateau_n1_min``,
+    ``plateau_n1_max`` (n1 of the plateau's first and last scale), ``n_points``, ``n_duplicates_removed``,
+    ``n_zero_distance_removed``.
+
+    Raises
+    ------
+    TooFewPointsError : fewer than ``min_points`` (or 3) distinct points. ValueError : bad X, max_rank < 2.
+
+    Source: Denti et al. (2022), Sci. Rep. 12:20005 (scale analysis, Fig. 3); DADApy
+    ``IdEstimation.return_id_scaling_gride``. Implemented here: DADApy 0.3.4 does not build against numpy 2.
+    """
+    max_rank = int(max_rank)
+    if max_rank < 2:
+        raise ValueError(f"max_rank must be >= 2, got {max_rank}")
+    X0, n_exact = deduplicate(as_points(X))
+    X, dist, _, n_ex2, n_zero = prepare_neighbors(X0, max(min(max_rank, X0.shape[0] - 1), 2),
+                                                  max(int(min_points), 3), "GRIDE")
+    g = _gride_knn(dist, max_rank, plateau_tol)
+    return dict(_id_result(g.pop("id"), X, n_exact + n_ex2, n_zero, "GRIDE"), **g)
+
+
+def _gride_knn(dist, max_rank: int, plateau_tol: float) -> dict:
+    k = min(int(max_rank), dist.shape[1])
+    scales = [2 ** j for j in range(int(np.floor(np.log2(k))))]  # n1 = 1, 2, 4, ... with 2 n1 <= k
+    ids = [gride_mle(dist[:, 2 * n - 1] / dist[:, n - 1], n, 2 * n) for n in scales]
+    i, j, val = gride_plateau(ids, tol=plateau_tol)
+    return dict(id=val, n1=scales, ids=[float(v) for v in ids], plateau_n1_min=scales[i], plateau_n1_max=scales[j])
+
+
+def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int = 20, gride_max_rank: int = 64,
+                 plateau_tol: float = 0.1) -> dict:
+    """Several intrinsic-dimension estimators on ONE exact neighbour graph of the same points.
+
+    Equal to calling :func:`twonn`, :func:`mle_mg` / :func:`mle_lb` (``k = mle_k``) and
+    :func:`gride_scaling` one by one (tested), but the neighbours (the costly part) are searched once, with
+    k = the largest order any estimator needs.
+
+    Parameters
+    ----------
+    X : array [n_points, n_features] (float64, duplicates removed as in :func:`twonn`).
+    estimators : names (see :func:`canonical_estimator`).
+    min_points : minimum number of distinct points (raised to mle_k + 1 when an MLE is asked for).
+    mle_k : neighbours of the MLEs. gride_max_rank, plateau_tol : see :func:`gride_scaling`.
+
+    Returns
+    -------
+    dict {canonical name: result dict of that estimator} (``id``, ``n_points``, ``n_duplicates_removed``,
+    ``n_zero_distance_removed``; GRIDE adds its scale curve).
+
+    Raises
+    ------
+    TooFewPointsError, ValueError : as the single estimators.
+
+    Source: as the single estimators (LSM; Facco et al. 2017; Levina & Bickel 2004; Denti et al. 2022).
+    """
+    names = list(dict.fromkeys(canonical_estimator(e) for e in estimators))
+    mle_k = int(mle_k)
+    if any(n.startswith("mle") for n in names) and mle_k < 2:
+        raise ValueError(f"mle_k must be >= 2, got {mle_k}")
+    need = max([2] + [mle_k for n in names if n.startswith("mle")])
+    min_points = max(int(min_points), 3, need + 1)
+    X0, n_exact = deduplicate(as_points(X))
+    k = max(need, min(int(gride_max_rank), X0.shape[0] - 1)) if "gride" in names else need
+    X, dist, idx, n_ex2, n_zero = prepare_neighbors(X0, k, min_points, "ID")
+    out = {}
+    for n in names:
+        extra = {}
+        if n == "twonn":
+            d = _twonn_knn(dist)
+        elif n == "gride":
+            extra = _gride_knn(dist, gride_max_rank, plateau_tol)
+            d = extra.pop("id")
+        else:
+            d = _mle_knn(X, dist, idx, mle_k, "mle" if n == "mle_mg" else "mean")
+        out[n] = dict(_id_result(d, X, n_exact + n_ex2, n_zero, n), **extra)
+    return out
+
+
+_ESTIMATORS = {"twonn": twonn, "mle_mg": mle_mg, "mle_lb": mle_lb, "gride": gride_scaling}
 #: former name of mle_mg (skdim's default aggregate), still accepted; tables say "mle_mg"
 ESTIMATOR_ALIASES = {"mle": "mle_mg"}
 
 
 def canonical_estimator(name: str) -> str:
-    """Canonical estimator name ('twonn', 'mle_mg', 'mle_lb'; 'mle' -> 'mle_mg'), case-insensitive.
+    """Canonical estimator name ('twonn', 'mle_mg', 'mle_lb', 'gride'; 'mle' -> 'mle_mg'), case-insensitive.
 
     Raises:
         ValueError: unknown name (lists the valid ones).
@@ -170,20 +401,24 @@ def id_subsamples(
     Parameters
     ----------
     X : array [n_points, n_features] (cast to float64; exact duplicates removed first).
-    estimator : 'twonn', 'mle_mg' (MacKay-Ghahramani aggregate; alias 'mle') or 'mle_lb' (Levina-Bickel
-        aggregate), case-insensitive.
+    estimator : 'twonn', 'mle_mg' (MacKay-Ghahramani aggregate; alias 'mle'), 'mle_lb' (Levina-Bickel
+        aggregate) or 'gride' (plateau of :func:`gride_scaling`), case-insensitive; or a sequence of names:
+        then every subset is measured by :func:`id_estimates` (one neighbour graph for all) and the result
+        is {canonical name: dict below}.
     n_subsamples : number of random subsets (>= 1).
     subsample_size : points per subset, drawn without replacement from the distinct points; if
         fewer distinct points exist, every subset is all of them (then id_std = 0).
     seed : seed for ``numpy.random.default_rng``; the same seed gives the same subsets.
-    **kw : passed to the estimator (e.g. ``k``, ``min_points``, ``discard_fraction``).
+    **kw : passed to the estimator (e.g. ``k``, ``min_points``, ``discard_fraction``), or to
+        :func:`id_estimates` (``min_points``, ``mle_k``, ``gride_max_rank``, ``plateau_tol``) for a sequence.
 
     Returns
     -------
     dict: ``id_mean``, ``id_std`` (ddof=0), ``id_min``, ``id_max`` over subsets (dimensionless),
     ``ids`` (list of per-subset estimates), ``n_subsamples``, ``subsample_size`` (points per
     subset actually used), ``n_points`` (distinct points in X), ``n_duplicates_removed`` (exact
-    duplicate rows in X), ``estimator`` (canonical name).
+    duplicate rows in X), ``estimator`` (canonical name), ``results`` (the estimator's full result per
+    subset, e.g. GRIDE's scale curve).
 
     Raises
     ------
@@ -192,21 +427,28 @@ def id_subsamples(
 
     Source: LSM (mean and spread of the ID over several random subsamples); DESIGN.md sec. 3.
     """
-    name = canonical_estimator(estimator)
+    multi = not isinstance(estimator, str)
+    names = [canonical_estimator(e) for e in ([estimator] if not multi else estimator)]
     if int(n_subsamples) < 1:
         raise ValueError(f"n_subsamples must be >= 1, got {n_subsamples}")
     if int(subsample_size) < 1:
         raise ValueError(f"subsample_size must be >= 1, got {subsample_size}")
-    fn = _ESTIMATORS[name]
+    fn = (lambda Z: id_estimates(Z, names, **kw)) if multi else (lambda Z: {names[0]: _ESTIMATORS[names[0]](Z, **kw)})
     X, n_exact = deduplicate(as_points(X))
     n = X.shape[0]
     size = min(int(subsample_size), n)
     rng = np.random.default_rng(seed)
-    ids = []
+    per_subset = []
     for _ in range(int(n_subsamples)):
         sel = np.sort(rng.choice(n, size=size, replace=False)) if size < n else np.arange(n)
-        ids.append(fn(X[sel], **kw)["id"])
-    a = np.asarray(ids, dtype=np.float64)
+        per_subset.append(fn(X[sel]))
+    out = {name: _subsample_summary([r[name] for r in per_subset], n_subsamples, size, n, n_exact, name)
+           for name in names}
+    return out if multi else out[names[0]]
+
+
+def _subsample_summary(results, n_subsamples, size, n, n_exact, name) -> dict:
+    a = np.asarray([r["id"] for r in results], dtype=np.float64)
     return {
         "id_mean": float(a.mean()),
         "id_std": float(a.std()),
@@ -218,6 +460,7 @@ def id_subsamples(
         "n_points": int(n),
         "n_duplicates_removed": int(n_exact),
         "estimator": name,
+        "results": results,
     }
 
 
