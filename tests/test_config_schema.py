@@ -49,9 +49,16 @@ MIRRORS = {
     "analyses.fisher:fisher_tables": {k: f"fisher.{k}" for k in ("n_positions", "max_tokens", "tail_mass", "batch")},
     "analyses.interventions:intervention_summary": {"n_boot": "interventions.n_boot", "ci": "interventions.ci"},
     "analyses.intrinsic_dimension:id_profile_table": {"shape_tol": "intrinsic_dimension.shape_tol",
-                                                      "layers": "intrinsic_dimension.profile_layers"},
+                                                      "layers": "intrinsic_dimension.profile_layers",
+                                                      "peak_depth_tol": "intrinsic_dimension.peak_depth_tol"},
+    "analyses.intrinsic_dimension:last_token_id_table": {
+        k: f"intrinsic_dimension.{k}" for k in ("estimators", "min_points", "mle_k", "disagreement_factor",
+                                                "gride_max_rank", "gride_plateau_tol")},
     "analyses.intrinsic_dimension:intrinsic_dimension_table": {
-        k: f"intrinsic_dimension.{k}" for k in ("estimators", "min_points", "mle_k", "disagreement_factor")},
+        k: f"intrinsic_dimension.{k}" for k in ("estimators", "min_points", "mle_k", "disagreement_factor",
+                                                "gride_max_rank", "gride_plateau_tol")},
+    "measures.intrinsic_dimension:id_estimates": {"mle_k": "intrinsic_dimension.mle_k",
+                                                  "gride_max_rank": "intrinsic_dimension.gride_max_rank"},
     "analyses.margins:margin_tables": {
         k: f"margins.{k}" for k in ("threshold", "hard_core_quantile", "hard_core_thresholds", "eps_min", "eps_max",
                                     "n_eps", "fit_eps_max", "min_count", "n_boot", "ci", "hist_bins")},
@@ -122,6 +129,9 @@ NOT_MIRRORED = {
                                                      "through intrinsic_dimension_table",
     **{f"measures.intrinsic_dimension:{f}:min_points": "the estimator's floor (None: k + 1 points)"
        for f in ("mle_id", "mle_mg", "mle_lb")},
+    **{f"measures.intrinsic_dimension:{f}:min_points": "the estimator's floor; the workflow's min_points reaches "
+                                                        "it through intrinsic_dimension_table"
+       for f in ("gride", "gride_scaling", "id_estimates")},
     "models.loading:check_memory:mem_mb": "the job's declared memory (None: no host-memory check)",
     "models.loading:load_prepared:mem_mb": "the job's declared memory (None: no host-memory check)",
 }

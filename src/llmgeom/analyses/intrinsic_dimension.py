@@ -239,8 +239,8 @@ def gride_scale_columns() -> list:
             "in_plateau", "plateau_n1_min", "plateau_n1_max", "plateau_id", "plateau_tol", "max_rank"]
 
 
-def last_token_id_table(h5_path, *, model: str, estimators=("twonn",), min_points: int = 20, mle_k: int = 20,
-                        disagreement_factor: float = 1.5, gride_max_rank: int = 64, gride_plateau_tol: float = 0.1,
+def last_token_id_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "mle_lb", "gride"),
+                        min_points: int = 50, mle_k: int = 20, disagreement_factor: float = 1.5, gride_max_rank: int = 64, gride_plateau_tol: float = 0.1,
                         seed: int = 0):
     """Intrinsic dimension of the last-token residual states over prompts, per layer (Cheng et al.'s points).
 
