@@ -61,3 +61,45 @@ def test_margin_temperatures_recover_the_true_ones(synthetic):
     r = dec.compare_schemes(st, passages, edges=edges, n_boot=100)
     assert r["delta_nll_adaptive_vs_single_hi"] < 0 < r["nll_t1"] - r["nll_adaptive"]
     assert r["delta_nll_adaptive_vs_single_lo"] <= r["delta_nll_adaptive_vs_single"]
+
+
+def test_sample_next_token_agrees_with_the_nll_identity(tmp_path):
+    """``tokens/sample_next_token`` of a tiny model's corpus file: the token after each sampled position (-1 at a
+    passage's last token), and its logit z[next] = logsumexp(z) - nll (the recovery from ``tokens/nll`` that the
+    decoding analysis used before the dataset existed); the decoding table drops exactly the -1 samples."""
+    from transformers import AutoTokenizer
+
+    from llmgeom.analyses.decoding import decoding_table
+    from llmgeom.core.store import open_activations
+    from llmgeom.extract.forward import extract_to_hdf5
+    from llmgeom.models import sources as models, tiny as testing
+    from llmgeom.prompts.io import write_prompt_set
+    from llmgeom.weights.unembedding import load_unembedding
+
+    src = testing.save_tiny_model_dir("llama", tmp_path / "src")
+    prepared = tmp_path / "prepared"
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    texts = ["abcdefghij klmno", "pqr stuvw xyz", "Zyx w vu", "hello world again and again"] * 3
+    write_prompt_set([{"id": f"c{i}", "text": t, "meta": {}} for i, t in enumerate(texts)], tmp_path / "corpus.jsonl")
+    out = tmp_path / "corpus.h5"
+    extract_to_hdf5(prepared, tmp_path / "corpus.jsonl", out, model_name="tiny", dtype="float32", device="cpu",
+                    batch_size=3, corpus=True, attention=False, sample_per_prompt=6, log=lambda *a: None)
+    tok = AutoTokenizer.from_pretrained(src)
+    with open_activations(out, model="tiny") as f:
+        sp, spos = f["tokens/sample_prompt"][:], f["tokens/sample_position"][:]
+        nxt = f["tokens/sample_next_token"][:]
+        H = f["tokens/final_normed_sample"][:]
+        key = {(int(p), int(t)): float(v) for p, t, v in zip(f["tokens/prompt"][:], f["tokens/position"][:],
+                                                             f["tokens/nll"][:])}
+    ids = [tok(t, add_special_tokens=True)["input_ids"] for t in texts]
+    want = [ids[p][t + 1] if t + 1 < len(ids[p]) else -1 for p, t in zip(sp, spos)]
+    assert nxt.dtype == np.int32 and nxt.tolist() == want and (nxt == -1).any() and (nxt >= 0).sum() > 20
+    W, b, _ = load_unembedding(prepared)
+    z = H.astype(np.float64) @ W.T.astype(np.float64) + (0 if b is None else b)
+    has = nxt >= 0
+    assert all((int(p), int(t)) in key for p, t in zip(sp[has], spos[has]))
+    nll = np.array([key[(int(p), int(t))] for p, t in zip(sp[has], spos[has])])
+    np.testing.assert_allclose(logsumexp(z[has], axis=1) - nll, z[has, nxt[has]], atol=1e-4)
+    df = decoding_table(out, (W, b, None), model="tiny", n_boot=10, n_bins=16)
+    assert (df.n_dropped_no_nll == int((~has).sum())).all()
+    assert (df.next_token_source == "tokens/sample_next_token").all()

@@ -158,7 +158,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         ``next_token/top_ids`` / ``top_logits`` [B, k], ``next_token/candidate_logprobs`` [B, C] (if candidates),
         ``attention/entropy`` [B, L, H] nats (if attention); ``tokens/residual_sample`` [S, L+1, d],
         ``tokens/final_normed_sample`` [S, d_unembed], ``tokens/sample_prompt`` (batch row) /
-        ``tokens/sample_position`` [S] (if sample_positions); ``tokens/margin`` / ``nll`` / ``entropy`` /
+        ``tokens/sample_position`` / ``tokens/sample_next_token`` (-1 at a prompt's last token) [S] (if sample_positions); ``tokens/margin`` / ``nll`` / ``entropy`` /
         ``prompt`` (batch row) / ``position`` [P] (if token_stats).
 
     Raises:
@@ -251,6 +251,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             res["tokens/final_normed_sample"] = rows_at(hT, gb[B:], gt[B:], dev).cpu().numpy()
             res["tokens/sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
             res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
+            nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(samp_b, samp_t)]
+            res["tokens/sample_next_token"] = np.asarray(nxt, dtype=np.int32)
         res["last_token/final_normed"] = rows_at(hT, b_idx, last, dev).cpu().numpy()
         res["last_token/values"] = vals.cpu().numpy()
         res["last_token/attn_output"] = attn_out.cpu().numpy()
