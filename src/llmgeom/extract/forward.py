@@ -282,16 +282,25 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             margins, nlls, ents = [], [], []
             for j in range(0, len(tb), head.chunk):
                 bb, ttt = tb_t[j:j + head.chunk], tt_t[j:j + head.chunk]
-                z = head(rows_at(hT, bb, ttt, hT.device))
-                if not torch.isfinite(z).all():
-                    bi = int(bb[(~torch.isfinite(z)).any(-1)][0])
-                    raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
-                                                   f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
+                z = head(rows_at(hT, bb, ttt, hT.device))  # [chunk, V] float32
                 top2 = z.topk(2, dim=-1).values
                 margins.append(top2[:, 0] - top2[:, 1])
                 logp = torch.log_softmax(z, -1)
+                bad_z = None
+                if not bool(torch.isfinite(margins[-1]).all()):  # NaN / +inf logits: top-1 is NaN or inf
+                    bad_z = ~torch.isfinite(z).all(-1)
+                del z
                 nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1).to(logp.device)).squeeze(1))
-                ents.append(-(logp.exp() * logp).sum(-1))
+                p = logp.exp()
+                ents.append(-p.mul_(logp).sum(-1))  # in place: the same products, one [chunk, V] buffer fewer
+                del p, logp
+                # any non-finite logit makes the row's margin (NaN, +inf) or entropy (-inf: 0 * -inf) non-finite,
+                # so checking the [chunk] statistics replaces a test over the [chunk, V] logits
+                if bad_z is not None or not bool(torch.isfinite(ents[-1]).all()):
+                    rows = bad_z if bad_z is not None else ~torch.isfinite(ents[-1])
+                    bi = int(bb[rows.to(bb.device)][0])
+                    raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
+                                                   f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
             cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
             res["tokens/margin"], res["tokens/nll"], res["tokens/entropy"] = cat(margins), cat(nlls), cat(ents)
             res["tokens/prompt"] = np.asarray(tb, dtype=np.int64)
