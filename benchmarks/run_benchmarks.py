@@ -10,7 +10,9 @@
   as a ratio; peak RSS of each (every variant runs in a fresh process, alternating, ``--repeats`` times;
   medians); HDF5 bytes per prompt. Default: SmolLM2-135M prepared by the workflow
   (resources/models/smollm2-135m), CPU, float32, batch 16, the ``mixed`` prompt set (~48 tokens).
-  Targets (issue 7): full >= 0.95x the bare forward's tokens/s, peak RSS <= 1.2x.
+  Targets (issue 7): full >= 0.95x the bare forward's tokens/s, peak RSS <= 1.2x; issue 21 item 4: against
+  the body-only forward (``--long-n`` prompts of ``--long-tokens`` tokens, batch ``--long-batch``, for the
+  peak RSS), and the corpus rate of ``--corpus-model-dir`` (Gemma-3-270M: the 262k-token unembedding).
 * ``dryrun``: ``snakemake -n`` wall time on an N-model config (the default study's analyses, N tiny
   random models; ``--n-models 20 100 500`` runs each size in turn, issue 21 point 6) after a full run. The "full run" goes through the SLURM executor plugin to the stub
   sbatch of tests/slurm_stub.py, which creates every job's outputs without running its code; Snakemake
@@ -155,32 +157,59 @@ def child(args) -> dict:
     return res
 
 
+def _rounds(a, prompts, batch: int, tmp: Path, env: dict, tag: str = "") -> dict:
+    """``a.repeats`` rounds of the bare / full / body variants, each in a fresh process, alternating."""
+    runs = {"bare": [], "full": [], "body": []}
+    for r in range(a.repeats):
+        for variant in ("bare", "full", "body"):
+            cmd = [sys.executable, __file__, "_child", "--variant", variant, "--model-dir", a.model_dir,
+                   "--prompts", str(prompts), "--batch", str(batch), "--threads", str(a.threads),
+                   "--dtype", a.dtype, "--passes", str(a.passes), "--out", str(tmp / f"{tag}{variant}{r}.h5")]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                raise RuntimeError(f"benchmark child failed:\n{p.stderr[-4000:]}")
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+            runs[variant].append(res)
+            print(f"  [{tag}{variant} #{r + 1}] {res['tokens_per_s']:.0f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB,"
+                  f" load avg {load()[0]}", flush=True)
+    return runs
+
+
 def bench_extraction(a) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     tmp = Path(tempfile.mkdtemp(prefix="llmgeom-bench-"))
-    runs = {"bare": [], "full": [], "body": []}
     before = load()
+    long = None
     try:
-        for r in range(a.repeats):
-            for variant in ("bare", "full", "body"):
-                cmd = [sys.executable, __file__, "_child", "--variant", variant, "--model-dir", a.model_dir,
-                       "--prompts", a.prompts, "--batch", str(a.batch), "--threads", str(a.threads),
-                       "--dtype", a.dtype, "--passes", str(a.passes), "--out", str(tmp / f"{variant}{r}.h5")]
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                if p.returncode != 0:
-                    raise RuntimeError(f"benchmark child failed:\n{p.stderr[-4000:]}")
-                res = json.loads(p.stdout.strip().splitlines()[-1])
-                runs[variant].append(res)
-                print(f"  [{variant} #{r + 1}] {res['tokens_per_s']:.0f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB,"
-                      f" load avg {load()[0]}", flush=True)
+        runs = _rounds(a, a.prompts, a.batch, tmp, env)
+        if a.long_n:  # peak memory at long prompts (issue 21 item 4: <= 1.2x the body's at ~1,024 tokens)
+            sys.path.insert(0, str(REPO / "benchmarks"))
+            import gpu_check
+            from transformers import AutoTokenizer
+
+            from llmgeom.models.loading import resolve_weights_path
+
+            gpu_check.PROMPTS = Path(a.prompts)
+            lp = gpu_check.long_prompts(AutoTokenizer.from_pretrained(resolve_weights_path(Path(a.model_dir))),
+                                        tmp / "long.jsonl", a.long_n, a.long_tokens)
+            lr = _rounds(a, lp, a.long_batch, tmp, env, tag="long-")
+            lm = {v: {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "peak_rss_mib")}
+                  for v, rs in lr.items()}
+            long = {"n_prompts": a.long_n, "tokens": a.long_tokens, "batch": a.long_batch, "median": lm,
+                    "throughput_ratio_vs_body": lm["full"]["tokens_per_s"] / lm["body"]["tokens_per_s"],
+                    "rss_ratio_vs_body": lm["full"]["peak_rss_mib"] / lm["body"]["peak_rss_mib"],
+                    "rss_ratio_vs_body_per_round": [f["peak_rss_mib"] / b["peak_rss_mib"]
+                                                    for f, b in zip(lr["full"], lr["body"])]}
         corpus = None
         if a.corpus_prompts and Path(a.corpus_prompts).is_file():
-            cmd = [sys.executable, __file__, "_child", "--variant", "full", "--corpus", "--model-dir", a.model_dir,
-                   "--prompts", a.corpus_prompts, "--batch", str(a.batch), "--threads", str(a.threads),
+            cmd = [sys.executable, __file__, "_child", "--variant", "full", "--corpus", "--model-dir",
+                   a.corpus_model_dir or a.model_dir, "--prompts", a.corpus_prompts, "--batch",
+                   str(a.corpus_batch or a.batch), "--threads", str(a.threads),
                    "--dtype", a.dtype, "--passes", "1", "--out", str(tmp / "corpus.h5")]
             p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if p.returncode == 0:
                 corpus = json.loads(p.stdout.strip().splitlines()[-1])
+                corpus["model_dir"] = a.corpus_model_dir or a.model_dir
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {v: {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "peak_rss_mib", "seconds")}
@@ -200,8 +229,10 @@ def bench_extraction(a) -> dict:
         "rss_ratio_vs_body": med["full"]["peak_rss_mib"] / med["body"]["peak_rss_mib"],
         "h5_bytes_per_prompt": runs["full"][0]["h5_bytes_per_prompt"],
         "extract_log": runs["full"][-1].get("log", ""),
-        "corpus": None if corpus is None else {k: corpus[k] for k in ("n_prompts", "n_tokens", "tokens_per_s",
+        "corpus": None if corpus is None else {k: corpus[k] for k in ("model_dir", "n_prompts", "n_tokens", "tokens_per_s",
                                                                        "peak_rss_mib", "h5_bytes_per_prompt")},
+        "throughput_ratio_vs_body_per_pair": [f["tokens_per_s"] / b["tokens_per_s"] for b, f in zip(runs["body"], runs["full"])],
+        "long": long,
         "load_before": before, "load_after": load(), "runs": runs,
     }
     return out
@@ -391,7 +422,18 @@ def markdown(res: dict) -> str:
                   + (f"; corpus set ({e['corpus']['n_prompts']} passages, {e['corpus']['n_tokens']} tokens): "
                      f"{e['corpus']['h5_bytes_per_prompt']:.0f} bytes per passage, {e['corpus']['tokens_per_s']:.0f} tokens/s"
                      if e.get("corpus") else "") + ".",
-                  f"Load average before/after: {e['load_before']} / {e['load_after']}.", ""]
+                  f"Per pair full / body: {', '.join(f'{x:.2f}' for x in e.get('throughput_ratio_vs_body_per_pair', []))}."]
+        if e.get("long"):
+            lg = e["long"]
+            lines += ["", f"Long prompts ({lg['n_prompts']} x ~{lg['tokens']} tokens, batch {lg['batch']}): peak RSS full / body "
+                      f"**{lg['rss_ratio_vs_body']:.2f}x** (target <= 1.2; per round "
+                      f"{', '.join(f'{x:.2f}' for x in lg['rss_ratio_vs_body_per_round'])}), tokens/s full / body "
+                      f"{lg['throughput_ratio_vs_body']:.2f}x; medians {lg['median']}."]
+        if e.get("corpus"):
+            c = e["corpus"]
+            lines += ["", f"Corpus extraction ({Path(c['model_dir']).name}, per-position margin / NLL / entropy over the "
+                      f"full vocabulary): {c['tokens_per_s']:.0f} tokens/s, peak RSS {c['peak_rss_mib']:.0f} MiB."]
+        lines += [f"Load average before/after: {e['load_before']} / {e['load_after']}.", ""]
     dr = res.get("dryrun")
     for d in (dr.get("sizes", [dr]) if dr else []):  # older results: one size, no "sizes"
         lines += [f"## No-op `snakemake -n` on {d['n_models']} models ({d['n_jobs']} jobs) after a full run", "",
@@ -434,6 +476,12 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per variant (alternating)")
     ap.add_argument("--passes", type=int, default=3, help="passes per process; the fastest counts (robust to load)")
+    ap.add_argument("--long-n", type=int, default=8, help="long prompts for the peak-memory rounds (0: skip)")
+    ap.add_argument("--long-tokens", type=int, default=1016)
+    ap.add_argument("--long-batch", type=int, default=4)
+    ap.add_argument("--corpus-model-dir", default=None, help="model of the corpus-rate run (default --model-dir; "
+                    "e.g. Gemma-3-270M, whose 262k-token unembedding dominates it)")
+    ap.add_argument("--corpus-batch", type=int, default=None)
     ap.add_argument("--n-models", type=int, nargs="+", default=[20])
     ap.add_argument("--profile-dryrun", action="store_true", help="cProfile the last size's no-op dry run")
     ap.add_argument("--growth-prompts", type=int, nargs="+", default=[100, 1000, 10000])
