@@ -25,6 +25,8 @@ rule curvature:
         "analysis"
     log:
         "logs/curvature/{model}.log",
+    benchmark:
+        "results/benchmarks/curvature/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -36,6 +36,8 @@ rule domain_restriction:
         "analysis"
     log:
         "logs/domain_restriction/{model}.log",
+    benchmark:
+        "results/benchmarks/domain_restriction/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

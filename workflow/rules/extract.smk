@@ -25,6 +25,8 @@ rule extract:
         GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/extract/{model}/{promptset}.log",
+    benchmark:
+        "results/benchmarks/extract/{model}/{promptset}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:

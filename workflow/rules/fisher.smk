@@ -25,6 +25,8 @@ rule fisher:
         "analysis"
     log:
         "logs/fisher/{model}.log",
+    benchmark:
+        "results/benchmarks/fisher/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:

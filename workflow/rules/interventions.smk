@@ -38,6 +38,8 @@ rule intervene:
         GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/intervene/{model}.log",
+    benchmark:
+        "results/benchmarks/intervene/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:
@@ -64,6 +66,8 @@ rule sula_interventions:
         "analysis"
     log:
         "logs/sula_interventions/{model}.log",
+    benchmark:
+        "results/benchmarks/sula_interventions/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -89,6 +93,8 @@ rule figure_interventions:
         "summary"
     log:
         "logs/figure_interventions.log",
+    benchmark:
+        "results/benchmarks/figure_interventions.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -31,6 +31,8 @@ rule intrinsic_dimension:
         "analysis"
     log:
         "logs/intrinsic_dimension/{model}.log",
+    benchmark:
+        "results/benchmarks/intrinsic_dimension/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

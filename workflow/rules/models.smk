@@ -13,6 +13,8 @@ rule prepare_model:
         runtime=30,
     log:
         "logs/prepare_model/{model}.log",
+    benchmark:
+        "results/benchmarks/prepare_model/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:

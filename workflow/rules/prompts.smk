@@ -13,6 +13,8 @@ rule build_prompts:
         runtime=10,
     log:
         "logs/build_prompts/{promptset}.log",
+    benchmark:
+        "results/benchmarks/build_prompts/{promptset}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

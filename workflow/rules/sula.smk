@@ -32,6 +32,8 @@ rule build_sula:
         runtime=5,
     log:
         "logs/build_sula/{model}.log",
+    benchmark:
+        "results/benchmarks/build_sula/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -64,6 +66,8 @@ rule extract_sula:
         GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/extract_sula/{model}/{condition}.log",
+    benchmark:
+        "results/benchmarks/extract_sula/{model}/{condition}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:
@@ -91,6 +95,8 @@ rule sula:
         "analysis"
     log:
         "logs/sula/{model}.log",
+    benchmark:
+        "results/benchmarks/sula/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -124,6 +130,8 @@ rule figure_sula:
         "summary"
     log:
         "logs/figure_sula.log",
+    benchmark:
+        "results/benchmarks/figure_sula.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

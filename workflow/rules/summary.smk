@@ -37,6 +37,8 @@ rule aggregate:
         "summary"
     log:
         "logs/aggregate/{table}.log",
+    benchmark:
+        "results/benchmarks/aggregate/{table}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -76,6 +78,8 @@ rule bayes_tables:
         "summary"
     log:
         "logs/bayes_tables.log",
+    benchmark:
+        "results/benchmarks/bayes_tables.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -106,6 +110,8 @@ rule figure_bayes:
         "summary"
     log:
         "logs/figure_bayes.log",
+    benchmark:
+        "results/benchmarks/figure_bayes.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -143,6 +149,8 @@ rule figure_lsm:
         "summary"
     log:
         "logs/figure_lsm.log",
+    benchmark:
+        "results/benchmarks/figure_lsm.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -25,6 +25,8 @@ rule value_manifold:
         "analysis"
     log:
         "logs/value_manifold/{model}.log",
+    benchmark:
+        "results/benchmarks/value_manifold/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -50,6 +52,8 @@ rule figure_value_manifold:
         "summary"
     log:
         "logs/figure_value_manifold.log",
+    benchmark:
+        "results/benchmarks/figure_value_manifold.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

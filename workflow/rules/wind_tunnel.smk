@@ -36,6 +36,8 @@ rule train_wind_tunnel:
         GPU_GROUP  # with the model's extraction: one SLURM submission per model (issue 13)
     log:
         "logs/train_wind_tunnel/{model}.log",
+    benchmark:
+        "results/benchmarks/train_wind_tunnel/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:
@@ -58,6 +60,8 @@ rule wind_tunnel_checkpoint:
         runtime=5,
     log:
         "logs/wind_tunnel_checkpoint/{model}.log",
+    benchmark:
+        "results/benchmarks/wind_tunnel_checkpoint/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -82,6 +86,8 @@ rule build_wind_tunnel_prompts:
         runtime=5,
     log:
         "logs/build_wind_tunnel_prompts/{task}.log",
+    benchmark:
+        "results/benchmarks/build_wind_tunnel_prompts/{task}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -114,6 +120,8 @@ rule extract_wind_tunnel:
         GPU_GROUP
     log:
         "logs/extract_wind_tunnel/{model}.log",
+    benchmark:
+        "results/benchmarks/extract_wind_tunnel/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:
@@ -145,6 +153,8 @@ rule wind_tunnel:
         "analysis"
     log:
         "logs/wind_tunnel/{model}.log",
+    benchmark:
+        "results/benchmarks/wind_tunnel/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -171,6 +181,8 @@ rule figure_wind_tunnel:
         "summary"
     log:
         "logs/figure_wind_tunnel.log",
+    benchmark:
+        "results/benchmarks/figure_wind_tunnel.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
