@@ -18,7 +18,8 @@ rule extract:
         sample_per_prompt=config["extract"]["sample_per_prompt"],
         max_tokens=get_max_tokens,
         seed=config["prompts"]["seed"],
-    threads: config["extract"]["threads"]
+    threads: GPU_THREADS
+    priority: get_extract_priority
     resources:
         **GPU_RESOURCES,
     group:

@@ -31,7 +31,8 @@ rule intervene:
         dtype=get_dtype,
         device_map=get_device_map,
         device=config["extract"]["device"],
-    threads: config["extract"]["threads"]
+    threads: GPU_THREADS
+    priority: PRIORITY["intervene"]
     resources:
         **GPU_RESOURCES,
     group:

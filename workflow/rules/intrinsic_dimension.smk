@@ -24,6 +24,7 @@ rule intrinsic_dimension:
         shape_tol=config["intrinsic_dimension"]["shape_tol"],
         profile_layers=config["intrinsic_dimension"]["profile_layers"],
     threads: 1
+    priority: PRIORITY["intrinsic_dimension"]
     resources:
         mem_mb=scaled_mem(4000),
         runtime=30,

@@ -27,6 +27,7 @@ rule build_sula:
         mask=SULA["mask"],
         prefix=SULA["label_prefix"],
         label_pairs=SULA["label_pairs"],
+    priority: PRIORITY["build_sula"]
     resources:
         mem_mb=scaled_mem(2000),
         runtime=5,
@@ -59,7 +60,8 @@ rule extract_sula:
         attention=False,  # SULA needs no attention weights: sdpa
         corpus=False,
         candidates_key="label_token_ids",  # meta key of each SULA prompt (llmgeom.prompts.sula.CANDIDATES_KEY)
-    threads: config["extract"]["threads"]
+    threads: GPU_THREADS
+    priority: PRIORITY["extract_sula"]
     resources:
         **GPU_RESOURCES,
     group:

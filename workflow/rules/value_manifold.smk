@@ -18,6 +18,7 @@ rule value_manifold:
         ci=config["value_manifold"]["ci"],
         seed=config["value_manifold"]["seed"],
         layers=config["value_manifold"]["layers"],
+    priority: PRIORITY["value_manifold"]
     resources:
         mem_mb=scaled_mem(4000),
         runtime=30,

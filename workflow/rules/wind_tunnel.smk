@@ -30,6 +30,7 @@ rule train_wind_tunnel:
         training=get_wt_training,
         checkpoints=get_wt_checkpoints,
     threads: get_wt_threads
+    priority: PRIORITY["train_wind_tunnel"]
     resources:
         **GPU_RESOURCES,
     group:
@@ -55,6 +56,7 @@ rule wind_tunnel_checkpoint:
         model=WT_CHECKPOINT_RE,
     params:
         base=get_wt_base,
+    priority: PRIORITY["wind_tunnel_checkpoint"]
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
@@ -81,6 +83,7 @@ rule build_wind_tunnel_prompts:
         n_sequences=WT_CFG["prompts"]["n_sequences"],
         cut_positions=get_wt_cuts,
         seed=WT_CFG["prompts"]["seed"],
+    priority: PRIORITY["build_wind_tunnel_prompts"]
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
@@ -113,7 +116,8 @@ rule extract_wind_tunnel:
         attention=True,  # attention entropies for attention focusing
         corpus=False,
         candidates_key="candidate_token_ids",  # llmgeom.prompts.wind_tunnel.CANDIDATES_KEY
-    threads: config["extract"]["threads"]
+    threads: GPU_THREADS
+    priority: PRIORITY["extract_wind_tunnel"]
     resources:
         **GPU_RESOURCES,
     group:
