@@ -215,13 +215,13 @@ def all_targets():
     return TARGETS
 
 
-# Per-model tables that rule `aggregate` (summary.smk) concatenates over models into
+# Per-model tables that the rules `aggregate_<family>` (summary.smk) concatenates over models into
 # results/summary/{table}.csv: table -> folder under results/{model}/ and its report family.
 SUMMARY_TABLES = {}
 
 
 def summarize(*tables, family, folder="tables", models=None):
-    """Registers per-model tables results/{model}/<folder>/<table>.csv for rule `aggregate` and requests
+    """Registers per-model tables results/{model}/<folder>/<table>.csv for rule `aggregate_<family>` and requests
     their cross-model tables results/summary/<table>.csv (over `models`, default MODELS). Call it before
     summary.smk is included."""
     for t in tables:
@@ -229,11 +229,11 @@ def summarize(*tables, family, folder="tables", models=None):
         TARGETS.append(f"results/summary/{t}.csv")
 
 
-# Where `aggregate` (summary.smk) puts the cross-model tables of each family in the report; others go to "Tables".
+# Where `aggregate_<family>` (summary.smk) puts the cross-model tables of each family in the report; others go to "Tables".
 SUMMARY_REPORT = {"bayes": {"category": "Bayesian geometry", "subcategory": "Tables"},
                   "wind_tunnel": {"category": "Wind tunnel", "subcategory": "Tables"}}
 
 
-def summary_report(key):
-    """report(category=summary_report("category"), ...) of rule `aggregate`, by the table's family."""
-    return lambda w: SUMMARY_REPORT.get(SUMMARY_TABLES[w.table]["family"], {"category": "Tables"}).get(key)
+def summary_report(family, key):
+    """report(category=summary_report(family, "category"), ...) of rule `aggregate_<family>`."""
+    return SUMMARY_REPORT.get(family, {"category": "Tables"}).get(key)
