@@ -27,7 +27,8 @@ _FIELD = re.compile(r"^\s+(\w+): (.*)$")
 
 def dry_run_jobs(text: str) -> list[dict]:
     """Jobs of a ``snakemake -n`` printout: dicts with rule, wildcards (dict), input, output, log
-    (lists), reason, resources (dict of strings), group (True for jobs listed inside a group job)."""
+    (lists), reason, resources (dict of strings), group (True for jobs listed inside a group job) and, where
+    printed, benchmark, threads and priority (strings; Snakemake omits threads 1 and priority 0)."""
     jobs, cur = [], None
     for line in text.splitlines():
         m = _HEADER.match(line)
@@ -50,8 +51,8 @@ def dry_run_jobs(text: str) -> list[dict]:
             cur["wildcards"] = dict(kv.split("=", 1) for kv in val.split(", ") if "=" in kv)
         elif key == "resources":
             cur["resources"] = dict(kv.split("=", 1) for kv in val.split(", ") if "=" in kv)
-        elif key == "reason":
-            cur["reason"] = val
+        elif key in ("reason", "benchmark", "threads", "priority"):
+            cur[key] = val
     return jobs
 
 
