@@ -62,9 +62,11 @@ def job_key(rule: str, wildcards: dict) -> str:
 
 
 def outputs_map(jobs: list[dict], directory_prefixes=("resources/models/", "resources/wind_tunnel/")) -> dict:
-    """``job_key`` -> [[path, is_directory], ...] for every job of a dry run."""
+    """``job_key`` -> [[path, is_directory], ...] for every job of a dry run: its outputs and its benchmark file
+    (which Snakemake awaits from a submitted job like an output)."""
     return {job_key(j["rule"], j["wildcards"]): [[o, any(o.startswith(p) and o.rstrip("/").count("/") == 2
                                                         for p in directory_prefixes)] for o in j["output"]]
+            + ([[j["benchmark"], False]] if j.get("benchmark") else [])
             for j in jobs if j["output"]}
 
 
