@@ -66,7 +66,7 @@ def test_slurm_profile_declares_what_the_issue_asks():
     # issue 18: status from squeue (sacct hangs the run where there is no accounting), a warning signal
     # before the time limit for a resumable extraction
     assert prof["slurm-status-command"] == "squeue"
-    assert re.fullmatch(r"'--signal=B:USR1@\d+'", dr["slurm_extra"]), dr["slurm_extra"]
+    assert re.fullmatch(r"'--signal=USR1@\d+'", dr["slurm_extra"]), dr["slurm_extra"]
     # every GPU rule gets the GPU partition; no CPU rule is listed
     assert set(prof["set-resources"]) <= set(cluster.GPU_RULES)
     for rule in cluster.GPU_RULES:
