@@ -430,7 +430,7 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
                     print(f"[model server] pid {os.getpid()}: task {req['task']} (model kept loaded between tasks; "
                           f"LLMGEOM_MODEL_SERVER=0 runs it in the job's process)", flush=True)
                     result = _call(req["task"], req["kwargs"], reuse=True)
-                    if req.get("pid") and _gone(int(req["pid"])):  # died just before the end: no output for it
+                    if req.get("pid") and _gone(int(req["pid"])):  # died before the end: no output for it
                         out = req["kwargs"].get("out_path")
                         if out:
                             with contextlib.suppress(FileNotFoundError):
@@ -447,6 +447,10 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
                          "exit_code": getattr(e, "exit_code", None)}  # ExtractionInterrupted: 128 + signal
             print(f"[model server] {req['task']} -> {req['log']}: {'ok' if reply['ok'] else 'FAILED'} "
                   f"({time.time() - t0:.1f} s)", flush=True)
+            if req.get("pid") and _gone(int(req["pid"])):  # stopped because its client went away (see _exit_when_gone)
+                print(f"[model server] the client of {req['log']} (pid {req['pid']}) exited; exiting", flush=True)
+                _remove_socket(d)
+                os._exit(1)
             done.set()  # before the reply: a client that exits once it has it is no abandoned task
             with contextlib.suppress(OSError):
                 conn.send(reply)
