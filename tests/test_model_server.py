@@ -94,8 +94,9 @@ def _wait_gone(pid, timeout=15.0) -> bool:
     return False
 
 
-def _committed(partial) -> int:
-    """Batches an extraction running elsewhere has committed to its partial file (0 while unreadable)."""
+def committed_batches(partial) -> int:
+    """Batches an extraction running elsewhere has committed to its partial file (0 while unreadable; also
+    used by tests/test_slurm_real.py)."""
     try:
         with h5py.File(partial, "r", locking=False) as f:
             return int(f["resume/done"][:].sum())
@@ -103,7 +104,7 @@ def _committed(partial) -> int:
         return 0
 
 
-def _bytes(ds) -> bytes:
+def dataset_bytes(ds) -> bytes:
     """A dataset's values as bytes (variable-length strings: their bytes, not the object pointers)."""
     v = ds[()]
     return b"\0".join(x if isinstance(x, bytes) else str(x).encode() for x in v.ravel()) if v.dtype == object \
@@ -162,7 +163,7 @@ def test_a_job_killed_mid_task_never_gets_its_output(setup, monkeypatch):
             f"ms.run_task('extract', json.loads(sys.argv[1]), load=json.loads(sys.argv[2]), log={str(log)!r})\n")
     job = subprocess.Popen([sys.executable, "-c", code, json.dumps(kw), json.dumps(load)])
     t0 = time.time()
-    while _committed(Path(f"{out}.partial")) < 3 and time.time() - t0 < 120:  # in its batches
+    while committed_batches(Path(f"{out}.partial")) < 3 and time.time() - t0 < 120:  # in its batches
         time.sleep(0.05)
     assert job.poll() is None, "the task ended before the job could be killed; give it more prompts"
     pid = _server_pid(load)
@@ -175,7 +176,7 @@ def test_a_job_killed_mid_task_never_gets_its_output(setup, monkeypatch):
     assert "exited; exiting" in text
     # it was stopped at a batch boundary first: the partial file keeps the committed batches for a resume
     assert "stopping the task at its next batch boundary" in text
-    assert 3 <= _committed(Path(f"{out}.partial")) < 400
+    assert 3 <= committed_batches(Path(f"{out}.partial")) < 400
 
 
 def test_a_signal_to_the_waiting_job_stops_the_task_and_the_rerun_resumes(setup, monkeypatch):
@@ -198,7 +199,7 @@ def test_a_signal_to_the_waiting_job_stops_the_task_and_the_rerun_resumes(setup,
 
     def signal_when_half_way():
         t0 = time.time()
-        while _committed(partial) < 5 and time.time() - t0 < 120:
+        while committed_batches(partial) < 5 and time.time() - t0 < 120:
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGUSR1)
 
@@ -219,4 +220,4 @@ def test_a_signal_to_the_waiting_job_stops_the_task_and_the_rerun_resumes(setup,
         a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
         assert names
         for n in names:
-            assert _bytes(a[n]) == _bytes(b[n]), n
+            assert dataset_bytes(a[n]) == dataset_bytes(b[n]), n

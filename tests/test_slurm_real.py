@@ -21,6 +21,7 @@ import yaml
 
 import slurm_cluster
 import slurm_stub
+from test_model_server import committed_batches, dataset_bytes
 from llmgeom.models import tiny as testing
 from llmgeom.workflow import cluster
 
@@ -258,24 +259,6 @@ def _fault_dir(wd: Path, reference: Path, runtime: int | None = None) -> None:
     shutil.copytree(reference / "resources", wd / "resources")  # mtimes kept: nothing upstream reruns
 
 
-def _committed(h5_partial: Path) -> int:
-    """Batches recorded as committed in an extraction's partial file (0 while it cannot be read)."""
-    import h5py
-
-    try:
-        with h5py.File(h5_partial, "r", locking=False) as f:
-            return int(f["resume/done"][:].sum())
-    except (OSError, KeyError):
-        return 0
-
-
-def _bytes(ds) -> bytes:
-    """A dataset's values as bytes (variable-length strings: their bytes, not the object pointers)."""
-    v = ds[()]
-    return b"\0".join(x if isinstance(x, bytes) else str(x).encode() for x in v.ravel()) if v.dtype == object \
-        else v.tobytes()
-
-
 def _assert_same_datasets(a_path: Path, b_path: Path) -> None:
     import h5py
 
@@ -286,7 +269,7 @@ def _assert_same_datasets(a_path: Path, b_path: Path) -> None:
         b.visititems(lambda n, o: other.append(n) if isinstance(o, h5py.Dataset) else None)
         assert names and sorted(names) == sorted(other)
         for n in names:
-            assert _bytes(a[n]) == _bytes(b[n]), n
+            assert dataset_bytes(a[n]) == dataset_bytes(b[n]), n
 
 
 def _wait_half_committed(run, wd: Path, timeout=600.0) -> int:
@@ -297,7 +280,7 @@ def _wait_half_committed(run, wd: Path, timeout=600.0) -> int:
         if run.poll() is not None:
             raise AssertionError("the run ended before the extraction could be interrupted:\n"
                                  + (wd / "run.log").read_text()[-3000:])
-        k = _committed(partial)
+        k = committed_batches(partial)
         return k if k >= 5 else None
 
     return _wait_for(some, timeout=timeout, what="committed batches in the partial file")
@@ -349,7 +332,7 @@ def test_extraction_preempted_half_way_resumes_byte_identical(slurm, reference, 
     stopped = re.search(r"stopped by SIG(?:TERM|USR1) after (\d+) of (\d+) batches", first)
     assert stopped, first[-3000:]
     k, n = int(stopped[1]), int(stopped[2])
-    assert 0 < k < n == N_LONG and _committed(tmp_path / (TARGET_H5 + ".partial")) == k
+    assert 0 < k < n == N_LONG and committed_batches(tmp_path / (TARGET_H5 + ".partial")) == k
     smk("--profile", str(prof), "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), TARGET_H5,
         cwd=tmp_path, env=slurm.env)
     assert f"resumed; {k} of {n} batches were committed before, {n - k} computed now" in log.read_text(), \

@@ -19,9 +19,14 @@ and writes each task's output to that job's log. Its lifetime follows the jobs t
 (issue 21 point 5; issue 18): it exits as soon as its *owner* exits, the outermost ``snakemake`` process
 among the job's ancestors (see :func:`owner_pid`): locally the run itself, so the weights are loaded once per
 model per study while the run lasts. Inside a SLURM allocation it runs as its own job step
-(:func:`srun_prefix`) and ends with the allocation, so no server outlives it. A job killed while its task runs (scancel, time limit) takes the task with it: the server
-exits before the task can write that job's output, so a later rerun never finds an output of a job that
-Snakemake saw fail. It sleeps between tasks (blocking ``accept`` and a watchdog blocked in ``select`` on
+(:func:`srun_prefix`) and ends with the allocation, so no server outlives it. A job killed while its task
+runs (scancel, time limit) takes the task with it: the server stops it at its next batch boundary (an
+extraction keeps its committed batches for the retry) and exits before the task can write that job's
+output, so a later rerun never finds an output of a job that Snakemake saw fail. Stop signals (issue 18):
+SLURM's warning ``--signal=USR1@<s>`` reaches the server's step, where the running extraction's handler
+commits the batch in flight and stops (between tasks the server ignores SIGUSR1); the waiting client
+forwards SIGUSR1/SIGTERM as a stop request over its connection (:func:`_forward_stop`) and fails with the
+task's ``ExtractionInterrupted``, so Snakemake retries and the retry resumes. It sleeps between tasks (blocking ``accept`` and a watchdog blocked in ``select`` on
 the owner's pidfd; no polling), and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds (default 3600)
 without a task as a safety net. ``LLMGEOM_MODEL_SERVER=0`` runs every task in the job's own process instead
 (the behaviour before issue 13).
@@ -371,7 +376,13 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
     job's process) exits before it ends is abandoned: the server exits without writing its output."""
     from multiprocessing.connection import Listener
 
+    import signal
+
     idle_s = idle_seconds() if idle_s is None else idle_s
+    # SLURM's warning (--signal=USR1@<s>, to every step) stops an extraction at a batch boundary (its own
+    # handler, while it runs); between tasks or during one without a stop point it must not kill the server
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     key = secrets.token_bytes(32)
     listener = Listener(str(d / "sock"), family="AF_UNIX", authkey=key)
     tmp = d / "authkey.partial"
