@@ -10,12 +10,19 @@
   as a ratio; peak RSS of each (every variant runs in a fresh process, alternating, ``--repeats`` times;
   medians); HDF5 bytes per prompt. Default: SmolLM2-135M prepared by the workflow
   (resources/models/smollm2-135m), CPU, float32, batch 16, the ``mixed`` prompt set (~48 tokens).
-  Targets (issue 7): full >= 0.95x the bare forward's tokens/s, peak RSS <= 1.2x.
-* ``dryrun``: ``snakemake -n`` wall time on a 20-model config (the default study's analyses, 20 tiny
-  random models) after a full run. The "full run" goes through the SLURM executor plugin to the stub
+  Targets (issue 7): full >= 0.95x the bare forward's tokens/s, peak RSS <= 1.2x; issue 21 item 4: against
+  the body-only forward (``--long-n`` prompts of ``--long-tokens`` tokens, batch ``--long-batch``, for the
+  peak RSS), and the corpus rate of ``--corpus-model-dir`` (Gemma-3-270M: the 262k-token unembedding).
+* ``dryrun``: ``snakemake -n`` wall time on an N-model config (the default study's analyses, N tiny
+  random models; ``--n-models 20 100 500`` runs each size in turn, issue 21 point 6) after a full run. The "full run" goes through the SLURM executor plugin to the stub
   sbatch of tests/slurm_stub.py, which creates every job's outputs without running its code; Snakemake
   records metadata exactly as after a real run, and a no-op ``-n`` reads only that (DAG, mtimes,
-  metadata), never the outputs' contents. Target: <= 3 s.
+  metadata), never the outputs' contents. Target: <= 3 s at 20 models, < 30 s at 500 (issue 21).
+  ``--profile-dryrun`` also runs the last size's no-op dry run under cProfile and prints the top functions.
+* ``growth``: ``extract_to_hdf5`` wall time against the number of prompts (``--growth-prompts``, default
+  100, 1,000, 10,000 short prompts of 4-12 words) on the tiny random Llama of ``llmgeom.models.tiny``
+  (CPU, float32, batch 16, ``--threads``), in seconds, prompts/s and HDF5 bytes (issue 21 point 6):
+  what grows faster than linearly shows up as a falling prompts/s.
 * ``id``: TwoNN and MLE intrinsic-dimension time against the number of points (d = 576, SmolLM2's width;
   points on a 10-dimensional curved manifold plus noise), one thread.
 
@@ -150,32 +157,59 @@ def child(args) -> dict:
     return res
 
 
+def _rounds(a, prompts, batch: int, tmp: Path, env: dict, tag: str = "") -> dict:
+    """``a.repeats`` rounds of the bare / full / body variants, each in a fresh process, alternating."""
+    runs = {"bare": [], "full": [], "body": []}
+    for r in range(a.repeats):
+        for variant in ("bare", "full", "body"):
+            cmd = [sys.executable, __file__, "_child", "--variant", variant, "--model-dir", a.model_dir,
+                   "--prompts", str(prompts), "--batch", str(batch), "--threads", str(a.threads),
+                   "--dtype", a.dtype, "--passes", str(a.passes), "--out", str(tmp / f"{tag}{variant}{r}.h5")]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                raise RuntimeError(f"benchmark child failed:\n{p.stderr[-4000:]}")
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+            runs[variant].append(res)
+            print(f"  [{tag}{variant} #{r + 1}] {res['tokens_per_s']:.0f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB,"
+                  f" load avg {load()[0]}", flush=True)
+    return runs
+
+
 def bench_extraction(a) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     tmp = Path(tempfile.mkdtemp(prefix="llmgeom-bench-"))
-    runs = {"bare": [], "full": [], "body": []}
     before = load()
+    long = None
     try:
-        for r in range(a.repeats):
-            for variant in ("bare", "full", "body"):
-                cmd = [sys.executable, __file__, "_child", "--variant", variant, "--model-dir", a.model_dir,
-                       "--prompts", a.prompts, "--batch", str(a.batch), "--threads", str(a.threads),
-                       "--dtype", a.dtype, "--passes", str(a.passes), "--out", str(tmp / f"{variant}{r}.h5")]
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                if p.returncode != 0:
-                    raise RuntimeError(f"benchmark child failed:\n{p.stderr[-4000:]}")
-                res = json.loads(p.stdout.strip().splitlines()[-1])
-                runs[variant].append(res)
-                print(f"  [{variant} #{r + 1}] {res['tokens_per_s']:.0f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB,"
-                      f" load avg {load()[0]}", flush=True)
+        runs = _rounds(a, a.prompts, a.batch, tmp, env)
+        if a.long_n:  # peak memory at long prompts (issue 21 item 4: <= 1.2x the body's at ~1,024 tokens)
+            sys.path.insert(0, str(REPO / "benchmarks"))
+            import gpu_check
+            from transformers import AutoTokenizer
+
+            from llmgeom.models.loading import resolve_weights_path
+
+            gpu_check.PROMPTS = Path(a.prompts)
+            lp = gpu_check.long_prompts(AutoTokenizer.from_pretrained(resolve_weights_path(Path(a.model_dir))),
+                                        tmp / "long.jsonl", a.long_n, a.long_tokens)
+            lr = _rounds(a, lp, a.long_batch, tmp, env, tag="long-")
+            lm = {v: {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "peak_rss_mib")}
+                  for v, rs in lr.items()}
+            long = {"n_prompts": a.long_n, "tokens": a.long_tokens, "batch": a.long_batch, "median": lm,
+                    "throughput_ratio_vs_body": lm["full"]["tokens_per_s"] / lm["body"]["tokens_per_s"],
+                    "rss_ratio_vs_body": lm["full"]["peak_rss_mib"] / lm["body"]["peak_rss_mib"],
+                    "rss_ratio_vs_body_per_round": [f["peak_rss_mib"] / b["peak_rss_mib"]
+                                                    for f, b in zip(lr["full"], lr["body"])]}
         corpus = None
         if a.corpus_prompts and Path(a.corpus_prompts).is_file():
-            cmd = [sys.executable, __file__, "_child", "--variant", "full", "--corpus", "--model-dir", a.model_dir,
-                   "--prompts", a.corpus_prompts, "--batch", str(a.batch), "--threads", str(a.threads),
+            cmd = [sys.executable, __file__, "_child", "--variant", "full", "--corpus", "--model-dir",
+                   a.corpus_model_dir or a.model_dir, "--prompts", a.corpus_prompts, "--batch",
+                   str(a.corpus_batch or a.batch), "--threads", str(a.threads),
                    "--dtype", a.dtype, "--passes", "1", "--out", str(tmp / "corpus.h5")]
             p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if p.returncode == 0:
                 corpus = json.loads(p.stdout.strip().splitlines()[-1])
+                corpus["model_dir"] = a.corpus_model_dir or a.model_dir
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {v: {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "peak_rss_mib", "seconds")}
@@ -195,8 +229,10 @@ def bench_extraction(a) -> dict:
         "rss_ratio_vs_body": med["full"]["peak_rss_mib"] / med["body"]["peak_rss_mib"],
         "h5_bytes_per_prompt": runs["full"][0]["h5_bytes_per_prompt"],
         "extract_log": runs["full"][-1].get("log", ""),
-        "corpus": None if corpus is None else {k: corpus[k] for k in ("n_prompts", "n_tokens", "tokens_per_s",
+        "corpus": None if corpus is None else {k: corpus[k] for k in ("model_dir", "n_prompts", "n_tokens", "tokens_per_s",
                                                                        "peak_rss_mib", "h5_bytes_per_prompt")},
+        "throughput_ratio_vs_body_per_pair": [f["tokens_per_s"] / b["tokens_per_s"] for b, f in zip(runs["body"], runs["full"])],
+        "long": long,
         "load_before": before, "load_after": load(), "runs": runs,
     }
     return out
@@ -205,7 +241,18 @@ def bench_extraction(a) -> dict:
 # --------------------------------------------------------------------------- dry run on 20 models
 
 
-def bench_dryrun(a) -> dict:
+def bench_dryrun_sizes(a) -> dict:
+    """:func:`bench_dryrun` for each of ``a.n_models``; one result per size, in order."""
+    rows = []
+    for i, n in enumerate(a.n_models):
+        rows.append(bench_dryrun(a, n, profile=a.profile_dryrun and i == len(a.n_models) - 1))
+        r = rows[-1]
+        print(f"  {n} models, {r['n_jobs']} jobs: no-op dry run {r['noop_dry_run_median_s']:.2f} s (median), "
+              f"first dry run {r['dry_run_before_full_run_s']:.1f} s, stub full run {r['stub_full_run_s']:.0f} s", flush=True)
+    return {"sizes": rows}
+
+
+def bench_dryrun(a, n_models: int, profile: bool = False) -> dict:
     sys.path.insert(0, str(REPO / "tests"))
     import yaml
 
@@ -218,7 +265,7 @@ def bench_dryrun(a) -> dict:
         src = testing.save_tiny_model_dir("llama", tmp / "src_models" / "tiny-llama")
         cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
         cfg["models"] = {f"model-{i:02d}": {"source": "hf_local", "path": str(src), "dtype": "float32",
-                                             "batch_size": 8} for i in range(a.n_models)}
+                                             "batch_size": 8} for i in range(n_models)}
         wd = tmp / "wd"
         wd.mkdir()
         (wd / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -251,7 +298,19 @@ def bench_dryrun(a) -> dict:
             nothing.append("Nothing to be done" in r.stdout + r.stderr)
             if not nothing[-1]:
                 print(r.stdout[-3000:], flush=True)
-        return {"n_models": a.n_models, "n_jobs": len(jobs), "dry_run_before_full_run_s": first_dry,
+        top = None
+        if profile:
+            pstats_file = tmp / "dryrun.pstats"
+            subprocess.run([sys.executable, "-m", "cProfile", "-o", str(pstats_file), "-m", "snakemake"] + base[3:]
+                           + ["-n"], capture_output=True, text=True, env=env, cwd=wd)
+            import io
+            import pstats
+
+            buf = io.StringIO()
+            pstats.Stats(str(pstats_file), stream=buf).sort_stats("cumulative").print_stats(40)
+            top = buf.getvalue()
+            print(top, flush=True)
+        return {"n_models": n_models, "cprofile_top": top, "n_jobs": len(jobs), "dry_run_before_full_run_s": first_dry,
                 "stub_full_run_s": stub_s, "noop_dry_run_s": times, "noop_dry_run_median_s": statistics.median(times),
                 "nothing_to_be_done": all(nothing), "load_before": before, "load_after": load()}
     finally:
@@ -259,6 +318,51 @@ def bench_dryrun(a) -> dict:
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- extraction vs number of prompts
+
+
+def bench_growth(a) -> dict:
+    """``extract_to_hdf5`` time against the number of short prompts on the tiny random Llama (issue 21)."""
+    import numpy as np
+    import torch
+
+    from llmgeom.extract.forward import extract_to_hdf5
+    from llmgeom.models import tiny
+    from llmgeom.models.sources import prepare_model
+    from llmgeom.prompts.io import write_prompt_set
+
+    torch.set_num_threads(a.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="llmgeom-growth-"))
+    rows = []
+    before = load()
+    try:
+        src = tiny.save_tiny_model_dir("llama", tmp / "src")
+        prepared = tmp / "prepared"
+        prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+        words = ["the", "model", "reads", "a", "short", "prompt", "about", "cats", "and", "numbers", "seven", "blue"]
+        rng = np.random.default_rng(0)
+        for n in a.growth_prompts:
+            recs = [{"id": f"p{i:05d}", "text": " ".join(rng.choice(words, size=int(rng.integers(4, 13))))}
+                    for i in range(n)]
+            prompts = tmp / f"p{n}.jsonl"
+            write_prompt_set(recs, prompts)
+            out = tmp / f"p{n}.h5"
+            t = time.perf_counter()
+            c = time.process_time()
+            extract_to_hdf5(prepared, prompts, out, model_name="tiny", dtype="float32", device="cpu",
+                            batch_size=16, log=lambda *x: None)
+            dt, cpu = time.perf_counter() - t, time.process_time() - c
+            rows.append({"n_prompts": n, "seconds": dt, "cpu_seconds": cpu, "prompts_per_s": n / dt,
+                         "h5_bytes": out.stat().st_size})
+            print(f"  {n:6d} prompts: {dt:7.2f} s wall, {cpu:7.2f} s CPU, {n / dt:7.0f} prompts/s, "
+                  f"{out.stat().st_size / 1e6:.1f} MB (load {load()[0]})", flush=True)
+            out.unlink()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"model": "llmgeom.models.tiny llama", "threads": a.threads, "batch": 16, "rows": rows,
+            "load_before": before, "load_after": load()}
 
 
 # --------------------------------------------------------------------------- intrinsic dimension
@@ -318,15 +422,33 @@ def markdown(res: dict) -> str:
                   + (f"; corpus set ({e['corpus']['n_prompts']} passages, {e['corpus']['n_tokens']} tokens): "
                      f"{e['corpus']['h5_bytes_per_prompt']:.0f} bytes per passage, {e['corpus']['tokens_per_s']:.0f} tokens/s"
                      if e.get("corpus") else "") + ".",
-                  f"Load average before/after: {e['load_before']} / {e['load_after']}.", ""]
-    d = res.get("dryrun")
-    if d:
+                  f"Per pair full / body: {', '.join(f'{x:.2f}' for x in e.get('throughput_ratio_vs_body_per_pair', []))}."]
+        if e.get("long"):
+            lg = e["long"]
+            lines += ["", f"Long prompts ({lg['n_prompts']} x ~{lg['tokens']} tokens, batch {lg['batch']}): peak RSS full / body "
+                      f"**{lg['rss_ratio_vs_body']:.2f}x** (target <= 1.2; per round "
+                      f"{', '.join(f'{x:.2f}' for x in lg['rss_ratio_vs_body_per_round'])}), tokens/s full / body "
+                      f"{lg['throughput_ratio_vs_body']:.2f}x; medians {lg['median']}."]
+        if e.get("corpus"):
+            c = e["corpus"]
+            lines += ["", f"Corpus extraction ({Path(c['model_dir']).name}, per-position margin / NLL / entropy over the "
+                      f"full vocabulary): {c['tokens_per_s']:.0f} tokens/s, peak RSS {c['peak_rss_mib']:.0f} MiB."]
+        lines += [f"Load average before/after: {e['load_before']} / {e['load_after']}.", ""]
+    dr = res.get("dryrun")
+    for d in (dr.get("sizes", [dr]) if dr else []):  # older results: one size, no "sizes"
         lines += [f"## No-op `snakemake -n` on {d['n_models']} models ({d['n_jobs']} jobs) after a full run", "",
                   f"Median {d['noop_dry_run_median_s']:.2f} s over {len(d['noop_dry_run_s'])} runs "
-                  f"({', '.join(f'{x:.2f}' for x in d['noop_dry_run_s'])} s; target <= 3 s); "
+                  f"({', '.join(f'{x:.2f}' for x in d['noop_dry_run_s'])} s; target <= 3 s at 20 models, < 30 s at 500); "
                   f"nothing scheduled: {d['nothing_to_be_done']}. First dry run (empty directory): "
                   f"{d['dry_run_before_full_run_s']:.1f} s; stub cluster full run: {d['stub_full_run_s']:.0f} s. "
                   f"Load average before/after: {d['load_before']} / {d['load_after']}.", ""]
+    g = res.get("growth")
+    if g:
+        lines += [f"## Extraction time vs number of prompts ({g['model']}, CPU float32, batch {g['batch']}, "
+                  f"{g['threads']} threads)", "", "| prompts | wall s | CPU s | prompts/s | HDF5 MB |", "|---|---|---|---|---|"]
+        lines += [f"| {r['n_prompts']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['prompts_per_s']:.0f} | "
+                  f"{r['h5_bytes'] / 1e6:.1f} |" for r in g["rows"]]
+        lines += ["", f"Load average before/after: {g['load_before']} / {g['load_after']}.", ""]
     i = res.get("id")
     if i:
         lines += ["## Intrinsic dimension time vs number of points (d = 576, 1 thread)", "",
@@ -345,7 +467,7 @@ def markdown(res: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("parts", nargs="*", default=["extraction", "dryrun", "id"])
+    ap.add_argument("parts", nargs="*", default=["extraction", "dryrun", "id", "growth"])
     ap.add_argument("--model-dir", default=str(REPO / "resources" / "models" / "smollm2-135m"))
     ap.add_argument("--prompts", default=str(REPO / "resources" / "prompts" / "mixed.jsonl"))
     ap.add_argument("--corpus-prompts", default=str(REPO / "resources" / "prompts" / "corpus.jsonl"))
@@ -354,7 +476,15 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per variant (alternating)")
     ap.add_argument("--passes", type=int, default=3, help="passes per process; the fastest counts (robust to load)")
-    ap.add_argument("--n-models", type=int, default=20)
+    ap.add_argument("--long-n", type=int, default=8, help="long prompts for the peak-memory rounds (0: skip)")
+    ap.add_argument("--long-tokens", type=int, default=1016)
+    ap.add_argument("--long-batch", type=int, default=4)
+    ap.add_argument("--corpus-model-dir", default=None, help="model of the corpus-rate run (default --model-dir; "
+                    "e.g. Gemma-3-270M, whose 262k-token unembedding dominates it)")
+    ap.add_argument("--corpus-batch", type=int, default=None)
+    ap.add_argument("--n-models", type=int, nargs="+", default=[20])
+    ap.add_argument("--profile-dryrun", action="store_true", help="cProfile the last size's no-op dry run")
+    ap.add_argument("--growth-prompts", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--dry-repeats", type=int, default=3)
     ap.add_argument("--id-points", type=int, nargs="+", default=[500, 1000, 2000, 4000, 8000])
     ap.add_argument("--out", default=str(OUT / "benchmarks.json"))
@@ -371,12 +501,13 @@ def main(argv=None):
     if out.is_file():  # keep the parts not rerun now
         try:
             prev = json.loads(out.read_text())
-            res.update({k: v for k, v in prev.items() if k in ("extraction", "dryrun", "id")})
+            res.update({k: v for k, v in prev.items() if k in ("extraction", "dryrun", "id", "growth")})
         except ValueError:
             pass
     for part in a.parts:
         print(f"== {part} (load average {load()})", flush=True)
-        res[part] = {"extraction": bench_extraction, "dryrun": bench_dryrun, "id": bench_id}[part](a)
+        res[part] = {"extraction": bench_extraction, "dryrun": bench_dryrun_sizes, "id": bench_id,
+                     "growth": bench_growth}[part](a)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     md = markdown(res)

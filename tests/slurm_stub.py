@@ -27,7 +27,8 @@ _FIELD = re.compile(r"^\s+(\w+): (.*)$")
 
 def dry_run_jobs(text: str) -> list[dict]:
     """Jobs of a ``snakemake -n`` printout: dicts with rule, wildcards (dict), input, output, log
-    (lists), reason, resources (dict of strings), group (True for jobs listed inside a group job)."""
+    (lists), reason, resources (dict of strings), group (True for jobs listed inside a group job) and, where
+    printed, benchmark, threads and priority (strings; Snakemake omits threads 1 and priority 0)."""
     jobs, cur = [], None
     for line in text.splitlines():
         m = _HEADER.match(line)
@@ -50,8 +51,8 @@ def dry_run_jobs(text: str) -> list[dict]:
             cur["wildcards"] = dict(kv.split("=", 1) for kv in val.split(", ") if "=" in kv)
         elif key == "resources":
             cur["resources"] = dict(kv.split("=", 1) for kv in val.split(", ") if "=" in kv)
-        elif key == "reason":
-            cur["reason"] = val
+        elif key in ("reason", "benchmark", "threads", "priority"):
+            cur[key] = val
     return jobs
 
 
@@ -61,9 +62,11 @@ def job_key(rule: str, wildcards: dict) -> str:
 
 
 def outputs_map(jobs: list[dict], directory_prefixes=("resources/models/", "resources/wind_tunnel/")) -> dict:
-    """``job_key`` -> [[path, is_directory], ...] for every job of a dry run."""
+    """``job_key`` -> [[path, is_directory], ...] for every job of a dry run: its outputs and its benchmark file
+    (which Snakemake awaits from a submitted job like an output)."""
     return {job_key(j["rule"], j["wildcards"]): [[o, any(o.startswith(p) and o.rstrip("/").count("/") == 2
                                                         for p in directory_prefixes)] for o in j["output"]]
+            + ([[j["benchmark"], False]] if j.get("benchmark") else [])
             for j in jobs if j["output"]}
 
 

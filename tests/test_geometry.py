@@ -260,3 +260,23 @@ def test_value_manifold_errors():
         value_manifold_stats(X, lat, n_boot=0, seed=0)
     with pytest.raises(ValueError, match="non-finite"):
         value_manifold_stats(X, np.r_[lat[:-1], np.nan], n_boot=10, seed=0)
+
+
+def test_duplicate_prompts_get_bit_identical_scores_and_tied_ranks():
+    """Identical rows (e.g. layer-0 values of prompts ending in the same token) score bit-identically, so
+    Spearman ranks them as exact ties: rho equals rho computed on the distinct rows' scores repeated."""
+    from llmgeom.core.stats import spearman
+    from llmgeom.measures.pca import ENTROPY_SIGN, ValueManifoldPCA
+
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((8, 40)) * rng.uniform(0.1, 3.0, 40)
+    rows = rng.integers(0, 8, 150)
+    X, H = base[rows], rng.random(8)[rows] + 0.01 * rng.standard_normal(150)
+    est = ValueManifoldPCA(standardize=True, n_components=1, sign=ENTROPY_SIGN).fit(X, H)
+    s = est.scores_[:, 0]
+    assert len(np.unique(s)) == len(np.unique(rows))
+    for r in np.unique(rows):
+        assert len(set(s[rows == r].tolist())) == 1
+    first = {r: s[np.flatnonzero(rows == r)[0]] for r in np.unique(rows)}
+    want = spearman(np.array([first[r] for r in rows]), H)[0]
+    assert est.sign_corr_[0] == pytest.approx(want, abs=0) and abs(want) > 0

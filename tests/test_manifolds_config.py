@@ -79,5 +79,5 @@ def test_every_extract_job_declares_gpu_and_memory(dry_run):
 def test_lsm_targets_scheduled(dry_run):
     out, cfg = dry_run
     rules = {j["rule"] for j in _jobs(out)}
-    assert {"intrinsic_dimension", "curvature", "margins", "fisher", "aggregate", "margin_vs_perplexity",
+    assert {"intrinsic_dimension", "curvature", "margins", "fisher", "aggregate_lsm", "margin_vs_perplexity",
             "figure_lsm"} <= rules

@@ -40,7 +40,7 @@ def _snakemake_objects():
     empty = type("S", (), {"wildcards": Namedlist(), "params": Namedlist(), "input": Namedlist(["in.csv"]),
                            "output": Namedlist(["results/summary/table.csv"]), "config": {}, "rule": "r"})()
     out = {"job without wildcards": empty, "dummy values": _Dummy()}
-    for fam in ("bayes", "lsm", "sula", "wind_tunnel"):  # the branches of summary_table.rst (params.family of rule aggregate)
+    for fam in ("bayes", "lsm", "sula", "wind_tunnel"):  # the branches of summary_table.rst (params.family of the rules aggregate_<family>)
         out[f"family {fam}"] = type("S", (), {"wildcards": Namedlist(fromdict={"table": "margins"}),
                                               "params": Namedlist(fromdict={"family": fam}),
                                               "output": Namedlist(["results/summary/margins.csv"]),
@@ -100,6 +100,6 @@ def test_summary_caption_branches_name_the_new_columns():
     other = " ".join(_render(text, ctx["family sula"]).split())
     assert "mle_lb" in lsm and "hard_core_thresholds" in lsm and "0.87-1.12" in lsm
     assert "top 10 eigenvalues" in bayes and "mle_lb" not in bayes
-    assert "results/summary/margins.csv" in other
+    assert "results/summary/<table>.csv" in other and "docs/outputs.md" in other
     for t in (lsm, bayes, other):
         assert "bias-corrected" in t and "blocks applied / L" in t

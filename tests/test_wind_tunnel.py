@@ -269,7 +269,9 @@ def test_tiny_training_run_saves_a_loadable_model_with_manifest_and_log(tiny_run
     val = tasks.sample_batch(TINY_TASK, 256, tasks.stream_rng(0, tasks.STREAM_VALID))
     ev = evaluate(model, val, man["candidate_token_ids"])
     assert ev["mae_bits"] == pytest.approx(man["val_mae_bits"], abs=1e-9)
-    assert torch.get_num_threads() == 1
+    # the trainer's global torch settings are restored
+    assert torch.get_num_threads() == 1 and not torch.are_deterministic_algorithms_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory is True
 
 
 def test_training_is_deterministic(tiny_runs):

@@ -22,6 +22,8 @@ rule attention_focusing:
         "analysis"
     log:
         "logs/attention_focusing/{model}.log",
+    benchmark:
+        "results/benchmarks/attention_focusing/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

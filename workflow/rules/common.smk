@@ -23,6 +23,7 @@ from llmgeom.workflow.cluster import (
     check_site_profile,
     float32_mem_mb,
     gpu_job_resources,
+    gpu_rule_threads,
     gpu_slot_limits,
     package_files,
     scaled_mem,
@@ -173,6 +174,28 @@ GPU_RESOURCES = gpu_job_resources(GPU_MODELS)
 for _slot, _n in gpu_slot_limits(GPU_MODELS).items():
     workflow.register_resource(_slot, _n)
 
+# threads of the GPU rules except train_wind_tunnel (wind_tunnel.models.<name>.threads: bit-identical per thread
+# count): extract.threads on a cluster; in a local run (no --jobs / executor: Snakemake's own `nodes` is unset) at
+# most half of --cores, so a GPU job leaves a core to the other model's GPU jobs or an analysis (issue 21).
+LOCAL_CORES = workflow.resource_settings.cores if workflow.resource_settings.nodes is None else None
+GPU_THREADS = gpu_rule_threads(config["extract"]["threads"], LOCAL_CORES)
+
+# `priority:` of the rules (higher first; Snakemake's scheduler picks the ready jobs with the highest sum; others 0):
+# the longest chains first (issue 21). Model preparation and prompts head every chain; a model's GPU jobs run one
+# after another (its GPU slot), corpus extraction first (the longest analyses follow it), then the SULA conditions
+# and the interventions; the wind-tunnel training (one thread, minutes) starts as soon as a core is free of these,
+# before the analyses, which fill the remaining gaps (the longest ones first).
+PRIORITY = {"prepare_model": 100, "build_prompts": 90, "build_sula": 90, "build_wind_tunnel_prompts": 90,
+            "extract": 60, "extract_corpus": 65, "extract_sula": 55, "intervene": 50,
+            "train_wind_tunnel": 40, "wind_tunnel_checkpoint": 40, "extract_wind_tunnel": 35,
+            "value_manifold": 20, "domain_restriction": 20, "intrinsic_dimension": 20, "fisher": 20,
+            "curvature": 15}
+
+
+def get_extract_priority(wildcards):
+    """priority of extract: corpus sets first (intrinsic dimension, curvature, margins and Fisher follow them)."""
+    return PRIORITY["extract_corpus" if get_is_corpus(wildcards) else "extract"]
+
 
 onstart:  # profiles/slurm placeholders left unfilled: refused after the DAG, before the first submission
     check_site_profile(workflow)
@@ -200,13 +223,13 @@ def all_targets():
     return TARGETS
 
 
-# Per-model tables that rule `aggregate` (summary.smk) concatenates over models into
+# Per-model tables that the rules `aggregate_<family>` (summary.smk) concatenates over models into
 # results/summary/{table}.csv: table -> folder under results/{model}/ and its report family.
 SUMMARY_TABLES = {}
 
 
 def summarize(*tables, family, folder="tables", models=None):
-    """Registers per-model tables results/{model}/<folder>/<table>.csv for rule `aggregate` and requests
+    """Registers per-model tables results/{model}/<folder>/<table>.csv for rule `aggregate_<family>` and requests
     their cross-model tables results/summary/<table>.csv (over `models`, default MODELS). Call it before
     summary.smk is included."""
     for t in tables:
@@ -214,11 +237,11 @@ def summarize(*tables, family, folder="tables", models=None):
         TARGETS.append(f"results/summary/{t}.csv")
 
 
-# Where `aggregate` (summary.smk) puts the cross-model tables of each family in the report; others go to "Tables".
+# Where `aggregate_<family>` (summary.smk) puts the cross-model tables of each family in the report; others go to "Tables".
 SUMMARY_REPORT = {"bayes": {"category": "Bayesian geometry", "subcategory": "Tables"},
                   "wind_tunnel": {"category": "Wind tunnel", "subcategory": "Tables"}}
 
 
-def summary_report(key):
-    """report(category=summary_report("category"), ...) of rule `aggregate`, by the table's family."""
-    return lambda w: SUMMARY_REPORT.get(SUMMARY_TABLES[w.table]["family"], {"category": "Tables"}).get(key)
+def summary_report(family, key):
+    """report(category=summary_report(family, "category"), ...) of rule `aggregate_<family>`."""
+    return SUMMARY_REPORT.get(family, {"category": "Tables"}).get(key)

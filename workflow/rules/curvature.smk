@@ -18,6 +18,7 @@ rule curvature:
         min_points=config["curvature"]["min_points"],
         seed=config["curvature"]["seed"],
     threads: 1
+    priority: PRIORITY["curvature"]
     resources:
         mem_mb=scaled_mem(4000),
         runtime=30,
@@ -25,6 +26,8 @@ rule curvature:
         "analysis"
     log:
         "logs/curvature/{model}.log",
+    benchmark:
+        "results/benchmarks/curvature/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -25,6 +25,8 @@ rule decoding:
         "analysis"
     log:
         "logs/decoding/{model}.log",
+    benchmark:
+        "results/benchmarks/decoding/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:

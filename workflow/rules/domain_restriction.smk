@@ -29,6 +29,7 @@ rule domain_restriction:
         seed=config["domain_restriction"]["seed"],
         layers=config["domain_restriction"]["layers"],
     threads: 1
+    priority: PRIORITY["domain_restriction"]
     resources:
         mem_mb=scaled_mem(4000),
         runtime=30,
@@ -36,6 +37,8 @@ rule domain_restriction:
         "analysis"
     log:
         "logs/domain_restriction/{model}.log",
+    benchmark:
+        "results/benchmarks/domain_restriction/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -18,13 +18,16 @@ rule extract:
         sample_per_prompt=config["extract"]["sample_per_prompt"],
         max_tokens=get_max_tokens,
         seed=config["prompts"]["seed"],
-    threads: config["extract"]["threads"]
+    threads: GPU_THREADS
+    priority: get_extract_priority
     resources:
         **GPU_RESOURCES,
     group:
         GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/extract/{model}/{promptset}.log",
+    benchmark:
+        "results/benchmarks/extract/{model}/{promptset}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:

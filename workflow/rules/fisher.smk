@@ -17,6 +17,7 @@ rule fisher:
     params:
         opts={k: config["fisher"][k] for k in ("n_positions", "max_tokens", "tail_mass", "seed", "batch")},
     threads: config["fisher"]["threads"]
+    priority: PRIORITY["fisher"]
     resources:
         # the whole model is loaded on CPU in float32 to read its unembedding: model_mem sizes it for float32
         mem_mb=scaled_mem(model_mem),
@@ -25,6 +26,8 @@ rule fisher:
         "analysis"
     log:
         "logs/fisher/{model}.log",
+    benchmark:
+        "results/benchmarks/fisher/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:

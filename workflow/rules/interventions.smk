@@ -31,13 +31,16 @@ rule intervene:
         dtype=get_dtype,
         device_map=get_device_map,
         device=config["extract"]["device"],
-    threads: config["extract"]["threads"]
+    threads: GPU_THREADS
+    priority: PRIORITY["intervene"]
     resources:
         **GPU_RESOURCES,
     group:
         GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/intervene/{model}.log",
+    benchmark:
+        "results/benchmarks/intervene/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:
@@ -64,6 +67,8 @@ rule sula_interventions:
         "analysis"
     log:
         "logs/sula_interventions/{model}.log",
+    benchmark:
+        "results/benchmarks/sula_interventions/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -89,6 +94,8 @@ rule figure_interventions:
         "summary"
     log:
         "logs/figure_interventions.log",
+    benchmark:
+        "results/benchmarks/figure_interventions.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

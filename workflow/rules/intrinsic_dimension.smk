@@ -36,6 +36,7 @@ rule intrinsic_dimension:
         gride_plateau_tol=config["intrinsic_dimension"]["gride_plateau_tol"],
         peak_depth_tol=config["intrinsic_dimension"]["peak_depth_tol"],
     threads: 1
+    priority: PRIORITY["intrinsic_dimension"]
     resources:
         mem_mb=scaled_mem(4000),
         runtime=30,
@@ -43,6 +44,8 @@ rule intrinsic_dimension:
         "analysis"
     log:
         "logs/intrinsic_dimension/{model}.log",
+    benchmark:
+        "results/benchmarks/intrinsic_dimension/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -22,6 +22,8 @@ rule key_orthogonality:
         "analysis"
     log:
         "logs/key_orthogonality/{model}.log",
+    benchmark:
+        "results/benchmarks/key_orthogonality/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:

@@ -28,6 +28,8 @@ rule margins:
         "analysis"
     log:
         "logs/margins/{model}.log",
+    benchmark:
+        "results/benchmarks/margins/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -52,6 +54,8 @@ rule margin_vs_perplexity:
         "summary"
     log:
         "logs/margin_vs_perplexity.log",
+    benchmark:
+        "results/benchmarks/margin_vs_perplexity.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -8,11 +8,14 @@ rule prepare_model:
         model=LLM_RE,  # wind-tunnel models come from train_wind_tunnel / wind_tunnel_checkpoint
     params:
         spec=get_source_params,
+    priority: PRIORITY["prepare_model"]
     resources:
         mem_mb=scaled_mem(model_mem),
         runtime=30,
     log:
         "logs/prepare_model/{model}.log",
+    benchmark:
+        "results/benchmarks/prepare_model/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:

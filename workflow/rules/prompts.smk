@@ -8,11 +8,14 @@ rule build_prompts:
         spec=get_prompt_spec,
         seed=config["prompts"]["seed"],
         token_budget=config["prompts"]["token_budget"],
+    priority: PRIORITY["build_prompts"]
     resources:
         mem_mb=scaled_mem(2000),
         runtime=10,
     log:
         "logs/build_prompts/{promptset}.log",
+    benchmark:
+        "results/benchmarks/build_prompts/{promptset}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -26,6 +26,8 @@ rule provenance:
         "summary"
     log:
         "logs/provenance.log",
+    benchmark:
+        "results/benchmarks/provenance.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -23,6 +23,8 @@ rule rate_distortion:
         "analysis"
     log:
         "logs/rate_distortion/{model}.log",
+    benchmark:
+        "results/benchmarks/rate_distortion/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

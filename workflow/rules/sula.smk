@@ -27,11 +27,14 @@ rule build_sula:
         mask=SULA["mask"],
         prefix=SULA["label_prefix"],
         label_pairs=SULA["label_pairs"],
+    priority: PRIORITY["build_sula"]
     resources:
         mem_mb=scaled_mem(2000),
         runtime=5,
     log:
         "logs/build_sula/{model}.log",
+    benchmark:
+        "results/benchmarks/build_sula/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -57,13 +60,16 @@ rule extract_sula:
         attention=False,  # SULA needs no attention weights: sdpa
         corpus=False,
         candidates_key=CANDIDATES_KEY,
-    threads: config["extract"]["threads"]
+    threads: GPU_THREADS
+    priority: PRIORITY["extract_sula"]
     resources:
         **GPU_RESOURCES,
     group:
         GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/extract_sula/{model}/{condition}.log",
+    benchmark:
+        "results/benchmarks/extract_sula/{model}/{condition}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:
@@ -91,6 +97,8 @@ rule sula:
         "analysis"
     log:
         "logs/sula/{model}.log",
+    benchmark:
+        "results/benchmarks/sula/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -124,6 +132,8 @@ rule figure_sula:
         "summary"
     log:
         "logs/figure_sula.log",
+    benchmark:
+        "results/benchmarks/figure_sula.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -1,5 +1,5 @@
 # Cross-model tables and the figures drawn from them. Included after every rule file that registers
-# per-model tables with summarize(...) (common.smk): rule `aggregate` concatenates each over models.
+# per-model tables with summarize(...) (common.smk): rules `aggregate_<family>` concatenate each over models.
 # Code: llmgeom.core.io.concat_tables (aggregate), llmgeom.analyses.bayes_tables (Table 1 / Table 2),
 # llmgeom.plots.bayes and llmgeom.plots.lsm (figures).
 BAYES_FIGURES = ["pc_scatter", "explained_variance_layers", "key_orthogonality", "attention_focusing",
@@ -10,37 +10,43 @@ TARGETS += ["results/summary/bayes_tables.html"]
 TARGETS += expand("results/figures/{fig}.{ext}", fig=BAYES_FIGURES + LSM_FIGURES, ext=["png", "pdf"])
 
 
-rule aggregate:
-    """Cross-model table results/summary/{table}.csv: the per-model tables concatenated (model order of
-    MODELS, or the models given to summarize); one job per table. Which tables: summarize(...) in each rule file."""
-    input:
-        tables=lambda w: expand("results/{model}/{folder}/{table}.csv", model=SUMMARY_TABLES[w.table]["models"],
-                                table=w.table,
-                                folder=SUMMARY_TABLES[w.table]["folder"]),
-        code=code("aggregate"),
-    output:
-        report(
-            "results/summary/{table}.csv",
-            caption="../report/summary_table.rst",
-            category=summary_report("category"),
-            subcategory=summary_report("subcategory"),
-            labels={"table": "{table}"},
-        ),
-    params:
-        family=lambda w: SUMMARY_TABLES[w.table]["family"],  # selects the caption's paragraph
-    wildcard_constraints:
-        table="|".join(map(re.escape, SUMMARY_TABLES)),
-    resources:
-        mem_mb=scaled_mem(1000),
-        runtime=5,
-    group:
-        "summary"
-    log:
-        "logs/aggregate/{table}.log",
-    conda:
-        "../../envs/analysis.yaml"
-    script:
-        "../scripts/aggregate.py"
+# One aggregate job per family of tables (summarize(..., family=...)): a few ~1 s jobs instead of one per table
+# (issue 21); the caption's paragraph is the family's (params.family). Rules aggregate_<family>.
+SUMMARY_FAMILIES = {}
+for _t, _spec in SUMMARY_TABLES.items():
+    SUMMARY_FAMILIES.setdefault(_spec["family"], []).append(_t)
+
+for _fam, _tables in SUMMARY_FAMILIES.items():
+
+    rule:
+        name:
+            f"aggregate_{_fam}"
+        # Cross-model tables results/summary/<table>.csv of one family: each table's per-model tables
+        # concatenated (model order of MODELS, or the models given to summarize); one named input per table.
+        input:
+            **{t: expand("results/{model}/{folder}/{table}.csv", model=SUMMARY_TABLES[t]["models"], table=t,
+                         folder=SUMMARY_TABLES[t]["folder"]) for t in _tables},
+            code=code("aggregate"),
+        output:
+            **{t: report(f"results/summary/{t}.csv", caption="../report/summary_table.rst",
+                         category=summary_report(_fam, "category"), subcategory=summary_report(_fam, "subcategory"),
+                         labels={"table": t})
+               for t in _tables},
+        params:
+            family=_fam,  # selects the caption's paragraph
+        resources:
+            mem_mb=scaled_mem(1000),
+            runtime=5,
+        group:
+            "summary"
+        log:
+            f"logs/aggregate/{_fam}.log",
+        benchmark:
+            f"results/benchmarks/aggregate/{_fam}.tsv"
+        conda:
+            "../../envs/analysis.yaml"
+        script:
+            "../scripts/aggregate.py"
 
 
 rule bayes_tables:
@@ -76,6 +82,8 @@ rule bayes_tables:
         "summary"
     log:
         "logs/bayes_tables.log",
+    benchmark:
+        "results/benchmarks/bayes_tables.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -106,6 +114,8 @@ rule figure_bayes:
         "summary"
     log:
         "logs/figure_bayes.log",
+    benchmark:
+        "results/benchmarks/figure_bayes.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -143,6 +153,8 @@ rule figure_lsm:
         "summary"
     log:
         "logs/figure_lsm.log",
+    benchmark:
+        "results/benchmarks/figure_lsm.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -201,6 +213,8 @@ rule claims:
         "summary"
     log:
         "logs/claims.log",
+    benchmark:
+        "results/benchmarks/claims.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

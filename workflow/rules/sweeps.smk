@@ -42,6 +42,8 @@ rule checkpoint_trajectory:
         "summary"
     log:
         "logs/checkpoint_trajectory.log",
+    benchmark:
+        "results/benchmarks/checkpoint_trajectory.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

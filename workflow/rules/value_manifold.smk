@@ -18,6 +18,7 @@ rule value_manifold:
         ci=config["value_manifold"]["ci"],
         seed=config["value_manifold"]["seed"],
         layers=config["value_manifold"]["layers"],
+    priority: PRIORITY["value_manifold"]
     resources:
         mem_mb=scaled_mem(4000),
         runtime=30,
@@ -25,6 +26,8 @@ rule value_manifold:
         "analysis"
     log:
         "logs/value_manifold/{model}.log",
+    benchmark:
+        "results/benchmarks/value_manifold/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -50,6 +53,8 @@ rule figure_value_manifold:
         "summary"
     log:
         "logs/figure_value_manifold.log",
+    benchmark:
+        "results/benchmarks/figure_value_manifold.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

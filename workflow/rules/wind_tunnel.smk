@@ -30,12 +30,15 @@ rule train_wind_tunnel:
         training=get_wt_training,
         checkpoints=get_wt_checkpoints,
     threads: get_wt_threads
+    priority: PRIORITY["train_wind_tunnel"]
     resources:
         **GPU_RESOURCES,
     group:
         GPU_GROUP  # with the model's extraction: one SLURM submission per model (issue 13)
     log:
         "logs/train_wind_tunnel/{model}.log",
+    benchmark:
+        "results/benchmarks/train_wind_tunnel/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:
@@ -53,11 +56,14 @@ rule wind_tunnel_checkpoint:
         model=WT_CHECKPOINT_RE,
     params:
         base=get_wt_base,
+    priority: PRIORITY["wind_tunnel_checkpoint"]
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
     log:
         "logs/wind_tunnel_checkpoint/{model}.log",
+    benchmark:
+        "results/benchmarks/wind_tunnel_checkpoint/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -77,11 +83,14 @@ rule build_wind_tunnel_prompts:
         n_sequences=WT_CFG["prompts"]["n_sequences"],
         cut_positions=get_wt_cuts,
         seed=WT_CFG["prompts"]["seed"],
+    priority: PRIORITY["build_wind_tunnel_prompts"]
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
     log:
         "logs/build_wind_tunnel_prompts/{task}.log",
+    benchmark:
+        "results/benchmarks/build_wind_tunnel_prompts/{task}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -107,13 +116,16 @@ rule extract_wind_tunnel:
         attention=True,  # attention entropies for attention focusing
         corpus=False,
         candidates_key=CANDIDATES_KEY,
-    threads: config["extract"]["threads"]
+    threads: GPU_THREADS
+    priority: PRIORITY["extract_wind_tunnel"]
     resources:
         **GPU_RESOURCES,
     group:
         GPU_GROUP
     log:
         "logs/extract_wind_tunnel/{model}.log",
+    benchmark:
+        "results/benchmarks/extract_wind_tunnel/{model}.tsv",
     conda:
         "../../envs/torch.yaml"
     script:
@@ -145,6 +157,8 @@ rule wind_tunnel:
         "analysis"
     log:
         "logs/wind_tunnel/{model}.log",
+    benchmark:
+        "results/benchmarks/wind_tunnel/{model}.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -171,6 +185,8 @@ rule figure_wind_tunnel:
         "summary"
     log:
         "logs/figure_wind_tunnel.log",
+    benchmark:
+        "results/benchmarks/figure_wind_tunnel.tsv",
     conda:
         "../../envs/analysis.yaml"
     script:

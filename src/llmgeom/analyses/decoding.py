@@ -13,16 +13,14 @@ from llmgeom.core.store import attrs_dict, open_activations, read_finite
 from llmgeom.measures import decoding as dec
 
 
-def decoding_table(h5_path, unembedding, *, model: str, next_ids=None, calibration_fraction: float = 0.5,
+def decoding_table(h5_path, unembedding, *, model: str, calibration_fraction: float = 0.5,
                    n_margin_bins: int = 4, ece_bins: int = 10, n_bins: int = 2048, n_boot: int = 200,
                    ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
     """NLL and top-1 ECE of T = 1, a single fitted T and a margin-binned T(m) on held-out corpus passages.
 
     Logits at the sampled positions: ``tokens/final_normed_sample`` @ W^T + b (soft-capped where the model
-    has final-logit soft-capping). Next token: ``next_ids`` [n_sample] when given; otherwise its logit is
-    recovered from ``tokens/nll`` at (``tokens/sample_prompt``, ``tokens/sample_position``) in the
-    per-position arrays (``tokens/prompt``, ``tokens/position``) as logsumexp(z) - nll; sampled positions
-    without a stored NLL (a passage's last token) are dropped.
+    has final-logit soft-capping). Next token: ``tokens/sample_next_token`` [n_sample] (contract 5); sampled
+    positions without one (-1: a passage's last token) are dropped.
 
     Returns:
         DataFrame, one row per scheme ("t1", "single", "adaptive"): model, prompt_set, scheme, nll (nats, held
@@ -30,7 +28,8 @@ def decoding_table(h5_path, unembedding, *, model: str, next_ids=None, calibrati
         margin bin), margin_edges (';'-joined inner edges, logits), and on every row the comparison
         delta_nll_adaptive_vs_single, delta_ece_adaptive_vs_single with _lo / _hi (paired bootstrap over
         held-out passages, negative = adaptive better), accuracy, n_calibration, n_heldout,
-        n_passages_heldout, n_boot, n_dropped_no_nll, next_token_source ("next_ids" / "tokens/nll").
+        n_passages_heldout, n_boot, n_dropped_no_nll (sampled positions without a next token),
+        next_token_source ("tokens/sample_next_token").
 
     Raises:
         StoreError: untrusted file. KeyError: not a corpus file. ValueError: d_unembed differs from W's.
@@ -43,22 +42,12 @@ def decoding_table(h5_path, unembedding, *, model: str, next_ids=None, calibrati
             raise KeyError(f"{h5_path} has no tokens/final_normed_sample: rerun rule extract on a corpus set")
         H = read_finite(f, "tokens/final_normed_sample", dtype=np.float32)
         sp = f["tokens/sample_prompt"][:].astype(np.int64)
-        spos = f["tokens/sample_position"][:].astype(np.int64)
-        key = f["tokens/prompt"][:].astype(np.int64) * 1_000_000 + f["tokens/position"][:]
-        tok_nll = read_finite(f, "tokens/nll")
+        nxt = f["tokens/sample_next_token"][:].astype(np.int64)
     W, b, cap = unembedding
     if W.shape[1] != H.shape[1]:
         raise ValueError(f"{h5_path}: final_normed_sample has d={H.shape[1]} but the unembedding has d={W.shape[1]}")
-    keep = np.ones(len(H), bool)
-    nll = None
-    if next_ids is None:
-        o = np.argsort(key)
-        loc = np.clip(np.searchsorted(key[o], sp * 1_000_000 + spos), 0, len(o) - 1)
-        keep = key[o][loc] == sp * 1_000_000 + spos
-        nll = tok_nll[o][loc][keep]
-    else:
-        next_ids = np.asarray(next_ids)[keep]
-    st = dec.position_stats(H[keep], W, b, cap, next_ids=next_ids, nll=nll, n_bins=n_bins)
+    keep = nxt >= 0
+    st = dec.position_stats(H[keep], W, b, cap, next_ids=nxt[keep], n_bins=n_bins)
     r = dec.compare_schemes(st, sp[keep], calibration_fraction=calibration_fraction, n_margin_bins=n_margin_bins,
                             ece_bins=ece_bins, n_boot=n_boot, ci=ci, seed=seed)
     common = {k: v for k, v in r.items() if k.startswith("delta_") or k in (
@@ -67,5 +56,5 @@ def decoding_table(h5_path, unembedding, *, model: str, next_ids=None, calibrati
     rows = [dict(model=model, prompt_set=a.get("prompt_set"), scheme=s, nll=r[f"nll_{s}"], ece=r[f"ece_{s}"],
                  temperature=temps[s], margin_edges=";".join(f"{e:.4g}" for e in r["margin_edges"]), **common,
                  n_dropped_no_nll=int((~keep).sum()),
-                 next_token_source="tokens/nll" if next_ids is None else "next_ids") for s in dec.SCHEMES]
+                 next_token_source="tokens/sample_next_token") for s in dec.SCHEMES]
     return pd.DataFrame(rows)

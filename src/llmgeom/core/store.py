@@ -25,7 +25,8 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
   log-probabilities in nats over the full vocabulary (float32), ``next_token/candidate_ids`` int64 (same shape)
 - corpus sets: ``tokens/residual_sample`` [n_sample, n_layers+1, d_model], ``tokens/final_normed_sample``
   [n_sample, d_unembed] (unembedding input at the same positions, for the Fisher metric), ``tokens/sample_prompt``,
-  ``tokens/sample_position`` int32 [n_sample]; ``tokens/margin`` (top-1 minus top-2 logit),
+  ``tokens/sample_position``, ``tokens/sample_next_token`` (the token after the sampled one; -1 at a passage's
+  last token) int32 [n_sample]; ``tokens/margin`` (top-1 minus top-2 logit),
   ``tokens/nll`` (nats), ``tokens/entropy`` (nats), ``tokens/prompt``, ``tokens/position`` int32 [n_positions].
 
 The names, dtypes, named axes and units above are declared once, in :data:`CONTRACT` (contract 4: the axes
@@ -62,7 +63,7 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems;
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
-CONTRACT_VERSION = 4  # 2: Fletcher-32 checksums on every numeric dataset, sha256 of string datasets; 3: last_token/attn_output; 4: named axes (HDF5 dimension scales)
+CONTRACT_VERSION = 5  # 2: Fletcher-32 checksums on every numeric dataset, sha256 of string datasets; 3: last_token/attn_output; 4: named axes (HDF5 dimension scales); 5: tokens/sample_next_token
 
 NUMERIC_1D_CHUNK = 4096   # elements per chunk of a 1-D numeric dataset (16-32 KB)
 
@@ -120,6 +121,8 @@ CONTRACT: dict[str, DatasetSpec] = {
                                               "corpus"),
     "tokens/sample_prompt": DatasetSpec("int32", ("sample",), "index", "sample", "corpus"),
     "tokens/sample_position": DatasetSpec("int32", ("sample",), "token position", "sample", "corpus"),
+    "tokens/sample_next_token": DatasetSpec("int32", ("sample",), "token id (-1: the passage's last token)", "sample",
+                                            "corpus"),
     "tokens/margin": DatasetSpec("float32", ("position",), "logits", "position", "corpus"),
     "tokens/nll": DatasetSpec("float32", ("position",), "nats", "position", "corpus"),
     "tokens/entropy": DatasetSpec("float32", ("position",), "nats", "position", "corpus"),

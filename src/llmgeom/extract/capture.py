@@ -84,7 +84,8 @@ class AttentionCall:
 @dataclass
 class HookPoint:
     """The point a hook runs on: ``name``, ``layer`` (None for global points), the :class:`Batch` (None
-    outside :func:`run`) and ``raw``, the module's own output (tensor or tuple) where there is one."""
+    outside :func:`run`) and ``raw``, the module's own output (tensor or tuple) where there is one, set only while the
+    hooks of the point run (a hook that keeps it must keep its own reference)."""
 
     name: str
     layer: int | None
@@ -196,12 +197,15 @@ def _module_hook(model, kind: str, layer: int, fns: list, state: dict, blocks: l
     def run_fns(act):
         pt.batch = state.get("batch")
         changed = None
-        for fn in fns:
-            new = fn(act, pt)
-            if new is not None:
-                if kind not in EDITABLE:
-                    raise ValueError(f"hook point {pt.name!r} is read-only; a hook returned a tensor")
-                act = changed = new
+        try:
+            for fn in fns:
+                new = fn(act, pt)
+                if new is not None:
+                    if kind not in EDITABLE:
+                        raise ValueError(f"hook point {pt.name!r} is read-only; a hook returned a tensor")
+                    act = changed = new
+        finally:
+            pt.raw = None  # the module output lives only while the hooks run (else every hooked layer's stays to the end)
         return changed
 
     if kind == "hook_resid_pre":

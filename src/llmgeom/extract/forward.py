@@ -158,7 +158,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         ``next_token/top_ids`` / ``top_logits`` [B, k], ``next_token/candidate_logprobs`` [B, C] (if candidates),
         ``attention/entropy`` [B, L, H] nats (if attention); ``tokens/residual_sample`` [S, L+1, d],
         ``tokens/final_normed_sample`` [S, d_unembed], ``tokens/sample_prompt`` (batch row) /
-        ``tokens/sample_position`` [S] (if sample_positions); ``tokens/margin`` / ``nll`` / ``entropy`` /
+        ``tokens/sample_position`` / ``tokens/sample_next_token`` (-1 at a prompt's last token) [S] (if sample_positions); ``tokens/margin`` / ``nll`` / ``entropy`` /
         ``prompt`` (batch row) / ``position`` [P] (if token_stats).
 
     Raises:
@@ -185,13 +185,21 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     gb, gt = torch.cat(gb), torch.cat(gt)
     valid = batch.mask.bool()
     L = s.n_layers
-    resid: list = [None] * (L + 1)
-    keys: list = [None] * L
-    vals: list = [None] * L
-    attn_out: list = [None] * L
-    attn_ent: list = [None] * L
+    # output buffers, allocated before the forward (not one small tensor per layer between its large
+    # transients: that fragments the heap and raised the peak RSS to 1.3-1.75x the body's at 1,024 tokens);
+    # NaN-filled, so a layer that did not run is refused by the writer
+    nan = (lambda *shape: torch.full(shape, float("nan"), dtype=torch.float32, device=dev))
+    resid = nan(len(gb), L + 1, s.d_model)
+    keys = nan(B, L, s.n_kv_heads * s.head_dim)
+    vals = nan(B, L, s.n_kv_heads * s.head_dim)
+    attn_out = nan(B, L, s.n_heads * s.head_dim)
+    attn_ent = nan(B, L, s.n_heads) if attention else None
 
     def check(t: torch.Tensor, where: str):
+        # fast path, one reduction: a finite sum means every element is finite (a NaN/inf propagates into
+        # it); a non-finite sum (also a finite overflow, or a non-finite value on padding) takes the exact test
+        if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+            return
         bad = ~torch.isfinite(t)
         if bad.dim() == 3:
             bad = bad.any(-1) & valid.to(bad.device)
@@ -203,15 +211,15 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
 
     def embeddings(h, pt):
         check(h, "embeddings (layer 0)")
-        resid[0] = rows_at(h, gb, gt, dev)
+        resid[:, 0] = rows_at(h, gb, gt, dev)
 
     def block_out(h, pt):
         check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
-        resid[pt.layer + 1] = rows_at(h, gb, gt, dev)
+        resid[:, pt.layer + 1] = rows_at(h, gb, gt, dev)
 
     def store(buf):
         def fn(t, pt):
-            buf[pt.layer] = rows_at(t, b_idx, last, dev)
+            buf[:, pt.layer] = rows_at(t, b_idx, last, dev)
         return fn
 
     def entropy(c, pt):
@@ -220,7 +228,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             c.query, c.key, last, valid, softcap=c.softcap if c.softcap is not None else arch.attention_softcap(cfg),
             scaling=c.scaling if c.scaling is not None else arch.attention_scaling(cfg, pt.layer),
             window=arch.attention_window(cfg, pt.layer))
-        attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
+        attn_ent[:, pt.layer] = attention_row_entropy(p).to(dev)
 
     P = capture.point_name
     hooks = {P("hook_resid_pre", 0): embeddings}
@@ -236,17 +244,19 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         hT = out.hidden
         check(hT, "final norm output")
         res: dict = {}
-        R = torch.stack(resid, dim=1)  # [G, L+1, d]
+        R = resid  # [G, L+1, d]
         res["last_token/residual"] = R[:B].cpu().numpy()
         if sample_positions is not None:
             res["tokens/residual_sample"] = R[B:].cpu().numpy()
             res["tokens/final_normed_sample"] = rows_at(hT, gb[B:], gt[B:], dev).cpu().numpy()
             res["tokens/sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
             res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
+            nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(samp_b, samp_t)]
+            res["tokens/sample_next_token"] = np.asarray(nxt, dtype=np.int32)
         res["last_token/final_normed"] = rows_at(hT, b_idx, last, dev).cpu().numpy()
-        res["last_token/values"] = torch.stack(vals, 1).cpu().numpy()
-        res["last_token/attn_output"] = torch.stack(attn_out, 1).cpu().numpy()
-        res["last_token/keys"] = torch.stack(keys, 1).reshape(B, L, s.n_kv_heads, s.head_dim).cpu().numpy()
+        res["last_token/values"] = vals.cpu().numpy()
+        res["last_token/attn_output"] = attn_out.cpu().numpy()
+        res["last_token/keys"] = keys.reshape(B, L, s.n_kv_heads, s.head_dim).cpu().numpy()
         logits = out.logits
         if not torch.isfinite(logits).all():
             bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
@@ -260,7 +270,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         if candidates is not None:
             res["next_token/candidate_logprobs"] = capture.candidate_logprobs(logits, candidates).cpu().numpy()
         if attention:
-            res["attention/entropy"] = torch.stack(attn_ent, 1).cpu().numpy()  # [B, L, H]
+            res["attention/entropy"] = attn_ent.cpu().numpy()  # [B, L, H]
         if token_stats:
             tb, tt = [], []
             for i, sq in enumerate(seqs):
@@ -272,16 +282,25 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             margins, nlls, ents = [], [], []
             for j in range(0, len(tb), head.chunk):
                 bb, ttt = tb_t[j:j + head.chunk], tt_t[j:j + head.chunk]
-                z = head(rows_at(hT, bb, ttt, hT.device))
-                if not torch.isfinite(z).all():
-                    bi = int(bb[(~torch.isfinite(z)).any(-1)][0])
-                    raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
-                                                   f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
+                z = head(rows_at(hT, bb, ttt, hT.device))  # [chunk, V] float32
                 top2 = z.topk(2, dim=-1).values
                 margins.append(top2[:, 0] - top2[:, 1])
                 logp = torch.log_softmax(z, -1)
+                bad_z = None
+                if not bool(torch.isfinite(margins[-1]).all()):  # NaN / +inf logits: top-1 is NaN or inf
+                    bad_z = ~torch.isfinite(z).all(-1)
+                del z
                 nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1).to(logp.device)).squeeze(1))
-                ents.append(-(logp.exp() * logp).sum(-1))
+                p = logp.exp()
+                ents.append(-p.mul_(logp).sum(-1))  # in place: the same products, one [chunk, V] buffer fewer
+                del p, logp
+                # any non-finite logit makes the row's margin (NaN, +inf) or entropy (-inf: 0 * -inf) non-finite,
+                # so checking the [chunk] statistics replaces a test over the [chunk, V] logits
+                if bad_z is not None or not bool(torch.isfinite(ents[-1]).all()):
+                    rows = bad_z if bad_z is not None else ~torch.isfinite(ents[-1])
+                    bi = int(bb[rows.to(bb.device)][0])
+                    raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
+                                                   f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
             cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
             res["tokens/margin"], res["tokens/nll"], res["tokens/entropy"] = cat(margins), cat(nlls), cat(ents)
             res["tokens/prompt"] = np.asarray(tb, dtype=np.int64)

@@ -398,6 +398,11 @@ class ValueManifoldPCA:
         if k > evr.size:
             raise ValueError(f"n_components must be in [1, {evr.size}], got {k}")
         S = _pca_scores(pca, Z, k)
+        # Identical prompts (rows) must get bit-identical scores, so that their ranks tie exactly (DESIGN sec. 4,
+        # floating-point ties): BLAS may round the same row differently at another position of the matrix, so
+        # every duplicate takes the score of its first occurrence (e.g. layer-0 values depend on the final token only).
+        _, first, inv = np.unique(X, axis=0, return_index=True, return_inverse=True)
+        S = S[first][np.reshape(inv, -1)]
         C = np.array(pca.components_[:k], dtype=np.float64)
         flipped = np.zeros(k, dtype=bool)
         corr, p = np.full(k, np.nan), np.full(k, np.nan)

@@ -21,6 +21,7 @@ Source: DESIGN.md section 1, stage 1.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -108,12 +109,61 @@ def sha256_files(paths: list[Path]) -> str:
 
 
 def gguf_architecture(path: Path) -> str:
-    """``general.architecture`` of a GGUF file (header only, no tensors read)."""
-    from gguf import GGUFReader
+    """``general.architecture`` of a GGUF file: the header's first keys only (:func:`gguf_metadata`), no
+    vocabulary arrays and no tensors read.
 
-    r = GGUFReader(str(path))
-    field = r.fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode()
+    Raises:
+        ModelSourceError: not a GGUF file, or no ``general.architecture`` key.
+    """
+    arch_name = gguf_metadata(path).get("general.architecture")
+    if not arch_name:
+        raise ModelSourceError(f"{path}: GGUF header has no general.architecture key")
+    return arch_name
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """Within the block, transformers parses each GGUF file once instead of once per loader.
+
+    ``AutoConfig``, ``AutoTokenizer`` and ``AutoModelForCausalLM.from_pretrained(..., gguf_file=)`` each call
+    ``load_gguf_checkpoint``, which builds a ``gguf.GGUFReader`` (every metadata field, the whole
+    vocabulary and merges read element by element: 6-7 s CPU for SmolLM2's 49k tokens) and re-parses its
+    metadata; the weights map then rebuilds ``gguf.get_tensor_name_map`` for every submodule. Here the
+    reader, the metadata-only result (returned as a deep copy) and the name map are memoized per
+    argument; the tensors are still dequantized once by transformers with ``gguf.dequantize``, so the
+    prepared weights are the same bytes. Restores the library attributes on exit.
+    """
+    import copy
+    import functools
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as tg
+
+    saved = (gguf.GGUFReader, gguf.get_tensor_name_map, tg.load_gguf_checkpoint)
+    reader_cls, name_map, load = saved
+    readers: dict = {}
+    meta: dict = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    def load_once(path, return_tensors=False, model_to_load=None, **kw):
+        if return_tensors or model_to_load is not None or kw:
+            return load(path, return_tensors=return_tensors, model_to_load=model_to_load, **kw)
+        key = os.path.realpath(path)
+        if key not in meta:
+            meta[key] = load(path, return_tensors=False)
+        return copy.deepcopy(meta[key])
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    tg.load_gguf_checkpoint = load_once
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map, tg.load_gguf_checkpoint = saved
 
 
 # GGUF architecture name -> transformers model_type
@@ -400,8 +450,9 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
                     f"models.{name}: GGUF architecture {garch!r} is not supported; supported GGUF architectures: "
                     f"{', '.join(sorted(_GGUF_TO_MODEL_TYPE))}. Use a Hugging Face source for this model instead"
                 )
-            tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
-            q = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+            with _gguf_parsed_once():
+                tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+                q = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
             cfg = q.config
             if hasattr(cfg, "quantization_config"):
                 del cfg.quantization_config

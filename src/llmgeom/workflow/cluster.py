@@ -7,6 +7,8 @@ with the retry attempt, and tracking of the package code a rule runs (issue 7).
   ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry) and
   the model's GPU slot (``gpu_slot_<i>``). A rule writes ``resources: **GPU_RESOURCES`` and ``group: GPU_GROUP``
   (defined in ``workflow/rules/common.smk``): one SLURM submission per model (issue 13).
+* ``gpu_rule_threads(threads, local_cores)``: their ``threads``: as configured on a cluster, at most half the
+  cores in a local run (issue 21).
 * ``apply_size_defaults(config)``: a model entry that gives ``params_b`` (parameters, billions) but not
   ``mem_mb`` / ``runtime`` gets them derived from its size and dtype (see ``size_resources``).
 * ``package_files(*modules)`` lists the source files of ``llmgeom`` modules and of every ``llmgeom``
@@ -127,6 +129,22 @@ def gpu_job_resources(models: dict) -> dict:
         slot = gpu_slot_name(models, m)
         res[slot] = lambda w, m=m: 1 if w.model == m else None
     return res
+
+
+def gpu_rule_threads(threads: int, local_cores: int | None) -> int:
+    """Threads of a GPU-rule job (``extract``, ``extract_sula``, ``intervene``, ``extract_wind_tunnel``): the
+    configured ``threads`` (``extract.threads``) where the jobs are submitted to a cluster (``local_cores``
+    None: each job gets its own CPUs, ``--cpus-per-task``), and in a local run on ``local_cores`` cores at most
+    half of them, at least 1 (issue 21): the GPU jobs of a model run one after another (its GPU slot), so on a
+    2-core machine a 2-thread GPU job left no room for anything else and one core idled for most of the study;
+    with 1 thread the two models' GPU jobs, or a GPU job and an analysis, run side by side.
+
+    >>> gpu_rule_threads(2, 2), gpu_rule_threads(2, 16), gpu_rule_threads(4, None), gpu_rule_threads(2, 1)
+    (1, 2, 4, 1)
+    """
+    if local_cores is None:
+        return int(threads)
+    return max(1, min(int(threads), int(local_cores) // 2))
 
 
 def gpu_slot_name(models: dict, model: str) -> str:

@@ -13,18 +13,29 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def set_threads(n: int) -> None:
-    """Limit torch's intra-op threads to the job's declared threads."""
-    import torch
+#: environment variables that size the OpenMP / BLAS thread pools of libraries loaded after they are set (torch reads
+#: OMP_NUM_THREADS when it is imported); pools already loaded are limited with threadpoolctl (run_logged).
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
-    torch.set_num_threads(max(int(n), 1))
+
+def set_threads(n: int) -> None:
+    """Limit torch's intra-op threads to the job's declared threads ``n`` (at least 1): torch.set_num_threads
+    where torch is imported, and THREAD_ENV for a torch (or BLAS library) imported later in the job. Called by
+    :class:`run_logged` with its ``threads``, so every job's pools follow its rule's ``threads`` (issue 21)."""
+    import sys
+
+    n = max(int(n), 1)
+    for var in THREAD_ENV:
+        os.environ[var] = str(n)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
 
 
 class run_logged:
     """Context manager for Snakemake scripts: tee stdout/stderr into the rule's log file,
     write the full traceback there when the job fails (then re-raise), and limit BLAS/OpenMP
-    thread pools to the job's ``threads`` (oversubscribed OpenBLAS threads made the analyses
-    ~20x slower when jobs run side by side)."""
+    thread pools and torch's threads to the job's ``threads`` (oversubscribed OpenBLAS threads made the analyses
+    ~20x slower when jobs run side by side); the previous limits are restored on exit."""
 
     def __init__(self, path, threads: int = 1):
         self.path = path
@@ -36,7 +47,10 @@ class run_logged:
 
         from threadpoolctl import threadpool_limits
 
+        self._env = {var: os.environ.get(var) for var in THREAD_ENV}
+        self._torch_threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
         self._pools = threadpool_limits(limits=self.threads)
+        set_threads(self.threads)
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.path, "w")
         self._out, self._err = sys.stdout, sys.stderr
@@ -53,6 +67,13 @@ class run_logged:
         sys.stdout, sys.stderr = self._out, self._err
         self.fh.close()
         self._pools.restore_original_limits()
+        for var, value in self._env.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        if self._torch_threads is not None:
+            sys.modules["torch"].set_num_threads(self._torch_threads)
         return False
 
 
