@@ -245,7 +245,7 @@ def _long_config(runtime: int | None = None) -> dict:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """One uninterrupted local run of the fault tests' study (:func:`_long_config`) up to :data:`TARGET_TABLE`
-    (which needs :data:`TARGET_H5`): the reference of the scancel and the preemption tests. Its resources
+    (which needs :data:`TARGET_H5`): the reference of the fault tests below. Its resources
     (prompt set, prepared model) are copied into each cluster run, so that the files compare byte for byte."""
     ref = tmp_path_factory.mktemp("slurm_ref")
     (ref / "config.yaml").write_text(yaml.safe_dump(_long_config()))
@@ -291,41 +291,25 @@ def _gpu_jobs(slurm, before, state="RUNNING"):
             and (state is None or j["JobState"] == state)]
 
 
-def test_gpu_group_job_cancelled_mid_extraction(slurm, reference, tmp_path):
-    """scancel of a model's GPU submission while an extraction runs: the run fails for those jobs, the rerun
-    completes, no .partial file is left, and the table equals that of an uninterrupted (local) run."""
+def test_extraction_preempted_half_way_resumes_byte_identical(slurm, reference, tmp_path):
+    """A model's GPU submission cancelled (scancel: SIGTERM to every step, as preemption) while its extraction
+    has committed part of its batches: the run fails for those jobs (retries: 0), the server stops the
+    extraction at a batch boundary (the job log says how many batches it kept), and the rerun on the cluster
+    resumes from the committed batches, computes only the others and completes: no .partial file is left,
+    the activation file equals that of an uninterrupted (local) run in every dataset, byte for byte, and so
+    does the table computed from it. (The scancel and the preemption faults of issue 18 in one run.)"""
     import pandas as pd
 
     _fault_dir(tmp_path, reference)
     prof = site_profile(tmp_path / "profile", **SITE, retries=0)
     before = {j["JobId"] for j in slurm.jobs()}
-    run = _start_run(prof, tmp_path, slurm.env, TARGET_TABLE)
-    _wait_half_committed(run, tmp_path)
-    gpu = _gpu_jobs(slurm, before)
-    assert gpu and not (tmp_path / TARGET_H5).exists()
-    slurm.run("scancel", gpu[0]["JobId"])
-    assert run.wait(timeout=600) != 0  # the cancelled jobs failed (retries: 0)
-    assert not (tmp_path / TARGET_TABLE).exists()
-    smk("--profile", str(prof), "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), TARGET_TABLE,
-        cwd=tmp_path, env=slurm.env)
-    assert not list((tmp_path / "results").rglob("*.partial*"))
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / TARGET_TABLE), pd.read_csv(reference / TARGET_TABLE))
-
-
-def test_extraction_preempted_half_way_resumes_byte_identical(slurm, reference, tmp_path):
-    """An extraction killed (scancel: SIGTERM to every step) after part of its batches, rerun on the cluster:
-    the server stops it at a batch boundary, the rerun resumes from the committed batches and computes only
-    the others, and the file equals that of an uninterrupted run in every dataset, byte for byte."""
-    _fault_dir(tmp_path, reference)
-    prof = site_profile(tmp_path / "profile", **SITE, retries=0)
-    before = {j["JobId"] for j in slurm.jobs()}
-    p = _start_run(prof, tmp_path, slurm.env, TARGET_H5)
+    p = _start_run(prof, tmp_path, slurm.env, TARGET_TABLE)
     _wait_half_committed(p, tmp_path)
     running = _gpu_jobs(slurm, before)
-    assert running
+    assert running and not (tmp_path / TARGET_H5).exists()
     slurm.run("scancel", running[0]["JobId"])
-    assert p.wait(timeout=600) != 0
-    assert not (tmp_path / TARGET_H5).exists()
+    assert p.wait(timeout=600) != 0  # the cancelled jobs failed (retries: 0)
+    assert not (tmp_path / TARGET_H5).exists() and not (tmp_path / TARGET_TABLE).exists()
     log = tmp_path / "logs" / "extract" / MODEL / "mixed.log"
     first = log.read_text()
     # SIGTERM reaches the server's step directly and through the client (forwarded as a stop request: SIGUSR1)
@@ -333,11 +317,13 @@ def test_extraction_preempted_half_way_resumes_byte_identical(slurm, reference, 
     assert stopped, first[-3000:]
     k, n = int(stopped[1]), int(stopped[2])
     assert 0 < k < n == N_LONG and committed_batches(tmp_path / (TARGET_H5 + ".partial")) == k
-    smk("--profile", str(prof), "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), TARGET_H5,
+    smk("--profile", str(prof), "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), TARGET_TABLE,
         cwd=tmp_path, env=slurm.env)
     assert f"resumed; {k} of {n} batches were committed before, {n - k} computed now" in log.read_text(), \
         log.read_text()[-3000:]
+    assert not list((tmp_path / "results").rglob("*.partial*"))
     _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / TARGET_TABLE), pd.read_csv(reference / TARGET_TABLE))
 
 
 def test_warning_signal_stops_extraction_retry_asks_more_time_and_resumes(slurm, reference, tmp_path):
