@@ -4,7 +4,11 @@ profiles/slurm with the placeholders filled in as a site would, and what each jo
 (read back with ``scontrol show job``: MinJobAge=3600 keeps finished jobs).
 
 Skipped, with the reason, only where SLURM cannot be installed (not root, no apt-get). Kept lean for the
-2-core development machine: one end-to-end run on the tiny config restricted to one model.
+2-core development machine: one end-to-end run on the tiny config restricted to one model, whose outputs two
+tests assert on; the node drain and the slurmctld restart in one run of the two shortest targets; the
+scancel/preemption fault and the warning-signal fault on one 300-batch extraction each, against one shared
+uninterrupted local run (whose prompt set and prepared model they reuse, so nothing upstream runs on the
+cluster).
 """
 
 from __future__ import annotations
