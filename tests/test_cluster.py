@@ -66,7 +66,7 @@ def test_slurm_profile_declares_what_the_issue_asks():
     # issue 18: status from squeue (sacct hangs the run where there is no accounting), a warning signal
     # before the time limit for a resumable extraction
     assert prof["slurm-status-command"] == "squeue"
-    assert re.fullmatch(r"'--signal=B:USR1@\d+'", dr["slurm_extra"]), dr["slurm_extra"]
+    assert re.fullmatch(r"'--signal=USR1@\d+'", dr["slurm_extra"]), dr["slurm_extra"]
     # every GPU rule gets the GPU partition; no CPU rule is listed
     assert set(prof["set-resources"]) <= set(cluster.GPU_RULES)
     for rule in cluster.GPU_RULES:
@@ -304,6 +304,7 @@ def test_gpu_job_resources_per_model():
     assert [cluster.scaled_mem(2000)(W("a"), a) for a in (1, 2)] == [2000, 3000]
     assert [cluster.scaled_mem(lambda w: models_cfg[w.model]["mem_mb"])(W("a"), a) for a in (1, 3)] == [10000, 20000]
     assert [cluster.scaled_runtime(30)(W("a"), a) for a in (1, 2)] == [30, 45]
+    assert [cluster.scaled_runtime(1)(W("a"), a) for a in (1, 2, 3)] == [1, 2, 2]  # whole minutes, rounded up
 
 
 # the default study and a checkpoint sweep: together they schedule every rule of the workflow
@@ -331,7 +332,7 @@ def test_every_rule_grows_memory_with_the_retry_attempt(tmp_path):
             assert m2 == int(m1 * 1.5), f"{name}: {key} mem_mb {m1} -> {m2} on attempt 2; declare mem_mb=scaled_mem(...)"
             if first["rule"] in cluster.GPU_RULES:
                 t1, t2 = int(first["resources"]["runtime"]), int(again["runtime"])
-                assert t2 == int(t1 * 1.5), f"{name}: {key} runtime {t1} -> {t2} on attempt 2"
+                assert t2 == -(-t1 * 3 // 2), f"{name}: {key} runtime {t1} -> {t2} on attempt 2 (1.5x, whole minutes up)"
             seen.add(first["rule"])
     rules = workflow_rules(tmp_path, REPO / "config" / "config.yaml") - {"all"}
     assert len(rules) >= 20 and rules <= seen, sorted(rules - seen)

@@ -1,6 +1,8 @@
 """The per-model server (issue 13 item 1): GPU jobs of one model hand their work to one process that
 loads the weights once; results equal the in-process extraction; a failed task fails alone."""
 
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
@@ -92,6 +94,23 @@ def _wait_gone(pid, timeout=15.0) -> bool:
     return False
 
 
+def committed_batches(partial) -> int:
+    """Batches an extraction running elsewhere has committed to its partial file (0 while unreadable; also
+    used by tests/test_slurm_real.py)."""
+    try:
+        with h5py.File(partial, "r", locking=False) as f:
+            return int(f["resume/done"][:].sum())
+    except (OSError, KeyError):
+        return 0
+
+
+def dataset_bytes(ds) -> bytes:
+    """A dataset's values as bytes (variable-length strings: their bytes, not the object pointers)."""
+    v = ds[()]
+    return b"\0".join(x if isinstance(x, bytes) else str(x).encode() for x in v.ravel()) if v.dtype == object \
+        else v.tobytes()
+
+
 def _cpu_seconds(pid) -> float:
     import os
     from pathlib import Path
@@ -144,8 +163,8 @@ def test_a_job_killed_mid_task_never_gets_its_output(setup, monkeypatch):
             f"ms.run_task('extract', json.loads(sys.argv[1]), load=json.loads(sys.argv[2]), log={str(log)!r})\n")
     job = subprocess.Popen([sys.executable, "-c", code, json.dumps(kw), json.dumps(load)])
     t0 = time.time()
-    while not (log.exists() and "task extract" in log.read_text()) and time.time() - t0 < 120:
-        time.sleep(0.1)
+    while committed_batches(Path(f"{out}.partial")) < 3 and time.time() - t0 < 120:  # in its batches
+        time.sleep(0.05)
     assert job.poll() is None, "the task ended before the job could be killed; give it more prompts"
     pid = _server_pid(load)
     job.kill()
@@ -153,4 +172,52 @@ def test_a_job_killed_mid_task_never_gets_its_output(setup, monkeypatch):
     assert _wait_gone(pid), "the server went on with a dead job's task"
     time.sleep(1.0)
     assert not out.exists()
-    assert "exited; exiting" in (ms.server_dir(load) / "server.log").read_text()
+    text = (ms.server_dir(load) / "server.log").read_text()
+    assert "exited; exiting" in text
+    # it was stopped at a batch boundary first: the partial file keeps the committed batches for a resume
+    assert "stopping the task at its next batch boundary" in text
+    assert 3 <= committed_batches(Path(f"{out}.partial")) < 400
+
+
+def test_a_signal_to_the_waiting_job_stops_the_task_and_the_rerun_resumes(setup, monkeypatch):
+    """SIGUSR1 to the job's process (SLURM's warning before the time limit, ``--signal=USR1@<s>``) while the
+    server runs its extraction: the client forwards a stop request, the server commits the batch in flight
+    and stops, the job fails with the stop in its message (Snakemake retries), the server serves on, and the
+    rerun computes only the missing batches: the file equals an uninterrupted run's, byte for byte."""
+    import os
+    import re
+    import signal
+    import threading
+    import time
+
+    tmp, prepared, _, load = setup
+    many = tmp / "many.jsonl"
+    write_prompt_set([{"id": f"p{i}", "text": "hello world " * 8 + str(i), "meta": {}} for i in range(300)], many)
+    out, log = tmp / "sig.h5", tmp / "sig.log"
+    kw = dict(_kw(prepared, many, out), batch_size=1)
+    partial = Path(f"{out}.partial")
+
+    def signal_when_half_way():
+        t0 = time.time()
+        while committed_batches(partial) < 5 and time.time() - t0 < 120:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    threading.Thread(target=signal_when_half_way, daemon=True).start()
+    with pytest.raises(ms.ModelServerTaskError, match=r"stopped by SIGUSR1 after (\d+) of 300 batches") as e:
+        ms.run_task("extract", kw, load=load, log=str(log), threads=1)
+    k = int(re.search(r"after (\d+) of 300", str(e.value))[1])
+    assert 0 < k < 300 and not out.exists()
+    pid = _server_pid(load)
+    ms.run_task("extract", kw, load=load, log=str(log), threads=1)
+    assert _server_pid(load) == pid  # the same server, its model still loaded
+    assert f"resumed; {k} of 300 batches were committed before, {300 - k} computed now" in log.read_text()
+    monkeypatch.setenv("LLMGEOM_MODEL_SERVER", "0")
+    ref = tmp / "ref.h5"
+    ms.run_task("extract", dict(kw, out_path=str(ref)), load=load, log=str(tmp / "ref.log"), threads=1)
+    with h5py.File(out) as a, h5py.File(ref) as b:
+        names = []
+        a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        assert names
+        for n in names:
+            assert dataset_bytes(a[n]) == dataset_bytes(b[n]), n

@@ -4,7 +4,11 @@ profiles/slurm with the placeholders filled in as a site would, and what each jo
 (read back with ``scontrol show job``: MinJobAge=3600 keeps finished jobs).
 
 Skipped, with the reason, only where SLURM cannot be installed (not root, no apt-get). Kept lean for the
-2-core development machine: one end-to-end run on the tiny config restricted to one model.
+2-core development machine: one end-to-end run on the tiny config restricted to one model, whose outputs two
+tests assert on; the node drain and the slurmctld restart in one run of the two shortest targets; the
+scancel/preemption fault and the warning-signal fault on one 300-batch extraction each, against one shared
+uninterrupted local run (whose prompt set and prepared model they reuse, so nothing upstream runs on the
+cluster).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import yaml
 
 import slurm_cluster
 import slurm_stub
+from test_model_server import committed_batches, dataset_bytes
 from llmgeom.models import tiny as testing
 from llmgeom.workflow import cluster
 
@@ -59,14 +64,16 @@ def slurm(tmp_path_factory):
     assert not [p for p in pids.values() if slurm_cluster._alive(p)]
 
 
-def site_profile(dest: Path, **extra) -> Path:
-    """profiles/slurm with the placeholders filled in (as a site would) and ``extra`` settings added."""
+def site_profile(dest: Path, default_resources: dict | None = None, **extra) -> Path:
+    """profiles/slurm with the placeholders filled in (as a site would), ``extra`` settings added and
+    ``default_resources`` merged into its default-resources."""
     dest.mkdir(parents=True, exist_ok=True)
     text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
     for k, v in PLACEHOLDERS.items():
         text = text.replace(k, v)
     prof = yaml.safe_load(text)
     prof.update(extra)
+    prof["default-resources"].update(default_resources or {})
     (dest / "config.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
     return dest
 
@@ -201,9 +208,10 @@ def _small_study(wd):
 SHORT_TARGETS = ("resources/prompts/mixed.jsonl", f"resources/models/{MODEL}")
 
 
-def test_node_drained_while_jobs_queued_then_resumed(slurm, tmp_path):
-    """The node drained before the jobs can start: they wait in the queue (nothing runs, the run waits), and
-    finish once the node is resumed."""
+def test_node_drained_then_resumed_and_slurmctld_restarted_while_jobs_run(slurm, tmp_path):
+    """One run, two faults. The node drained before the jobs can start: they wait in the queue (nothing runs,
+    the run waits), and start once the node is resumed; then slurmctld is stopped and started again (from its
+    saved state) while they run: the run finishes."""
     import time
 
     _small_study(tmp_path)
@@ -217,106 +225,140 @@ def test_node_drained_while_jobs_queued_then_resumed(slurm, tmp_path):
         assert run.poll() is None and all(j["JobState"] == "PENDING" for j in mine()), mine()
     finally:
         slurm.run("scontrol", "update", f"nodename={slurm_cluster.NODE}", "state=resume")
-    assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:]
-    assert all((tmp_path / t).exists() for t in SHORT_TARGETS)
-    assert all(j["JobState"] == "COMPLETED" for j in mine())
-
-
-def test_slurmctld_restarted_while_jobs_run(slurm, tmp_path):
-    """slurmctld stopped and started again (from its saved state) while jobs run: the run finishes."""
-    _small_study(tmp_path)
-    before = {j["JobId"] for j in slurm.jobs()}
-    run = _start_run(site_profile(tmp_path / "profile", **SITE), tmp_path, slurm.env, *SHORT_TARGETS)
-    _wait_for(lambda: [j for j in slurm.jobs() if j["JobId"] not in before and j["JobState"] == "RUNNING"],
-              what="a running job")
+    _wait_for(lambda: [j for j in mine() if j["JobState"] == "RUNNING"], what="a running job")
     slurm.restart_slurmctld()
     assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:] + slurm.logs()
     assert all((tmp_path / t).exists() for t in SHORT_TARGETS)
+    assert all(j["JobState"] == "COMPLETED" for j in mine()), mine()
 
 
-def test_gpu_group_job_cancelled_mid_extraction(slurm, tmp_path):
-    """scancel of a model's GPU submission while an extraction runs: the run fails for those jobs, the rerun
-    completes, no .partial file is left, and the table equals that of an uninterrupted (local) run."""
-    import pandas as pd
-
-    cfg = study_config(tmp_path)
-    cfg["prompts"]["sets"]["mixed"]["n"] = 300  # an extraction of some seconds, to be cancelled in the middle
-    cfg["models"][MODEL]["batch_size"] = 1
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    target = f"results/{MODEL}/tables/attention_focusing.csv"
-    prof = site_profile(tmp_path / "profile", **SITE, retries=0)
-    before = {j["JobId"] for j in slurm.jobs()}
-    run = _start_run(prof, tmp_path, slurm.env, target)
-    logs = tmp_path / "logs"
-
-    def extracting():
-        if run.poll() is not None:
-            raise AssertionError("the run ended before an extraction could be cancelled:\n"
-                                 + (tmp_path / "run.log").read_text()[-3000:])
-        running = [j for j in slurm.jobs() if j["JobId"] not in before and j["Partition"] == "gpu"
-                   and j["JobState"] == "RUNNING"]
-        busy = any("task extract" in f.read_text() for f in (logs / "extract").rglob("*.log"))
-        return running if running and busy else None
-
-    gpu = _wait_for(extracting, timeout=600, what="an extraction in the GPU job")
-    assert not (tmp_path / f"results/{MODEL}/activations/mixed.h5").exists()
-    slurm.run("scancel", gpu[0]["JobId"])
-    assert run.wait(timeout=600) != 0  # the cancelled jobs failed (retries: 0)
-    assert not (tmp_path / target).exists()
-    smk("--profile", str(prof), "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), target,
-        cwd=tmp_path, env=slurm.env)
-    assert not list((tmp_path / "results").rglob("*.partial*"))
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    (ref / "config.yaml").write_text((tmp_path / "config.yaml").read_text())
-    smk("--cores", "2", "--configfile", str(ref / "config.yaml"), "-d", str(ref), target, cwd=ref, env=slurm.env)
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / target), pd.read_csv(ref / target))
+N_LONG = 300  # prompts of the extraction the fault tests interrupt: some seconds on the tiny model, batch 1
+TARGET_H5 = f"results/{MODEL}/activations/mixed.h5"
+TARGET_TABLE = f"results/{MODEL}/tables/attention_focusing.csv"
 
 
-def test_extraction_preempted_half_way_resumes_byte_identical(slurm, tmp_path):
-    """An extraction killed (scancel) after about half its batches, rerun on the cluster: it resumes from the
-    committed rows, and the file equals that of an uninterrupted run in every dataset, byte for byte."""
-    import time
+def _long_config(runtime: int | None = None) -> dict:
+    cfg = study_config(None)
+    cfg["prompts"]["sets"]["mixed"]["n"] = N_LONG
+    cfg["models"][MODEL]["batch_size"] = 1  # N_LONG batches: a stop lands between two of them
+    if runtime is not None:
+        cfg["models"][MODEL]["runtime"] = runtime
+    return cfg
 
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted local run of the fault tests' study (:func:`_long_config`) up to :data:`TARGET_TABLE`
+    (which needs :data:`TARGET_H5`): the reference of the fault tests below. Its resources
+    (prompt set, prepared model) are copied into each cluster run, so that the files compare byte for byte."""
+    ref = tmp_path_factory.mktemp("slurm_ref")
+    (ref / "config.yaml").write_text(yaml.safe_dump(_long_config()))
+    smk("--cores", "2", "--configfile", str(ref / "config.yaml"), "-d", str(ref), TARGET_TABLE, cwd=ref,
+        env=os.environ)
+    return ref
+
+
+def _fault_dir(wd: Path, reference: Path, runtime: int | None = None) -> None:
+    (wd / "config.yaml").write_text(yaml.safe_dump(_long_config(runtime)))
+    shutil.copytree(reference / "resources", wd / "resources")  # mtimes kept: nothing upstream reruns
+
+
+def _assert_same_datasets(a_path: Path, b_path: Path) -> None:
     import h5py
-    import numpy as np
 
-    cfg = study_config(tmp_path)
-    cfg["prompts"]["sets"]["mixed"]["n"] = 300  # some seconds of extraction on the tiny model
-    cfg["models"][MODEL]["batch_size"] = 1
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    target = f"results/{MODEL}/activations/mixed.h5"
-    base = ["--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), target]
-    prof = site_profile(tmp_path / "profile", **SITE, retries=0)
-    env = slurm.env
-    p = _start_run(prof, tmp_path, env, target)
-    logs = tmp_path / "logs"
-    t0 = time.time()
-    log = None
-    while time.time() - t0 < 300 and p.poll() is None:  # the extraction has started in the GPU job
-        found = [f for f in logs.rglob("*.log") if "task extract" in f.read_text()] if logs.exists() else []
-        if found:
-            log = found[0]
-            break
-        time.sleep(0.5)
-    assert log is not None, "the extraction never started:\n" + (tmp_path / "run.log").read_text()[-3000:]
-    time.sleep(3.0)  # part of the batches committed (the cancel test finds the same extraction running after this)
-    running = [j for j in slurm.jobs() if j["JobState"] == "RUNNING" and j["Partition"] == "gpu"]
-    assert running
-    slurm.run("scancel", running[0]["JobId"])
-    p.wait(timeout=600)
-    assert not (tmp_path / target).exists()
-    smk("--profile", str(prof), *base, cwd=tmp_path, env=env)
-    assert "resum" in log.read_text().lower()
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    shutil.copytree(tmp_path / "resources", ref / "resources")
-    shutil.copy(tmp_path / "config.yaml", ref / "config.yaml")
-    smk("--cores", "1", "--configfile", str(ref / "config.yaml"), "-d", str(ref), target, cwd=ref, env=env)
-    with h5py.File(tmp_path / target) as a, h5py.File(ref / target) as b:
+    with h5py.File(a_path) as a, h5py.File(b_path) as b:
         names = []
         a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-        assert names
+        other = []
+        b.visititems(lambda n, o: other.append(n) if isinstance(o, h5py.Dataset) else None)
+        assert names and sorted(names) == sorted(other)
         for n in names:
-            assert a[n][()].tobytes() == b[n][()].tobytes(), n
-            np.testing.assert_array_equal(a[n][()], b[n][()])
+            assert dataset_bytes(a[n]) == dataset_bytes(b[n]), n
+
+
+def _wait_half_committed(run, wd: Path, timeout=600.0) -> int:
+    """Wait until the GPU job's extraction has committed some of its batches, but not all; return how many."""
+    partial = wd / (TARGET_H5 + ".partial")
+
+    def some():
+        if run.poll() is not None:
+            raise AssertionError("the run ended before the extraction could be interrupted:\n"
+                                 + (wd / "run.log").read_text()[-3000:])
+        k = committed_batches(partial)
+        return k if k >= 5 else None
+
+    return _wait_for(some, timeout=timeout, what="committed batches in the partial file")
+
+
+def _gpu_jobs(slurm, before, state="RUNNING"):
+    return [j for j in slurm.jobs() if j["JobId"] not in before and j["Partition"] == "gpu"
+            and (state is None or j["JobState"] == state)]
+
+
+def test_extraction_preempted_half_way_resumes_byte_identical(slurm, reference, tmp_path):
+    """A model's GPU submission cancelled (scancel: SIGTERM to every step, as preemption) while its extraction
+    has committed part of its batches: the run fails for those jobs (retries: 0), the server stops the
+    extraction at a batch boundary (the job log says how many batches it kept), and the rerun on the cluster
+    resumes from the committed batches, computes only the others and completes: no .partial file is left,
+    the activation file equals that of an uninterrupted (local) run in every dataset, byte for byte, and so
+    does the table computed from it. (The scancel and the preemption faults of issue 18 in one run.)"""
+    import pandas as pd
+
+    _fault_dir(tmp_path, reference)
+    prof = site_profile(tmp_path / "profile", **SITE, retries=0)
+    before = {j["JobId"] for j in slurm.jobs()}
+    p = _start_run(prof, tmp_path, slurm.env, TARGET_TABLE)
+    _wait_half_committed(p, tmp_path)
+    running = _gpu_jobs(slurm, before)
+    assert running and not (tmp_path / TARGET_H5).exists()
+    slurm.run("scancel", running[0]["JobId"])
+    assert p.wait(timeout=600) != 0  # the cancelled jobs failed (retries: 0)
+    assert not (tmp_path / TARGET_H5).exists() and not (tmp_path / TARGET_TABLE).exists()
+    log = tmp_path / "logs" / "extract" / MODEL / "mixed.log"
+    first = log.read_text()
+    # SIGTERM reaches the server's step directly and through the client (forwarded as a stop request: SIGUSR1)
+    stopped = re.search(r"stopped by SIG(?:TERM|USR1) after (\d+) of (\d+) batches", first)
+    assert stopped, first[-3000:]
+    k, n = int(stopped[1]), int(stopped[2])
+    assert 0 < k < n == N_LONG and committed_batches(tmp_path / (TARGET_H5 + ".partial")) == k
+    smk("--profile", str(prof), "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), TARGET_TABLE,
+        cwd=tmp_path, env=slurm.env)
+    assert f"resumed; {k} of {n} batches were committed before, {n - k} computed now" in log.read_text(), \
+        log.read_text()[-3000:]
+    assert not list((tmp_path / "results").rglob("*.partial*"))
+    _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / TARGET_TABLE), pd.read_csv(reference / TARGET_TABLE))
+
+
+def test_warning_signal_stops_extraction_retry_asks_more_time_and_resumes(slurm, reference, tmp_path):
+    """The warning before the time limit on the real scheduler. The GPU job asks 1 minute (models.<m>.runtime);
+    mid-extraction it gets SIGUSR1 in every job step, as ``--signal=USR1@<s>`` of profiles/slurm delivers it.
+    The test sends it itself (``scancel --signal=USR1``: the same delivery, from slurmctld to every step) at
+    a known point: SLURM's own timer runs every 30 s and fires up to 30 s early, a window wider than this
+    extraction. The profile's ``@<s>`` is set to 1 s here, so that SLURM's own warning (at >= 29 s of a 1-minute
+    job, >= 89 s of the 2-minute retry) does not come first. The model server's extraction commits the batch
+    in flight and stops, the job exits non-zero, Snakemake's retry asks ceil(1.5 x 1) = 2 minutes
+    (``scontrol show job``: TimeLimit), resumes and writes only the missing batches; the file equals that of
+    an uninterrupted run byte for byte."""
+    _fault_dir(tmp_path, reference, runtime=1)
+    prof = site_profile(tmp_path / "profile", {"slurm_extra": "'--signal=USR1@1'"}, **SITE, retries=1)
+    before = {j["JobId"] for j in slurm.jobs()}
+    p = _start_run(prof, tmp_path, slurm.env, TARGET_H5)
+    _wait_half_committed(p, tmp_path)
+    first = _gpu_jobs(slurm, before)
+    assert len(first) == 1 and _minutes(first[0]["TimeLimit"]) == 1, first
+    slurm.run("scancel", "--signal=USR1", first[0]["JobId"])
+    assert p.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:]
+    gpu = _gpu_jobs(slurm, before, state=None)
+    assert [j["JobState"] for j in gpu] == ["FAILED", "COMPLETED"], [(j["JobId"], j["JobState"]) for j in gpu]
+    assert [_minutes(j["TimeLimit"]) for j in gpu] == [1, 2]  # the retry asked 1.5x, in whole minutes
+    logs = sorted((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
+    text = (tmp_path / "run.log").read_text() + "".join(f.read_text(errors="replace") for f in logs)
+    stopped = re.search(r"stopped by SIGUSR1 after (\d+) of (\d+) batches", text)
+    assert stopped, text[-4000:]
+    k, n = int(stopped[1]), int(stopped[2])
+    assert 0 < k < n == N_LONG
+    log = (tmp_path / "logs" / "extract" / MODEL / "mixed.log").read_text()
+    assert f"resumed; {k} of {n} batches were committed before, {n - k} computed now" in log, log[-3000:]
+    assert not list((tmp_path / "results").rglob("*.partial*"))
+    _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)

@@ -353,9 +353,10 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     wrote; a rerun with the same inputs (prompt-set sha256, model, dtype, device, every setting here,
     batch size) verifies the committed batches and computes only the missing ones, giving the same bytes
     in every dataset as an uninterrupted run. A partial from other inputs, or one that fails its checks,
-    is discarded with a log line. SIGUSR1 / SIGTERM (e.g. SLURM ``--signal=B:USR1@<s>``): the batch in
-    flight finishes and is committed, the partial is flushed and closed, and :class:`ExtractionInterrupted`
-    is raised.
+    is discarded with a log line. SIGUSR1 / SIGTERM (e.g. SLURM ``--signal=USR1@<s>``, which reaches every
+    job step and so the model server's; or the server's own stop request, ``model_server._request_stop``):
+    the batch in flight finishes and is committed, the partial is flushed and closed, and
+    :class:`ExtractionInterrupted` is raised.
 
     ``candidates_key`` (``llmgeom.prompts.io.CANDIDATES_KEY`` for SULA and wind-tunnel sets) names a list of token ids in every
     prompt's meta (same length C for all prompts); their next-token log-probabilities at the final

@@ -89,9 +89,12 @@ def retry_mem_mb(mem_mb: int, attempt: int = 1, factor: float = 0.5) -> int:
     return int(mem_mb * (1 + factor * (attempt - 1)))
 
 
-def _scaled(base, factor: float):
+def _scaled(base, factor: float, round_up: bool = False):
     def fn(wildcards, attempt):
-        return retry_mem_mb(base(wildcards) if callable(base) else base, attempt, factor)
+        b = base(wildcards) if callable(base) else base
+        if round_up:  # whole minutes, at least 1.5x: a 1-minute job's retry asks 2
+            return int(math.ceil(b * (1 + factor * (attempt - 1))))
+        return retry_mem_mb(b, attempt, factor)
 
     return fn
 
@@ -106,8 +109,9 @@ def scaled_mem(mem_mb, factor: float = 0.5):
 
 def scaled_runtime(minutes, factor: float = 0.5):
     """``resources: runtime=scaled_runtime(30)``: the wall-clock limit (minutes), grown like
-    :func:`scaled_mem` on each retry (a job killed at its time limit is resubmitted with more)."""
-    return _scaled(minutes, factor)
+    :func:`scaled_mem` on each retry (a job killed at its time limit is resubmitted with more), rounded up
+    to whole minutes (SLURM's granularity): 30 -> 30, 45, 60 and 1 -> 1, 2, 2 on attempts 1, 2, 3."""
+    return _scaled(minutes, factor, round_up=True)
 
 
 def gpu_job_resources(models: dict) -> dict:

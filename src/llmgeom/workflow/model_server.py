@@ -19,9 +19,14 @@ and writes each task's output to that job's log. Its lifetime follows the jobs t
 (issue 21 point 5; issue 18): it exits as soon as its *owner* exits, the outermost ``snakemake`` process
 among the job's ancestors (see :func:`owner_pid`): locally the run itself, so the weights are loaded once per
 model per study while the run lasts. Inside a SLURM allocation it runs as its own job step
-(:func:`srun_prefix`) and ends with the allocation, so no server outlives it. A job killed while its task runs (scancel, time limit) takes the task with it: the server
-exits before the task can write that job's output, so a later rerun never finds an output of a job that
-Snakemake saw fail. It sleeps between tasks (blocking ``accept`` and a watchdog blocked in ``select`` on
+(:func:`srun_prefix`) and ends with the allocation, so no server outlives it. A job killed while its task
+runs (scancel, time limit) takes the task with it: the server stops it at its next batch boundary (an
+extraction keeps its committed batches for the retry) and exits before the task can write that job's
+output, so a later rerun never finds an output of a job that Snakemake saw fail. Stop signals (issue 18):
+SLURM's warning ``--signal=USR1@<s>`` reaches the server's step, where the running extraction's handler
+commits the batch in flight and stops (between tasks the server ignores SIGUSR1); the waiting client
+forwards SIGUSR1/SIGTERM as a stop request over its connection (:func:`_forward_stop`) and fails with the
+task's ``ExtractionInterrupted``, so Snakemake retries and the retry resumes. It sleeps between tasks (blocking ``accept`` and a watchdog blocked in ``select`` on
 the owner's pidfd; no polling), and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds (default 3600)
 without a task as a safety net. ``LLMGEOM_MODEL_SERVER=0`` runs every task in the job's own process instead
 (the behaviour before issue 13).
@@ -231,11 +236,43 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1)
     with conn:
         conn.send({"task": task, "kwargs": kwargs, "log": str(Path(log).resolve()), "threads": int(threads),
                    "cwd": os.getcwd(), "pid": os.getpid()})
-        reply = conn.recv()
+        with _forward_stop(conn):
+            reply = conn.recv()
     if not reply["ok"]:
         raise ModelServerTaskError(f"{task} failed in the model server (pid {reply.get('pid')}; log {log}):\n"
                                    f"{reply['error']}")
     return reply["result"]
+
+
+#: signals a waiting client forwards to its task in the server (SLURM's ``--signal=USR1@<s>`` warning before the
+#: time limit; SIGTERM from scancel, preemption or the time limit itself)
+STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
+
+
+@contextlib.contextmanager
+def _forward_stop(conn):
+    """While the client waits for its reply: SIGUSR1/SIGTERM ask the server to stop the task at its next
+    batch boundary (``__stop_task__`` on the task's connection) instead of killing the client; the client
+    then gets the task's failure as its reply and exits non-zero (Snakemake retries; the retry resumes).
+    Only in the main thread (where Python runs signal handlers)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum, frame):
+        print(f"[model server client] {signal.Signals(signum).name}: asking the server to stop the task",
+              file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):
+            conn.send({"task": "__stop_task__", "signal": int(signum)})
+
+    old = {sig: signal.signal(getattr(signal, sig), forward) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(getattr(signal, sig), h)
 
 
 def stop_server(load: dict) -> bool:
@@ -261,9 +298,39 @@ def _pidfd(pid: int):
         return None
 
 
+#: seconds a task stopped because its client went away may take to commit its batch in flight and end
+STOP_GRACE_S = 60.0
+
+
+def _request_stop(why: str) -> bool:
+    """Ask the task running in the server's main thread to stop at its next batch boundary: SIGUSR1 to this
+    process where the task handles it (``extract_to_hdf5``: the batch in flight is committed, the partial
+    file closed, ``ExtractionInterrupted`` raised). False where the task does not (it would kill the server)."""
+    import signal
+
+    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    print(f"[model server] {why}: stopping the task at its next batch boundary", flush=True)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    return True
+
+
+def _stop_on_request(conn, done: threading.Event) -> None:
+    """During a task: read the task's connection; a ``__stop_task__`` from the client (it got SIGUSR1/SIGTERM,
+    see :func:`_forward_stop`) stops the task. Ends when the client closes the connection."""
+    with contextlib.suppress(EOFError, OSError, ValueError):
+        while not done.is_set():
+            msg = conn.recv()
+            if isinstance(msg, dict) and msg.get("task") == "__stop_task__" and not done.is_set():
+                _request_stop(f"the client asked (signal {msg.get('signal')})")
+
+
 def _exit_when_gone(pid: int, what: str, d: Path, done: threading.Event | None = None) -> None:
-    """Block until ``pid`` exits or ``done`` is set (the task it waits for has ended); exit the server at
-    once when ``pid`` went first. Blocks in ``select`` on a pidfd (a 1 s liveness check where there is none)."""
+    """Block until ``pid`` exits or ``done`` is set (the task it waits for has ended); exit the server when
+    ``pid`` went first: at once when idle (``done`` None), and for a task after asking it to stop
+    (:func:`_request_stop`) and giving it ``STOP_GRACE_S`` to commit and end (the main loop then sees the
+    client gone and writes no output for it). Blocks in ``select`` on a pidfd (a 1 s liveness check where
+    there is none)."""
     import select
 
     fd = _pidfd(pid)
@@ -282,6 +349,8 @@ def _exit_when_gone(pid: int, what: str, d: Path, done: threading.Event | None =
     finally:
         if fd is not None:
             os.close(fd)
+    if done is not None and _request_stop(f"{what} (pid {pid}) exited") and done.wait(STOP_GRACE_S):
+        return  # the task ended: the main loop writes no output for the gone client
     print(f"[model server] {what} (pid {pid}) exited; exiting", flush=True)
     _remove_socket(d)
     os._exit(0 if done is None else 1)
@@ -307,7 +376,13 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
     job's process) exits before it ends is abandoned: the server exits without writing its output."""
     from multiprocessing.connection import Listener
 
+    import signal
+
     idle_s = idle_seconds() if idle_s is None else idle_s
+    # SLURM's warning (--signal=USR1@<s>, to every step) stops an extraction at a batch boundary (its own
+    # handler, while it runs); between tasks or during one without a stop point it must not kill the server
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     key = secrets.token_bytes(32)
     listener = Listener(str(d / "sock"), family="AF_UNIX", authkey=key)
     tmp = d / "authkey.partial"
@@ -355,6 +430,8 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
             if req.get("pid"):  # the job's process: if it dies mid-task, its output is never written
                 threading.Thread(target=_exit_when_gone, args=(int(req["pid"]), f"the client of {req['log']}", d, done),
                                  daemon=True).start()
+            reader = threading.Thread(target=_stop_on_request, args=(conn, done), daemon=True)
+            reader.start()
             t0 = time.time()
             before = sum(loading.LOADS.values())
             try:
@@ -364,7 +441,7 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
                     print(f"[model server] pid {os.getpid()}: task {req['task']} (model kept loaded between tasks; "
                           f"LLMGEOM_MODEL_SERVER=0 runs it in the job's process)", flush=True)
                     result = _call(req["task"], req["kwargs"], reuse=True)
-                    if req.get("pid") and _gone(int(req["pid"])):  # died just before the end: no output for it
+                    if req.get("pid") and _gone(int(req["pid"])):  # died before the end: no output for it
                         out = req["kwargs"].get("out_path")
                         if out:
                             with contextlib.suppress(FileNotFoundError):
@@ -375,14 +452,20 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
                     print(f"[model server] task done in {time.time() - t0:.1f} s; weights loaded for it: "
                           f"{sum(loading.LOADS.values()) - before} (this server: {dict(loading.LOADS)})", flush=True)
                 reply = {"ok": True, "result": result, "pid": os.getpid(), "loads": dict(loading.LOADS)}
-            except Exception:
+            except Exception as e:
                 loading.clear_model_cache()  # the retry starts from fresh weights
-                reply = {"ok": False, "error": traceback.format_exc(), "pid": os.getpid()}
+                reply = {"ok": False, "error": traceback.format_exc(), "pid": os.getpid(),
+                         "exit_code": getattr(e, "exit_code", None)}  # ExtractionInterrupted: 128 + signal
             print(f"[model server] {req['task']} -> {req['log']}: {'ok' if reply['ok'] else 'FAILED'} "
                   f"({time.time() - t0:.1f} s)", flush=True)
+            if req.get("pid") and _gone(int(req["pid"])):  # stopped because its client went away (see _exit_when_gone)
+                print(f"[model server] the client of {req['log']} (pid {req['pid']}) exited; exiting", flush=True)
+                _remove_socket(d)
+                os._exit(1)
             done.set()  # before the reply: a client that exits once it has it is no abandoned task
             with contextlib.suppress(OSError):
                 conn.send(reply)
+            reader.join(timeout=5.0)  # the client closes the connection once it has the reply
         except (EOFError, OSError) as e:
             print(f"[model server] client went away: {e!r}", flush=True)
         finally:
