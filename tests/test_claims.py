@@ -239,3 +239,10 @@ def test_scorecard_on_tables_without_the_parallel_branches_and_its_markdown():
     assert md.startswith("| Verdict | Claim |") and "| not supported | value_manifold" in md and "docs/claims.md" in md
     lines = md.splitlines()
     assert lines[2].startswith("| supported |") and lines[len(card) + 1].startswith("| not testable here |")
+
+
+def test_rule_engine_implements_exactly_the_kinds_the_data_file_may_name():
+    """core.claims_data.RULE_KINDS (checked when the file is read, light at DAG time) == the engine's RULES."""
+    from llmgeom.core.claims_data import RULE_KINDS
+
+    assert sorted(RULES) == sorted(RULE_KINDS)

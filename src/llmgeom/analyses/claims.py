@@ -11,77 +11,21 @@ what the claim needs: a table, a column, a second attention type, three models).
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
+from llmgeom.core.claims_data import ClaimsDataError, claims_file, load_claims  # noqa: F401  (the engine's API)
 from llmgeom.core.published import comparison_entries, source_text, value_text
 
-DATA_FILE = "data/claims.yaml"
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE = ("supported", "not supported", "inconclusive",
                                                          "not testable here")
 VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)
 MISSING_TABLE = "table not produced by this run"
-_FIELDS = {"id", "sentence", "paper", "section", "table", "where", "by", "value", "lo", "hi", "context",
-           "published", "kind", "scope", "requires", "unlike", "rule", "note"}
 #: columns of the scorecard, in order (docs/claims.md describes each)
 SCORECARD_COLUMNS = ["claim_id", "claim", "paper", "section", "table", "column", "model", "setting", "measured",
                      "measured_lo", "measured_hi", "measured_text", "published", "published_on",
                      "published_models", "same_model", "comparison_flags", "rule", "verdict", "reason"]
-
-
-class ClaimsDataError(ValueError):
-    """The claims file is malformed (message names the file, the claim and the field)."""
-
-
-def claims_file() -> Path:
-    """Path of the package's claims file ``llmgeom/data/claims.yaml`` (an input of rule ``claims``)."""
-    return Path(str(resources.files("llmgeom") / DATA_FILE))
-
-
-@lru_cache(maxsize=4)
-def _load(path: str) -> tuple:
-    p = Path(path)
-    doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    out, seen = [], set()
-    for i, c in enumerate(doc.get("claims") or []):
-        where = f"{p}: claims[{i}]"
-        if not isinstance(c, dict) or "id" not in c:
-            raise ClaimsDataError(f"{where}: each claim must be a mapping with an 'id'")
-        bad = set(c) - _FIELDS
-        if bad:
-            raise ClaimsDataError(f"{where} ({c['id']}): unknown field(s) {sorted(bad)}; valid: {sorted(_FIELDS)}")
-        for k in ("sentence", "paper", "section", "table", "value", "rule"):
-            if not c.get(k):
-                raise ClaimsDataError(f"{where} ({c['id']}): missing '{k}'")
-        if c["id"] in seen:
-            raise ClaimsDataError(f"{where}: claim id {c['id']!r} appears twice")
-        seen.add(c["id"])
-        kind = (c["rule"] or {}).get("kind")
-        if kind not in RULES:
-            raise ClaimsDataError(f"{where} ({c['id']}): rule kind {kind!r} unknown; valid: {sorted(RULES)}")
-        if kind == "same_verdict_all_estimators" and (c["rule"].get("inner") or {}).get("kind") not in RULES:
-            raise ClaimsDataError(f"{where} ({c['id']}): same_verdict_all_estimators needs inner: {{kind: ...}} "
-                                  f"with a kind of {sorted(RULES)}")
-        out.append(c)
-    return tuple(out)
-
-
-def load_claims(path: str | None = None) -> list[dict]:
-    """The claims of ``llmgeom/data/claims.yaml`` (or ``path``), in file order.
-
-    Returns:
-        list of dicts with the fields described at the top of the file (id, sentence, paper, section, table,
-        value, rule, ...).
-
-    Raises:
-        ClaimsDataError: unknown field, missing field, duplicate id, unknown rule kind.
-    """
-    return [dict(c) for c in _load(str(path or claims_file()))]
 
 
 # ------------------------------------------------------------------------------------------------ rules
