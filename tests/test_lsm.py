@@ -383,7 +383,12 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
     np.testing.assert_array_equal(solo.id_mean, idt[idt.estimator == "twonn"].id_mean)
     last, last_scale = lsm.last_token_id_table(mixed_h5, **kw)
     assert len(last) == 15 and (last.points == "last token").all() and (last.n == 120).all()
-    assert (last.n_subsamples == 1).all() and (last.id_std == 0).all()
+    assert (last.n_subsamples == 1).all() and (last.id_std == 0).all() and (last.note == "").all()
+    # a layer with fewer distinct points than min_points (in real files: layer 0, the final tokens' embeddings)
+    # is reported, not fatal: NaN IDs, the distinct count and the reason
+    few, _ = lsm.last_token_id_table(mixed_h5, **{**kw, "min_points": 121})
+    assert len(few) == 15 and few.id_mean.isna().all() and (few.n == 120).all()
+    assert few.note.str.contains("too few distinct points").all()
     assert last[last.estimator == "gride"].id_mean.between(2.5, 3.5).all() and (last.n_pc99 == 3).all()
     prof = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.1)
     assert len(prof) == 6 and set(prof.points) == {"token positions", "last token"}
@@ -393,10 +398,12 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
         assert (grp.estimators_agree == agree).all()
         assert (grp.shape_verdict == (grp["shape"].iloc[0] if agree else "none (estimators disagree)")).all()
     # published peaks: LSM's beside token positions, Cheng et al.'s GRIDE peaks beside the last-token GRIDE row
-    lg = prof[(prof.points == "last token") & (prof.estimator == "gride")]
+    # (only beside a model the paper measured: "toy" gets none; the same rows named opt-125m get Cheng's)
+    assert (prof.peak_id_published == "").all()
+    named = lsm.id_profile_table(pd.concat([idt, last]).assign(model="opt-125m"), peak_depth_tol=0.1)
+    lg = named[(named.points == "last token") & (named.estimator == "gride")]
     assert lg.peak_id_published.str.contains("23.4").all() and lg.peak_id_published_on.str.contains("Cheng").all()
-    assert (prof[(prof.points == "last token") & (prof.estimator != "gride")].peak_id_published == "").all()
-    assert (prof[prof.points == "token positions"].peak_id_published == "19-22").all()
+    assert (named[(named.points == "last token") & (named.estimator != "gride")].peak_id_published == "").all()
     strict = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.0)
     assert (strict.agrees_with.str.split(";").str.len() <= prof.agrees_with.str.split(";").str.len()).all()
 

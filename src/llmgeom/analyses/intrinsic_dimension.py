@@ -23,6 +23,7 @@ from llmgeom.core.layers import relative_depth
 from llmgeom.core.published import add_published
 from llmgeom.core.store import attrs_dict, open_activations, read_finite
 from llmgeom.measures import intrinsic_dimension as manifold
+from llmgeom.measures.neighbors import TooFewPointsError
 from llmgeom.measures.pca import explained_variance, participation_ratio
 
 #: fraction of the variance the ``n_pc99`` column's principal components carry
@@ -252,7 +253,8 @@ def last_token_id_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "
         (n_subsamples = 1, id_std = 0), and GRIDE's scale curve (:func:`gride_scale_columns`).
 
     Raises:
-        StoreError: untrusted file. KeyError: no ``last_token/residual``. TooFewPointsError: too few prompts.
+        StoreError: untrusted file. KeyError: no ``last_token/residual``. A layer with fewer distinct points than
+        ``min_points`` (e.g. layer 0: the final tokens' embeddings) gets NaN IDs and the reason in ``note``.
 
     Source: Cheng, Vaidya & Antonello (ICML 2026): GRIDE on last-token states; issue 20 item 3.
     """
@@ -269,7 +271,16 @@ def last_token_id_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "
             pts = read_finite(f, "last_token/residual", layer=layer)
             base = dict(model=model, prompt_set=a.get("prompt_set"), points=POINTS_LAST, layer=layer,
                         relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
-            rows += _id_rows(pts, estimators=estimators, n_subsamples=1, subsample_size=n_prompts, seed=seed,
-                             min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
-                             gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)[0]
-    return _flag_disagreement(pd.DataFrame(rows), disagreement_factor), pd.DataFrame(scale, columns=gride_scale_columns())
+            try:
+                rows += _id_rows(pts, estimators=estimators, n_subsamples=1, subsample_size=n_prompts, seed=seed,
+                                 min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
+                                 gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)[0]
+            except TooFewPointsError as e:
+                # e.g. layer 0 (the embeddings of the final token): as many distinct points as final tokens
+                n_distinct = int(len(np.unique(pts, axis=0)))
+                rows += [dict(base, estimator=est, n=n_distinct, id_mean=np.nan, id_std=np.nan, id_min=np.nan,
+                              id_max=np.nan, id_over_d_model=np.nan, note=f"too few distinct points: {e}")
+                         for est in estimators]
+    df = pd.DataFrame(rows)
+    df["note"] = df["note"].fillna("") if "note" in df.columns else ""
+    return _flag_disagreement(df, disagreement_factor), pd.DataFrame(scale, columns=gride_scale_columns())
