@@ -389,6 +389,7 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
     few, _ = lsm.last_token_id_table(mixed_h5, **{**kw, "min_points": 121})
     assert len(few) == 15 and few.id_mean.isna().all() and (few.n == 120).all()
     assert few.note.str.contains("too few distinct points").all()
+    assert set(lsm.id_profile_table(pd.concat([idt, few])).points) == {"token positions"}  # no profile from NaN
     assert last[last.estimator == "gride"].id_mean.between(2.5, 3.5).all() and (last.n_pc99 == 3).all()
     prof = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.1)
     assert len(prof) == 6 and set(prof.points) == {"token positions", "last token"}

@@ -106,6 +106,9 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
         n_layers = int(g.layer.max())
         if layers == "blocks" and n_layers >= 2:
             g = g[g.layer > 0]
+        g = g[np.isfinite(g.id_mean)]  # layers with too few distinct points (their rows say why in `note`)
+        if len(g) < 2:
+            continue  # no profile without two measured layers
         s = manifold.id_profile_shape(g.relative_depth.to_numpy(), g.id_mean.to_numpy(), tol=shape_tol)
         lay = g.layer.to_numpy()
         d_model = int(g.d_model.iloc[0])

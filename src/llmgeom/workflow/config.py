@@ -255,17 +255,9 @@ def check_lsm_config(config: dict) -> None:
     Raises:
         ConfigError: ``margins.prompt_set`` / ``fisher.prompt_set`` not a corpus prompt set;
             ``curvature.id_estimator`` not among ``intrinsic_dimension.estimators``;
-            ``margins.fit_eps_max`` outside [eps_min, eps_max]; ``intrinsic_dimension.last_token_set`` with
-            fewer prompts than ``intrinsic_dimension.min_points`` (one point per prompt).
+            ``margins.fit_eps_max`` outside [eps_min, eps_max].
     """
     sets = config["prompts"]["sets"]
-    idc = config["intrinsic_dimension"]
-    lt = idc.get("last_token_set")
-    if lt in sets and sets[lt].get("n") is not None and sets[lt]["n"] < idc["min_points"]:
-        raise ConfigError(f"intrinsic_dimension.last_token_set is {lt!r} with prompts.sets.{lt}.n = {sets[lt]['n']}, "
-                          f"fewer than intrinsic_dimension.min_points = {idc['min_points']} (the last-token ID has "
-                          f"one point per prompt): raise prompts.sets.{lt}.n, lower min_points, or set "
-                          f"last_token_set: '' to skip the last-token ID")
     for sec in ("margins", "fisher"):
         ps = config[sec]["prompt_set"]
         if ps not in sets or sets[ps]["kind"] != "corpus":
