@@ -3,7 +3,11 @@ import re
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # before any h5py import in job processes
 
+from pathlib import Path
+
 from snakemake.utils import validate
+
+from llmgeom.core.claims_data import claims_file
 
 from llmgeom.prompts.io import CANDIDATES_KEY  # meta key of candidate tokens (SULA labels, wind-tunnel answers)
 
@@ -245,3 +249,19 @@ SUMMARY_REPORT = {"bayes": {"category": "Bayesian geometry", "subcategory": "Tab
 def summary_report(family, key):
     """report(category=summary_report(family, "category"), ...) of rule `aggregate_<family>`."""
     return SUMMARY_REPORT.get(family, {"category": "Tables"}).get(key)
+
+
+# --- claims scorecard (rule claims, summary.smk) ---
+def claims_data_input():
+    """llmgeom/data/claims.yaml, relative to the working directory when the package lies below it."""
+    p = claims_file().resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def claim_tables(wildcards):
+    """(CLAIM_TABLES: summary.smk) The claims' tables that this run produces (results/summary/<table>.csv among the targets)."""
+    made = set(TARGETS)
+    return {t: f"results/summary/{t}.csv" for t in CLAIM_TABLES if f"results/summary/{t}.csv" in made}

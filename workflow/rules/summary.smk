@@ -163,28 +163,11 @@ rule figure_lsm:
 
 # Claims scorecard (issue 19): every claim of llmgeom/data/claims.yaml decided on the cross-model tables this
 # run produces; a claim whose table is not produced is "not testable here". Code: llmgeom.analyses.claims.
-from pathlib import Path
-
-from llmgeom.core.claims_data import claims_file, load_claims  # yaml only: light at DAG time
+from llmgeom.core.claims_data import load_claims  # yaml only: light at DAG time
 
 CLAIM_TABLES = sorted({c["table"] for c in load_claims()})
 TARGETS += expand("results/summary/claims.{ext}", ext=["csv", "md", "html"]) + ["results/summary/published.csv"]
 CLAIMS_CATEGORY = "0 Claims: what this run found"  # sorts first among the report's categories
-
-
-def claims_data_input():
-    """llmgeom/data/claims.yaml, relative to the working directory when the package lies below it."""
-    p = claims_file().resolve()
-    try:
-        return str(p.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(p)
-
-
-def claim_tables(wildcards):
-    """The claims' tables that this run produces (results/summary/<table>.csv among the targets)."""
-    made = set(TARGETS)
-    return {t: f"results/summary/{t}.csv" for t in CLAIM_TABLES if f"results/summary/{t}.csv" in made}
 
 
 rule claims:
