@@ -24,7 +24,7 @@ VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)
 MISSING_TABLE = "table not produced by this run"
 #: columns of the scorecard, in order (docs/claims.md describes each)
 SCORECARD_COLUMNS = ["claim_id", "claim", "paper", "section", "table", "column", "model", "setting", "measured",
-                     "measured_lo", "measured_hi", "measured_text", "published", "published_on",
+                     "measured_lo", "measured_hi", "measured_text", "published", "published_quantity", "published_on",
                      "published_models", "same_model", "comparison_flags", "rule", "verdict", "reason"]
 
 
@@ -332,13 +332,14 @@ def _filter(df: pd.DataFrame, where: dict | None) -> pd.DataFrame:
 def _published_cells(claim: dict, model) -> dict:
     q = claim.get("published")
     if not q:
-        return dict(published="", published_on="", published_models="", same_model=False)
+        return dict(published="", published_quantity="", published_on="", published_models="", same_model=False)
     ents, same = comparison_entries(q, model, claim.get("kind"))
     if not ents:
-        return dict(published="", published_on=f"{q}: not in published.yaml", published_models="", same_model=False)
+        return dict(published="", published_quantity=q, published_on=f"{q}: not in published.yaml", published_models="",
+                    same_model=False)
     return dict(published="; ".join(value_text(e) + ("" if same or len(ents) == 1 else f" ({e['model'] or e['models']})")
                                     for e in ents),
-                published_on="; ".join(sorted({source_text(e) for e in ents})),
+                published_quantity=q, published_on="; ".join(sorted({source_text(e) for e in ents})),
                 published_models="; ".join(dict.fromkeys(e["models"] for e in ents)), same_model=same,
                 _secondary=any(e["secondary"] for e in ents))
 
@@ -457,7 +458,7 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
     for col in SCORECARD_COLUMNS:
         if col not in df:
             df[col] = ""
-    for col in ("published", "published_on", "published_models", "comparison_flags", "setting", "measured_text"):
+    for col in ("published", "published_quantity", "published_on", "published_models", "comparison_flags", "setting", "measured_text"):
         df[col] = df[col].fillna("")
     return df[SCORECARD_COLUMNS]
 
@@ -473,6 +474,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     for r in order.itertuples():
         one = r.published and "(" not in r.published.replace("(secondary)", "")
         pub = (f"{r.published} ({r.published_models})" if one else r.published) if r.published else "-"
+        if r.published:  # name the published quantity: it need not be the decided column (delta_pc12 vs pc12)
+            pub = f"{r.published_quantity}: {pub}"
         model = r.model + (f" ({r.setting})" if r.setting else "")
         lines.append("| " + " | ".join(esc(x) for x in (r.verdict, f"{r.claim_id}: {r.claim}", model,
                                                         r.measured_text or "-", pub, r.comparison_flags or "-",
