@@ -4,10 +4,9 @@ import time
 from llmgeom.analyses.decoding import decoding_table
 from llmgeom.core.io import write_table
 from llmgeom.weights.unembedding import load_unembedding
-from llmgeom.workflow.jobs import run_logged, set_threads
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
-    set_threads(snakemake.threads)
     t0 = time.time()
     unembedding = load_unembedding(snakemake.input.model)  # the only step that reads weights
     df = decoding_table(snakemake.input.h5, unembedding, model=snakemake.wildcards.model, **snakemake.params.opts)

@@ -4,10 +4,9 @@ import time
 from llmgeom.analyses.fisher import fisher_tables
 from llmgeom.core.io import write_table
 from llmgeom.weights.unembedding import load_unembedding
-from llmgeom.workflow.jobs import run_logged, set_threads
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
-    set_threads(snakemake.threads)
     p = snakemake.params
     t0 = time.time()
     unembedding = load_unembedding(snakemake.input.model)  # the only step that reads weights

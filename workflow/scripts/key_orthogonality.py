@@ -1,8 +1,7 @@
 """Rule key_orthogonality: W_K column orthogonality per layer and key head, with baselines."""
-from llmgeom.workflow.jobs import run_logged, set_threads
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
-    set_threads(snakemake.threads)
     from llmgeom.weights.key_orthogonality import key_orthogonality_from_dir
     from llmgeom.core.io import write_table
 

@@ -5,10 +5,9 @@ import pandas as pd
 
 from llmgeom.analyses.rate_distortion import rate_distortion_table
 from llmgeom.core.io import write_table
-from llmgeom.workflow.jobs import run_logged, set_threads
+from llmgeom.workflow.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
-    set_threads(snakemake.threads)
     t0 = time.time()
     df = rate_distortion_table(snakemake.input.h5, pd.read_csv(snakemake.input.ids),
                                model=snakemake.wildcards.model, **snakemake.params.opts)

@@ -220,12 +220,11 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1)
     if task not in TASKS:
         raise ValueError(f"unknown model-server task {task!r}; valid: {', '.join(TASKS)}")
     if not enabled():
-        from llmgeom.workflow.jobs import run_logged, set_threads
+        from llmgeom.workflow.jobs import run_logged
 
         from llmgeom.models import loading
 
-        with run_logged(log, threads=threads):
-            set_threads(threads)
+        with run_logged(log, threads=threads):  # sets the job's torch / BLAS threads
             before = sum(loading.LOADS.values())
             out = _call(task, kwargs, reuse=False)
             print(f"[model server off] task {task} in the job's process; weights loaded for it: "
