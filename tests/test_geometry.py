@@ -209,6 +209,26 @@ def test_fast_bootstrap_equals_sklearn_on_the_same_resample(shape, standardize):
         np.testing.assert_allclose(boot[b], [ref[0], ref[1], ref[0] + ref[1]], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("d", [2, 8])  # covariance and (centre-only: one-kernel) Gram branches
+@pytest.mark.parametrize("standardize", [True, False])
+def test_bootstrap_resample_of_one_distinct_row_is_nan(d, standardize):
+    """n = 3 rows (two of them identical): a resample that draws one distinct row has no variance (NaN
+    shares, not a rounding-noise spectrum); every other resample has the shares of scikit-learn's PCA."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((3, d))
+    X[2] = X[1]
+    st, boot = value_manifold_stats(X, np.array([0.1, 0.5, 0.9]), n_boot=60, seed=3, standardize=standardize,
+                                    return_boot=True)
+    idx = np.random.default_rng(3).integers(0, 3, size=(60, 3))
+    single = np.array([len(set(map(tuple, X[r]))) == 1 for r in idx])
+    assert single.any() and (~single).any()
+    assert np.isnan(boot[single]).all() and np.isfinite(boot[~single]).all()
+    for b in np.flatnonzero(~single):
+        ref = explained_variance(X[idx[b]], standardize)
+        np.testing.assert_allclose(boot[b], [ref[0], ref[1] if ref.size > 1 else 0.0,
+                                             ref[0] + (ref[1] if ref.size > 1 else 0.0)], rtol=0, atol=1e-10)
+
+
 def test_constant_entropy_gives_nan_rho_no_flip():
     X, _ = _latent_cloud(n=30)
     with warnings.catch_warnings():

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from sklearn.decomposition import PCA
+from scipy.linalg import lapack
 
 from llmgeom.core.stats import bias_corrected, bootstrap_interval, pearson, spearman
 
@@ -268,33 +269,85 @@ def _resample_groups(idx: np.ndarray):
         yield bs, np.nonzero(p)[1].reshape(bs.size, mm), counts[bs][p].reshape(bs.size, mm)
 
 
+def _centred_gram(K0: np.ndarray, X_tied: np.ndarray, any_distinct: bool, u: np.ndarray,
+                  w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted Gram matrices W^(1/2) Zc Zc^T W^(1/2) [b, m, m] of centred (not standardized) resamples.
+
+    ``K0`` [n, n] = X0 X0^T of the sample centred once (X0 = X - mean); a resample's distinct rows ``u``
+    [b, m] with counts ``w`` [b, m] are re-centred on their weighted mean (p = w / sum w) by the exact
+    identity Zc Zc^T = K - K p 1^T - 1 p^T K + (p^T K p) 1 1^T with K = K0[u, u] (X0's own mean cancels), so
+    the O(m^2 d) product of each resample becomes O(m^2) (the shares agree with the direct product to
+    rounding). The second return, [b, 1] bool, is True where some column varies within the resample (the
+    rule of :func:`standardize_columns`: a column with all values distinct (``any_distinct``) varies in any
+    resample of >= 2 rows; of the others, ``X_tied`` [n, k], each is checked); without one the spectrum is
+    zero and the shares NaN.
+    """
+    K = K0[u[:, :, None], u[:, None, :]]
+    p = w / w.sum(axis=1, keepdims=True)
+    Kp = np.matmul(K, p[:, :, None])  # [b, m, 1]
+    G = K - Kp - np.swapaxes(Kp, 1, 2) + np.matmul(p[:, None, :], Kp)
+    sw = np.sqrt(w)
+    G *= sw[:, :, None] * sw[:, None, :]
+    varies = np.full(u.shape[0], u.shape[1] >= 2 and any_distinct)
+    if X_tied.shape[1] and u.shape[1] >= 2 and not any_distinct:
+        Xt = X_tied[u]
+        varies = (Xt.max(axis=1) > Xt.min(axis=1)).any(axis=1)
+    return G, varies[:, None]
+
+
+def _top2_eigvals(G: np.ndarray) -> np.ndarray:
+    """The two largest eigenvalues, descending and clipped at 0, of each symmetric [m, m] matrix of ``G``
+    [b, m, m] (LAPACK ``dsyevr`` for an index range: only those two are computed); float64 [b, 2], the second 0
+    when m = 1."""
+    b, m, _ = G.shape
+    out = np.zeros((b, 2))
+    if m == 0:
+        return out
+    k = min(2, m)
+    syevr = lapack.get_lapack_funcs("syevr", (G,))
+    for i in range(b):
+        w, _, _, _, info = syevr(G[i], compute_v=0, range="I", il=m - k + 1, iu=m, lower=1)
+        if info != 0:
+            raise np.linalg.LinAlgError(f"LAPACK dsyevr failed (info={info}) on a bootstrap Gram matrix")
+        out[i, :k] = w[:k][::-1]
+    return np.clip(out, 0.0, None)
+
+
 def _bootstrap_shares(X: np.ndarray, idx: np.ndarray, standardize: bool, chunk: int = 64) -> np.ndarray:
     """PC1, PC2, PC1+PC2 explained-variance shares of every bootstrap resample ``X[idx[b]]``.
 
     Each resample is its distinct rows U with their counts w (``standardize_columns(X[U], weights=w)``:
     the same rule as the reference path); its Gram matrix W^(1/2) Z Z^T W^(1/2) [m, m] (m ~ 0.63 n
     distinct rows; Z^T W Z [d, d] when d < m) has the non-zero eigenvalues of the resample's covariance
-    (up to the factor n). All resamples with the same m form one batched ``numpy.linalg.eigvalsh``.
+    (up to the factor n): its two largest eigenvalues (:func:`_top2_eigvals`) over the trace.
+    Centre-only with d >= n: the Gram matrices come from one kernel of the sample (:func:`_centred_gram`).
     Resamples without variance give NaN rows. Returns float64 [n_boot, 3].
     """
     n_boot, n = idx.shape
     d = X.shape[1]
     out = np.full((n_boot, 3), np.nan)
     parent = ((np.diff(np.sort(X, axis=0), axis=0) != 0).all(axis=0), np.abs(X).max(axis=0))
+    centred_gram = not standardize and d >= n
+    if centred_gram:  # centre-only, wide X: each resample's Gram is a re-centred block of one [n, n] kernel
+        X0 = X - X.mean(axis=0)
+        K0, X_tied = X0 @ X0.T, X[:, ~parent[0]]
     for bs, U, cnt in _resample_groups(idx):
         for a in range(0, bs.size, chunk):
             u, w = U[a:a + chunk], cnt[a:a + chunk].astype(np.float64)
-            Z, kept = standardize_columns(X[u], standardize, weights=w, parent=parent)
-            if d >= u.shape[1]:
-                sw = np.sqrt(w)
-                G = (Z @ np.swapaxes(Z, 1, 2)) * sw[:, :, None] * sw[:, None, :]
+            if centred_gram:
+                G, kept = _centred_gram(K0, X_tied, bool(parent[0].any()), u, w)
             else:
-                G = np.swapaxes(Z, 1, 2) @ (Z * w[:, :, None])
-            ev = np.clip(np.linalg.eigvalsh(G)[:, ::-1], 0.0, None)
-            tot = ev.sum(axis=1)
+                Z, kept = standardize_columns(X[u], standardize, weights=w, parent=parent)
+                if d >= u.shape[1]:
+                    sw = np.sqrt(w)
+                    G = (Z @ np.swapaxes(Z, 1, 2)) * sw[:, :, None] * sw[:, None, :]
+                else:
+                    G = np.swapaxes(Z, 1, 2) @ (Z * w[:, :, None])
+            ev = _top2_eigvals(G)
+            tot = np.trace(G, axis1=1, axis2=2)  # = the sum of the eigenvalues
             ok = kept.any(axis=1) & (tot > 0)
             r1 = np.where(ok, ev[:, 0] / np.where(ok, tot, 1.0), np.nan)
-            r2 = np.where(ok, (ev[:, 1] if ev.shape[1] > 1 else 0.0) / np.where(ok, tot, 1.0), np.nan)
+            r2 = np.where(ok, ev[:, 1] / np.where(ok, tot, 1.0), np.nan)
             out[bs[a:a + chunk]] = np.stack([r1, r2, r1 + r2], axis=1)
     return out
 
