@@ -1,7 +1,7 @@
 """Wall-time profile of one Snakemake run of the study (issue 21): where the time went, from the run's log.
 
     .venv/bin/python benchmarks/study_profile.py .snakemake/log/<run>.snakemake.log [--benchmarks benchmarks/]
-    .venv/bin/python benchmarks/study_profile.py --latest                 # newest log under .snakemake/log
+    .venv/bin/python benchmarks/study_profile.py --latest                 # newest log of a run with jobs
 
 Prints, from the log alone (job start and finish times at Snakemake's 1-second resolution, each job's
 ``threads``, ``input`` and ``output``):
@@ -299,7 +299,7 @@ def profile(log_path, benchmarks=None, cores: int | None = None, top: int = 40) 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log", nargs="?", help="a .snakemake/log/*.snakemake.log file")
-    ap.add_argument("--latest", action="store_true", help="the newest log under ./.snakemake/log")
+    ap.add_argument("--latest", action="store_true", help="the newest log under ./.snakemake/log of a run that ran jobs")
     ap.add_argument("--benchmarks", help="folder holding the rules' benchmark: *.tsv files")
     ap.add_argument("--cores", type=int, help="override the log's 'Provided cores'")
     ap.add_argument("--top", type=int, default=15, help="how many of the longest jobs to list")
@@ -307,9 +307,10 @@ def main(argv=None) -> None:
     log = a.log
     if a.latest or not log:
         logs = sorted(Path(".snakemake/log").glob("*.snakemake.log"), key=lambda p: p.stat().st_mtime)
-        if not logs:
-            sys.exit("no .snakemake/log/*.snakemake.log here; pass the log's path")
-        log = logs[-1]
+        runs = [p for p in logs if "Select jobs to execute" in p.read_text(errors="replace")]
+        if not runs:  # the report and dry runs write logs too: the newest one that ran jobs
+            sys.exit("no .snakemake/log/*.snakemake.log of a run with jobs here; pass the log's path")
+        log = runs[-1]
     print(profile(log, a.benchmarks, a.cores, a.top))
 
 
