@@ -8,7 +8,9 @@ Skipped, with the reason, only where SLURM cannot be installed (not root, no apt
 tests assert on; the node drain and the slurmctld restart in one run of the two shortest targets; the
 scancel/preemption fault and the warning-signal fault on one 300-batch extraction each, against one shared
 uninterrupted local run (whose prompt set and prepared model they reuse, so nothing upstream runs on the
-cluster).
+cluster); SLURM's own time-limit kill on a longer extraction whose upstream files are made locally (no
+reference run: the two faults before prove the resumed file byte-identical); the profile's warning on a job
+too short for it refused before submission.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def slurm(tmp_path_factory):
 
 def site_profile(dest: Path, default_resources: dict | None = None, **extra) -> Path:
     """profiles/slurm with the placeholders filled in (as a site would), ``extra`` settings added and
-    ``default_resources`` merged into its default-resources."""
+    ``default_resources`` merged into its default-resources (a value None removes that resource)."""
     dest.mkdir(parents=True, exist_ok=True)
     text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
     for k, v in PLACEHOLDERS.items():
@@ -74,6 +76,7 @@ def site_profile(dest: Path, default_resources: dict | None = None, **extra) -> 
     prof = yaml.safe_load(text)
     prof.update(extra)
     prof["default-resources"].update(default_resources or {})
+    prof["default-resources"] = {k: v for k, v in prof["default-resources"].items() if v is not None}
     (dest / "config.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
     return dest
 
@@ -362,3 +365,71 @@ def test_warning_signal_stops_extraction_retry_asks_more_time_and_resumes(slurm,
     assert f"resumed; {k} of {n} batches were committed before, {n - k} computed now" in log, log[-3000:]
     assert not list((tmp_path / "results").rglob("*.partial*"))
     _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
+
+
+N_TIMEOUT = 3000  # prompts (batch 1) of the time-limit test: an extraction longer than SLURM's 60-90 s kill
+
+
+def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, tmp_path):
+    """SLURM's own time limit, on the real scheduler: the GPU job asks 1 minute (models.<m>.runtime) for an
+    extraction of :data:`N_TIMEOUT` single-prompt batches that needs more (about 1.5-2 minutes here).
+
+    No warning signal: the profile's ``slurm_extra`` (``--signal=USR1@120``) is removed for this run, which
+    is what a site gets where the warning comes too late (one batch longer than the lead time) or not at all.
+    With the profile's default a 1-minute job would get the warning on the first check of SLURM's timer, on
+    every attempt (1, 2, 2 minutes), and never finish: that run is refused before submission
+    (:func:`test_warning_lead_longer_than_the_runtime_is_refused_before_submission`).
+
+    slurmctld checks limits every 30 s, so the job is ended 60-90 s after it started: SIGTERM to every step
+    (the model server's extraction commits the batch in flight and closes the partial file), SIGKILL after
+    KillWait (5 s on the test cluster). ``scontrol show job``: the first GPU job TIMEOUT (reason TimeLimit)
+    after at least its minute, with TimeLimit 1; Snakemake's retry asks ceil(1.5 x 1) = 2 minutes, resumes from
+    the committed batches (the job log: ``resumed; k of n batches were committed before, n-k computed now``)
+    and COMPLETES; the file is there with every prompt's row, no ``.partial`` is left."""
+    import h5py
+
+    cfg = _long_config(runtime=1)
+    cfg["prompts"]["sets"]["mixed"]["n"] = N_TIMEOUT
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    # the prompt set and the prepared model locally (seconds), so that the cluster runs only the GPU job
+    smk("--cores", "2", "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), *SHORT_TARGETS,
+        cwd=tmp_path, env=os.environ)
+    prof = site_profile(tmp_path / "profile", {"slurm_extra": None}, **SITE, retries=1)
+    assert "signal" not in (prof / "config.yaml").read_text()
+    before = {j["JobId"] for j in slurm.jobs()}
+    p = _start_run(prof, tmp_path, slurm.env, TARGET_H5)
+    assert p.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:] + slurm.logs()
+    gpu = sorted(_gpu_jobs(slurm, before, state=None), key=lambda j: int(j["JobId"]))
+    assert [j["JobState"] for j in gpu] == ["TIMEOUT", "COMPLETED"], [(j["JobId"], j["JobState"]) for j in gpu]
+    assert gpu[0]["Reason"] == "TimeLimit" and _minutes(gpu[0]["RunTime"]) >= 1, gpu[0]
+    assert [_minutes(j["TimeLimit"]) for j in gpu] == [1, 2]  # the retry asked 1.5x, in whole minutes
+    log = (tmp_path / "logs" / "extract" / MODEL / "mixed.log").read_text()
+    resumed = re.search(r"resumed; (\d+) of (\d+) batches were committed before, (\d+) computed now", log)
+    assert resumed, log[-3000:]
+    k, n, now = (int(x) for x in resumed.groups())
+    assert 0 < k < n == N_TIMEOUT and now == n - k
+    # the first job's clean stop at its limit, where its output reached the SLURM log
+    logs = sorted((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
+    stopped = re.search(r"stopped by SIGTERM after (\d+) of (\d+) batches", "".join(f.read_text(errors="replace")
+                                                                                  for f in logs))
+    assert stopped is None or int(stopped[1]) == k, stopped
+    assert not list((tmp_path / "results").rglob("*.partial*"))
+    with h5py.File(tmp_path / TARGET_H5) as f:
+        assert f["prompts/n_tokens"].shape == (N_TIMEOUT,) and (f["prompts/n_tokens"][:] > 0).all()
+
+
+def test_warning_lead_longer_than_the_runtime_is_refused_before_submission(slurm, tmp_path):
+    """The profile as shipped (``--signal=USR1@120``) and a GPU job of 1 minute: SLURM would send the warning
+    on the first check of its timer (within 150 s of the end: at once), the extraction would stop, and every
+    retry (2, 2 minutes) the same. ``check_site_profile`` refuses the run before anything is submitted,
+    naming the job, its runtime, the lead time and what would fit."""
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(_long_config(runtime=1)))
+    before = len(slurm.jobs())
+    r = smk("--profile", str(site_profile(tmp_path / "profile", **SITE)), "--configfile",
+            str(tmp_path / "config.yaml"), "-d", str(tmp_path), TARGET_H5, cwd=tmp_path, env=slurm.env,
+            check=False, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "as soon as they start" in out, out[-3000:]
+    assert re.search(r"extract \(model=tiny-gpt2[^)\n]*\): runtime 1 min = 60 s, warning --signal \.\.\.@120 .*runtime >= 3 min", out), \
+        out[-3000:]
+    assert len(slurm.jobs()) == before  # nothing was submitted
