@@ -385,7 +385,9 @@ def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, tmp_pa
     KillWait (5 s on the test cluster). ``scontrol show job``: the first GPU job TIMEOUT (reason TimeLimit)
     after at least its minute, with TimeLimit 1; Snakemake's retry asks ceil(1.5 x 1) = 2 minutes, resumes from
     the committed batches (the job log: ``resumed; k of n batches were committed before, n-k computed now``)
-    and COMPLETES; the file is there with every prompt's row, no ``.partial`` is left."""
+    and COMPLETES (on an overloaded machine a third attempt, 2 minutes again, may be needed and is allowed);
+    the file is there with every prompt's row, no ``.partial`` is left. Byte-identical resumes are proved by
+    the scancel and warning tests above, so no reference run is made here."""
     import h5py
 
     cfg = _long_config(runtime=1)
@@ -394,15 +396,19 @@ def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, tmp_pa
     # the prompt set and the prepared model locally (seconds), so that the cluster runs only the GPU job
     smk("--cores", "2", "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), *SHORT_TARGETS,
         cwd=tmp_path, env=os.environ)
-    prof = site_profile(tmp_path / "profile", {"slurm_extra": None}, **SITE, retries=1)
+    prof = site_profile(tmp_path / "profile", {"slurm_extra": None}, **SITE)  # the profile's retries: 2
     assert "signal" not in (prof / "config.yaml").read_text()
     before = {j["JobId"] for j in slurm.jobs()}
     p = _start_run(prof, tmp_path, slurm.env, TARGET_H5)
     assert p.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:] + slurm.logs()
     gpu = sorted(_gpu_jobs(slurm, before, state=None), key=lambda j: int(j["JobId"]))
-    assert [j["JobState"] for j in gpu] == ["TIMEOUT", "COMPLETED"], [(j["JobId"], j["JobState"]) for j in gpu]
+    states = [j["JobState"] for j in gpu]
+    # TIMEOUT, COMPLETED; on a machine so loaded that the 2-minute retry cannot finish the rest, it times
+    # out too and the third attempt (2 minutes again: ceil(2 x 1)) resumes once more
+    assert states in (["TIMEOUT", "COMPLETED"], ["TIMEOUT", "TIMEOUT", "COMPLETED"]), \
+        [(j["JobId"], j["JobState"], j["RunTime"]) for j in gpu]
     assert gpu[0]["Reason"] == "TimeLimit" and _minutes(gpu[0]["RunTime"]) >= 1, gpu[0]
-    assert [_minutes(j["TimeLimit"]) for j in gpu] == [1, 2]  # the retry asked 1.5x, in whole minutes
+    assert [_minutes(j["TimeLimit"]) for j in gpu] == [1] + [2] * (len(gpu) - 1)  # 1.5x, in whole minutes
     log = (tmp_path / "logs" / "extract" / MODEL / "mixed.log").read_text()
     resumed = re.search(r"resumed; (\d+) of (\d+) batches were committed before, (\d+) computed now", log)
     assert resumed, log[-3000:]

@@ -366,6 +366,12 @@ def early_warnings(jobs) -> list[str]:
     return out
 
 
+def _job_name(job) -> str:
+    """A Snakemake job as ``rule (wildcard=value, ...)``."""
+    wc = ", ".join(f"{k}={v}" for k, v in job.wildcards_dict.items())
+    return f"{job.rule.name} ({wc})" if wc else job.rule.name
+
+
 def _workflow_error(msg: str):
     try:
         from snakemake_interface_common.exceptions import WorkflowError
@@ -397,8 +403,7 @@ def check_site_profile(workflow) -> None:
                               "(docs/cluster.md):\n" + "\n".join(f"  {f}" for f in found) + "\nwhere\n" + hints)
     dag = getattr(workflow, "dag", None)
     jobs = [j for j in (dag.needrun_jobs() if dag is not None else []) if j.rule.name in GPU_RULES]
-    early = early_warnings((f"{j.rule.name} ({', '.join(f'{k}={v}' for k, v in j.wildcards_dict.items())})",
-                            j.resources.get("runtime"), j.resources.get("slurm_extra")) for j in jobs)
+    early = early_warnings((_job_name(j), j.resources.get("runtime"), j.resources.get("slurm_extra")) for j in jobs)
     if early:
         raise _workflow_error(
             "these GPU jobs would get the profile's warning signal as soon as they start and be stopped on "
