@@ -8,9 +8,8 @@ Skipped, with the reason, only where SLURM cannot be installed (not root, no apt
 tests assert on; the node drain and the slurmctld restart in one run of the two shortest targets; the
 scancel/preemption fault and the warning-signal fault on one 300-batch extraction each, against one shared
 uninterrupted local run (whose prompt set and prepared model they reuse, so nothing upstream runs on the
-cluster); SLURM's own time-limit kill on a longer extraction whose upstream files are made locally (no
-reference run: the two faults before prove the resumed file byte-identical); the profile's warning on a job
-too short for it refused before submission.
+cluster); SLURM's own time-limit kill on the same extraction, slowed to ~90 s, against the same
+reference; the profile's warning on a job too short for it refused before submission.
 """
 
 from __future__ import annotations
@@ -367,12 +366,48 @@ def test_warning_signal_stops_extraction_retry_asks_more_time_and_resumes(slurm,
     _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
 
 
-N_TIMEOUT = 3000  # prompts (batch 1) of the time-limit test: an extraction longer than SLURM's 60-90 s kill
+#: seconds added to each of the N_LONG batches of the time-limit test: an extraction of ~90 s (300 x 0.28 s
+#: plus 3-8 s of compute; it starts ~10 s into the job), longer than SLURM's kill of a 1-minute job at 60-90 s
+#: and well inside the 2-minute retry, whatever the load of the machine (computed work alone varied 2x here:
+#: 7,000 prompts of ~390 characters took 53 s idle, 3,500 took 52 s loaded)
+BATCH_DELAY_S = 0.28
+
+SLOW_BATCHES = """\
+# tests/test_slurm_real.py: every extract_batch call sleeps LLMGEOM_TEST_BATCH_DELAY_S first (in every
+# process that imports llmgeom.extract.forward: the model server inside the allocation)
+import importlib.abc, importlib.util, os, sys, time
+
+class _SlowBatches(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "llmgeom.extract.forward":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            batch, delay = module.extract_batch, float(os.environ["LLMGEOM_TEST_BATCH_DELAY_S"])
+
+            def slow(*args, **kwargs):
+                time.sleep(delay)
+                return batch(*args, **kwargs)
+
+            module.extract_batch = slow
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ.get("LLMGEOM_TEST_BATCH_DELAY_S"):
+    sys.meta_path.insert(0, _SlowBatches())
+"""
 
 
-def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, tmp_path):
-    """SLURM's own time limit, on the real scheduler: the GPU job asks 1 minute (models.<m>.runtime) for an
-    extraction of :data:`N_TIMEOUT` single-prompt batches that needs more (about 1.5-2 minutes here).
+def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, reference, tmp_path):
+    """SLURM's own time limit, on the real scheduler: the GPU job asks 1 minute (models.<m>.runtime) for the
+    fault tests' extraction (:data:`N_LONG` single-prompt batches), made to need about 90 s: each batch
+    sleeps :data:`BATCH_DELAY_S` first (a ``sitecustomize`` on ``PYTHONPATH`` wraps ``extract_batch`` in the
+    job's processes, the model server's included), so that the overrun does not depend on the machine's load.
 
     No warning signal: the profile's ``slurm_extra`` (``--signal=USR1@120``) is removed for this run, which
     is what a site gets where the warning comes too late (one batch longer than the lead time) or not at all.
@@ -385,43 +420,36 @@ def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, tmp_pa
     KillWait (5 s on the test cluster). ``scontrol show job``: the first GPU job TIMEOUT (reason TimeLimit)
     after at least its minute, with TimeLimit 1; Snakemake's retry asks ceil(1.5 x 1) = 2 minutes, resumes from
     the committed batches (the job log: ``resumed; k of n batches were committed before, n-k computed now``)
-    and COMPLETES (on an overloaded machine a third attempt, 2 minutes again, may be needed and is allowed);
-    the file is there with every prompt's row, no ``.partial`` is left. Byte-identical resumes are proved by
-    the scancel and warning tests above, so no reference run is made here."""
-    import h5py
-
-    cfg = _long_config(runtime=1)
-    cfg["prompts"]["sets"]["mixed"]["n"] = N_TIMEOUT
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    # the prompt set and the prepared model locally (seconds), so that the cluster runs only the GPU job
-    smk("--cores", "2", "--configfile", str(tmp_path / "config.yaml"), "-d", str(tmp_path), *SHORT_TARGETS,
-        cwd=tmp_path, env=os.environ)
-    prof = site_profile(tmp_path / "profile", {"slurm_extra": None}, **SITE)  # the profile's retries: 2
+    and COMPLETES; no ``.partial`` is left and the file equals the uninterrupted reference in every dataset."""
+    _fault_dir(tmp_path, reference, runtime=1)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(SLOW_BATCHES)
+    env = dict(slurm.env, LLMGEOM_TEST_BATCH_DELAY_S=str(BATCH_DELAY_S),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])))
+    prof = site_profile(tmp_path / "profile", {"slurm_extra": None}, **SITE, retries=1)
     assert "signal" not in (prof / "config.yaml").read_text()
     before = {j["JobId"] for j in slurm.jobs()}
-    p = _start_run(prof, tmp_path, slurm.env, TARGET_H5)
+    p = _start_run(prof, tmp_path, env, TARGET_H5)
     assert p.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:] + slurm.logs()
     gpu = sorted(_gpu_jobs(slurm, before, state=None), key=lambda j: int(j["JobId"]))
-    states = [j["JobState"] for j in gpu]
-    # TIMEOUT, COMPLETED; on a machine so loaded that the 2-minute retry cannot finish the rest, it times
-    # out too and the third attempt (2 minutes again: ceil(2 x 1)) resumes once more
-    assert states in (["TIMEOUT", "COMPLETED"], ["TIMEOUT", "TIMEOUT", "COMPLETED"]), \
+    assert [j["JobState"] for j in gpu] == ["TIMEOUT", "COMPLETED"], \
         [(j["JobId"], j["JobState"], j["RunTime"]) for j in gpu]
     assert gpu[0]["Reason"] == "TimeLimit" and _minutes(gpu[0]["RunTime"]) >= 1, gpu[0]
-    assert [_minutes(j["TimeLimit"]) for j in gpu] == [1] + [2] * (len(gpu) - 1)  # 1.5x, in whole minutes
+    assert [_minutes(j["TimeLimit"]) for j in gpu] == [1, 2]  # the retry asked 1.5x, in whole minutes
     log = (tmp_path / "logs" / "extract" / MODEL / "mixed.log").read_text()
     resumed = re.search(r"resumed; (\d+) of (\d+) batches were committed before, (\d+) computed now", log)
     assert resumed, log[-3000:]
     k, n, now = (int(x) for x in resumed.groups())
-    assert 0 < k < n == N_TIMEOUT and now == n - k
-    # the first job's clean stop at its limit, where its output reached the SLURM log
+    assert 0 < k < n == N_LONG and now == n - k
+    # the first job's clean stop at its limit (SLURM's SIGTERM reaches the server directly, or through the
+    # client, which forwards it as a stop request: SIGUSR1), in the first job's SLURM log
     logs = sorted((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
-    stopped = re.search(r"stopped by SIGTERM after (\d+) of (\d+) batches", "".join(f.read_text(errors="replace")
-                                                                                  for f in logs))
-    assert stopped is None or int(stopped[1]) == k, stopped
+    stopped = re.search(r"stopped by SIG(?:TERM|USR1) after (\d+) of (\d+) batches",
+                        "".join(f.read_text(errors="replace") for f in logs))
+    assert stopped and int(stopped[1]) == k, stopped
     assert not list((tmp_path / "results").rglob("*.partial*"))
-    with h5py.File(tmp_path / TARGET_H5) as f:
-        assert f["prompts/n_tokens"].shape == (N_TIMEOUT,) and (f["prompts/n_tokens"][:] > 0).all()
+    _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
 
 
 def test_warning_lead_longer_than_the_runtime_is_refused_before_submission(slurm, tmp_path):
