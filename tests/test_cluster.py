@@ -281,6 +281,24 @@ def test_unfilled_placeholders_are_named(tmp_path):
     assert cluster.unfilled_placeholders(filled["default-resources"], filled["set-resources"]) == []
 
 
+def test_warning_lead_against_the_runtime():
+    """Issue 18: a GPU job whose limit is within the warning's lead time plus SLURM's 30-s timer gets the
+    warning at once (check_site_profile refuses it); the profile's lead and sbatch's default are read back."""
+    prof = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    lead = cluster.signal_lead_s(prof["default-resources"]["slurm_extra"])
+    assert lead == 120
+    assert cluster.signal_lead_s("--qos=high --signal=B:USR1@300") == 300
+    assert cluster.signal_lead_s("--signal USR1") == 60 and cluster.signal_lead_s("--qos=high") is None
+    assert cluster.signal_lead_s(None) is None
+    jobs = [("a", 1, "'--signal=USR1@120'"), ("b", 2, "--signal=USR1@120"), ("c", 3, "--signal=USR1@120"),
+            ("d", 1, "--signal=USR1@1"), ("e", 1, "--signal=USR1@30"), ("f", 1, None), ("g", 60, "--signal=USR1@120")]
+    early = cluster.early_warnings(jobs)
+    # 60 and 120 s <= 120 + 30; 180 s is not; @1: 60 > 31; @30: 60 <= 60
+    assert [e.split(":")[0] for e in early] == ["a", "b", "e"], early
+    assert early[0] == ("a: runtime 1 min = 60 s, warning --signal ...@120 (sent from 150 s before the end); "
+                        "runtime >= 3 min, or a lead below 30 s")
+
+
 # --------------------------------------------------------------------------- resources and memory
 
 

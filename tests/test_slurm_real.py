@@ -8,7 +8,8 @@ Skipped, with the reason, only where SLURM cannot be installed (not root, no apt
 tests assert on; the node drain and the slurmctld restart in one run of the two shortest targets; the
 scancel/preemption fault and the warning-signal fault on one 300-batch extraction each, against one shared
 uninterrupted local run (whose prompt set and prepared model they reuse, so nothing upstream runs on the
-cluster).
+cluster); SLURM's own time-limit kill on the same extraction, slowed to ~90 s, against the same
+reference; the profile's warning on a job too short for it refused before submission.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def slurm(tmp_path_factory):
 
 def site_profile(dest: Path, default_resources: dict | None = None, **extra) -> Path:
     """profiles/slurm with the placeholders filled in (as a site would), ``extra`` settings added and
-    ``default_resources`` merged into its default-resources."""
+    ``default_resources`` merged into its default-resources (a value None removes that resource)."""
     dest.mkdir(parents=True, exist_ok=True)
     text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
     for k, v in PLACEHOLDERS.items():
@@ -74,6 +75,7 @@ def site_profile(dest: Path, default_resources: dict | None = None, **extra) -> 
     prof = yaml.safe_load(text)
     prof.update(extra)
     prof["default-resources"].update(default_resources or {})
+    prof["default-resources"] = {k: v for k, v in prof["default-resources"].items() if v is not None}
     (dest / "config.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
     return dest
 
@@ -362,3 +364,106 @@ def test_warning_signal_stops_extraction_retry_asks_more_time_and_resumes(slurm,
     assert f"resumed; {k} of {n} batches were committed before, {n - k} computed now" in log, log[-3000:]
     assert not list((tmp_path / "results").rglob("*.partial*"))
     _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
+
+
+#: seconds added to each of the N_LONG batches of the time-limit test: an extraction of ~90 s (300 x 0.28 s
+#: plus 3-8 s of compute; it starts ~10 s into the job), longer than SLURM's kill of a 1-minute job at 60-90 s
+#: and well inside the 2-minute retry, whatever the load of the machine (computed work alone varied 2x here:
+#: 7,000 prompts of ~390 characters took 53 s idle, 3,500 took 52 s loaded)
+BATCH_DELAY_S = 0.28
+
+SLOW_BATCHES = """\
+# tests/test_slurm_real.py: every extract_batch call sleeps LLMGEOM_TEST_BATCH_DELAY_S first (in every
+# process that imports llmgeom.extract.forward: the model server inside the allocation)
+import importlib.abc, importlib.util, os, sys, time
+
+class _SlowBatches(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "llmgeom.extract.forward":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            batch, delay = module.extract_batch, float(os.environ["LLMGEOM_TEST_BATCH_DELAY_S"])
+
+            def slow(*args, **kwargs):
+                time.sleep(delay)
+                return batch(*args, **kwargs)
+
+            module.extract_batch = slow
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ.get("LLMGEOM_TEST_BATCH_DELAY_S"):
+    sys.meta_path.insert(0, _SlowBatches())
+"""
+
+
+def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, reference, tmp_path):
+    """SLURM's own time limit, on the real scheduler: the GPU job asks 1 minute (models.<m>.runtime) for the
+    fault tests' extraction (:data:`N_LONG` single-prompt batches), made to need about 90 s: each batch
+    sleeps :data:`BATCH_DELAY_S` first (a ``sitecustomize`` on ``PYTHONPATH`` wraps ``extract_batch`` in the
+    job's processes, the model server's included), so that the overrun does not depend on the machine's load.
+
+    No warning signal: the profile's ``slurm_extra`` (``--signal=USR1@120``) is removed for this run, which
+    is what a site gets where the warning comes too late (one batch longer than the lead time) or not at all.
+    With the profile's default a 1-minute job would get the warning on the first check of SLURM's timer, on
+    every attempt (1, 2, 2 minutes), and never finish: that run is refused before submission
+    (:func:`test_warning_lead_longer_than_the_runtime_is_refused_before_submission`).
+
+    slurmctld checks limits every 30 s, so the job is ended 60-90 s after it started: SIGTERM to every step
+    (the model server's extraction commits the batch in flight and closes the partial file), SIGKILL after
+    KillWait (5 s on the test cluster). ``scontrol show job``: the first GPU job TIMEOUT (reason TimeLimit)
+    after at least its minute, with TimeLimit 1; Snakemake's retry asks ceil(1.5 x 1) = 2 minutes, resumes from
+    the committed batches (the job log: ``resumed; k of n batches were committed before, n-k computed now``)
+    and COMPLETES; no ``.partial`` is left and the file equals the uninterrupted reference in every dataset."""
+    _fault_dir(tmp_path, reference, runtime=1)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(SLOW_BATCHES)
+    env = dict(slurm.env, LLMGEOM_TEST_BATCH_DELAY_S=str(BATCH_DELAY_S),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])))
+    prof = site_profile(tmp_path / "profile", {"slurm_extra": None}, **SITE, retries=1)
+    assert "signal" not in (prof / "config.yaml").read_text()
+    before = {j["JobId"] for j in slurm.jobs()}
+    p = _start_run(prof, tmp_path, env, TARGET_H5)
+    assert p.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:] + slurm.logs()
+    gpu = sorted(_gpu_jobs(slurm, before, state=None), key=lambda j: int(j["JobId"]))
+    assert [j["JobState"] for j in gpu] == ["TIMEOUT", "COMPLETED"], \
+        [(j["JobId"], j["JobState"], j["RunTime"]) for j in gpu]
+    assert gpu[0]["Reason"] == "TimeLimit" and _minutes(gpu[0]["RunTime"]) >= 1, gpu[0]
+    assert [_minutes(j["TimeLimit"]) for j in gpu] == [1, 2]  # the retry asked 1.5x, in whole minutes
+    log = (tmp_path / "logs" / "extract" / MODEL / "mixed.log").read_text()
+    resumed = re.search(r"resumed; (\d+) of (\d+) batches were committed before, (\d+) computed now", log)
+    assert resumed, log[-3000:]
+    k, n, now = (int(x) for x in resumed.groups())
+    assert 0 < k < n == N_LONG and now == n - k
+    # the first job's clean stop at its limit (SLURM's SIGTERM reaches the server directly, or through the
+    # client, which forwards it as a stop request: SIGUSR1), in the first job's SLURM log
+    logs = sorted((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
+    stopped = re.search(r"stopped by SIG(?:TERM|USR1) after (\d+) of (\d+) batches",
+                        "".join(f.read_text(errors="replace") for f in logs))
+    assert stopped and int(stopped[1]) == k, stopped
+    assert not list((tmp_path / "results").rglob("*.partial*"))
+    _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
+
+
+def test_warning_lead_longer_than_the_runtime_is_refused_before_submission(slurm, tmp_path):
+    """The profile as shipped (``--signal=USR1@120``) and a GPU job of 1 minute: SLURM would send the warning
+    on the first check of its timer (within 150 s of the end: at once), the extraction would stop, and every
+    retry (2, 2 minutes) the same. ``check_site_profile`` refuses the run before anything is submitted,
+    naming the job, its runtime, the lead time and what would fit."""
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(_long_config(runtime=1)))
+    before = len(slurm.jobs())
+    r = smk("--profile", str(site_profile(tmp_path / "profile", **SITE)), "--configfile",
+            str(tmp_path / "config.yaml"), "-d", str(tmp_path), TARGET_H5, cwd=tmp_path, env=slurm.env,
+            check=False, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "as soon as they start" in out, out[-3000:]
+    assert re.search(r"extract \(model=tiny-gpt2[^)\n]*\): runtime 1 min = 60 s, warning --signal \.\.\.@120 .*runtime >= 3 min", out), \
+        out[-3000:]
+    assert len(slurm.jobs()) == before  # nothing was submitted

@@ -17,6 +17,9 @@ with the retry attempt, and tracking of the package code a rule runs (issue 7).
   editing that code reruns the rule (Snakemake compares input mtimes and, for files under 1 MB,
   checksums: touching a file without changing it reruns nothing). ``llmgeom.workflow`` (config checks,
   logging, cluster) and ``models.tiny`` are not tracked.
+* ``check_site_profile(workflow)`` (the workflow's ``onstart``): a SLURM run is refused before the first
+  submission when the profile still holds a placeholder, or a GPU job is too short for the profile's warning
+  signal (``early_warnings``; issue 18).
 
 Source: DESIGN.md section 1 (model sweeps; params as rule ``params:``); issue 7.
 """
@@ -27,6 +30,7 @@ import ast
 import functools
 import math
 import os
+import re
 from pathlib import Path
 
 GPU_RULES = ("extract", "extract_sula", "intervene", "train_wind_tunnel", "extract_wind_tunnel")
@@ -304,26 +308,105 @@ def unfilled_placeholders(default_resources, set_resources) -> list[str]:
     return found
 
 
+#: seconds between two checks of job time limits by slurmctld (its PERIODIC_TIMEOUT): a job's limit and its
+#: warning ``--signal=<sig>@<s>`` act at the first check after they are due, and the warning is sent once the
+#: job is within ``<s>`` + this many seconds of its end (so up to 60 s early: sbatch(1), ``--signal``)
+SLURM_TIMER_S = 30
+
+#: sbatch's ``--signal`` lead time (seconds) when the option gives no ``@<s>`` (sbatch(1))
+SLURM_SIGNAL_DEFAULT_S = 60
+
+_SIGNAL = re.compile(r"--signal[= ]['\"]?(?:[RB]+:)?(\w+)(?:@(\d+))?")
+
+
+def signal_lead_s(slurm_extra) -> int | None:
+    """The warning lead time of a job's ``slurm_extra``: the ``<s>`` of ``--signal=[{R|B}:]<sig>[@<s>]``.
+
+    Args:
+        slurm_extra: the ``slurm_extra`` resource (sbatch options as one string), or None.
+
+    Returns:
+        Seconds before the time limit at which SLURM is asked to send the signal (60, sbatch's default,
+        when no ``@<s>`` is given); None when ``slurm_extra`` asks for no signal.
+    """
+    m = _SIGNAL.search(str(slurm_extra or ""))
+    if m is None:
+        return None
+    return int(m.group(2)) if m.group(2) else SLURM_SIGNAL_DEFAULT_S
+
+
+def early_warnings(jobs) -> list[str]:
+    """GPU jobs whose warning signal comes as soon as they start, on the first check of SLURM's timer.
+
+    SLURM sends ``--signal=<sig>@<s>`` at the first check of its timer (every :data:`SLURM_TIMER_S`
+    seconds) at which the job is within ``<s>`` + :data:`SLURM_TIMER_S` seconds of its end. A job whose
+    limit is no longer than that gets the warning on the first check after it starts: the model server
+    stops its extraction (or the signal ends a process that has no handler yet), the job fails, and its
+    retry (runtime x1.5: 1, 2, 2 minutes for 1) is stopped the same way while it is still that short, so a
+    1-minute job under ``--signal=USR1@120`` never finishes (issue 18).
+
+    Args:
+        jobs: iterable of ``(name, runtime, slurm_extra)``: a job's name (rule and wildcards), its first
+            attempt's ``runtime`` resource in minutes (later attempts ask more) and its ``slurm_extra``.
+
+    Returns:
+        One line per such job: its name, runtime, the lead time and the smallest runtime that leaves a
+        check of the timer before the warning; empty when there is none.
+    """
+    out = []
+    for name, runtime, extra in jobs:
+        lead = signal_lead_s(extra)
+        if lead is None or runtime is None or not str(runtime).isdigit():
+            continue
+        if int(runtime) * 60 <= lead + SLURM_TIMER_S:
+            need = (lead + SLURM_TIMER_S) // 60 + 1
+            out.append(f"{name}: runtime {int(runtime)} min = {int(runtime) * 60} s, warning --signal ...@{lead} "
+                       f"(sent from {lead + SLURM_TIMER_S} s before the end); runtime >= {need} min, "
+                       f"or a lead below {int(runtime) * 60 - SLURM_TIMER_S} s")
+    return out
+
+
+def _job_name(job) -> str:
+    """A Snakemake job as ``rule (wildcard=value, ...)``."""
+    wc = ", ".join(f"{k}={v}" for k, v in job.wildcards_dict.items())
+    return f"{job.rule.name} ({wc})" if wc else job.rule.name
+
+
+def _workflow_error(msg: str):
+    try:
+        from snakemake_interface_common.exceptions import WorkflowError
+    except ImportError:  # pragma: no cover
+        WorkflowError = ValueError
+    return WorkflowError(msg)
+
+
 def check_site_profile(workflow) -> None:
     """Refuse, before anything is submitted, a SLURM run whose profile still holds a placeholder
-    (``<account>``, ``<cpu-partition>``, ``<gpu-partition>`` of profiles/slurm). Called at DAG time by
+    (``<account>``, ``<cpu-partition>``, ``<gpu-partition>`` of profiles/slurm), or one with a GPU job that its
+    warning signal would stop as soon as it starts (:func:`early_warnings`: a ``runtime`` shorter than the
+    profile's ``--signal=USR1@<s>`` lead plus SLURM's 30-s timer). Called at DAG time by
     workflow/rules/common.smk with Snakemake's ``workflow``; dry runs and other executors pass.
 
     Raises:
         WorkflowError (snakemake's; ValueError when Snakemake's class cannot be imported): naming each
-            unfilled setting and what to put there.
+            unfilled setting and what to put there, or each too-short GPU job with the runtime it needs
+            (``models.<m>.runtime``, ``wind_tunnel.models.<m>.runtime``) and the lead time that would fit.
     """
     plugin = getattr(workflow, "executor_plugin", None)
     if plugin is None or getattr(plugin, "name", None) != "slurm" or workflow.dryrun or workflow.remote_exec:
         return
     rs = workflow.resource_settings
     found = unfilled_placeholders(rs.default_resources, rs.overwrite_resources)
-    if not found:
-        return
-    try:
-        from snakemake_interface_common.exceptions import WorkflowError
-    except ImportError:  # pragma: no cover
-        WorkflowError = ValueError
-    hints = "\n".join(f"  {p}: {why}" for p, why in PROFILE_PLACEHOLDERS.items())
-    raise WorkflowError("the SLURM profile still holds placeholders; fill them in before the first run "
-                        "(docs/cluster.md):\n" + "\n".join(f"  {f}" for f in found) + "\nwhere\n" + hints)
+    if found:
+        hints = "\n".join(f"  {p}: {why}" for p, why in PROFILE_PLACEHOLDERS.items())
+        raise _workflow_error("the SLURM profile still holds placeholders; fill them in before the first run "
+                              "(docs/cluster.md):\n" + "\n".join(f"  {f}" for f in found) + "\nwhere\n" + hints)
+    dag = getattr(workflow, "dag", None)
+    jobs = [j for j in (dag.needrun_jobs() if dag is not None else []) if j.rule.name in GPU_RULES]
+    early = early_warnings((_job_name(j), j.resources.get("runtime"), j.resources.get("slurm_extra")) for j in jobs)
+    if early:
+        raise _workflow_error(
+            "these GPU jobs would get the profile's warning signal as soon as they start and be stopped on "
+            "every attempt (docs/cluster.md, \"Time limits and preemption\"); raise the model's runtime "
+            "(models.<m>.runtime, minutes) or lower the @<s> of slurm_extra's --signal:\n"
+            + "\n".join(f"  {e}" for e in early))
