@@ -26,15 +26,19 @@ def synthetic():
     return u, y, edges, np.repeat(np.arange(200), n // 200)
 
 
-def test_nll_identity_equals_next_ids(synthetic):
+def test_position_stats_known_answers(synthetic):
+    """Next-token logit, top-1 / top-2, the histogram and correctness of each position, against the logits."""
     u, y, _, _ = synthetic
-    nll = logsumexp(u, axis=1) - u[np.arange(len(y)), y]
-    a = dec.position_stats(u[:300], np.eye(u.shape[1]), next_ids=y[:300])
-    b = dec.position_stats(u[:300], np.eye(u.shape[1]), nll=nll[:300])
-    np.testing.assert_allclose(a["z_next"], b["z_next"], atol=1e-5)
-    assert (a["correct"] == b["correct"]).all() and (a["correct"] == (y[:300] == u[:300].argmax(1))).all()
-    with pytest.raises(ValueError, match="exactly one"):
-        dec.position_stats(u[:3], np.eye(u.shape[1]))
+    st = dec.position_stats(u[:300], np.eye(u.shape[1]), next_ids=y[:300], batch=7)
+    s = np.sort(u[:300], axis=1)
+    np.testing.assert_allclose(st["z_next"], u[np.arange(300), y[:300]], rtol=1e-6)
+    np.testing.assert_allclose(st["z_max"], s[:, -1], rtol=1e-6)
+    np.testing.assert_allclose(st["margin"], s[:, -1] - s[:, -2], atol=1e-5)
+    assert (st["correct"] == (y[:300] == u[:300].argmax(1))).all() and 0 < st["correct"].sum() < 300
+    assert (st["hist_count"].sum(1) == u.shape[1]).all()
+    for bad in (y[:2], y[:3] - 100, y[:3].astype(float)):
+        with pytest.raises(ValueError, match="next_ids"):
+            dec.position_stats(u[:3], np.eye(u.shape[1]), next_ids=bad)
 
 
 def test_histogram_log_partition_matches_exact():
@@ -103,3 +107,26 @@ def test_sample_next_token_agrees_with_the_nll_identity(tmp_path):
     df = decoding_table(out, (W, b, None), model="tiny", n_boot=10, n_bins=16)
     assert (df.n_dropped_no_nll == int((~has).sum())).all()
     assert (df.next_token_source == "tokens/sample_next_token").all()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_neox", "phi", "opt_proj", "gpt2"])
+def test_load_unembedding_reads_only_the_head(tmp_path, family):
+    """The head's tensors read from the safetensors file equal those of the fully loaded model (tied and untied
+    heads, an output bias, OPT's projected unembedding), and no model is loaded for them; GPT-NeoX, whose
+    checkpoint key (embed_out) transformers renames at load (lm_head), is loaded whole: the same arrays."""
+    import torch
+
+    from llmgeom.models import architectures as arch, loading, sources as models, tiny as testing
+    from llmgeom.weights.unembedding import load_unembedding
+
+    src = testing.save_tiny_model_dir(family, tmp_path / "src")
+    prepared = tmp_path / "prepared"
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    loads = dict(loading.LOADS)
+    W, b, cap = load_unembedding(prepared)
+    assert (loading.LOADS == loads) == (family != "gpt_neox")  # the head was read without loading the model
+    model, _ = loading.load_prepared(prepared, dtype="float32", device="cpu")
+    W_ref, b_ref = arch.unembedding(model)
+    assert W.dtype == np.float32 and np.array_equal(W, W_ref.detach().to(torch.float32).numpy())
+    assert (b is None) == (b_ref is None) and (b is None or np.array_equal(b, b_ref.detach().numpy()))
+    assert cap == arch.logit_softcap(model)

@@ -349,6 +349,23 @@ def test_id_table_disagreement_profile_and_curvature_tables(corpus_h5):
     assert (cv.n == 250).all()
 
 
+def test_id_profile_row_for_an_estimator_without_two_measured_layers():
+    """An estimator measured at fewer than two blocks gets a row (NaN, reason in ``note``) instead of none; the
+    verdict is taken over the estimators with a profile."""
+    ids = {"twonn": [9.0, 3.0, 6.0, 8.0, 4.0], "mle_mg": [9.0, np.nan, 5.0, np.nan, np.nan]}
+    idt = pd.DataFrame([dict(model="toy", prompt_set="s", estimator=e, layer=layer, relative_depth=layer / 4,
+                             d_model=16, id_mean=v) for e, vs in ids.items() for layer, v in enumerate(vs)])
+    prof = lsm.id_profile_table(idt).set_index("estimator")
+    assert list(prof.index) == ["mle_mg", "twonn"] and (prof.points == "token positions").all()
+    m, t = prof.loc["mle_mg"], prof.loc["twonn"]
+    assert np.isnan(m.peak_id) and pd.isna(m.peak_layer) and pd.isna(m["shape"]) and m.embedding_id == 9.0
+    assert m.note == "no profile: 1 measured layer(s) (blocks with a finite id_mean), at least 2 needed"
+    assert (t.peak_layer, t.peak_id, t["shape"], t.note) == (3, 8.0, "rise-then-fall", "")
+    assert t.peak_relative_depth == 0.75 and t.peak_id_over_d_model == 0.5 and t.n_layers == 4
+    assert (prof.n_estimators == 1).all() and prof.estimators_agree.all()
+    assert (prof.shape_verdict == "rise-then-fall").all() and list(prof.agrees_with) == ["", "twonn"]
+
+
 @pytest.fixture(scope="module")
 def mixed_h5(tmp_path_factory):
     """A last-token activation file: 120 prompts, 4 layers (+ embeddings) of 3-d data in 16 dims whose
@@ -389,7 +406,13 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
     few, _ = lsm.last_token_id_table(mixed_h5, **{**kw, "min_points": 121})
     assert len(few) == 15 and few.id_mean.isna().all() and (few.n == 120).all()
     assert few.note.str.contains("too few distinct points").all()
-    assert set(lsm.id_profile_table(pd.concat([idt, few])).points) == {"token positions"}  # no profile from NaN
+    # no profile from NaN layers, but a row per estimator that says so (NaN values, the reason in `note`)
+    pf = lsm.id_profile_table(pd.concat([idt, few]))
+    nop, tok = pf[pf.points == "last token"], pf[pf.points == "token positions"]
+    assert sorted(nop.estimator) == ["gride", "mle_mg", "twonn"] and (nop.n_layers == 4).all()
+    assert nop.peak_id.isna().all() and nop["shape"].isna().all() and (nop.agrees_with == "").all()
+    assert nop.note.str.contains("0 measured layer").all() and (tok.note == "").all() and tok.peak_id.notna().all()
+    assert (nop.shape_verdict == "none (no estimator has a profile)").all() and (nop.n_estimators == 0).all()
     assert last[last.estimator == "gride"].id_mean.between(2.5, 3.5).all() and (last.n_pc99 == 3).all()
     prof = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.1)
     assert len(prof) == 6 and set(prof.points) == {"token positions", "last token"}

@@ -46,18 +46,30 @@ ID_PROFILE_PUBLISHED_LAST_TOKEN_GRIDE = {"peak_id": "gride_last_token_peak_id",
                                          "peak_id_over_d_model": "gride_last_token_peak_id_over_d_model"}
 
 
+#: columns of an id_profile row before the agreement and published columns (a row without a profile: NaN + note)
+_PROFILE_COLUMNS = ["model", "prompt_set", "points", "estimator", "n_layers", "d_model", "peak_layer",
+                    "peak_relative_depth", "peak_id", "peak_id_over_d_model", "trough_layer", "trough_relative_depth",
+                    "trough_id", "embedding_id", "first_id", "final_id", "mean_id", "spearman_depth", "shape",
+                    "shape_tol", "embeddings_included", "note"]
+
+
 def _agreement(prof: pd.DataFrame, peak_depth_tol: float) -> pd.DataFrame:
-    """Columns agrees_with, n_estimators, estimators_agree, shape_verdict per (model, prompt_set, points)."""
+    """Columns agrees_with, n_estimators, estimators_agree, shape_verdict per (model, prompt_set, points), over
+    the estimators with a profile (a row without one, ``note`` set, gets agrees_with "" and the group's verdict)."""
     prof = prof.copy()
     prof["agrees_with"], prof["n_estimators"], prof["estimators_agree"], prof["shape_verdict"] = "", 0, False, ""
-    for _, g in prof.groupby(["model", "prompt_set", "points"], sort=False):
+    for _, g_all in prof.groupby(["model", "prompt_set", "points"], sort=False):
+        g = g_all[g_all["shape"].notna()]
+        if g.empty:
+            prof.loc[g_all.index, "shape_verdict"] = "none (no estimator has a profile)"
+            continue
         for i, r in g.iterrows():
             ok = g[(g["shape"] == r["shape"]) & ((g.peak_relative_depth - r.peak_relative_depth).abs() <= peak_depth_tol)]
             prof.at[i, "agrees_with"] = ";".join(sorted(ok.estimator))
         agree = bool(g["shape"].nunique() == 1 and np.ptp(g.peak_relative_depth.to_numpy()) <= peak_depth_tol)
-        prof.loc[g.index, "n_estimators"] = len(g)
-        prof.loc[g.index, "estimators_agree"] = agree
-        prof.loc[g.index, "shape_verdict"] = g["shape"].iloc[0] if agree else "none (estimators disagree)"
+        prof.loc[g_all.index, "n_estimators"] = len(g)
+        prof.loc[g_all.index, "estimators_agree"] = agree
+        prof.loc[g_all.index, "shape_verdict"] = g["shape"].iloc[0] if agree else "none (estimators disagree)"
     prof["peak_depth_tol"] = peak_depth_tol
     return prof
 
@@ -84,10 +96,12 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
         first_id (first layer of the profile), final_id (last block), mean_id (over the profile),
         spearman_depth (ID vs depth; NaN for a constant profile), shape ("rise-then-fall", "fall-then-rise",
         "increasing", "decreasing", "flat"), shape_tol, embeddings_included (True: layer 0 is part of the
-        profile); agrees_with (';'-joined estimators of the same model, prompt set and points with the same
-        shape and a peak depth within ``peak_depth_tol``, this one included), n_estimators, estimators_agree
-        (all of them agree), shape_verdict (the common shape when they agree, else "none (estimators
-        disagree)"), peak_depth_tol; beside peak_id, peak_relative_depth and peak_id_over_d_model the
+        profile), note ("" or why there is no profile: an estimator with fewer than two measured layers, e.g.
+        too few distinct points, gets a row with NaN values and the reason); agrees_with (';'-joined estimators
+        of the same model, prompt set and points with the same shape and a peak depth within
+        ``peak_depth_tol``, this one included), n_estimators (those with a profile), estimators_agree (all of
+        them agree), shape_verdict (the common shape when they agree, else "none (estimators disagree)"; "none
+        (no estimator has a profile)"), peak_depth_tol; beside peak_id, peak_relative_depth and peak_id_over_d_model the
         published values (``*_published``, ``*_published_on``; ``llmgeom/data/published.yaml``): LSM's for
         token positions, Cheng, Vaidya & Antonello's GRIDE peaks for the last-token GRIDE rows, "" elsewhere.
         Relative depth = layer / L for residual-stream layer l (output of block l; 0 = embeddings).
@@ -106,22 +120,27 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
         n_layers = int(g.layer.max())
         if layers == "blocks" and n_layers >= 2:
             g = g[g.layer > 0]
+        d_model = int(g.d_model.iloc[0])
+        key = dict(model=model, prompt_set=pset, points=pts, estimator=est, n_layers=n_layers, d_model=d_model)
         g = g[np.isfinite(g.id_mean)]  # layers with too few distinct points (their rows say why in `note`)
-        if len(g) < 2:
-            continue  # no profile without two measured layers
+        if len(g) < 2:  # no profile without two measured layers: a row that says so
+            rows.append(dict(key, embedding_id=float(emb.iloc[0]) if len(emb) else np.nan, shape_tol=shape_tol,
+                             note=f"no profile: {len(g)} measured layer(s) ({'blocks' if layers == 'blocks' else 'all'}"
+                                  " with a finite id_mean), at least 2 needed"))
+            continue
         s = manifold.id_profile_shape(g.relative_depth.to_numpy(), g.id_mean.to_numpy(), tol=shape_tol)
         lay = g.layer.to_numpy()
-        d_model = int(g.d_model.iloc[0])
         rows.append(dict(
-            model=model, prompt_set=pset, points=pts, estimator=est, n_layers=n_layers, d_model=d_model,
+            **key,
             peak_layer=int(lay[s["peak_index"]]), peak_relative_depth=s["peak_depth"], peak_id=s["peak_id"],
             peak_id_over_d_model=s["peak_id"] / d_model,
             trough_layer=int(lay[s["trough_index"]]), trough_relative_depth=s["trough_depth"],
             trough_id=s["trough_id"], embedding_id=float(emb.iloc[0]) if len(emb) else np.nan,
             first_id=s["first_id"], final_id=s["last_id"], mean_id=float(g.id_mean.mean()),
             spearman_depth=s["spearman_depth"], shape=s["shape"], shape_tol=shape_tol,
-            embeddings_included=bool(lay.min() == 0)))
-    prof = _agreement(pd.DataFrame(rows), peak_depth_tol)
+            embeddings_included=bool(lay.min() == 0), note=""))
+    prof = pd.DataFrame(rows).reindex(columns=_PROFILE_COLUMNS).astype({"peak_layer": "Int64", "trough_layer": "Int64"})
+    prof = _agreement(prof, peak_depth_tol)
     cols = list(add_published(prof.head(0), ID_PROFILE_PUBLISHED).columns)
     last_gride = (prof.points == POINTS_LAST) & (prof.estimator == "gride")
     parts = [add_published(prof[prof.points == POINTS_TOKENS], ID_PROFILE_PUBLISHED),

@@ -8,8 +8,7 @@ Per position i with logits z_i [V] (``tokens/final_normed_sample`` @ W_U^T + b, 
 applied) and next token y_i:
 
 * log p_T(y_i) = z_i[y_i] / T - A_i(1 / T), with the log-partition A_i(beta) = logsumexp_v(beta z_iv);
-* the next token's logit needs no token id: tokens/nll = A_i(1) - z_i[y_i] is stored, so
-  z_i[y_i] = logsumexp(z_i) - nll_i (:func:`next_token_logit`); the top-1 prediction is correct when
+* the next token y_i is ``tokens/sample_next_token``; the top-1 prediction is correct when
   z_i[y_i] >= max(z_i) - tol (the argmax does not depend on T);
 * A_i(beta) for any beta comes from a per-position histogram of the logits (``n_bins`` equal-width bins between
   the row's minimum and maximum, each bin represented by its count and its mean logit), so no full-vocabulary
@@ -58,57 +57,68 @@ def unembed_logits(H, W, b=None, softcap=None, *, return_slope: bool = False):
     return (u, slope) if return_slope else u
 
 
-def next_token_logit(logsumexp_z, nll) -> np.ndarray:
-    """z[y] = logsumexp(z) - nll: the next token's logit from the stored NLL (nats) and the log-partition."""
-    return np.asarray(logsumexp_z, np.float64) - np.asarray(nll, np.float64)
-
-
-def position_stats(H, W, b=None, softcap=None, *, next_ids=None, nll=None, n_bins: int = 2048,
-                   tol: float = 1e-3, batch: int = 64) -> dict:
+def position_stats(H, W, b=None, softcap=None, *, next_ids, n_bins: int = 2048, tol: float = 1e-3,
+                   batch: int = 64) -> dict:
     """Per-position sufficient statistics for NLL / confidence under any temperature.
+
+    The logits are computed ``batch`` positions at a time (float32, :func:`unembed_logits`) and reduced at once
+    to the next token's logit, the top two logits and a logit histogram; no [n, V] array is kept.
 
     Args:
         H, W, b, softcap: see :func:`unembed_logits`.
-        next_ids: int [n] next-token ids, or None; then ``nll`` [n] (nats, ``tokens/nll`` at the sampled
-            positions) gives the next token's logit (:func:`next_token_logit`). Exactly one is required.
-        n_bins: logit histogram bins per position; tol: logits, for the top-1 correctness test.
+        next_ids: int [n] next-token ids (``tokens/sample_next_token``), each in [0, V).
+        n_bins: logit histogram bins per position (at most V); tol: logits, for the top-1 correctness test.
+        batch: positions per logit block (memory: batch x V float32; not a result).
 
     Returns:
         dict of arrays: ``z_next`` [n], ``z_max`` [n], ``margin`` [n] (top-1 minus top-2 logit), ``correct``
-        bool [n], ``lse`` [n] (exact A(1)), ``hist_count`` / ``hist_center`` [n, n_bins].
+        bool [n], ``hist_count`` / ``hist_center`` [n, n_bins] (count and mean logit of each equal-width bin
+        between the row's minimum and maximum logit), ``hist_log_count`` [n, n_bins] (log of the counts, -inf
+        for empty bins; used by :func:`log_partition`).
 
     Raises:
-        ValueError: neither or both of next_ids / nll, shapes that do not match, non-finite logits.
+        ValueError: next_ids not one id in [0, V) per position, non-finite logits.
     """
-    if (next_ids is None) == (nll is None):
-        raise ValueError("give exactly one of next_ids (token ids) or nll (tokens/nll at the same positions)")
     H = np.asarray(H, np.float32)
-    n = H.shape[0]
-    n_bins = min(int(n_bins), np.asarray(W).shape[0])  # never more bins than tokens
-    out = {k: np.empty(n) for k in ("z_next", "z_max", "margin", "lse")}
+    W = np.asarray(W, np.float32)
+    n, V = H.shape[0], W.shape[0]
+    next_ids = np.asarray(next_ids)
+    if next_ids.shape != (n,) or not np.issubdtype(next_ids.dtype, np.integer):
+        raise ValueError(f"next_ids must hold one integer token id per position: shape ({n},), got "
+                         f"{next_ids.shape} {next_ids.dtype}")
+    if n and (next_ids.min() < 0 or next_ids.max() >= V):
+        raise ValueError(f"next_ids must lie in [0, {V}) (drop positions without a next token, id -1)")
+    next_ids = next_ids.astype(np.intp)
+    n_bins = min(int(n_bins), V)  # never more bins than tokens
+    out = {k: np.empty(n) for k in ("z_next", "z_max", "margin")}
     cnt = np.zeros((n, n_bins))
     cen = np.zeros((n, n_bins))
+    t = np.empty(V, np.float32)  # one row's scaled logits and bin indices, reused: the row stays in cache
+    idx = np.empty(V, np.intp)
     for s0 in range(0, n, batch):
-        z = unembed_logits(H[s0:s0 + batch], W, b, softcap)
-        if not np.all(np.isfinite(z)):
-            raise ValueError(f"non-finite logits at positions {s0}..{s0 + len(z) - 1}")
-        sl = slice(s0, s0 + len(z))
-        top2 = -np.partition(-z, 1, axis=1)[:, :2]
-        out["z_max"][sl], out["margin"][sl] = top2[:, 0], top2[:, 0] - top2[:, 1]
-        out["lse"][sl] = logsumexp(z.astype(np.float64), axis=1)
-        if next_ids is not None:
-            out["z_next"][sl] = np.take_along_axis(z, np.asarray(next_ids)[sl, None].astype(np.int64), 1)[:, 0]
-        lo = z.min(1, keepdims=True)
-        w = np.maximum(top2[:, :1] - lo, 1e-12) / n_bins
-        idx = np.minimum(((z - lo) / w).astype(np.int64), n_bins - 1) + np.arange(len(z))[:, None] * n_bins
-        c = np.bincount(idx.ravel(), minlength=len(z) * n_bins).reshape(len(z), n_bins)
-        s = np.bincount(idx.ravel(), weights=z.ravel().astype(np.float64), minlength=len(z) * n_bins)
-        cnt[sl] = c
-        cen[sl] = np.where(c > 0, s.reshape(len(z), n_bins) / np.maximum(c, 1), 0.0)
-    if nll is not None:
-        out["z_next"] = next_token_logit(out["lse"], nll)
+        z = unembed_logits(H[s0:s0 + batch], W, b, softcap)  # the matmul in blocks, the reductions row by row
+        for r, zr in enumerate(z):
+            i = s0 + r
+            top = zr.argmax()
+            z1, lo = zr[top], zr.min()
+            if not (np.isfinite(z1) and np.isfinite(lo)):  # max / min propagate NaN and inf
+                raise ValueError(f"non-finite logits at position {i}")
+            zr[top] = -np.inf  # the second largest logit, then restore
+            z2 = zr.max()
+            zr[top] = z1
+            out["z_max"][i], out["margin"][i], out["z_next"][i] = z1, z1 - z2, zr[next_ids[i]]
+            w = np.maximum(z1 - lo, 1e-12) / n_bins  # float32 bin width
+            np.subtract(zr, lo, out=t)
+            np.divide(t, w, out=t)
+            np.copyto(idx, t, casting="unsafe")  # truncation: the bin of each logit
+            np.minimum(idx, n_bins - 1, out=idx)
+            c = np.bincount(idx, minlength=n_bins)
+            cnt[i] = c
+            cen[i] = np.where(c > 0, np.bincount(idx, weights=zr, minlength=n_bins) / np.maximum(c, 1), 0.0)
     out["correct"] = out["z_next"] >= out["z_max"] - tol
     out["hist_count"], out["hist_center"] = cnt, cen
+    with np.errstate(divide="ignore"):
+        out["hist_log_count"] = np.log(cnt)
     return out
 
 
@@ -117,11 +127,10 @@ def log_partition(stats: dict, beta, rows=None) -> np.ndarray:
 
     ``beta`` = 1 / T: a scalar or an array [n_rows]; ``rows``: index array or None (all positions).
     """
-    c = stats["hist_count"] if rows is None else stats["hist_count"][rows]
+    lc = stats["hist_log_count"] if rows is None else stats["hist_log_count"][rows]
     z = stats["hist_center"] if rows is None else stats["hist_center"][rows]
-    beta = np.broadcast_to(np.asarray(beta, np.float64), (c.shape[0],))[:, None]
-    with np.errstate(divide="ignore"):
-        return logsumexp(beta * z + np.log(c), axis=1)
+    beta = np.broadcast_to(np.asarray(beta, np.float64), (lc.shape[0],))[:, None]
+    return logsumexp(beta * z + lc, axis=1)
 
 
 def nll_at(stats: dict, T, rows) -> np.ndarray:

@@ -321,7 +321,7 @@ def _gride_knn(dist, max_rank: int, plateau_tol: float) -> dict:
 
 
 def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int = 20, gride_max_rank: int = 64,
-                 plateau_tol: float = 0.1) -> dict:
+                 plateau_tol: float = 0.1, distinct: bool = False) -> dict:
     """Several intrinsic-dimension estimators on ONE exact neighbour graph of the same points.
 
     Equal to calling :func:`twonn`, :func:`mle_mg` / :func:`mle_lb` (``k = mle_k``) and
@@ -334,6 +334,7 @@ def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int = 20, gride_
     estimators : names (see :func:`canonical_estimator`).
     min_points : minimum number of distinct points (raised to mle_k + 1 when an MLE is asked for).
     mle_k : neighbours of the MLEs. gride_max_rank, plateau_tol : see :func:`gride_scaling`.
+    distinct : the rows of X are already distinct (e.g. a subset of deduplicated points): skip deduplication.
 
     Returns
     -------
@@ -352,9 +353,9 @@ def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int = 20, gride_
         raise ValueError(f"mle_k must be >= 2, got {mle_k}")
     need = max([2] + [mle_k for n in names if n.startswith("mle")])
     min_points = max(int(min_points), 3, need + 1)
-    X0, n_exact = deduplicate(as_points(X))
+    X0, n_exact = (as_points(X), 0) if distinct else deduplicate(as_points(X))
     k = max(need, min(int(gride_max_rank), X0.shape[0] - 1)) if "gride" in names else need
-    X, dist, idx, n_ex2, n_zero = prepare_neighbors(X0, k, min_points, "ID")
+    X, dist, idx, n_ex2, n_zero = prepare_neighbors(X0, k, min_points, "ID", distinct=True)
     out = {}
     for n in names:
         extra = {}
@@ -433,7 +434,9 @@ def id_subsamples(
         raise ValueError(f"n_subsamples must be >= 1, got {n_subsamples}")
     if int(subsample_size) < 1:
         raise ValueError(f"subsample_size must be >= 1, got {subsample_size}")
-    fn = (lambda Z: id_estimates(Z, names, **kw)) if multi else (lambda Z: {names[0]: _ESTIMATORS[names[0]](Z, **kw)})
+    # subsets of the distinct points are distinct: the multi-estimator path does not deduplicate them again
+    fn = ((lambda Z: id_estimates(Z, names, distinct=True, **kw)) if multi
+          else (lambda Z: {names[0]: _ESTIMATORS[names[0]](Z, **kw)}))
     X, n_exact = deduplicate(as_points(X))
     n = X.shape[0]
     size = min(int(subsample_size), n)

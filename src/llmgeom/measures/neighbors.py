@@ -85,10 +85,13 @@ def exact_knn(X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return dist, cand
 
 
-def prepare_neighbors(X, k: int, min_points: int, what: str):
-    """Dedup, check size, exact k-NN, drop zero-distance points. Returns X, dist, idx, counts."""
+def prepare_neighbors(X, k: int, min_points: int, what: str, *, distinct: bool = False):
+    """Dedup, check size, exact k-NN, drop zero-distance points. Returns X, dist, idx, counts.
+
+    ``distinct=True``: the rows are already distinct (the output of :func:`deduplicate` or a subset of it), so the
+    deduplication is skipped (the same result, without its sort)."""
     X = as_points(X)
-    X, n_exact = deduplicate(X)
+    X, n_exact = (X, 0) if distinct else deduplicate(X)
     n_zero = 0
     while True:
         if X.shape[0] < min_points:
