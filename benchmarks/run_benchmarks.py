@@ -18,7 +18,8 @@
   sbatch of tests/slurm_stub.py, which creates every job's outputs without running its code; Snakemake
   records metadata exactly as after a real run, and a no-op ``-n`` reads only that (DAG, mtimes,
   metadata), never the outputs' contents. Target: <= 3 s at 20 models, < 30 s at 500 (issue 21).
-  ``--profile-dryrun`` also runs the last size's no-op dry run under cProfile and prints the top functions.
+  ``--profile-dryrun`` also runs the last size's no-op dry run under cProfile and prints the top functions
+  (by cumulative and by own time).
 * ``growth``: ``extract_to_hdf5`` wall time against the number of prompts (``--growth-prompts``, default
   100, 1,000, 10,000 short prompts of 4-12 words) on the tiny random Llama of ``llmgeom.models.tiny``
   (CPU, float32, batch 16, ``--threads``), in seconds, prompts/s and HDF5 bytes (issue 21 point 6):
@@ -307,7 +308,9 @@ def bench_dryrun(a, n_models: int, profile: bool = False) -> dict:
             import pstats
 
             buf = io.StringIO()
-            pstats.Stats(str(pstats_file), stream=buf).sort_stats("cumulative").print_stats(40)
+            stats = pstats.Stats(str(pstats_file), stream=buf)
+            stats.sort_stats("cumulative").print_stats(30)
+            stats.sort_stats("tottime").print_stats(20)  # where the time is spent, not only who calls it
             top = buf.getvalue()
             print(top, flush=True)
         return {"n_models": n_models, "cprofile_top": top, "n_jobs": len(jobs), "dry_run_before_full_run_s": first_dry,

@@ -248,6 +248,11 @@ def test_paper3_one_gpu_submission_per_model(tmp_path):
         assert len(models_in) == 1 and set(s["rules"]) <= gpu_rules, s["targets"]
         by_model.setdefault(models_in.pop(), []).append(s)
     assert sorted(by_model) == sorted(cfg["models"])
+    # the submitting run does not count the GPU slot across submissions (resource scope "local"): another model's
+    # GPU submission goes out while the first one still runs (before Snakemake sees any GPU job finish)
+    log = run.stderr.splitlines()
+    first_done = next(i for i, line in enumerate(log) if re.match(rf"Finished jobid: \d+ \(Rule: ({'|'.join(gpu_rules)})\)", line))
+    assert sum("/group_gpu_" in line and "has been submitted" in line for line in log[:first_done]) >= 2
     for m, subs in by_model.items():
         assert len(subs) == 1, (m, [s["targets"] for s in subs])
         s, spec = subs[0], cfg["models"][m]
@@ -315,14 +320,34 @@ def test_gpu_job_resources_per_model():
     assert res["gpu_model"](W("b")) is None  # omitted by Snakemake: plain --gpus=1
     assert [res["mem_mb"](W("b"), a) for a in (1, 2, 3)] == [4000, 6000, 8000]
     assert [res["runtime"](W("a"), a) for a in (1, 2)] == [90, 135]
-    # each job holds its own model's GPU slot (1 at a time), and no other (None: omitted by Snakemake)
-    assert cluster.gpu_slot_limits(models_cfg) == {"gpu_slot_0": 1, "gpu_slot_1": 1}
-    assert res["gpu_slot_0"](W("a")) == 1 and res["gpu_slot_0"](W("b")) is None
-    assert res["gpu_slot_1"](W("b")) == 1 and res["gpu_slot_1"](W("a")) is None
+    # on a cluster one GPU slot for all models, a plain value (no function evaluated per job)
+    assert res["gpu_slot_0"] == 1 and not any(k.startswith("gpu_slot_") and k != "gpu_slot_0" for k in res)
+    assert cluster.gpu_slot_limits(cluster.gpu_slots(models_cfg, None)) == {"gpu_slot_0": 1}
+    # locally each job holds its own model's GPU slot (1 at a time), and no other (None: omitted by Snakemake)
+    local = cluster.gpu_job_resources(models_cfg, cluster.gpu_slots(models_cfg, 2))
+    assert cluster.gpu_slot_limits(cluster.gpu_slots(models_cfg, 2)) == {"gpu_slot_0": 1, "gpu_slot_1": 1}
+    assert local["gpu_slot_0"](W("a")) == 1 and local["gpu_slot_0"](W("b")) is None
+    assert local["gpu_slot_1"](W("b")) == 1 and local["gpu_slot_1"](W("a")) is None
+    # resources that are the same for every model are plain values; gpu_model omitted when null for all
+    same = cluster.gpu_job_resources({m: {"gpus": 1, "gpu_model": None, "mem_mb": 4000, "runtime": 30} for m in "ab"})
+    assert same["gpu"] == 1 and "gpu_model" not in same and same["mem_mb"](W("a"), 2) == 6000
     assert [cluster.scaled_mem(2000)(W("a"), a) for a in (1, 2)] == [2000, 3000]
     assert [cluster.scaled_mem(lambda w: models_cfg[w.model]["mem_mb"])(W("a"), a) for a in (1, 3)] == [10000, 20000]
     assert [cluster.scaled_runtime(30)(W("a"), a) for a in (1, 2)] == [30, 45]
     assert [cluster.scaled_runtime(1)(W("a"), a) for a in (1, 2, 3)] == [1, 2, 2]  # whole minutes, rounded up
+
+
+def test_gpu_slots_stay_few_for_large_local_sweeps():
+    """Issue 21 point 6: the slots of a local run are at most max(LOCAL_GPU_SLOTS, cores), so the callables per
+    GPU job (and the no-op dry run) grow linearly with the number of models; a model keeps one slot."""
+    many = {f"m{i:03d}": {} for i in range(500)}
+    slots = cluster.gpu_slots(many, 2)
+    assert len(set(slots.values())) == cluster.LOCAL_GPU_SLOTS
+    assert slots["m000"] == slots[f"m{cluster.LOCAL_GPU_SLOTS:03d}"] == "gpu_slot_0" != slots["m001"]
+    assert len(set(cluster.gpu_slots(many, 64).values())) == 64
+    assert set(cluster.gpu_slots(many, None).values()) == {"gpu_slot_0"}
+    assert cluster.gpu_slots({"only": {}}, 8) == {"only": "gpu_slot_0"}
+    assert set(cluster.gpu_slots(many, 1).values()) == {"gpu_slot_0"}  # one core: one job at a time anyway
 
 
 # the default study and a checkpoint sweep: together they schedule every rule of the workflow

@@ -1,6 +1,7 @@
 """The per-model server (issue 13 item 1): GPU jobs of one model hand their work to one process that
 loads the weights once; results equal the in-process extraction; a failed task fails alone."""
 
+import json
 from pathlib import Path
 
 import h5py
@@ -221,3 +222,92 @@ def test_a_signal_to_the_waiting_job_stops_the_task_and_the_rerun_resumes(setup,
         assert names
         for n in names:
             assert dataset_bytes(a[n]) == dataset_bytes(b[n]), n
+
+
+# --------------------------------------------------------------------------- the run's plan (issue 21 point 5)
+
+
+def test_pending_outputs_of_a_plan(tmp_path, monkeypatch):
+    """The other planned jobs of a model are pending until their outputs are written after the plan; an output
+    left by an earlier run (older than the plan) counts as pending; a model the plan does not name gives None."""
+    import os
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    old = tmp_path / "b.h5"
+    old.write_text("earlier run")
+    os.utime(old, (time.time() - 100, time.time() - 100))
+    path = ms.write_plan([("models/m", "logs/a.log", ["a.h5"]), ("models/m", "logs/b.log", ["b.h5", "b2.csv"]),
+                          ("models/other", "logs/c.log", ["c.h5"])], tmp_path / "plan.json")
+    assert os.environ[ms.PLAN_ENV] == str(path)
+    plan = json.loads(path.read_text())
+    out = lambda *names: [str(tmp_path / n) for n in names]
+    assert ms.pending_outputs(plan, "models/m", "logs/a.log") == out("b.h5", "b2.csv")
+    assert ms.pending_outputs(plan, tmp_path / "models" / "m", tmp_path / "logs" / "b.log") == out("a.h5")
+    (tmp_path / "b.h5").write_text("this run")
+    (tmp_path / "b2.csv").write_text("this run")
+    assert ms.pending_outputs(plan, "models/m", "logs/a.log") == []
+    assert ms.pending_outputs(plan, "models/other", "logs/c.log") == []
+    assert ms.pending_outputs(plan, "models/unplanned", "logs/a.log") is None
+
+
+def test_server_rules_are_the_rules_whose_scripts_use_the_server():
+    """SERVER_RULES (the jobs a run's plan lists) are exactly the rules whose script calls run_task."""
+    import re
+
+    from llmgeom.workflow.cluster import GPU_RULES
+
+    repo = Path(__file__).resolve().parents[1]
+    found = set()
+    for smk in (repo / "workflow" / "rules").glob("*.smk"):
+        for name, body in re.findall(r"^rule (\w+):\n((?:[ \t]+.*\n|\n)*)", smk.read_text(), re.M):
+            script = re.search(r'script:\s*\n\s*"\.\./scripts/(\w+\.py)"', body)
+            if script and "run_task(" in (repo / "workflow" / "scripts" / script[1]).read_text():
+                found.add(name)
+    assert found == set(ms.SERVER_RULES) and found <= set(GPU_RULES)
+
+
+@pytest.mark.slow
+def test_one_load_per_model_and_each_server_exits_after_its_models_last_job(tmp_path):
+    """A local run of the tiny workflow, targeting two extractions of each model (a subset of the DAG), on one
+    core (jobs one at a time, the two models interleaved): each model's weights are loaded once, and its server
+    exits when the run's last job of that model is done (at the client's request, not with the run), before the
+    other model's last job ends."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import yaml
+
+    from conftest import tiny_config
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_config()))
+    sets = ("corpus", "mixed")
+    targets = [f"results/{m}/activations/{s}.h5" for m in ("tiny-llama", "tiny-gpt2") for s in sets]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", LLMGEOM_MODEL_SERVER="1",
+               LLMGEOM_MODEL_SERVER_DIR=str(tmp_path / "srv"), LLMGEOM_MODEL_SERVER_IDLE_S="3600")
+    env.pop(ms.PLAN_ENV, None)
+    env.pop("LLMGEOM_MODEL_SERVER_OWNER", None)
+    r = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-d", str(tmp_path),
+                        "--configfile", str(tmp_path / "config.yaml"), "--cores", "1", *targets],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr[-6000:]
+    servers = {}
+    for log in (tmp_path / "srv").glob("llmgeom-models-*/*/server.log"):
+        text = log.read_text()
+        model = re.search(r"serving \{'model_dir': '(?:[^']*/)?resources/models/([\w-]+)'", text)[1]
+        servers[model] = (text, log.stat().st_mtime)
+    assert sorted(servers) == ["tiny-gpt2", "tiny-llama"]
+    last = {}
+    for m, (text, _) in servers.items():
+        assert "stopped after 2 tasks" in text and "exiting" not in text, text[-2000:]  # at the request, not the owner
+        loads = [int(n) for s in sets
+                 for n in re.findall(r"weights loaded for it: (\d+)", (tmp_path / f"logs/extract/{m}/{s}.log").read_text())]
+        assert sum(loads) == 1 and len(loads) == 2, (m, loads)
+        last[m] = max((tmp_path / f"results/{m}/activations/{s}.h5").stat().st_mtime for s in sets)
+    first, second = sorted(last, key=last.get)
+    assert servers[first][1] < last[second]  # the first model's server was gone before the other's last job ended
+    assert "server asked to exit (stopped)" in "".join(
+        (tmp_path / f"logs/extract/{first}/{s}.log").read_text() for s in sets)

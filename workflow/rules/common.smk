@@ -21,6 +21,7 @@ from llmgeom.workflow.config import (
     wind_tunnel_cuts,
     wind_tunnel_entries,
 )
+from llmgeom.workflow.model_server import SERVER_RULES, write_plan  # standard library only (fast DAG)
 from llmgeom.workflow.cluster import (
     GPU_GROUP,
     GPU_RULES,
@@ -29,6 +30,7 @@ from llmgeom.workflow.cluster import (
     gpu_job_resources,
     gpu_rule_threads,
     gpu_slot_limits,
+    gpu_slots,
     package_files,
     scaled_mem,
     scaled_runtime,
@@ -166,23 +168,32 @@ def get_wt_step(wildcards):
     return WT[wildcards.model]["step"]
 
 
-# Resources of the GPU rules (GPU_RULES in llmgeom.workflow.cluster), per model entry: `resources: **GPU_RESOURCES`
-# (mem_mb and runtime grow x1.5 per retry). Every other rule declares mem_mb=scaled_mem(MB) (x1.5 per retry;
-# tests/test_cluster.py checks every rule), a runtime and, if small, group "analysis" or "summary".
-# Wind-tunnel entries (train_wind_tunnel, extract_wind_tunnel) take theirs from wind_tunnel.models.<name> (WT).
-GPU_MODELS = {**config["models"], **WT}
-GPU_RESOURCES = gpu_job_resources(GPU_MODELS)
-# GPU rules also declare `group: GPU_GROUP` ("gpu_{model}"): one SLURM submission per model. Each GPU job
-# holds its model's slot (gpu_slot_<i>, at most 1 at a time), so the jobs of a submission run one after
-# another on the model's GPUs, in one model-server process that loads the weights once (docs/design-notes.md).
-for _slot, _n in gpu_slot_limits(GPU_MODELS).items():
-    workflow.register_resource(_slot, _n)
-
 # threads of the GPU rules except train_wind_tunnel (wind_tunnel.models.<name>.threads: bit-identical per thread
 # count): extract.threads on a cluster; in a local run (no --jobs / executor: Snakemake's own `nodes` is unset) at
 # most half of --cores, so a GPU job leaves a core to the other model's GPU jobs or an analysis (issue 21).
 LOCAL_CORES = workflow.resource_settings.cores if workflow.resource_settings.nodes is None else None
 GPU_THREADS = gpu_rule_threads(config["extract"]["threads"], LOCAL_CORES)
+
+# Resources of the GPU rules (GPU_RULES in llmgeom.workflow.cluster), per model entry: `resources: **GPU_RESOURCES`
+# (mem_mb and runtime grow x1.5 per retry). Every other rule declares mem_mb=scaled_mem(MB) (x1.5 per retry;
+# tests/test_cluster.py checks every rule), a runtime and, if small, group "analysis" or "summary".
+# Wind-tunnel entries (train_wind_tunnel, extract_wind_tunnel) take theirs from wind_tunnel.models.<name> (WT).
+GPU_MODELS = {**config["models"], **WT}
+GPU_SLOTS = gpu_slots(GPU_MODELS, LOCAL_CORES)
+GPU_RESOURCES = gpu_job_resources(GPU_MODELS, GPU_SLOTS)
+# GPU rules also declare `group: GPU_GROUP` ("gpu_{model}"): one SLURM submission per model. Each GPU job holds a
+# GPU slot (limit 1), so the jobs of a submission run one after another on the model's GPUs, in one model-server
+# process that loads the weights once (docs/design-notes.md "GPU economy"). On a cluster one slot for all models,
+# scoped "local" in the submitting run: it stacks each group job in series but is not counted across submissions,
+# so different models' submissions run side by side; inside an allocation (remote_exec) it is counted ("global"),
+# one GPU job at a time. Locally a slot per model (a local run counts every resource, whatever its scope).
+for _slot, _n in gpu_slot_limits(GPU_SLOTS).items():
+    workflow.register_resource(_slot, _n)
+
+
+resource_scopes:
+    **{_slot: "global" if workflow.remote_exec else "local" for _slot in gpu_slot_limits(GPU_SLOTS)},
+
 
 # `priority:` of the rules (higher first; Snakemake's scheduler picks the ready jobs with the highest sum; others 0):
 # the longest chains first (issue 21). Model preparation and prompts head every chain; a model's GPU jobs run one
@@ -203,6 +214,9 @@ def get_extract_priority(wildcards):
 
 onstart:  # profiles/slurm placeholders left unfilled: refused after the DAG, before the first submission
     check_site_profile(workflow)
+    if workflow.local_exec:  # the model-server jobs this run will run: a model's server exits after its last one
+        write_plan((j.input.model, j.log[0], list(j.output)) for j in workflow.dag.needrun_jobs()
+                   if j.rule.name in SERVER_RULES)
 
 
 

@@ -5,7 +5,7 @@ with the retry attempt, and tracking of the package code a rule runs (issue 7).
   ``tests/test_cluster.py`` refer to it. Every other rule is CPU-only.
 * ``gpu_job_resources(models)`` returns the ``resources:`` of a GPU rule, per model entry:
   ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry) and
-  the model's GPU slot (``gpu_slot_<i>``). A rule writes ``resources: **GPU_RESOURCES`` and ``group: GPU_GROUP``
+  the model's GPU slot (``gpu_slots``: one on a cluster, one per model locally). A rule writes ``resources: **GPU_RESOURCES`` and ``group: GPU_GROUP``
   (defined in ``workflow/rules/common.smk``): one SLURM submission per model (issue 13).
 * ``gpu_rule_threads(threads, local_cores)``: their ``threads``: as configured on a cluster, at most half the
   cores in a local run (issue 21).
@@ -118,20 +118,43 @@ def scaled_runtime(minutes, factor: float = 0.5):
     return _scaled(minutes, factor, round_up=True)
 
 
-def gpu_job_resources(models: dict) -> dict:
+def gpu_job_resources(models: dict, slots: dict | None = None) -> dict:
     """``resources:`` of a GPU rule whose jobs have a ``{model}`` wildcard, read from the model entry:
     gpu = ``gpus`` (more than 1 only with ``device_map: auto``), gpu_model (omitted when null; the SLURM
     plugin turns it into ``--gpus=<model>:<n>``), mem_mb (host memory) and runtime (minutes), both x1.5
-    per retry."""
+    per retry, and the job's GPU slot (``slots``: model -> slot resource, from :func:`gpu_slots`; default one
+    slot for all, as on a cluster).
+
+    A resource that is the same for every model is a plain value, not a function of the wildcards: Snakemake
+    inspects the signature of every callable resource of every job while it builds the DAG, so the no-op dry
+    run of a large sweep grows with their number (issue 21 point 6). With one slot (a cluster) the slot is the
+    plain value 1; with several (a local run) each slot is a function that gives 1 to the jobs of its models
+    and None (omitted) to the others.
+
+    >>> res = gpu_job_resources({"a": {"mem_mb": 4000, "runtime": 30}, "b": {"mem_mb": 4000, "runtime": 30}})
+    >>> res["gpu"], res["gpu_slot_0"], "gpu_model" in res
+    (1, 1, False)
+    """
+    slots = gpu_slots(models, None) if slots is None else slots
+    gpus = {int(spec.get("gpus", 1)) for spec in models.values()}
+    kinds = {spec.get("gpu_model") for spec in models.values()}
+    mems = {spec["mem_mb"] for spec in models.values()}
+    times = {int(spec["runtime"]) for spec in models.values()}
     res = {
-        "gpu": lambda w: int(models[w.model].get("gpus", 1)),
-        "gpu_model": lambda w: models[w.model].get("gpu_model"),
-        "mem_mb": scaled_mem(lambda w: models[w.model]["mem_mb"]),
-        "runtime": scaled_runtime(lambda w: int(models[w.model]["runtime"])),
+        "gpu": gpus.pop() if len(gpus) == 1 else (lambda w: int(models[w.model].get("gpus", 1))),
+        "mem_mb": scaled_mem(mems.pop() if len(mems) == 1 else (lambda w: models[w.model]["mem_mb"])),
+        "runtime": scaled_runtime(times.pop() if len(times) == 1 else (lambda w: int(models[w.model]["runtime"]))),
     }
-    for m in models:  # one GPU job per model at a time (see gpu_slot_name); other slots omitted (None)
-        slot = gpu_slot_name(models, m)
-        res[slot] = lambda w, m=m: 1 if w.model == m else None
+    if len(kinds) > 1:
+        res["gpu_model"] = lambda w: models[w.model].get("gpu_model")
+    elif kinds != {None}:
+        res["gpu_model"] = kinds.pop()
+    names = sorted(set(slots.values()))
+    if len(names) == 1:
+        res[names[0]] = 1
+    else:  # one GPU job per model at a time; other slots omitted (None)
+        for name in names:
+            res[name] = lambda w, name=name: 1 if slots[w.model] == name else None
     return res
 
 
@@ -151,18 +174,41 @@ def gpu_rule_threads(threads: int, local_cores: int | None) -> int:
     return max(1, min(int(threads), int(local_cores) // 2))
 
 
-def gpu_slot_name(models: dict, model: str) -> str:
-    """The resource that one GPU job of ``model`` holds (``gpu_slot_<i>``, i = index of the model in sorted
-    order); ``gpu_slot_limits`` allows 1 of each, so the GPU jobs of a model run one after another: in its
-    group job they are stacked in series (the submission asks the model's GPUs and memory once and the sum of
-    the runtimes), while different models' submissions still run side by side."""
-    return f"gpu_slot_{sorted(models).index(model)}"
+#: most GPU slots of a local run (at least --cores of them): models beyond share a slot round-robin
+LOCAL_GPU_SLOTS = 16
 
 
-def gpu_slot_limits(models: dict) -> dict:
-    """{slot resource: 1} for every model; registered as global resources (``workflow.register_resource``
-    in workflow/rules/common.smk)."""
-    return {gpu_slot_name(models, m): 1 for m in models}
+def gpu_slots(models: dict, local_cores: int | None) -> dict:
+    """The slot resource that the GPU jobs of each model hold, ``{model: "gpu_slot_<i>"}``; every slot is
+    registered with a limit of 1 (:func:`gpu_slot_limits`), so the GPU jobs of one model run one after
+    another, in one model-server process (docs/design-notes.md "GPU economy").
+
+    * On a cluster (``local_cores`` None) one slot for all models, ``gpu_slot_0``, scoped ``local`` in the
+      submitting run (workflow/rules/common.smk): Snakemake stacks the jobs of a model's group job
+      (``gpu_{model}``) in series because together they exceed the slot's limit (the submission asks the
+      model's GPUs and memory once and the sum of the runtimes), while the submitting run does not count a
+      local resource across submissions, so different models' submissions run side by side.
+    * In a local run, a slot per model (``gpu_slot_<i>``, i = the model's index in sorted order), so
+      different models' GPU jobs run side by side; beyond ``max(LOCAL_GPU_SLOTS, local_cores)`` models,
+      model i takes slot i modulo that number (a local run has at most ``local_cores`` jobs running anyway;
+      the slots stay few, so the DAG of a large sweep stays linear in the number of models). On one core
+      (``--cores 1``, and Snakemake's default for ``-n``) one slot: no two jobs run at once anyway.
+
+    >>> gpu_slots({"b": {}, "a": {}}, None), gpu_slots({"b": {}, "a": {}}, 2)
+    ({'a': 'gpu_slot_0', 'b': 'gpu_slot_0'}, {'a': 'gpu_slot_0', 'b': 'gpu_slot_1'})
+    """
+    names = sorted(models)
+    if local_cores is None or int(local_cores) <= 1:  # a cluster, or one core: no two jobs run at once
+        n = 1
+    else:
+        n = max(1, min(len(names), max(LOCAL_GPU_SLOTS, int(local_cores))))
+    return {m: f"gpu_slot_{i % n}" for i, m in enumerate(names)}
+
+
+def gpu_slot_limits(slots: dict) -> dict:
+    """{slot resource: 1} for every slot of :func:`gpu_slots`; registered as resources
+    (``workflow.register_resource`` in workflow/rules/common.smk)."""
+    return {name: 1 for name in sorted(set(slots.values()))}
 
 
 # --------------------------------------------------------------------------- code tracking

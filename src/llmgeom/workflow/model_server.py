@@ -16,9 +16,13 @@ calls :func:`run_task`, which
 
 The server runs tasks one at a time with ``reuse_model=True`` (``models.loading.load_prepared(reuse=True)``)
 and writes each task's output to that job's log. Its lifetime follows the jobs that may still need it
-(issue 21 point 5; issue 18): it exits as soon as its *owner* exits, the outermost ``snakemake`` process
-among the job's ancestors (see :func:`owner_pid`): locally the run itself, so the weights are loaded once per
-model per study while the run lasts. Inside a SLURM allocation it runs as its own job step
+(issue 21 point 5; issue 18): in a local run, the run's plan (:func:`write_plan`, called by the workflow's
+``onstart`` with the jobs of :data:`SERVER_RULES` in the DAG) lists every job of each model that this run will
+run; after a task, the client asks the server to exit (:func:`stop_server`) once every other planned job of
+its model has written its outputs (:func:`pending_outputs`), so a finished model's weights leave memory while
+the run goes on, and the weights are still loaded once per model per study. Without a plan (``--nohooks``, a
+task run outside Snakemake) and as a safety net, it exits as soon as its *owner* exits, the outermost
+``snakemake`` process among the job's ancestors (see :func:`owner_pid`). Inside a SLURM allocation it runs as its own job step
 (:func:`srun_prefix`) and ends with the allocation, so no server outlives it. A job killed while its task
 runs (scancel, time limit) takes the task with it: the server stops it at its next batch boundary (an
 extraction keeps its committed batches for the retry) and exits before the task can write that job's
@@ -56,6 +60,12 @@ TASKS = {
 }
 
 START_TIMEOUT_S = 300.0
+
+#: the rules whose jobs hand their work to the model server (their scripts call :func:`run_task`)
+SERVER_RULES = ("extract", "extract_sula", "intervene", "extract_wind_tunnel")
+
+#: environment variable naming the run's plan file (:func:`write_plan`), inherited by the run's jobs
+PLAN_ENV = "LLMGEOM_MODEL_SERVER_PLAN"
 
 
 class ModelServerTaskError(RuntimeError):
@@ -240,6 +250,7 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1)
     if not reply["ok"]:
         raise ModelServerTaskError(f"{task} failed in the model server (pid {reply.get('pid')}; log {log}):\n"
                                    f"{reply['error']}")
+    _stop_when_last(load, log)
     return reply["result"]
 
 
@@ -284,6 +295,83 @@ def stop_server(load: dict) -> bool:
         with contextlib.suppress(EOFError, OSError):
             conn.recv()
     return True
+
+
+# --------------------------------------------------------------------------- the run's plan (local runs)
+
+
+def write_plan(jobs, path: str | os.PathLike | None = None) -> Path:
+    """Write the plan of a local run: for each model directory, the model-server jobs this run will run, and
+    point :data:`PLAN_ENV` at it (the run's jobs inherit the variable). Called by the workflow's ``onstart``
+    (workflow/rules/common.smk) with the jobs of :data:`SERVER_RULES` in the DAG, so a run that targets a
+    subset plans only that subset.
+
+    Args:
+        jobs: iterable of (model_dir, log, outputs): the job's ``model`` input, its log file (which identifies
+            the job to :func:`pending_outputs`) and its output files; relative paths are taken from the
+            current directory (the run's working directory).
+        path: where to write the plan (JSON); default ``plan-<pid>.json`` beside the servers' directories.
+
+    Returns:
+        the plan file's path.
+    """
+    plan = {"created": time.time(), "models": {}}
+    for model_dir, log, outputs in jobs:
+        plan["models"].setdefault(str(Path(model_dir).resolve()), []).append(
+            {"log": str(Path(log).resolve()), "outputs": [str(Path(o).resolve()) for o in outputs]})
+    if path is None:
+        base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
+        path = base / f"llmgeom-models-{os.getuid()}" / f"plan-{os.getpid()}.json"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(plan))
+    tmp.replace(path)
+    os.environ[PLAN_ENV] = str(path)
+    return path
+
+
+def pending_outputs(plan: dict, model_dir: str | os.PathLike, log: str | os.PathLike) -> list[str] | None:
+    """Outputs of the planned jobs of ``model_dir`` other than the job of ``log`` that this run has not yet
+    written: missing, or older than the plan (an output of an earlier run that this run redoes). None when the
+    plan has no job of that model (then nothing is decided from it)."""
+    entries = plan["models"].get(str(Path(model_dir).resolve()))
+    if entries is None:
+        return None
+    me = str(Path(log).resolve())
+    left = []
+    for e in entries:
+        if e["log"] == me:
+            continue
+        for o in e["outputs"]:
+            try:
+                if os.stat(o).st_mtime >= plan["created"]:
+                    continue
+            except OSError:
+                pass
+            left.append(o)
+    return left
+
+
+def _stop_when_last(load: dict, log: str) -> bool:
+    """After a task of a local run: stop the model's server when the run's plan (:data:`PLAN_ENV`) has no other
+    job of the model left to run (:func:`pending_outputs`); noted in the job's log. Inside a SLURM allocation
+    the server ends with the allocation (nothing done here). True when it asked the server to exit."""
+    path = os.environ.get(PLAN_ENV)
+    if not path or srun_prefix() or os.environ.get("SLURM_JOB_ID"):
+        return False
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    left = pending_outputs(plan, load["model_dir"], log)
+    if left is None or left:
+        return False
+    stopped = stop_server(load)
+    with contextlib.suppress(OSError), open(log, "a") as f:
+        print(f"[model server client] the run's last job of {load['model_dir']}: server asked to exit "
+              f"({'stopped' if stopped else 'none running'})", file=f)
+    return stopped
 
 
 # --------------------------------------------------------------------------- server side
