@@ -105,7 +105,8 @@ def child(args) -> dict:
     threadpool_limits(args.threads)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     from llmgeom.models import loading as models
-    from llmgeom.extract.forward import extract_to_hdf5, pad_batch
+    from llmgeom.extract.capture import pad_batch
+    from llmgeom.extract.forward import extract_to_hdf5
 
     batches, pad_id, n = _batches(args.model_dir, args.prompts, args.batch)
     n_tok = sum(len(s) for b in batches for s in b)

@@ -32,7 +32,7 @@ from llmgeom.core.progress import progress
 from llmgeom.core.store import CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
 from llmgeom.core.versions import package_versions
 from llmgeom.extract import capture
-from llmgeom.extract.capture import Float32Head, first_tensor, last_positions, pad_batch, rows_at  # noqa: F401 (re-exported)
+from llmgeom.extract.capture import Float32Head, rows_at
 from llmgeom.models import architectures as arch
 
 
