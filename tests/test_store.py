@@ -23,6 +23,8 @@ from llmgeom.core.store import CONTRACT_VERSION, StoreError, open_activations
 from llmgeom.prompts.io import write_prompt_set
 from llmgeom.models.loading import load_prepared
 
+from conftest import same_datasets
+
 FIX = r"run rule extract"  # "rerun rule extract" contains it too
 
 PROMPTS = [{"id": "a", "text": "The cat sat.", "meta": {"topic": "animals", "k": 1}},
@@ -553,36 +555,6 @@ def test_labelled_view_refuses_an_untrusted_file(setup, tmp_path):
 # --------------------------------------------------------------------------- resumable extraction (issue 18.3)
 
 
-def _same_datasets(a, b):
-    """Every dataset of ``a`` is in ``b`` with the same dtype, shape, values (bytes), stored chunk bytes and
-    attributes; the root attributes agree except ``created``; ``b`` has nothing more."""
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        na, nb = [], []
-        fa.visit(lambda x: na.append(x))
-        fb.visit(lambda x: nb.append(x))
-        assert sorted(na) == sorted(nb)
-        for x in na:
-            da, db = fa[x], fb[x]
-            if isinstance(da, h5py.Group):
-                continue
-            assert da.dtype == db.dtype and da.shape == db.shape, x
-            va, vb = da[()], db[()]
-            if h5py.check_string_dtype(da.dtype) is not None:
-                assert list(va) == list(vb), x
-            else:
-                assert va.tobytes() == vb.tobytes(), x
-                if da.chunks:
-                    for i in range(da.id.get_num_chunks()):
-                        off = da.id.get_chunk_info(i).chunk_offset
-                        assert da.id.read_direct_chunk(off) == db.id.read_direct_chunk(off), (x, off)
-            ka = {k: v for k, v in da.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
-            kb = {k: v for k, v in db.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
-            assert ka.keys() == kb.keys() and all(np.array_equal(ka[k], kb[k]) for k in ka), x
-        ra = {k: v for k, v in fa.attrs.items() if k != "created"}
-        rb = {k: v for k, v in fb.attrs.items() if k != "created"}
-        assert ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) for k in ra)
-
-
 _REAL_EXTRACT_BATCH = extraction.extract_batch
 RESUME_KW = dict(model_name="tiny-llama", dtype="float32", device="cpu", batch_size=1, top_k=7, corpus=True,
                  sample_per_prompt=4, seed=3)
@@ -642,7 +614,7 @@ def test_interrupted_extraction_resumes_to_the_same_bytes(setup, uninterrupted, 
     assert {p for b in seen + again for p in b} == ids
     assert any("resuming" in m and "2 of 5 batches" in m for m in logs), logs
     assert not partial.exists()
-    _same_datasets(uninterrupted, out)
+    same_datasets(uninterrupted, out)
     open_activations(out, model="tiny-llama").close()
 
 
@@ -668,14 +640,14 @@ def test_partial_from_other_settings_or_corrupted_is_discarded(setup, uninterrup
     seen = _counting(monkeypatch)
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **RESUME_KW)
     assert len(seen) == 5 and any("discarding" in m and "sha256" in m for m in logs), logs
-    _same_datasets(uninterrupted, out)
+    same_datasets(uninterrupted, out)
     # a partial that is not an HDF5 file at all
     out.unlink()
     partial.write_bytes(b"garbage")
     logs = []
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **RESUME_KW)
     assert any("discarding" in m and "not a readable HDF5 file" in m for m in logs), logs
-    _same_datasets(uninterrupted, out)
+    same_datasets(uninterrupted, out)
 
 
 _RESUME_CHILD = textwrap.dedent("""
@@ -717,4 +689,4 @@ def test_subprocess_stopped_by_sigusr1_exits_non_zero_and_resumes(setup, uninter
     seen = _counting(monkeypatch)
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
     assert len(seen) == 2
-    _same_datasets(uninterrupted, out)
+    same_datasets(uninterrupted, out)
