@@ -177,6 +177,37 @@ def test_no_partial_left_after_success_and_failure(setup, monkeypatch, tmp_path)
     assert not out.with_name("fail.h5.partial").exists()
 
 
+@pytest.mark.parametrize("corpus", [False, True])
+def test_write_behind_writes_the_same_file(setup, tmp_path, corpus):
+    """Batches written and committed on the background thread (the default) give the file of in-loop writes:
+    the same datasets, values, chunk bytes and attributes."""
+    kw = dict(model_name="tiny-llama", dtype="float32", device="cpu", batch_size=2, top_k=7, corpus=corpus,
+              sample_per_prompt=4, seed=3, log=lambda *a: None)
+    seq = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "seq.h5", write_behind=False, **kw)
+    behind = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "behind.h5", **kw)
+    same_datasets(seq, behind)
+    with h5py.File(behind, "r") as f:  # every batch arrived (a lost one would leave the fill value 0)
+        assert np.all(f["next_token/entropy"][()] > 0) and f.attrs["complete"]
+
+
+def test_write_behind_error_is_raised_and_the_partial_removed(setup, monkeypatch, tmp_path):
+    """A write that fails on the writer thread (batch 1 of 5) stops the extraction with that error, and no
+    file or partial is left."""
+    real = store.ActivationWriter.commit_batch
+
+    def failing(self, j):
+        if j == 1:
+            raise ValueError("refusing to store non-finite values in simulated")
+        return real(self, j)
+
+    monkeypatch.setattr(store.ActivationWriter, "commit_batch", failing)
+    out = tmp_path / "w.h5"
+    with pytest.raises(ValueError, match="simulated"):
+        extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, model_name="tiny-llama",
+                                   dtype="float32", device="cpu", batch_size=1, log=lambda *a: None)
+    assert not out.exists() and not out.with_name("w.h5.partial").exists()
+
+
 _CHILD = textwrap.dedent("""
     import pathlib, sys, time
     import llmgeom.extract.forward as E

@@ -23,6 +23,7 @@ import json
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -280,20 +281,24 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             tb_t = torch.tensor(tb, dtype=torch.long, device=dev)
             tt_t = torch.tensor(tt, dtype=torch.long, device=dev)
             margins, nlls, ents = [], [], []
+            # two [chunk, V] float32 buffers for all chunks (logits, then probabilities; log-probabilities):
+            # a new tensor of that size per step is a fresh mmap whose pages fault in (262k-token vocabularies)
+            m = min(head.chunk, len(tb))
+            zbuf = torch.empty((m, head.W.shape[0]), dtype=torch.float32, device=head.W.device)
+            lbuf = torch.empty_like(zbuf)
             for j in range(0, len(tb), head.chunk):
                 bb, ttt = tb_t[j:j + head.chunk], tt_t[j:j + head.chunk]
-                z = head(rows_at(hT, bb, ttt, hT.device))  # [chunk, V] float32
+                z = head(rows_at(hT, bb, ttt, hT.device), out=zbuf[:len(bb)])  # [chunk, V] float32
                 top2 = z.topk(2, dim=-1).values
                 margins.append(top2[:, 0] - top2[:, 1])
-                logp = torch.log_softmax(z, -1)
+                logp = torch.log_softmax(z, -1, out=lbuf[:len(bb)])
                 bad_z = None
                 if not bool(torch.isfinite(margins[-1]).all()):  # NaN / +inf logits: top-1 is NaN or inf
                     bad_z = ~torch.isfinite(z).all(-1)
-                del z
                 nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1).to(logp.device)).squeeze(1))
-                p = logp.exp()
-                ents.append(-p.mul_(logp).sum(-1))  # in place: the same products, one [chunk, V] buffer fewer
-                del p, logp
+                p = torch.exp(logp, out=z)  # the logits are spent: their buffer takes the probabilities
+                ents.append(-p.mul_(logp).sum(-1))  # in place: the same products, no third buffer
+                del p, logp, z
                 # any non-finite logit makes the row's margin (NaN, +inf) or entropy (-inf: 0 * -inf) non-finite,
                 # so checking the [chunk] statistics replaces a test over the [chunk, V] logits
                 if bad_z is not None or not bool(torch.isfinite(ents[-1]).all()):
@@ -301,6 +306,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                     bi = int(bb[rows.to(bb.device)][0])
                     raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
                                                    f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
+            del zbuf, lbuf
             cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
             res["tokens/margin"], res["tokens/nll"], res["tokens/entropy"] = cat(margins), cat(nlls), cat(ents)
             res["tokens/prompt"] = np.asarray(tb, dtype=np.int64)
@@ -317,12 +323,12 @@ def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int |
             the model context when ``truncate`` is False.
     """
     out = []
+    n_special = len(tok("", add_special_tokens=True)["input_ids"])
+    limit = min(x for x in (max_tokens, context) if x) if (max_tokens or context) else None
     for pid, text in zip(ids, texts):
         t = tok(text, add_special_tokens=True)["input_ids"]
-        n_special = len(tok("", add_special_tokens=True)["input_ids"])
         if len(t) <= n_special:
             raise PromptTokenError(f"prompt {pid!r} tokenizes to zero tokens; remove it or rebuild the prompt set")
-        limit = min(x for x in (max_tokens, context) if x) if (max_tokens or context) else None
         if limit and len(t) > limit:
             if not truncate:
                 raise PromptTokenError(
@@ -338,7 +344,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     corpus: bool = False, sample_per_prompt: int = 30, max_tokens: int | None = None,
                     seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
                     mem_mb: int | None = None, attn_implementation: str = "sdpa", reuse_model: bool = False,
-                    log=print) -> Path:
+                    write_behind: bool = True, log=print) -> Path:
     """Extract every dataset of the HDF5 contract for one model and one prompt set.
 
     The model is loaded with ``attn_implementation`` (default sdpa; "flash_attention_2" on a GPU that
@@ -362,6 +368,10 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     prompt's meta (same length C for all prompts); their next-token log-probabilities at the final
     position are stored as ``next_token/candidate_logprobs`` [n, C] (float32, nats, over the full
     vocabulary) with the ids in ``next_token/candidate_ids`` [n, C] int64.
+
+    ``write_behind`` (default True): each batch is written to HDF5 and committed on a background thread while
+    the next batch's forward pass runs (h5py releases the GIL in dataset writes); False writes it in the
+    loop. The file holds the same bytes either way (tests/test_extraction.py).
 
     ``reuse_model``: keep the loaded model in this process for the next call (``load_prepared(reuse=True)``;
     the model server). ``mem_mb`` (the job's declared memory) is checked against the model's size before loading
@@ -468,6 +478,48 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         sort_keys=True, default=str).encode()).hexdigest()
     w = ActivationWriter(out_path, attrs, shapes, resume_key=resume_key, n_batches=len(batches), log=log)
     stop = _StopRequest()
+
+    def write_batch(j: int, idx: list[int], r: dict) -> None:
+        """Write batch ``j``'s results (``extract_batch``'s dict for prompts ``idx``) and commit it."""
+        w.begin_batch()
+        rows = np.array(idx)
+        for k in per_prompt:
+            if k != "next_token/candidate_ids":
+                w.write(k, rows, r[k])
+        if cands is not None:
+            w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
+        if corpus:
+            for bi, i in enumerate(idx):
+                sel = r["tokens/sample_prompt"] == bi
+                sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
+                for k in per_sample:
+                    w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == "tokens/sample_prompt" else r[k][sel])
+                tsel = r["tokens/prompt"] == bi
+                tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
+                for k in per_position:
+                    w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == "tokens/prompt" else r[k][tsel])
+        w.commit_batch(j)
+
+    # write-behind: batch j is written and committed on one background thread while batch j + 1's forward runs
+    # (h5py releases the GIL in dataset writes, hashlib in sha256); at most one write is in flight, and every
+    # exit path waits for it before the file is closed, so the file holds the same bytes as a sequential write
+    pool = ThreadPoolExecutor(1, thread_name_prefix="llmgeom-h5-writer") if write_behind else None
+    pending: list = []
+
+    def drain(raise_errors: bool = True) -> None:
+        """Wait for the write in flight; its error is raised (``raise_errors``) or dropped. A wait that is
+        itself interrupted (Ctrl-C) leaves the write pending, so the handler's drain waits for it again."""
+        while pending:
+            try:
+                pending[0].result()
+            except BaseException:
+                if pending[0].done():
+                    pending.pop(0)
+                if raise_errors:
+                    raise
+            else:
+                pending.pop(0)
+
     try:
         done = set(w.verify_batches(rows_of).tolist())
         w.write("prompts/text", slice(None), texts)
@@ -483,6 +535,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                 if j in done:
                     continue
                 if stop.signum is not None:
+                    drain()
                     n_done = len(w.done_batches())
                     raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
                 tb = time.perf_counter()
@@ -492,28 +545,16 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                                   candidates=[cands[i] for i in idx] if cands is not None else None,
                                   model_name=model_name)
                 t_fwd += time.perf_counter() - tb  # forward pass, hooks and per-token statistics on the device
-                w.begin_batch()
-                rows = np.array(idx)
-                for k in per_prompt:
-                    if k != "next_token/candidate_ids":
-                        w.write(k, rows, r[k])
-                if cands is not None:
-                    w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
-                if corpus:
-                    for bi, i in enumerate(idx):
-                        sel = r["tokens/sample_prompt"] == bi
-                        sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
-                        for k in per_sample:
-                            w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == "tokens/sample_prompt" else r[k][sel])
-                        tsel = r["tokens/prompt"] == bi
-                        tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
-                        for k in per_position:
-                            w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == "tokens/prompt" else r[k][tsel])
-                w.commit_batch(j)
+                drain()  # the previous batch's write, which ran beside this forward
+                if pool is not None:
+                    pending.append(pool.submit(write_batch, j, idx, r))
+                else:
+                    write_batch(j, idx, r)
                 n_run += 1
                 n_tok += sum(len(seqs[i]) for i in idx)
                 bar.update(len(idx))
                 bar.set_postfix(tokens=n_tok, refresh=False)
+            drain()
         bar.close()
         if done:
             log(f"[extract] {model_name} {Path(prompts_path).stem}: resumed; {len(done)} of {len(batches)} batches "
@@ -526,9 +567,14 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         log(f"[extract] {e}")
         raise
     except (KeyboardInterrupt, SystemExit):
+        drain(raise_errors=False)  # a batch still being written finishes (or fails) before the file is closed
         if w.f.id.valid:
             w.close_partial()  # keep the committed batches for a resume
         raise
     except BaseException:
+        drain(raise_errors=False)
         w.abort()
         raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
