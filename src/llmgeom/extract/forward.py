@@ -92,8 +92,28 @@ def attention_row_entropy(p: torch.Tensor) -> torch.Tensor:
     return torch.special.entr(p.float()).sum(-1)
 
 
+def final_query_hidden_keys(last: torch.Tensor, key_mask: torch.Tensor, T: int, window: int | None,
+                            device) -> torch.Tensor:
+    """Keys each prompt's final query cannot see: padding, positions after it, and (``window`` W) those
+    at or before ``last - W``.
+
+    Args:
+        last: [B] long, position of each prompt's final token. key_mask: [B, T] bool/0-1, real tokens.
+
+    Returns:
+        [B, 1, T] bool, True = hidden (broadcasts over the heads of ``last_query_attention``'s scores).
+    """
+    last = last.to(device)
+    j = torch.arange(T, device=device)
+    visible = key_mask.to(device).bool() & (j[None, :] <= last[:, None])
+    if window:
+        visible &= j[None, :] > (last[:, None] - window)
+    return ~visible[:, None, :]
+
+
 def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Tensor, key_mask: torch.Tensor, *,
-                         scaling: float, softcap: float | None = None, window: int | None = None) -> torch.Tensor:
+                         scaling: float, softcap: float | None = None, window: int | None = None,
+                         hidden: torch.Tensor | None = None) -> torch.Tensor:
     """Attention probabilities of each prompt's final query over its keys, per head, float32.
 
     Args:
@@ -105,6 +125,8 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
         scaling: factor on q.k (``architectures.attention_scaling``).
         softcap: c in c * tanh(score / c) before masking (Gemma 2), or None.
         window: sliding window W (key j visible iff last - W < j <= last), or None (causal).
+        hidden: the [B, 1, T] mask of :func:`final_query_hidden_keys` for these arguments, when the caller
+            has it already (one per batch and window instead of one per layer).
 
     Returns:
         [B, H, T] float32 probabilities, zero on masked keys; rows sum to 1.
@@ -123,11 +145,9 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     scores = torch.einsum("bhd,bhtd->bht", q, k) * scaling
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    j = torch.arange(T, device=dev)
-    visible = key_mask.to(dev).bool() & (j[None, :] <= last[:, None])
-    if window:
-        visible &= j[None, :] > (last[:, None] - window)
-    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    if hidden is None:
+        hidden = final_query_hidden_keys(last, key_mask, T, window, dev)
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
@@ -190,11 +210,25 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     # transients: that fragments the heap and raised the peak RSS to 1.3-1.75x the body's at 1,024 tokens);
     # NaN-filled, so a layer that did not run is refused by the writer
     nan = (lambda *shape: torch.full(shape, float("nan"), dtype=torch.float32, device=dev))
-    resid = nan(len(gb), L + 1, s.d_model)
-    keys = nan(B, L, s.n_kv_heads * s.head_dim)
-    vals = nan(B, L, s.n_kv_heads * s.head_dim)
-    attn_out = nan(B, L, s.n_heads * s.head_dim)
-    attn_ent = nan(B, L, s.n_heads) if attention else None
+    # layer-major [L(+1), rows, features]: each hook gathers its rows straight into a contiguous slice
+    resid = nan(L + 1, len(gb), s.d_model)
+    keys = nan(L, B, s.n_kv_heads * s.head_dim)
+    vals = nan(L, B, s.n_kv_heads * s.head_dim)
+    attn_out = nan(L, B, s.n_heads * s.head_dim)
+    attn_ent = nan(L, B, s.n_heads) if attention else None
+    T = ids.shape[1]
+    flat_g, flat_last = gb * T + gt, b_idx * T + last  # rows of an activation [B, T, F] seen as [B*T, F]
+
+    def take(t: torch.Tensor, flat: torch.Tensor, out: torch.Tensor) -> None:
+        # out [n, F] float32 = t[b, pos] for flat = b * T + pos: one gather into the buffer (the same values as
+        # rows_at; with device_map="auto" the index follows the activation and the rows come back to dev)
+        x = t.reshape(-1, t.shape[-1])
+        if flat.device != x.device:
+            flat = flat.to(x.device)
+        if x.dtype == out.dtype and x.device == out.device:
+            torch.index_select(x, 0, flat, out=out)
+        else:
+            out.copy_(x.index_select(0, flat))
 
     def check(t: torch.Tensor, where: str):
         # fast path, one reduction: a finite sum means every element is finite (a NaN/inf propagates into
@@ -212,24 +246,30 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
 
     def embeddings(h, pt):
         check(h, "embeddings (layer 0)")
-        resid[:, 0] = rows_at(h, gb, gt, dev)
+        take(h, flat_g, resid[0])
 
     def block_out(h, pt):
         check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
-        resid[:, pt.layer + 1] = rows_at(h, gb, gt, dev)
+        take(h, flat_g, resid[pt.layer + 1])
 
     def store(buf):
         def fn(t, pt):
-            buf[:, pt.layer] = rows_at(t, b_idx, last, dev)
+            take(t, flat_last, buf[pt.layer])
         return fn
+
+    hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see, built once per batch
 
     def entropy(c, pt):
         cfg = model.config
+        window = arch.attention_window(cfg, pt.layer)
+        hk = hidden_keys.get(window)
+        if hk is None or hk.device != c.query.device:
+            hk = hidden_keys[window] = final_query_hidden_keys(last, valid, T, window, c.query.device)
         p = last_query_attention(
             c.query, c.key, last, valid, softcap=c.softcap if c.softcap is not None else arch.attention_softcap(cfg),
             scaling=c.scaling if c.scaling is not None else arch.attention_scaling(cfg, pt.layer),
-            window=arch.attention_window(cfg, pt.layer))
-        attn_ent[:, pt.layer] = attention_row_entropy(p).to(dev)
+            window=window, hidden=hk)
+        attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
 
     P = capture.point_name
     hooks = {P("hook_resid_pre", 0): embeddings}
@@ -245,19 +285,19 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         hT = out.hidden
         check(hT, "final norm output")
         res: dict = {}
-        R = resid  # [G, L+1, d]
-        res["last_token/residual"] = R[:B].cpu().numpy()
+        R = resid.transpose(0, 1)  # [G, L+1, d]
+        res["last_token/residual"] = R[:B].contiguous().cpu().numpy()
         if sample_positions is not None:
-            res["tokens/residual_sample"] = R[B:].cpu().numpy()
+            res["tokens/residual_sample"] = R[B:].contiguous().cpu().numpy()
             res["tokens/final_normed_sample"] = rows_at(hT, gb[B:], gt[B:], dev).cpu().numpy()
             res["tokens/sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
             res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
             nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(samp_b, samp_t)]
             res["tokens/sample_next_token"] = np.asarray(nxt, dtype=np.int32)
         res["last_token/final_normed"] = rows_at(hT, b_idx, last, dev).cpu().numpy()
-        res["last_token/values"] = vals.cpu().numpy()
-        res["last_token/attn_output"] = attn_out.cpu().numpy()
-        res["last_token/keys"] = keys.reshape(B, L, s.n_kv_heads, s.head_dim).cpu().numpy()
+        res["last_token/values"] = vals.transpose(0, 1).contiguous().cpu().numpy()
+        res["last_token/attn_output"] = attn_out.transpose(0, 1).contiguous().cpu().numpy()
+        res["last_token/keys"] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).cpu().numpy()
         logits = out.logits
         if not torch.isfinite(logits).all():
             bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
@@ -271,7 +311,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         if candidates is not None:
             res["next_token/candidate_logprobs"] = capture.candidate_logprobs(logits, candidates).cpu().numpy()
         if attention:
-            res["attention/entropy"] = attn_ent.cpu().numpy()  # [B, L, H]
+            res["attention/entropy"] = attn_ent.transpose(0, 1).contiguous().cpu().numpy()  # [B, L, H]
         if token_stats:
             tb, tt = [], []
             for i, sq in enumerate(seqs):
