@@ -188,19 +188,24 @@ def child_pairs(args) -> dict:
     for v in names:  # warm-up (first-touch of buffers, lazy imports), not counted
         run[v]()
     secs = {v: [] for v in names}
+    cpu = {v: [] for v in names}
     loads = [load()[0]]
     for r in range(args.rounds):
         for v in names[r % 3:] + names[:r % 3]:
             gc.collect()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             run[v]()
             secs[v].append(time.perf_counter() - t)
+            cpu[v].append(time.process_time() - c)
         loads.append(load()[0])
     h5_bytes = out.stat().st_size
     out.unlink()
-    return {"n_prompts": n, "n_tokens": n_tok, "seconds": secs, "load_per_round": loads, "h5_bytes": h5_bytes,
+    return {"n_prompts": n, "n_tokens": n_tok, "seconds": secs, "cpu_seconds": cpu, "load_per_round": loads,
+            "h5_bytes": h5_bytes,
             "ratio_vs_body_per_round": [b / f for b, f in zip(secs["body"], secs["full"])],
-            "ratio_vs_bare_per_round": [b / f for b, f in zip(secs["bare"], secs["full"])]}
+            "ratio_vs_bare_per_round": [b / f for b, f in zip(secs["bare"], secs["full"])],
+            # CPU time of all the process's threads (the writer's too): the work, less sensitive to other load
+            "cpu_ratio_vs_body_per_round": [b / f for b, f in zip(cpu["body"], cpu["full"])]}
 
 
 def _child_cmd(a, variant, prompts, batch, out, passes=None, corpus=False, model_dir=None) -> list:
@@ -242,7 +247,8 @@ def bench_extraction(a) -> dict:
         for v in ("bare", "body", "full"):
             print(f"  [in-process {v}] median {tps[v]:.0f} tokens/s over {a.rounds} rounds", flush=True)
         print(f"  [in-process] full / body per round: {', '.join(f'{x:.3f}' for x in pairs['ratio_vs_body_per_round'])}"
-              f" (median {statistics.median(pairs['ratio_vs_body_per_round']):.3f}); load average per round "
+              f" (median {statistics.median(pairs['ratio_vs_body_per_round']):.3f}); CPU time body / full per round: "
+              f"{', '.join(f'{x:.3f}' for x in pairs['cpu_ratio_vs_body_per_round'])}; load average per round "
               f"{pairs['load_per_round']}", flush=True)
         runs = _rounds(a, a.prompts, a.batch, tmp, env)
         if a.long_n:  # peak memory at long prompts (issue 21 item 4: <= 1.2x the body's at ~1,024 tokens)
@@ -284,6 +290,7 @@ def bench_extraction(a) -> dict:
         "throughput_ratio_per_pair": pairs["ratio_vs_bare_per_round"],
         "throughput_ratio_vs_body": statistics.median(pairs["ratio_vs_body_per_round"]),
         "throughput_ratio_vs_body_per_pair": pairs["ratio_vs_body_per_round"],
+        "cpu_ratio_vs_body": statistics.median(pairs["cpu_ratio_vs_body_per_round"]),
         "load_per_round": pairs["load_per_round"],
         "bare_peak_rss_mib": med["bare"]["peak_rss_mib"], "full_peak_rss_mib": med["full"]["peak_rss_mib"],
         "rss_ratio": med["full"]["peak_rss_mib"] / med["bare"]["peak_rss_mib"],
@@ -485,7 +492,9 @@ def markdown(res: dict) -> str:
                   + (f"; corpus set ({e['corpus']['n_prompts']} passages, {e['corpus']['n_tokens']} tokens): "
                      f"{e['corpus']['h5_bytes_per_prompt']:.0f} bytes per passage, {e['corpus']['tokens_per_s']:.0f} tokens/s"
                      if e.get("corpus") else "") + ".",
-                  f"Per round full / body: {', '.join(f'{x:.2f}' for x in e.get('throughput_ratio_vs_body_per_pair', []))}."]
+                  f"Per round full / body: {', '.join(f'{x:.2f}' for x in e.get('throughput_ratio_vs_body_per_pair', []))}"
+                  + (f"; CPU time body / full (all threads, less sensitive to other load): median "
+                     f"{e['cpu_ratio_vs_body']:.3f}" if "cpu_ratio_vs_body" in e else "") + "."]
         if e.get("long"):
             lg = e["long"]
             lines += ["", f"Long prompts ({lg['n_prompts']} x ~{lg['tokens']} tokens, batch {lg['batch']}): peak RSS full / body "

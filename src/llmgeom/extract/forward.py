@@ -297,7 +297,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         res["last_token/final_normed"] = rows_at(hT, b_idx, last, dev).cpu().numpy()
         res["last_token/values"] = vals.transpose(0, 1).contiguous().cpu().numpy()
         res["last_token/attn_output"] = attn_out.transpose(0, 1).contiguous().cpu().numpy()
-        res["last_token/keys"] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).cpu().numpy()
+        res["last_token/keys"] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).contiguous().cpu().numpy()
         logits = out.logits
         if not torch.isfinite(logits).all():
             bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
