@@ -82,7 +82,8 @@ def _timed_forward(model_dir: Path, prompts: Path, batch: int, dtype: str, devic
     the whole model (LM head included) or, with ``body_only``, the decoder body without the LM head."""
     import torch
 
-    from llmgeom.extract.forward import pad_batch, tokenize_prompts
+    from llmgeom.extract.capture import pad_batch
+    from llmgeom.extract.forward import tokenize_prompts
     from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models import architectures as arch
     from llmgeom.models.loading import load_prepared
@@ -191,7 +192,8 @@ def entropy_vs_eager(model_dir: Path, prompts: Path, dtype: str, device: str, n:
     import numpy as np
     import torch
 
-    from llmgeom.extract.forward import attention_row_entropy, extract_batch, pad_batch, tokenize_prompts
+    from llmgeom.extract.capture import pad_batch
+    from llmgeom.extract.forward import attention_row_entropy, extract_batch, tokenize_prompts
     from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models.loading import load_prepared
 

@@ -30,3 +30,42 @@ def tiny_config(model_dirs: dict | None = None) -> dict:
     for name, spec in cfg["models"].items():
         spec["path"] = str((model_dirs or {}).get(name) or (TEST_DIR / spec["path"]).resolve())
     return cfg
+
+
+def same_datasets(a, b) -> None:
+    """Assert that two HDF5 files hold the same datasets: every dataset of ``a`` is in ``b`` with the same dtype,
+    shape, values (bytes), stored chunk bytes and attributes; the root attributes agree except ``created``;
+    ``b`` has nothing more. (Resumed vs uninterrupted extraction, tests/test_store.py; before vs after a
+    change to the extraction, benchmarks/extract_identity.py.)
+
+    Raises:
+        AssertionError: naming the first dataset (and chunk offset) that differs.
+    """
+    import h5py
+    import numpy as np
+
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        na, nb = [], []
+        fa.visit(lambda x: na.append(x))
+        fb.visit(lambda x: nb.append(x))
+        assert sorted(na) == sorted(nb)
+        for x in na:
+            da, db = fa[x], fb[x]
+            if isinstance(da, h5py.Group):
+                continue
+            assert da.dtype == db.dtype and da.shape == db.shape, x
+            va, vb = da[()], db[()]
+            if h5py.check_string_dtype(da.dtype) is not None:
+                assert list(va) == list(vb), x
+            else:
+                assert va.tobytes() == vb.tobytes(), x
+                if da.chunks:
+                    for i in range(da.id.get_num_chunks()):
+                        off = da.id.get_chunk_info(i).chunk_offset
+                        assert da.id.read_direct_chunk(off) == db.id.read_direct_chunk(off), (x, off)
+            ka = {k: v for k, v in da.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
+            kb = {k: v for k, v in db.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
+            assert ka.keys() == kb.keys() and all(np.array_equal(ka[k], kb[k]) for k in ka), x
+        ra = {k: v for k, v in fa.attrs.items() if k != "created"}
+        rb = {k: v for k, v in fb.attrs.items() if k != "created"}
+        assert ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) for k in ra)

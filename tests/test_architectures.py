@@ -10,7 +10,7 @@ import torch
 
 from llmgeom.models import architectures as arch
 from llmgeom.models import tiny as testing
-from llmgeom.extract.forward import pad_batch
+from llmgeom.extract.capture import pad_batch
 
 FAMILIES = testing.FAMILIES
 

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from llmgeom.models import architectures as arch
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
-from llmgeom.extract.forward import NonFiniteActivationError, extract_batch, pad_batch
+from llmgeom.extract.capture import last_positions, pad_batch
+from llmgeom.extract.forward import NonFiniteActivationError, extract_batch
 from llmgeom.prompts.io import write_prompt_set
 
 FAMILIES = testing.FAMILIES
@@ -426,8 +427,8 @@ def test_attn_output_is_the_o_proj_input(family):
 def test_last_positions_any_padding_side():
     right = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
     left = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
-    assert extraction.last_positions(right).tolist() == [2, 4, 0]
-    assert extraction.last_positions(left).tolist() == [4, 4, 4]
+    assert last_positions(right).tolist() == [2, 4, 0]
+    assert last_positions(left).tolist() == [4, 4, 4]
     ids, mask, pos = pad_batch([SEQ3, SEQ7], 0, "cpu")
     assert ids.tolist()[0] == SEQ3 + [0] * 4
     assert mask.sum(1).tolist() == [3, 7]

@@ -9,7 +9,7 @@ import torch
 from llmgeom.models import architectures as arch
 from llmgeom.interventions import edits as iv
 from llmgeom.models import tiny as testing
-from llmgeom.extract.forward import pad_batch
+from llmgeom.extract.capture import pad_batch
 from llmgeom.analyses.interventions import intervention_summary
 from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
 from llmgeom.interventions.runner import intervention_conditions, intervention_experiment, length_batches, run_interventions, skip_layers

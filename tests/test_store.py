@@ -23,6 +23,8 @@ from llmgeom.core.store import CONTRACT_VERSION, StoreError, open_activations
 from llmgeom.prompts.io import write_prompt_set
 from llmgeom.models.loading import load_prepared
 
+from conftest import same_datasets
+
 FIX = r"run rule extract"  # "rerun rule extract" contains it too
 
 PROMPTS = [{"id": "a", "text": "The cat sat.", "meta": {"topic": "animals", "k": 1}},
@@ -173,6 +175,37 @@ def test_no_partial_left_after_success_and_failure(setup, monkeypatch, tmp_path)
                                    dtype="float32", device="cpu", log=lambda *a: None)
     assert not out.exists()
     assert not out.with_name("fail.h5.partial").exists()
+
+
+@pytest.mark.parametrize("corpus", [False, True])
+def test_write_behind_writes_the_same_file(setup, tmp_path, corpus):
+    """Batches written and committed on the background thread (the default) give the file of in-loop writes:
+    the same datasets, values, chunk bytes and attributes."""
+    kw = dict(model_name="tiny-llama", dtype="float32", device="cpu", batch_size=2, top_k=7, corpus=corpus,
+              sample_per_prompt=4, seed=3, log=lambda *a: None)
+    seq = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "seq.h5", write_behind=False, **kw)
+    behind = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "behind.h5", **kw)
+    same_datasets(seq, behind)
+    with h5py.File(behind, "r") as f:  # every batch arrived (a lost one would leave the fill value 0)
+        assert np.all(f["next_token/entropy"][()] > 0) and f.attrs["complete"]
+
+
+def test_write_behind_error_is_raised_and_the_partial_removed(setup, monkeypatch, tmp_path):
+    """A write that fails on the writer thread (batch 1 of 5) stops the extraction with that error, and no
+    file or partial is left."""
+    real = store.ActivationWriter.commit_batch
+
+    def failing(self, j):
+        if j == 1:
+            raise ValueError("refusing to store non-finite values in simulated")
+        return real(self, j)
+
+    monkeypatch.setattr(store.ActivationWriter, "commit_batch", failing)
+    out = tmp_path / "w.h5"
+    with pytest.raises(ValueError, match="simulated"):
+        extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, model_name="tiny-llama",
+                                   dtype="float32", device="cpu", batch_size=1, log=lambda *a: None)
+    assert not out.exists() and not out.with_name("w.h5.partial").exists()
 
 
 _CHILD = textwrap.dedent("""
@@ -553,36 +586,6 @@ def test_labelled_view_refuses_an_untrusted_file(setup, tmp_path):
 # --------------------------------------------------------------------------- resumable extraction (issue 18.3)
 
 
-def _same_datasets(a, b):
-    """Every dataset of ``a`` is in ``b`` with the same dtype, shape, values (bytes), stored chunk bytes and
-    attributes; the root attributes agree except ``created``; ``b`` has nothing more."""
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        na, nb = [], []
-        fa.visit(lambda x: na.append(x))
-        fb.visit(lambda x: nb.append(x))
-        assert sorted(na) == sorted(nb)
-        for x in na:
-            da, db = fa[x], fb[x]
-            if isinstance(da, h5py.Group):
-                continue
-            assert da.dtype == db.dtype and da.shape == db.shape, x
-            va, vb = da[()], db[()]
-            if h5py.check_string_dtype(da.dtype) is not None:
-                assert list(va) == list(vb), x
-            else:
-                assert va.tobytes() == vb.tobytes(), x
-                if da.chunks:
-                    for i in range(da.id.get_num_chunks()):
-                        off = da.id.get_chunk_info(i).chunk_offset
-                        assert da.id.read_direct_chunk(off) == db.id.read_direct_chunk(off), (x, off)
-            ka = {k: v for k, v in da.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
-            kb = {k: v for k, v in db.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
-            assert ka.keys() == kb.keys() and all(np.array_equal(ka[k], kb[k]) for k in ka), x
-        ra = {k: v for k, v in fa.attrs.items() if k != "created"}
-        rb = {k: v for k, v in fb.attrs.items() if k != "created"}
-        assert ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) for k in ra)
-
-
 _REAL_EXTRACT_BATCH = extraction.extract_batch
 RESUME_KW = dict(model_name="tiny-llama", dtype="float32", device="cpu", batch_size=1, top_k=7, corpus=True,
                  sample_per_prompt=4, seed=3)
@@ -642,7 +645,7 @@ def test_interrupted_extraction_resumes_to_the_same_bytes(setup, uninterrupted, 
     assert {p for b in seen + again for p in b} == ids
     assert any("resuming" in m and "2 of 5 batches" in m for m in logs), logs
     assert not partial.exists()
-    _same_datasets(uninterrupted, out)
+    same_datasets(uninterrupted, out)
     open_activations(out, model="tiny-llama").close()
 
 
@@ -668,14 +671,14 @@ def test_partial_from_other_settings_or_corrupted_is_discarded(setup, uninterrup
     seen = _counting(monkeypatch)
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **RESUME_KW)
     assert len(seen) == 5 and any("discarding" in m and "sha256" in m for m in logs), logs
-    _same_datasets(uninterrupted, out)
+    same_datasets(uninterrupted, out)
     # a partial that is not an HDF5 file at all
     out.unlink()
     partial.write_bytes(b"garbage")
     logs = []
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **RESUME_KW)
     assert any("discarding" in m and "not a readable HDF5 file" in m for m in logs), logs
-    _same_datasets(uninterrupted, out)
+    same_datasets(uninterrupted, out)
 
 
 _RESUME_CHILD = textwrap.dedent("""
@@ -717,4 +720,4 @@ def test_subprocess_stopped_by_sigusr1_exits_non_zero_and_resumes(setup, uninter
     seen = _counting(monkeypatch)
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
     assert len(seen) == 2
-    _same_datasets(uninterrupted, out)
+    same_datasets(uninterrupted, out)

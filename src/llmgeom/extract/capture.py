@@ -137,7 +137,13 @@ def make_batch(model, seqs: list[list[int]], pad_id: int = 0) -> Batch:
 
 class Float32Head:
     """The unembedding in float32 (plus Gemma soft-capping), applied in chunks of ``chunk`` rows:
-    ``head(h [N, d_unembed]) -> logits [N, vocab]`` float32."""
+    ``head(h [N, d_unembed]) -> logits [N, vocab]`` float32.
+
+    The float32 weight is the model's own tensor when the model runs in float32 (``Tensor.float`` copies
+    nothing), else one copy per head (one per ``extract_to_hdf5`` call), never one per batch.
+    ``out`` (a float32 [N, vocab] tensor on the weight's device, e.g. a buffer reused across the chunks of
+    the per-position statistics) receives the logits instead of a new tensor; the values are the same.
+    """
 
     def __init__(self, model, chunk: int = 256):
         W, b = arch.unembedding(model)
@@ -146,14 +152,27 @@ class Float32Head:
         self.cap = arch.logit_softcap(model)
         self.chunk = chunk
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        out = []
+    def __call__(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is not None:
+            for i in range(0, h.shape[0], self.chunk):
+                x = h[i:i + self.chunk].float().to(self.W.device)
+                z = out[i:i + x.shape[0]]
+                if self.b is None:  # the kernels of F.linear (mm / addmm), written into ``out``
+                    torch.mm(x, self.W.t(), out=z)
+                else:
+                    torch.addmm(self.b, x, self.W.t(), out=z)
+                if self.cap:
+                    z.div_(self.cap).tanh_().mul_(self.cap)
+            return out
+        parts = []
         for i in range(0, h.shape[0], self.chunk):
             z = F.linear(h[i:i + self.chunk].float().to(self.W.device), self.W, self.b)
             if self.cap:
                 z = torch.tanh(z / self.cap) * self.cap
-            out.append(z)
-        return torch.cat(out) if out else h.new_zeros((0, self.W.shape[0]), dtype=torch.float32)
+            parts.append(z)
+        if not parts:
+            return h.new_zeros((0, self.W.shape[0]), dtype=torch.float32)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)  # one chunk: no copy
 
 
 def candidate_logprobs(logits: torch.Tensor, candidates) -> torch.Tensor:

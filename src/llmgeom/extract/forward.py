@@ -23,6 +23,7 @@ import json
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from llmgeom.core.progress import progress
 from llmgeom.core.store import CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
 from llmgeom.core.versions import package_versions
 from llmgeom.extract import capture
-from llmgeom.extract.capture import Float32Head, first_tensor, last_positions, pad_batch, rows_at  # noqa: F401 (re-exported)
+from llmgeom.extract.capture import Float32Head, rows_at
 from llmgeom.models import architectures as arch
 
 
@@ -91,8 +92,28 @@ def attention_row_entropy(p: torch.Tensor) -> torch.Tensor:
     return torch.special.entr(p.float()).sum(-1)
 
 
+def final_query_hidden_keys(last: torch.Tensor, key_mask: torch.Tensor, T: int, window: int | None,
+                            device) -> torch.Tensor:
+    """Keys each prompt's final query cannot see: padding, positions after it, and (``window`` W) those
+    at or before ``last - W``.
+
+    Args:
+        last: [B] long, position of each prompt's final token. key_mask: [B, T] bool/0-1, real tokens.
+
+    Returns:
+        [B, 1, T] bool, True = hidden (broadcasts over the heads of ``last_query_attention``'s scores).
+    """
+    last = last.to(device)
+    j = torch.arange(T, device=device)
+    visible = key_mask.to(device).bool() & (j[None, :] <= last[:, None])
+    if window:
+        visible &= j[None, :] > (last[:, None] - window)
+    return ~visible[:, None, :]
+
+
 def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Tensor, key_mask: torch.Tensor, *,
-                         scaling: float, softcap: float | None = None, window: int | None = None) -> torch.Tensor:
+                         scaling: float, softcap: float | None = None, window: int | None = None,
+                         hidden: torch.Tensor | None = None) -> torch.Tensor:
     """Attention probabilities of each prompt's final query over its keys, per head, float32.
 
     Args:
@@ -104,6 +125,8 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
         scaling: factor on q.k (``architectures.attention_scaling``).
         softcap: c in c * tanh(score / c) before masking (Gemma 2), or None.
         window: sliding window W (key j visible iff last - W < j <= last), or None (causal).
+        hidden: the [B, 1, T] mask of :func:`final_query_hidden_keys` for these arguments, when the caller
+            has it already (one per batch and window instead of one per layer).
 
     Returns:
         [B, H, T] float32 probabilities, zero on masked keys; rows sum to 1.
@@ -122,11 +145,9 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     scores = torch.einsum("bhd,bhtd->bht", q, k) * scaling
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    j = torch.arange(T, device=dev)
-    visible = key_mask.to(dev).bool() & (j[None, :] <= last[:, None])
-    if window:
-        visible &= j[None, :] > (last[:, None] - window)
-    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    if hidden is None:
+        hidden = final_query_hidden_keys(last, key_mask, T, window, dev)
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
@@ -189,11 +210,25 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     # transients: that fragments the heap and raised the peak RSS to 1.3-1.75x the body's at 1,024 tokens);
     # NaN-filled, so a layer that did not run is refused by the writer
     nan = (lambda *shape: torch.full(shape, float("nan"), dtype=torch.float32, device=dev))
-    resid = nan(len(gb), L + 1, s.d_model)
-    keys = nan(B, L, s.n_kv_heads * s.head_dim)
-    vals = nan(B, L, s.n_kv_heads * s.head_dim)
-    attn_out = nan(B, L, s.n_heads * s.head_dim)
-    attn_ent = nan(B, L, s.n_heads) if attention else None
+    # layer-major [L(+1), rows, features]: each hook gathers its rows straight into a contiguous slice
+    resid = nan(L + 1, len(gb), s.d_model)
+    keys = nan(L, B, s.n_kv_heads * s.head_dim)
+    vals = nan(L, B, s.n_kv_heads * s.head_dim)
+    attn_out = nan(L, B, s.n_heads * s.head_dim)
+    attn_ent = nan(L, B, s.n_heads) if attention else None
+    T = ids.shape[1]
+    flat_g, flat_last = gb * T + gt, b_idx * T + last  # rows of an activation [B, T, F] seen as [B*T, F]
+
+    def take(t: torch.Tensor, flat: torch.Tensor, out: torch.Tensor) -> None:
+        # out [n, F] float32 = t[b, pos] for flat = b * T + pos: one gather into the buffer (the same values as
+        # rows_at; with device_map="auto" the index follows the activation and the rows come back to dev)
+        x = t.reshape(-1, t.shape[-1])
+        if flat.device != x.device:
+            flat = flat.to(x.device)
+        if x.dtype == out.dtype and x.device == out.device:
+            torch.index_select(x, 0, flat, out=out)
+        else:
+            out.copy_(x.index_select(0, flat))
 
     def check(t: torch.Tensor, where: str):
         # fast path, one reduction: a finite sum means every element is finite (a NaN/inf propagates into
@@ -211,24 +246,30 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
 
     def embeddings(h, pt):
         check(h, "embeddings (layer 0)")
-        resid[:, 0] = rows_at(h, gb, gt, dev)
+        take(h, flat_g, resid[0])
 
     def block_out(h, pt):
         check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
-        resid[:, pt.layer + 1] = rows_at(h, gb, gt, dev)
+        take(h, flat_g, resid[pt.layer + 1])
 
     def store(buf):
         def fn(t, pt):
-            buf[:, pt.layer] = rows_at(t, b_idx, last, dev)
+            take(t, flat_last, buf[pt.layer])
         return fn
+
+    hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see, built once per batch
 
     def entropy(c, pt):
         cfg = model.config
+        window = arch.attention_window(cfg, pt.layer)
+        hk = hidden_keys.get(window)
+        if hk is None or hk.device != c.query.device:
+            hk = hidden_keys[window] = final_query_hidden_keys(last, valid, T, window, c.query.device)
         p = last_query_attention(
             c.query, c.key, last, valid, softcap=c.softcap if c.softcap is not None else arch.attention_softcap(cfg),
             scaling=c.scaling if c.scaling is not None else arch.attention_scaling(cfg, pt.layer),
-            window=arch.attention_window(cfg, pt.layer))
-        attn_ent[:, pt.layer] = attention_row_entropy(p).to(dev)
+            window=window, hidden=hk)
+        attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
 
     P = capture.point_name
     hooks = {P("hook_resid_pre", 0): embeddings}
@@ -244,19 +285,19 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         hT = out.hidden
         check(hT, "final norm output")
         res: dict = {}
-        R = resid  # [G, L+1, d]
-        res["last_token/residual"] = R[:B].cpu().numpy()
+        R = resid.transpose(0, 1)  # [G, L+1, d]
+        res["last_token/residual"] = R[:B].contiguous().cpu().numpy()
         if sample_positions is not None:
-            res["tokens/residual_sample"] = R[B:].cpu().numpy()
+            res["tokens/residual_sample"] = R[B:].contiguous().cpu().numpy()
             res["tokens/final_normed_sample"] = rows_at(hT, gb[B:], gt[B:], dev).cpu().numpy()
             res["tokens/sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
             res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
             nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(samp_b, samp_t)]
             res["tokens/sample_next_token"] = np.asarray(nxt, dtype=np.int32)
         res["last_token/final_normed"] = rows_at(hT, b_idx, last, dev).cpu().numpy()
-        res["last_token/values"] = vals.cpu().numpy()
-        res["last_token/attn_output"] = attn_out.cpu().numpy()
-        res["last_token/keys"] = keys.reshape(B, L, s.n_kv_heads, s.head_dim).cpu().numpy()
+        res["last_token/values"] = vals.transpose(0, 1).contiguous().cpu().numpy()
+        res["last_token/attn_output"] = attn_out.transpose(0, 1).contiguous().cpu().numpy()
+        res["last_token/keys"] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).contiguous().cpu().numpy()
         logits = out.logits
         if not torch.isfinite(logits).all():
             bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
@@ -270,7 +311,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         if candidates is not None:
             res["next_token/candidate_logprobs"] = capture.candidate_logprobs(logits, candidates).cpu().numpy()
         if attention:
-            res["attention/entropy"] = attn_ent.cpu().numpy()  # [B, L, H]
+            res["attention/entropy"] = attn_ent.transpose(0, 1).contiguous().cpu().numpy()  # [B, L, H]
         if token_stats:
             tb, tt = [], []
             for i, sq in enumerate(seqs):
@@ -280,20 +321,24 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             tb_t = torch.tensor(tb, dtype=torch.long, device=dev)
             tt_t = torch.tensor(tt, dtype=torch.long, device=dev)
             margins, nlls, ents = [], [], []
+            # two [chunk, V] float32 buffers for all chunks (logits, then probabilities; log-probabilities):
+            # a new tensor of that size per step is a fresh mmap whose pages fault in (262k-token vocabularies)
+            m = min(head.chunk, len(tb))
+            zbuf = torch.empty((m, head.W.shape[0]), dtype=torch.float32, device=head.W.device)
+            lbuf = torch.empty_like(zbuf)
             for j in range(0, len(tb), head.chunk):
                 bb, ttt = tb_t[j:j + head.chunk], tt_t[j:j + head.chunk]
-                z = head(rows_at(hT, bb, ttt, hT.device))  # [chunk, V] float32
+                z = head(rows_at(hT, bb, ttt, hT.device), out=zbuf[:len(bb)])  # [chunk, V] float32
                 top2 = z.topk(2, dim=-1).values
                 margins.append(top2[:, 0] - top2[:, 1])
-                logp = torch.log_softmax(z, -1)
+                logp = torch.log_softmax(z, -1, out=lbuf[:len(bb)])
                 bad_z = None
                 if not bool(torch.isfinite(margins[-1]).all()):  # NaN / +inf logits: top-1 is NaN or inf
                     bad_z = ~torch.isfinite(z).all(-1)
-                del z
                 nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1).to(logp.device)).squeeze(1))
-                p = logp.exp()
-                ents.append(-p.mul_(logp).sum(-1))  # in place: the same products, one [chunk, V] buffer fewer
-                del p, logp
+                p = torch.exp(logp, out=z)  # the logits are spent: their buffer takes the probabilities
+                ents.append(-p.mul_(logp).sum(-1))  # in place: the same products, no third buffer
+                del p, logp, z
                 # any non-finite logit makes the row's margin (NaN, +inf) or entropy (-inf: 0 * -inf) non-finite,
                 # so checking the [chunk] statistics replaces a test over the [chunk, V] logits
                 if bad_z is not None or not bool(torch.isfinite(ents[-1]).all()):
@@ -301,6 +346,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                     bi = int(bb[rows.to(bb.device)][0])
                     raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
                                                    f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
+            del zbuf, lbuf
             cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
             res["tokens/margin"], res["tokens/nll"], res["tokens/entropy"] = cat(margins), cat(nlls), cat(ents)
             res["tokens/prompt"] = np.asarray(tb, dtype=np.int64)
@@ -317,12 +363,12 @@ def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int |
             the model context when ``truncate`` is False.
     """
     out = []
+    n_special = len(tok("", add_special_tokens=True)["input_ids"])
+    limit = min(x for x in (max_tokens, context) if x) if (max_tokens or context) else None
     for pid, text in zip(ids, texts):
         t = tok(text, add_special_tokens=True)["input_ids"]
-        n_special = len(tok("", add_special_tokens=True)["input_ids"])
         if len(t) <= n_special:
             raise PromptTokenError(f"prompt {pid!r} tokenizes to zero tokens; remove it or rebuild the prompt set")
-        limit = min(x for x in (max_tokens, context) if x) if (max_tokens or context) else None
         if limit and len(t) > limit:
             if not truncate:
                 raise PromptTokenError(
@@ -338,7 +384,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     corpus: bool = False, sample_per_prompt: int = 30, max_tokens: int | None = None,
                     seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
                     mem_mb: int | None = None, attn_implementation: str = "sdpa", reuse_model: bool = False,
-                    log=print) -> Path:
+                    write_behind: bool = True, log=print) -> Path:
     """Extract every dataset of the HDF5 contract for one model and one prompt set.
 
     The model is loaded with ``attn_implementation`` (default sdpa; "flash_attention_2" on a GPU that
@@ -362,6 +408,10 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     prompt's meta (same length C for all prompts); their next-token log-probabilities at the final
     position are stored as ``next_token/candidate_logprobs`` [n, C] (float32, nats, over the full
     vocabulary) with the ids in ``next_token/candidate_ids`` [n, C] int64.
+
+    ``write_behind`` (default True): each batch is written to HDF5 and committed on a background thread while
+    the next batch's forward pass runs (h5py releases the GIL in dataset writes); False writes it in the
+    loop. The file holds the same bytes either way (tests/test_extraction.py).
 
     ``reuse_model``: keep the loaded model in this process for the next call (``load_prepared(reuse=True)``;
     the model server). ``mem_mb`` (the job's declared memory) is checked against the model's size before loading
@@ -468,6 +518,48 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         sort_keys=True, default=str).encode()).hexdigest()
     w = ActivationWriter(out_path, attrs, shapes, resume_key=resume_key, n_batches=len(batches), log=log)
     stop = _StopRequest()
+
+    def write_batch(j: int, idx: list[int], r: dict) -> None:
+        """Write batch ``j``'s results (``extract_batch``'s dict for prompts ``idx``) and commit it."""
+        w.begin_batch()
+        rows = np.array(idx)
+        for k in per_prompt:
+            if k != "next_token/candidate_ids":
+                w.write(k, rows, r[k])
+        if cands is not None:
+            w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
+        if corpus:
+            for bi, i in enumerate(idx):
+                sel = r["tokens/sample_prompt"] == bi
+                sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
+                for k in per_sample:
+                    w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == "tokens/sample_prompt" else r[k][sel])
+                tsel = r["tokens/prompt"] == bi
+                tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
+                for k in per_position:
+                    w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == "tokens/prompt" else r[k][tsel])
+        w.commit_batch(j)
+
+    # write-behind: batch j is written and committed on one background thread while batch j + 1's forward runs
+    # (h5py releases the GIL in dataset writes, hashlib in sha256); at most one write is in flight, and every
+    # exit path waits for it before the file is closed, so the file holds the same bytes as a sequential write
+    pool = ThreadPoolExecutor(1, thread_name_prefix="llmgeom-h5-writer") if write_behind else None
+    pending: list = []
+
+    def drain(raise_errors: bool = True) -> None:
+        """Wait for the write in flight; its error is raised (``raise_errors``) or dropped. A wait that is
+        itself interrupted (Ctrl-C) leaves the write pending, so the handler's drain waits for it again."""
+        while pending:
+            try:
+                pending[0].result()
+            except BaseException:
+                if pending[0].done():
+                    pending.pop(0)
+                if raise_errors:
+                    raise
+            else:
+                pending.pop(0)
+
     try:
         done = set(w.verify_batches(rows_of).tolist())
         w.write("prompts/text", slice(None), texts)
@@ -483,6 +575,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                 if j in done:
                     continue
                 if stop.signum is not None:
+                    drain()
                     n_done = len(w.done_batches())
                     raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
                 tb = time.perf_counter()
@@ -492,28 +585,16 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                                   candidates=[cands[i] for i in idx] if cands is not None else None,
                                   model_name=model_name)
                 t_fwd += time.perf_counter() - tb  # forward pass, hooks and per-token statistics on the device
-                w.begin_batch()
-                rows = np.array(idx)
-                for k in per_prompt:
-                    if k != "next_token/candidate_ids":
-                        w.write(k, rows, r[k])
-                if cands is not None:
-                    w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
-                if corpus:
-                    for bi, i in enumerate(idx):
-                        sel = r["tokens/sample_prompt"] == bi
-                        sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
-                        for k in per_sample:
-                            w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == "tokens/sample_prompt" else r[k][sel])
-                        tsel = r["tokens/prompt"] == bi
-                        tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
-                        for k in per_position:
-                            w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == "tokens/prompt" else r[k][tsel])
-                w.commit_batch(j)
+                drain()  # the previous batch's write, which ran beside this forward
+                if pool is not None:
+                    pending.append(pool.submit(write_batch, j, idx, r))
+                else:
+                    write_batch(j, idx, r)
                 n_run += 1
                 n_tok += sum(len(seqs[i]) for i in idx)
                 bar.update(len(idx))
                 bar.set_postfix(tokens=n_tok, refresh=False)
+            drain()
         bar.close()
         if done:
             log(f"[extract] {model_name} {Path(prompts_path).stem}: resumed; {len(done)} of {len(batches)} batches "
@@ -526,9 +607,14 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         log(f"[extract] {e}")
         raise
     except (KeyboardInterrupt, SystemExit):
+        drain(raise_errors=False)  # a batch still being written finishes (or fails) before the file is closed
         if w.f.id.valid:
             w.close_partial()  # keep the committed batches for a resume
         raise
     except BaseException:
+        drain(raise_errors=False)
         w.abort()
         raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
