@@ -431,7 +431,8 @@ def check_site_profile(workflow) -> None:
     (``<account>``, ``<cpu-partition>``, ``<gpu-partition>`` of profiles/slurm), or one with a GPU job that its
     warning signal would stop as soon as it starts (:func:`early_warnings`: a ``runtime`` shorter than the
     profile's ``--signal=USR1@<s>`` lead plus SLURM's 30-s timer). Called at DAG time by
-    workflow/rules/common.smk with Snakemake's ``workflow``; dry runs and other executors pass.
+    workflow/rules/common.smk (``onstart``) with Snakemake's ``workflow``; dry runs (which run no ``onstart``)
+    and other executors pass.
 
     Raises:
         WorkflowError (snakemake's; ValueError when Snakemake's class cannot be imported): naming each
@@ -453,6 +454,7 @@ def check_site_profile(workflow) -> None:
     if early:
         raise _workflow_error(
             "these GPU jobs would get the profile's warning signal as soon as they start and be stopped on "
-            "every attempt (docs/cluster.md, \"Time limits and preemption\"); raise the model's runtime "
-            "(models.<m>.runtime, minutes) or lower the @<s> of slurm_extra's --signal:\n"
-            + "\n".join(f"  {e}" for e in early))
+            "every attempt (docs/cluster.md, \"Time limits and preemption\"; checked on each job's own runtime, "
+            "not on the sum its model's group submission asks); raise the runtime (minutes: models.<m>.runtime, "
+            "wind-tunnel entries and their checkpoints wind_tunnel.models.<m>.runtime) or lower the @<s> of "
+            "slurm_extra's --signal:\n" + "\n".join(f"  {e}" for e in early))
