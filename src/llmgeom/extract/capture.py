@@ -362,10 +362,17 @@ def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None =
     return Output(hT, z, batch)
 
 
-def rows_at(t: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev) -> torch.Tensor:
+def rows_at(t: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev, out: torch.Tensor | None = None) -> torch.Tensor:
     """``t[bi, ti]`` in float32 on ``dev`` (one row per (prompt, position) pair). With
     ``device_map="auto"`` the blocks of a large model sit on different GPUs: the index tensors follow
-    ``t`` and the rows come back to ``dev`` (no-ops on one device)."""
+    ``t`` and the rows come back to ``dev`` (no-ops on one device). ``out``: a float32 [n, F] buffer on
+    ``dev`` that receives the rows of a [B, T, F] ``t`` (one gather, no temporary; the same values), returned."""
     if bi.device != t.device:
         bi, ti = bi.to(t.device), ti.to(t.device)
-    return t[bi, ti].float().to(dev)
+    if out is None:
+        return t[bi, ti].float().to(dev)
+    x = t.reshape(-1, t.shape[-1])
+    flat = bi * t.shape[1] + ti  # row (b, pos) of t seen as [B*T, F]
+    if x.dtype == out.dtype and x.device == out.device:
+        return torch.index_select(x, 0, flat, out=out)
+    return out.copy_(x.index_select(0, flat))

@@ -210,25 +210,13 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     # transients: that fragments the heap and raised the peak RSS to 1.3-1.75x the body's at 1,024 tokens);
     # NaN-filled, so a layer that did not run is refused by the writer
     nan = (lambda *shape: torch.full(shape, float("nan"), dtype=torch.float32, device=dev))
-    # layer-major [L(+1), rows, features]: each hook gathers its rows straight into a contiguous slice
+    # layer-major [L(+1), rows, features]: each hook gathers its rows straight into a contiguous slice (rows_at out=)
     resid = nan(L + 1, len(gb), s.d_model)
     keys = nan(L, B, s.n_kv_heads * s.head_dim)
     vals = nan(L, B, s.n_kv_heads * s.head_dim)
     attn_out = nan(L, B, s.n_heads * s.head_dim)
     attn_ent = nan(L, B, s.n_heads) if attention else None
     T = ids.shape[1]
-    flat_g, flat_last = gb * T + gt, b_idx * T + last  # rows of an activation [B, T, F] seen as [B*T, F]
-
-    def take(t: torch.Tensor, flat: torch.Tensor, out: torch.Tensor) -> None:
-        # out [n, F] float32 = t[b, pos] for flat = b * T + pos: one gather into the buffer (the same values as
-        # rows_at; with device_map="auto" the index follows the activation and the rows come back to dev)
-        x = t.reshape(-1, t.shape[-1])
-        if flat.device != x.device:
-            flat = flat.to(x.device)
-        if x.dtype == out.dtype and x.device == out.device:
-            torch.index_select(x, 0, flat, out=out)
-        else:
-            out.copy_(x.index_select(0, flat))
 
     def check(t: torch.Tensor, where: str):
         # fast path, one reduction: a finite sum means every element is finite (a NaN/inf propagates into
@@ -246,15 +234,15 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
 
     def embeddings(h, pt):
         check(h, "embeddings (layer 0)")
-        take(h, flat_g, resid[0])
+        rows_at(h, gb, gt, dev, out=resid[0])
 
     def block_out(h, pt):
         check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
-        take(h, flat_g, resid[pt.layer + 1])
+        rows_at(h, gb, gt, dev, out=resid[pt.layer + 1])
 
     def store(buf):
         def fn(t, pt):
-            take(t, flat_last, buf[pt.layer])
+            rows_at(t, b_idx, last, dev, out=buf[pt.layer])
         return fn
 
     hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see, built once per batch
