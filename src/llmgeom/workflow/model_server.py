@@ -148,10 +148,16 @@ def srun_prefix() -> list[str]:
             "--quiet"]
 
 
+def servers_root() -> Path:
+    """The directory of this user's model servers and run plans: ``$LLMGEOM_MODEL_SERVER_DIR`` (else ``$TMPDIR``,
+    else /tmp) / ``llmgeom-models-<uid>``."""
+    base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
+    return base / f"llmgeom-models-{os.getuid()}"
+
+
 def server_dir(load: dict) -> Path:
     """The directory of the server for ``load`` (model_dir, dtype, device, device_map) in this allocation,
     for this version of the package code (an edited source file gets a new server: no stale code)."""
-    base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
     pkg = Path(__file__).resolve().parents[1]  # a changed package source starts a new server (new code)
     code = hashlib.sha256(repr(sorted((str(f), f.stat().st_mtime_ns) for f in pkg.rglob("*.py"))).encode()).hexdigest()
     ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()), code=code,
@@ -159,7 +165,7 @@ def server_dir(load: dict) -> Path:
                  job=os.environ.get("SLURM_JOB_ID", ""), gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                  python=sys.executable, path=os.environ.get("PYTHONPATH", ""))
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-    return base / f"llmgeom-models-{os.getuid()}" / key
+    return servers_root() / key
 
 
 def _connect(d: Path):
@@ -320,8 +326,7 @@ def write_plan(jobs, path: str | os.PathLike | None = None) -> Path:
         plan["models"].setdefault(str(Path(model_dir).resolve()), []).append(
             {"log": str(Path(log).resolve()), "outputs": [str(Path(o).resolve()) for o in outputs]})
     if path is None:
-        base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
-        path = base / f"llmgeom-models-{os.getuid()}" / f"plan-{os.getpid()}.json"
+        path = servers_root() / f"plan-{os.getpid()}.json"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(path.name + ".partial")
