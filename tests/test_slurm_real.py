@@ -26,7 +26,8 @@ import yaml
 
 import slurm_cluster
 import slurm_stub
-from test_model_server import committed_batches, dataset_bytes
+from conftest import same_datasets
+from test_model_server import committed_batches
 from llmgeom.models import tiny as testing
 from llmgeom.workflow import cluster
 
@@ -265,19 +266,6 @@ def _fault_dir(wd: Path, reference: Path, runtime: int | None = None) -> None:
     shutil.copytree(reference / "resources", wd / "resources")  # mtimes kept: nothing upstream reruns
 
 
-def _assert_same_datasets(a_path: Path, b_path: Path) -> None:
-    import h5py
-
-    with h5py.File(a_path) as a, h5py.File(b_path) as b:
-        names = []
-        a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-        other = []
-        b.visititems(lambda n, o: other.append(n) if isinstance(o, h5py.Dataset) else None)
-        assert names and sorted(names) == sorted(other)
-        for n in names:
-            assert dataset_bytes(a[n]) == dataset_bytes(b[n]), n
-
-
 def _wait_half_committed(run, wd: Path, timeout=600.0) -> int:
     """Wait until the GPU job's extraction has committed some of its batches, but not all; return how many."""
     partial = wd / (TARGET_H5 + ".partial")
@@ -328,7 +316,7 @@ def test_extraction_preempted_half_way_resumes_byte_identical(slurm, reference, 
     assert f"resumed; {k} of {n} batches were committed before, {n - k} computed now" in log.read_text(), \
         log.read_text()[-3000:]
     assert not list((tmp_path / "results").rglob("*.partial*"))
-    _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
+    same_datasets(reference / TARGET_H5, tmp_path / TARGET_H5)
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / TARGET_TABLE), pd.read_csv(reference / TARGET_TABLE))
 
 
@@ -363,7 +351,7 @@ def test_warning_signal_stops_extraction_retry_asks_more_time_and_resumes(slurm,
     log = (tmp_path / "logs" / "extract" / MODEL / "mixed.log").read_text()
     assert f"resumed; {k} of {n} batches were committed before, {n - k} computed now" in log, log[-3000:]
     assert not list((tmp_path / "results").rglob("*.partial*"))
-    _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
+    same_datasets(reference / TARGET_H5, tmp_path / TARGET_H5)
 
 
 #: seconds added to each of the N_LONG batches of the time-limit test: an extraction of ~90 s (300 x 0.28 s
@@ -449,7 +437,7 @@ def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, refere
                         "".join(f.read_text(errors="replace") for f in logs))
     assert stopped and int(stopped[1]) == k, stopped
     assert not list((tmp_path / "results").rglob("*.partial*"))
-    _assert_same_datasets(tmp_path / TARGET_H5, reference / TARGET_H5)
+    same_datasets(reference / TARGET_H5, tmp_path / TARGET_H5)
 
 
 def test_warning_lead_longer_than_the_runtime_is_refused_before_submission(slurm, tmp_path):

@@ -330,12 +330,12 @@ def _bootstrap_shares(X: np.ndarray, idx: np.ndarray, standardize: bool, chunk: 
     centred_gram = not standardize and d >= n
     if centred_gram:  # centre-only, wide X: each resample's Gram is a re-centred block of one [n, n] kernel
         X0 = X - X.mean(axis=0)
-        K0, X_tied = X0 @ X0.T, X[:, ~parent[0]]
+        K0, X_tied, any_distinct = X0 @ X0.T, X[:, ~parent[0]], bool(parent[0].any())
     for bs, U, cnt in _resample_groups(idx):
         for a in range(0, bs.size, chunk):
             u, w = U[a:a + chunk], cnt[a:a + chunk].astype(np.float64)
             if centred_gram:
-                G, kept = _centred_gram(K0, X_tied, bool(parent[0].any()), u, w)
+                G, kept = _centred_gram(K0, X_tied, any_distinct, u, w)
             else:
                 Z, kept = standardize_columns(X[u], standardize, weights=w, parent=parent)
                 if d >= u.shape[1]:
