@@ -66,8 +66,10 @@ def write(out: Path, a) -> list[Path]:
     return paths
 
 
-def compare(ref: Path, new: Path) -> int:
-    """Compare every ``*.h5`` of ``ref`` with its namesake in ``new``; returns the number that differ."""
+def compare(ref: Path, new: Path, stored: bool = True) -> int:
+    """Compare every ``*.h5`` of ``ref`` with its namesake in ``new``; returns the number that differ.
+    ``stored=False`` (``--values-only``): values, dtypes, shapes and attributes, not the stored chunk bytes
+    (across a change of the datasets' filters)."""
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import same_datasets
 
@@ -77,7 +79,7 @@ def compare(ref: Path, new: Path) -> int:
         raise SystemExit(f"no .h5 files in {ref}; run `extract_identity.py write {ref}` first")
     for f in files:
         try:
-            same_datasets(f, new / f.name)
+            same_datasets(f, new / f.name, stored=stored)
             print(f"same datasets: {f.name}")
         except AssertionError as e:
             bad += 1
@@ -92,13 +94,15 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-prompts", type=int, default=48)
     ap.add_argument("--n-passages", type=int, default=8)
+    ap.add_argument("--values-only", action="store_true", help="compare: not the stored chunk bytes (another filter "
+                    "pipeline, e.g. lzf on floating-point datasets before 2026-12-01's session 4)")
     a = ap.parse_args(argv)
     if a.action == "write":
         write(a.dirs[0], a)
     else:
         if len(a.dirs) != 2:
             ap.error("compare takes two directories: REF NEW")
-        sys.exit(1 if compare(*a.dirs) else 0)
+        sys.exit(1 if compare(*a.dirs, stored=not a.values_only) else 0)
 
 
 if __name__ == "__main__":

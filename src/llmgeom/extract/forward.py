@@ -142,13 +142,14 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     k = key.float()
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
-    scores = torch.einsum("bhd,bhtd->bht", q, k) * scaling
+    # [B, H, 1, hd] @ [B, H, hd, T]: the batched product einsum("bhd,bhtd->bht") dispatches to, bit for bit
+    # (a grouped [B, H_kv, rep, hd] product without the repeat differs in the last bits), without its dispatch
+    scores = torch.matmul(q.unsqueeze(-2), k.transpose(-1, -2)).squeeze(-2).mul_(scaling)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     if hidden is None:
         hidden = final_query_hidden_keys(last, key_mask, T, window, dev)
-    scores = scores.masked_fill(hidden, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    return torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
 
 
 def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int = 10,
@@ -246,17 +247,20 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         return fn
 
     hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see, built once per batch
+    if attention:  # per layer, once per batch (not per hook call): window, and the scaling / softcap the
+        cfg = model.config  # attention function applies when the module passes none
+        windows = [arch.attention_window(cfg, l) for l in range(L)]
+        scalings = [arch.attention_scaling(cfg, l) for l in range(L)]
+        softcap_cfg = arch.attention_softcap(cfg)
 
     def entropy(c, pt):
-        cfg = model.config
-        window = arch.attention_window(cfg, pt.layer)
+        window = windows[pt.layer]
         hk = hidden_keys.get(window)
         if hk is None or hk.device != c.query.device:
             hk = hidden_keys[window] = final_query_hidden_keys(last, valid, T, window, c.query.device)
         p = last_query_attention(
-            c.query, c.key, last, valid, softcap=c.softcap if c.softcap is not None else arch.attention_softcap(cfg),
-            scaling=c.scaling if c.scaling is not None else arch.attention_scaling(cfg, pt.layer),
-            window=window, hidden=hk)
+            c.query, c.key, last, valid, softcap=c.softcap if c.softcap is not None else softcap_cfg,
+            scaling=c.scaling if c.scaling is not None else scalings[pt.layer], window=window, hidden=hk)
         attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
 
     P = capture.point_name
@@ -372,7 +376,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     corpus: bool = False, sample_per_prompt: int = 30, max_tokens: int | None = None,
                     seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
                     mem_mb: int | None = None, attn_implementation: str = "sdpa", reuse_model: bool = False,
-                    write_behind: bool = True, log=print) -> Path:
+                    write_behind: bool | None = None, log=print) -> Path:
     """Extract every dataset of the HDF5 contract for one model and one prompt set.
 
     The model is loaded with ``attn_implementation`` (default sdpa; "flash_attention_2" on a GPU that
@@ -397,9 +401,12 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     position are stored as ``next_token/candidate_logprobs`` [n, C] (float32, nats, over the full
     vocabulary) with the ids in ``next_token/candidate_ids`` [n, C] int64.
 
-    ``write_behind`` (default True): each batch is written to HDF5 and committed on a background thread while
-    the next batch's forward pass runs (h5py releases the GIL in dataset writes); False writes it in the
-    loop. The file holds the same bytes either way (tests/test_extraction.py).
+    ``write_behind``: True writes and commits each batch on a background thread while the next batch's forward
+    pass runs (h5py releases the GIL in dataset writes); False writes it in the loop. None (default): True
+    when the model runs on an accelerator (the host waits on the device meanwhile), False on CPU, where the
+    forward's own threads already use the cores the writer would take (SmolLM2-135M, 2 threads on 2 cores:
+    0.94x the body-only forward with the writer thread, 0.97x without; issue 21). The file holds the same
+    bytes either way (tests/test_store.py).
 
     ``reuse_model``: keep the loaded model in this process for the next call (``load_prepared(reuse=True)``;
     the model server). ``mem_mb`` (the job's declared memory) is checked against the model's size before loading
@@ -531,6 +538,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     # write-behind: batch j is written and committed on one background thread while batch j + 1's forward runs
     # (h5py releases the GIL in dataset writes, hashlib in sha256); at most one write is in flight, and every
     # exit path waits for it before the file is closed, so the file holds the same bytes as a sequential write
+    if write_behind is None:
+        write_behind = next(model.parameters()).device.type != "cpu"
     pool = ThreadPoolExecutor(1, thread_name_prefix="llmgeom-h5-writer") if write_behind else None
     pending: list = []
 
