@@ -10,7 +10,8 @@ same thread count, then ``compare``:
 
 The set (CPU, float32): SmolLM2-135M on the first ``--n-prompts`` ``mixed`` prompts (attention entropy,
 batch 16) and the same prompts with candidate token ids (the SULA path), SmolLM2-135M and (when prepared)
-Gemma-3-270M on the first ``--n-passages`` corpus passages (per-position statistics, residual samples).
+Gemma-3-270M on the first ``--n-passages`` corpus passages (per-position statistics, residual samples), and
+Gemma-3-270M on the ``mixed`` prompts (attention entropy over sliding-window and global layers).
 Models and prompts come from ``resources/`` (copy them from a workflow run). Not a test: it needs the
 prepared models; the resumed-vs-uninterrupted identity is tested in tests/test_store.py.
 """
@@ -52,7 +53,8 @@ def write(out: Path, a) -> list[Path]:
     smol, gemma = res / "models" / "smollm2-135m", res / "models" / "gemma3-270m"
     jobs = [("smol-mixed", smol, mixed, {}), ("smol-cand", smol, cand, dict(candidates_key=CANDIDATES_KEY)),
             ("smol-corpus", smol, corpus, dict(corpus=True, sample_per_prompt=30, max_tokens=128, batch_size=4))]
-    if gemma.is_dir():
+    if gemma.is_dir():  # sliding-window and global layers (final-query attention in two groups), MQA
+        jobs.append(("gemma-mixed", gemma, mixed, {}))
         jobs.append(("gemma-corpus", gemma, corpus, dict(corpus=True, sample_per_prompt=30, max_tokens=128,
                                                          batch_size=4)))
     paths = []

@@ -156,7 +156,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                   sample_positions: list[list[int]] | None = None, token_stats: bool = False,
                   prompt_ids: list[str] | None = None, head: Float32Head | None = None,
                   pad_id: int = 0, candidates: list[list[int]] | None = None,
-                  model_name: str | None = None) -> dict:
+                  model_name: str | None = None, locate_non_finite: bool = False) -> dict:
     """Run one batch and return numpy arrays per prompt (first axis = batch), keyed by HDF5 dataset name.
 
     The forward pass runs through the capture API (:func:`llmgeom.extract.capture.run`) with hooks on its
@@ -182,6 +182,12 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         ``tokens/final_normed_sample`` [S, d_unembed], ``tokens/sample_prompt`` (batch row) /
         ``tokens/sample_position`` / ``tokens/sample_next_token`` (-1 at a prompt's last token) [S] (if sample_positions); ``tokens/margin`` / ``nll`` / ``entropy`` /
         ``prompt`` (batch row) / ``position`` [P] (if token_stats).
+
+    Non-finite activations: a non-finite value at a real token of a block's output stays non-finite in every
+    later block's output (the residual stream adds to it: NaN + x, inf - inf), so only the last block's
+    output and the final norm's are checked; when one fails, the batch is run again with every layer checked
+    (``locate_non_finite=True``), which names the first layer and token (one check per batch instead of
+    n_layers + 1 reads of the [B, T, d_model] residual stream).
 
     Raises:
         NonFiniteActivationError: naming the model (``model_name``, default the config's
@@ -234,11 +240,13 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                 f"(model dtype {next(model.parameters()).dtype}; try dtype: float32 or bfloat16)")
 
     def embeddings(h, pt):
-        check(h, "embeddings (layer 0)")
+        if locate_non_finite:
+            check(h, "embeddings (layer 0)")
         rows_at(h, gb, gt, dev, out=resid[0])
 
     def block_out(h, pt):
-        check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
+        if locate_non_finite or pt.layer == L - 1:
+            check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
         rows_at(h, gb, gt, dev, out=resid[pt.layer + 1])
 
     def store(buf):
@@ -272,10 +280,18 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         hooks[P("attn.hook_z", i)] = store(attn_out)
         if attention:
             hooks[P("attn.hook_qk", i)] = entropy
-    out = capture.run(model, batch, hooks, head=head, model_name=mname)
+    try:
+        out = capture.run(model, batch, hooks, head=head, model_name=mname)
+        with torch.inference_mode():
+            check(out.hidden, "final norm output")
+    except NonFiniteActivationError:
+        if locate_non_finite:
+            raise
+        return extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
+                             token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
+                             candidates=candidates, model_name=model_name, locate_non_finite=True)
     with torch.inference_mode():
         hT = out.hidden
-        check(hT, "final norm output")
         res: dict = {}
         R = resid.transpose(0, 1)  # [G, L+1, d]
         res["last_token/residual"] = R[:B].contiguous().cpu().numpy()
