@@ -178,17 +178,22 @@ def test_no_partial_left_after_success_and_failure(setup, monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("corpus", [False, True])
-def test_write_behind_writes_the_same_file(setup, tmp_path, corpus):
+def test_write_behind_writes_the_same_file(setup, tmp_path, corpus, monkeypatch):
     """Batches written and committed on the background thread (the default on an accelerator) give the file of
     in-loop writes (the default on CPU): the same datasets, values, chunk bytes and attributes."""
+    pools = []  # the writer threads started: one per write_behind=True call, none for the CPU default
+    real_pool = extraction.ThreadPoolExecutor
+    monkeypatch.setattr(extraction, "ThreadPoolExecutor", lambda *a, **k: pools.append(1) or real_pool(*a, **k))
     kw = dict(model_name="tiny-llama", dtype="float32", device="cpu", batch_size=2, top_k=7, corpus=corpus,
               sample_per_prompt=4, seed=3, log=lambda *a: None)
     seq = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "seq.h5", write_behind=False, **kw)
     behind = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "behind.h5", write_behind=True,
                                         **kw)
     same_datasets(seq, behind)
+    assert len(pools) == 1
     default = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "default.h5", **kw)
     same_datasets(seq, default)
+    assert len(pools) == 1  # the model is on the CPU: the default writes in the loop
     with h5py.File(behind, "r") as f:  # every batch arrived (a lost one would leave the fill value 0)
         assert np.all(f["next_token/entropy"][()] > 0) and f.attrs["complete"]
 
