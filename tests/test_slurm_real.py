@@ -236,6 +236,11 @@ def test_node_drained_then_resumed_and_slurmctld_restarted_while_jobs_run(slurm,
 
 
 N_LONG = 300  # prompts of the extraction the fault tests interrupt: some seconds on the tiny model, batch 1
+#: seconds each batch of the scancel and warning-signal tests sleeps first (:func:`_slow_env`): an extraction of at
+#: least 12 s, so that the signal (sent once 5 batches are committed; scancel reaches the steps within a second or
+#: two) lands well before its last batch whatever the machine's speed. Unslowed, the 300 batches took ~3 s and on
+#: a fast run the signal came after the last batch had started: nothing was left to stop (CI, stop 24)
+STOP_DELAY_S = 0.04
 TARGET_H5 = f"results/{MODEL}/activations/mixed.h5"
 TARGET_TABLE = f"results/{MODEL}/tables/attention_focusing.csv"
 
@@ -297,7 +302,7 @@ def test_extraction_preempted_half_way_resumes_byte_identical(slurm, reference, 
     _fault_dir(tmp_path, reference)
     prof = site_profile(tmp_path / "profile", **SITE, retries=0)
     before = {j["JobId"] for j in slurm.jobs()}
-    p = _start_run(prof, tmp_path, slurm.env, TARGET_TABLE)
+    p = _start_run(prof, tmp_path, _slow_env(tmp_path, slurm.env, STOP_DELAY_S), TARGET_TABLE)
     _wait_half_committed(p, tmp_path)
     running = _gpu_jobs(slurm, before)
     assert running and not (tmp_path / TARGET_H5).exists()
@@ -333,7 +338,7 @@ def test_warning_signal_stops_extraction_retry_asks_more_time_and_resumes(slurm,
     _fault_dir(tmp_path, reference, runtime=1)
     prof = site_profile(tmp_path / "profile", {"slurm_extra": "'--signal=USR1@1'"}, **SITE, retries=1)
     before = {j["JobId"] for j in slurm.jobs()}
-    p = _start_run(prof, tmp_path, slurm.env, TARGET_H5)
+    p = _start_run(prof, tmp_path, _slow_env(tmp_path, slurm.env, STOP_DELAY_S), TARGET_H5)
     _wait_half_committed(p, tmp_path)
     first = _gpu_jobs(slurm, before)
     assert len(first) == 1 and _minutes(first[0]["TimeLimit"]) == 1, first
@@ -391,6 +396,16 @@ if os.environ.get("LLMGEOM_TEST_BATCH_DELAY_S"):
 """
 
 
+def _slow_env(wd: Path, env: dict, delay: float) -> dict:
+    """``env`` with :data:`SLOW_BATCHES` as ``sitecustomize`` on ``PYTHONPATH`` (written under ``wd``/shim): every
+    ``extract_batch`` of the job's processes, the model server's included, sleeps ``delay`` seconds first."""
+    shim = wd / "shim"
+    shim.mkdir(exist_ok=True)
+    (shim / "sitecustomize.py").write_text(SLOW_BATCHES)
+    return dict(env, LLMGEOM_TEST_BATCH_DELAY_S=str(delay),
+                PYTHONPATH=os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])))
+
+
 def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, reference, tmp_path):
     """SLURM's own time limit, on the real scheduler: the GPU job asks 1 minute (models.<m>.runtime) for the
     fault tests' extraction (:data:`N_LONG` single-prompt batches), made to need about 90 s: each batch
@@ -410,11 +425,7 @@ def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, refere
     the committed batches (the job log: ``resumed; k of n batches were committed before, n-k computed now``)
     and COMPLETES; no ``.partial`` is left and the file equals the uninterrupted reference in every dataset."""
     _fault_dir(tmp_path, reference, runtime=1)
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(SLOW_BATCHES)
-    env = dict(slurm.env, LLMGEOM_TEST_BATCH_DELAY_S=str(BATCH_DELAY_S),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])))
+    env = _slow_env(tmp_path, slurm.env, BATCH_DELAY_S)
     prof = site_profile(tmp_path / "profile", {"slurm_extra": None}, **SITE, retries=1)
     assert "signal" not in (prof / "config.yaml").read_text()
     before = {j["JobId"] for j in slurm.jobs()}

@@ -660,6 +660,46 @@ def test_interrupted_extraction_resumes_to_the_same_bytes(setup, uninterrupted, 
     open_activations(out, model="tiny-llama").close()
 
 
+@pytest.mark.parametrize("when", ["last batch", "commit"])
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_signal_after_the_last_batch_started_commits_the_complete_file(setup, uninterrupted, tmp_path, monkeypatch,
+                                                                        sig, when):
+    """SIGTERM / SIGUSR1 once the last batch has started (a scancel or SLURM's warning that lands at the end of an
+    extraction), or during the commit itself: every batch is done, so the file is committed complete (the same
+    bytes as an uninterrupted run, no ``.partial`` left) with a log line naming the signal; the process is not
+    killed half way through the commit (SIGTERM's default action), and the handler is restored after."""
+    from llmgeom.core.store import ActivationWriter
+
+    out, logs = tmp_path / "r.h5", []
+    n_batches = len(PROMPTS)  # batch_size 1
+    if when == "last batch":
+        seen = []
+
+        def last(*a, **k):
+            seen.append(1)
+            if len(seen) == n_batches:
+                os.kill(os.getpid(), sig)
+            return _REAL_EXTRACT_BATCH(*a, **k)
+
+        monkeypatch.setattr(extraction, "extract_batch", last)
+    else:
+        real_commit = ActivationWriter.commit
+
+        def commit(self):
+            os.kill(os.getpid(), sig)
+            return real_commit(self)
+
+        monkeypatch.setattr(ActivationWriter, "commit", commit)
+    assert extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append,
+                                      **RESUME_KW) == out
+    assert signal.getsignal(sig) is signal.SIG_DFL
+    assert not (tmp_path / "r.h5.partial").exists()
+    assert any(f"{signal.Signals(sig).name} arrived after the last batch" in m and f"all {n_batches} batches" in m
+               for m in logs), logs
+    same_datasets(uninterrupted, out)
+    open_activations(out, model="tiny-llama").close()
+
+
 def test_partial_from_other_settings_or_corrupted_is_discarded(setup, uninterrupted, tmp_path, monkeypatch):
     out = tmp_path / "d.h5"
     partial = tmp_path / "d.h5.partial"

@@ -410,7 +410,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     is discarded with a log line. SIGUSR1 / SIGTERM (e.g. SLURM ``--signal=USR1@<s>``, which reaches every
     job step and so the model server's; or the server's own stop request, ``model_server._request_stop``):
     the batch in flight finishes and is committed, the partial is flushed and closed, and
-    :class:`ExtractionInterrupted` is raised.
+    :class:`ExtractionInterrupted` is raised. A signal that arrives once the last batch has started (or during
+    the commit) stops nothing: the file is committed as complete, with a log line naming the signal.
 
     ``candidates_key`` (``llmgeom.prompts.io.CANDIDATES_KEY`` for SULA and wind-tunnel sets) names a list of token ids in every
     prompt's meta (same length C for all prompts); their next-token log-probabilities at the final
@@ -608,14 +609,21 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                 bar.update(len(idx))
                 bar.set_postfix(tokens=n_tok, refresh=False)
             drain()
-        bar.close()
-        if done:
-            log(f"[extract] {model_name} {Path(prompts_path).stem}: resumed; {len(done)} of {len(batches)} batches "
-                f"were committed before, {n_run} computed now")
-        log(f"[extract] {model_name} {Path(prompts_path).stem}: {n} prompts, {n_tok} tokens, "
-            f"{n_tok / max(time.time() - t0, 1e-9):.0f} tokens/s on {attrs['device']}; "
-            f"forward passes {t_fwd:.3f} s of {time.time() - t_call:.3f} s in extract_to_hdf5")
-        return w.commit()
+            bar.close()
+            # still inside the stop handler: a SIGTERM / SIGUSR1 from here on (after the last batch's check, or
+            # during the commit) must not kill the process half way through the commit; every batch is done
+            if done:
+                log(f"[extract] {model_name} {Path(prompts_path).stem}: resumed; {len(done)} of {len(batches)} "
+                    f"batches were committed before, {n_run} computed now")
+            log(f"[extract] {model_name} {Path(prompts_path).stem}: {n} prompts, {n_tok} tokens, "
+                f"{n_tok / max(time.time() - t0, 1e-9):.0f} tokens/s on {attrs['device']}; "
+                f"forward passes {t_fwd:.3f} s of {time.time() - t_call:.3f} s in extract_to_hdf5")
+            out = w.commit()
+            if stop.signum is not None:
+                log(f"[extract] {model_name} {Path(prompts_path).stem}: {signal.Signals(stop.signum).name} arrived "
+                    f"after the last batch had started: all {len(batches)} batches were done, so the file was "
+                    f"committed ({out}) instead of stopped")
+        return out
     except ExtractionInterrupted as e:
         log(f"[extract] {e}")
         raise
