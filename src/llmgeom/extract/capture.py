@@ -327,19 +327,25 @@ class Output:
 
 
 def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None = None, *,
-        head: Float32Head | None = None, logits: bool = True, model_name: str | None = None) -> Output:
+        head: Float32Head | None = None, logits: bool = True, model_name: str | None = None,
+        session: dict | None = None) -> Output:
     """One forward pass of the decoder stack (no LM head on all positions, no KV cache) with ``hooks``.
 
     The final normed state comes from the base model's output; logits are computed in float32 only at
-    the final positions (``head``, default :class:`Float32Head`).
+    the final positions (``head``, default :class:`Float32Head`). ``session``: the state of an active
+    :func:`hooked` context on ``model`` (hooks registered once for many batches; ``hooks`` must then be None).
 
     Raises:
         UnsupportedArchitectureError: ``hook_z``/``hook_qk`` were hooked but a layer's attention did not
             go through transformers' attention interface (names the fix: sdpa).
+        ValueError: both ``hooks`` and ``session`` given.
     """
-    hooks = hooks or {}
-    with torch.inference_mode(), hooked(model, hooks) as st:
+    if session is not None and hooks:
+        raise ValueError("capture.run: pass hooks or an active hooked() session, not both")
+    ctx = contextlib.nullcontext(session) if session is not None else hooked(model, hooks or {})
+    with torch.inference_mode(), ctx as st:
         st["batch"] = batch
+        st["attention_seen"].clear()  # this pass's layers (a session's list is reused for every batch)
         out = arch.base_model(model)(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.pos,
                                      use_cache=False)
         want = st.get("attention_layers")
@@ -362,17 +368,49 @@ def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None =
     return Output(hT, z, batch)
 
 
+class RowIndex:
+    """Rows (prompt ``bi[i]``, position ``ti[i]``) of [B, T, F] activations, as flat indices into the [B*T, F]
+    view, built once per device (with ``device_map="auto"`` the blocks of a large model sit on different GPUs)
+    and reused by every hook of a batch (one gather per call, no index arithmetic per layer).
+
+    Args:
+        bi, ti: [n] long tensors (any device); T: the batch's padded length."""
+
+    def __init__(self, bi: torch.Tensor, ti: torch.Tensor, T: int):
+        self.bi, self.ti, self.T = bi, ti, int(T)
+        self._flat: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.bi)
+
+    def flat(self, device) -> torch.Tensor:
+        """[n] long on ``device``: ``bi * T + ti``."""
+        f = self._flat.get(device)
+        if f is None:
+            f = self._flat[device] = self.bi.to(device) * self.T + self.ti.to(device)
+        return f
+
+    def take(self, t: torch.Tensor, dev, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``t[bi, ti]`` of a [B, T, F] ``t``, float32 on ``dev`` ([n, F]); ``out``: a float32 [n, F] buffer on
+        ``dev`` that receives them (no temporary where ``t`` is float32 on ``dev``), returned. The same values
+        as advanced indexing (a gather).
+
+        Raises:
+            ValueError: ``t``'s second axis is not this index's T."""
+        if t.shape[1] != self.T:
+            raise ValueError(f"RowIndex built for T={self.T}, activation has shape {tuple(t.shape)}")
+        x = t.reshape(-1, t.shape[-1])
+        flat = self.flat(t.device)
+        if out is None:
+            return x.index_select(0, flat).float().to(dev)
+        if x.dtype == out.dtype and x.device == out.device:
+            return torch.index_select(x, 0, flat, out=out)
+        return out.copy_(x.index_select(0, flat))
+
+
 def rows_at(t: torch.Tensor, bi: torch.Tensor, ti: torch.Tensor, dev, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``t[bi, ti]`` in float32 on ``dev`` (one row per (prompt, position) pair). With
-    ``device_map="auto"`` the blocks of a large model sit on different GPUs: the index tensors follow
-    ``t`` and the rows come back to ``dev`` (no-ops on one device). ``out``: a float32 [n, F] buffer on
-    ``dev`` that receives the rows of a [B, T, F] ``t`` (one gather, no temporary; the same values), returned."""
-    if bi.device != t.device:
-        bi, ti = bi.to(t.device), ti.to(t.device)
-    if out is None:
-        return t[bi, ti].float().to(dev)
-    x = t.reshape(-1, t.shape[-1])
-    flat = bi * t.shape[1] + ti  # row (b, pos) of t seen as [B*T, F]
-    if x.dtype == out.dtype and x.device == out.device:
-        return torch.index_select(x, 0, flat, out=out)
-    return out.copy_(x.index_select(0, flat))
+    """``t[bi, ti]`` in float32 on ``dev`` (one row per (prompt, position) pair) of a [B, T, F] ``t``; the index
+    tensors follow ``t`` and the rows come back to ``dev`` (no-ops on one device). ``out``: a float32 [n, F]
+    buffer on ``dev`` that receives the rows, returned. :meth:`RowIndex.take` for one set of rows read from many
+    activations."""
+    return RowIndex(bi, ti, t.shape[1]).take(t, dev, out=out)

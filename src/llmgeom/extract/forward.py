@@ -152,15 +152,152 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     return torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
 
 
+class _BatchBuffers:
+    """One batch's state for :class:`BatchHooks`: output buffers, gather indices, what the checks name."""
+
+    def __init__(self, hk: "BatchHooks", batch, names: list[str], mname: str, sample_positions, locate: bool):
+        dev, s = hk.device, hk.summary
+        L, B = s.n_layers, len(names)
+        self.batch, self.names, self.mname, self.locate = batch, names, mname, locate
+        self.valid = batch.mask.bool()
+        self.T = batch.ids.shape[1]
+        self.last = batch.last
+        # gather index: last tokens first, then sampled positions
+        gb, gt = [batch.rows], [batch.last]
+        self.samp_b, self.samp_t = [], []
+        if sample_positions is not None:
+            for i, ps in enumerate(sample_positions):
+                self.samp_b += [i] * len(ps)
+                self.samp_t += list(ps)
+            gb.append(torch.tensor(self.samp_b, dtype=torch.long, device=dev))
+            gt.append(torch.tensor(self.samp_t, dtype=torch.long, device=dev))
+        self.gb, self.gt = torch.cat(gb), torch.cat(gt)
+        self.rows_all = capture.RowIndex(self.gb, self.gt, self.T)
+        self.rows_last = capture.RowIndex(batch.rows, batch.last, self.T)
+        # output buffers, allocated before the forward (not one small tensor per layer between its large
+        # transients: that fragments the heap and raised the peak RSS to 1.3-1.75x the body's at 1,024 tokens);
+        # NaN-filled, so a layer that did not run is refused by the writer
+        nan = (lambda *shape: torch.full(shape, float("nan"), dtype=torch.float32, device=dev))
+        # layer-major [L(+1), rows, features]: each hook gathers its rows straight into a contiguous slice
+        self.resid = nan(L + 1, len(self.gb), s.d_model)
+        self.keys = nan(L, B, s.n_kv_heads * s.head_dim)
+        self.vals = nan(L, B, s.n_kv_heads * s.head_dim)
+        self.attn_out = nan(L, B, s.n_heads * s.head_dim)
+        self.attn_ent = nan(L, B, s.n_heads) if hk.attention else None
+        self.hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see
+
+    def check(self, t: torch.Tensor, where: str, dtype) -> None:
+        """Raise NonFiniteActivationError at the first real token of ``t`` [B, T, d] with a non-finite value."""
+        # fast path, one reduction: a finite sum means every element is finite (a NaN/inf propagates into
+        # it); a non-finite sum (also a finite overflow, or a non-finite value on padding) takes the exact test
+        if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+            return
+        bad = ~torch.isfinite(t)
+        if bad.dim() == 3:
+            bad = bad.any(-1) & self.valid.to(bad.device)
+        if bad.any():
+            bi, ti = (int(x) for x in bad.nonzero()[0][:2])
+            raise NonFiniteActivationError(
+                f"model {self.mname!r}: non-finite activation in {where}, prompt {self.names[bi]!r} token {ti} "
+                f"(model dtype {dtype}; try dtype: float32 or bfloat16)")
+
+
+class BatchHooks:
+    """The hooks of :func:`extract_batch` on ``model``, registered once for many batches: ``with BatchHooks(model,
+    attention=...) as hk`` around a loop of ``extract_batch(..., hooks=hk)`` calls (``extract_to_hdf5`` keeps one
+    for its whole loop). The hook set, its registration and the per-layer attention window / scaling / soft-cap
+    lookups are paid once per extraction instead of once per batch; each batch's buffers are set in
+    ``hk.cur`` before its forward pass. The values are those of one ``extract_batch`` call per batch.
+
+    Points hooked: ``blocks.0.hook_resid_pre`` and every block's ``hook_resid_post`` (residual stream at the
+    kept rows), ``attn.hook_k`` / ``attn.hook_v`` / ``attn.hook_z`` (final token), ``attn.hook_qk`` (final-query
+    attention entropy, when ``attention``)."""
+
+    def __init__(self, model, *, attention: bool):
+        self.model, self.attention = model, bool(attention)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.summary = s = arch.summarize(model.config)
+        L = s.n_layers
+        if attention:  # per layer, once (not per hook call): window, and the scaling / softcap the attention
+            cfg = model.config  # function applies when the module passes none
+            self.windows = [arch.attention_window(cfg, l) for l in range(L)]
+            self.scalings = [arch.attention_scaling(cfg, l) for l in range(L)]
+            self.softcap = arch.attention_softcap(cfg)
+        self.cur: _BatchBuffers | None = None
+        self.session: dict | None = None
+        self._cm = None
+        dev = self.device
+
+        def embeddings(h, pt):
+            c = self.cur
+            if c is None:  # a forward outside extract_batch while registered: nothing kept
+                return
+            if c.locate:
+                c.check(h, "embeddings (layer 0)", self.dtype)
+            c.rows_all.take(h, dev, out=c.resid[0])
+
+        def block_out(h, pt):
+            c = self.cur
+            if c is None:  # a forward outside extract_batch while registered: nothing kept
+                return
+            if c.locate or pt.layer == L - 1:
+                c.check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})", self.dtype)
+            c.rows_all.take(h, dev, out=c.resid[pt.layer + 1])
+
+        def store(name):
+            def fn(t, pt):
+                c = self.cur
+                if c is None:  # a forward outside extract_batch while registered: nothing kept
+                    return
+                c.rows_last.take(t, dev, out=getattr(c, name)[pt.layer])
+            return fn
+
+        def entropy(a, pt):
+            c = self.cur
+            if c is None:  # a forward outside extract_batch while registered: nothing kept
+                return
+            window = self.windows[pt.layer]
+            hk = c.hidden_keys.get(window)
+            if hk is None or hk.device != a.query.device:
+                hk = c.hidden_keys[window] = final_query_hidden_keys(c.last, c.valid, c.T, window, a.query.device)
+            p = last_query_attention(
+                a.query, a.key, c.last, c.valid, softcap=a.softcap if a.softcap is not None else self.softcap,
+                scaling=a.scaling if a.scaling is not None else self.scalings[pt.layer], window=window, hidden=hk)
+            c.attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
+
+        P = capture.point_name
+        self.hooks = {P("hook_resid_pre", 0): embeddings}
+        keys, vals, z = store("keys"), store("vals"), store("attn_out")
+        for i in range(L):
+            self.hooks[P("hook_resid_post", i)] = block_out
+            self.hooks[P("attn.hook_k", i)] = keys
+            self.hooks[P("attn.hook_v", i)] = vals
+            self.hooks[P("attn.hook_z", i)] = z
+            if attention:
+                self.hooks[P("attn.hook_qk", i)] = entropy
+
+    def __enter__(self) -> "BatchHooks":
+        self._cm = capture.hooked(self.model, self.hooks)
+        self.session = self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        cm, self._cm, self.session, self.cur = self._cm, None, None, None
+        return cm.__exit__(*exc)
+
+
 def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int = 10,
                   sample_positions: list[list[int]] | None = None, token_stats: bool = False,
                   prompt_ids: list[str] | None = None, head: Float32Head | None = None,
                   pad_id: int = 0, candidates: list[list[int]] | None = None,
-                  model_name: str | None = None, locate_non_finite: bool = False) -> dict:
+                  model_name: str | None = None, locate_non_finite: bool = False,
+                  hooks: BatchHooks | None = None) -> dict:
     """Run one batch and return numpy arrays per prompt (first axis = batch), keyed by HDF5 dataset name.
 
     The forward pass runs through the capture API (:func:`llmgeom.extract.capture.run`) with hooks on its
-    named points; each hook keeps only the rows the contract needs (final tokens, sampled positions).
+    named points (:class:`BatchHooks`); each hook keeps only the rows the contract needs (final tokens, sampled
+    positions).
 
     Args:
         seqs: token ids per prompt (no padding).
@@ -172,6 +309,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         candidates: per prompt, the same number C of token ids whose next-token log-probability
             (over the full vocabulary, float32) to return as ``next_token/candidate_logprobs`` [B, C] nats
             (SULA labels; Paper III sec. 4.3).
+        hooks: an active :class:`BatchHooks` on ``model`` with the same ``attention`` (many batches, one
+            registration); None registers this call's own.
 
     Returns:
         dataset name (``llmgeom.core.store.CONTRACT``) -> array: ``last_token/residual`` [B, L+1, d_model],
@@ -192,104 +331,41 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     Raises:
         NonFiniteActivationError: naming the model (``model_name``, default the config's
             ``_name_or_path`` / model_type), the layer and the prompt.
+        ValueError: ``hooks`` inactive, on another model, or for the other ``attention`` setting.
     """
-    dev = next(model.parameters()).device
+    if hooks is None:
+        with BatchHooks(model, attention=attention) as own:
+            return extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
+                                 token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
+                                 candidates=candidates, model_name=model_name,
+                                 locate_non_finite=locate_non_finite, hooks=own)
+    if hooks.session is None or hooks.model is not model or hooks.attention != bool(attention):
+        raise ValueError("extract_batch: hooks must be an active BatchHooks (with BatchHooks(model, attention=...)) "
+                         f"on this model with attention={bool(attention)}")
+    dev = hooks.device
     mname = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
-    s = arch.summarize(model.config)
+    s = hooks.summary
     head = head or Float32Head(model)
     batch = capture.make_batch(model, seqs, pad_id)
     ids, last, b_idx = batch.ids, batch.last, batch.rows
     B = len(seqs)
     names = prompt_ids or [str(i) for i in range(B)]
-    # gather index: last tokens first, then sampled positions
-    gb, gt = [b_idx], [last]
-    samp_b, samp_t = [], []
-    if sample_positions is not None:
-        for i, ps in enumerate(sample_positions):
-            samp_b += [i] * len(ps)
-            samp_t += list(ps)
-        gb.append(torch.tensor(samp_b, dtype=torch.long, device=dev))
-        gt.append(torch.tensor(samp_t, dtype=torch.long, device=dev))
-    gb, gt = torch.cat(gb), torch.cat(gt)
-    valid = batch.mask.bool()
     L = s.n_layers
-    # output buffers, allocated before the forward (not one small tensor per layer between its large
-    # transients: that fragments the heap and raised the peak RSS to 1.3-1.75x the body's at 1,024 tokens);
-    # NaN-filled, so a layer that did not run is refused by the writer
-    nan = (lambda *shape: torch.full(shape, float("nan"), dtype=torch.float32, device=dev))
-    # layer-major [L(+1), rows, features]: each hook gathers its rows straight into a contiguous slice (rows_at out=)
-    resid = nan(L + 1, len(gb), s.d_model)
-    keys = nan(L, B, s.n_kv_heads * s.head_dim)
-    vals = nan(L, B, s.n_kv_heads * s.head_dim)
-    attn_out = nan(L, B, s.n_heads * s.head_dim)
-    attn_ent = nan(L, B, s.n_heads) if attention else None
-    T = ids.shape[1]
-
-    def check(t: torch.Tensor, where: str):
-        # fast path, one reduction: a finite sum means every element is finite (a NaN/inf propagates into
-        # it); a non-finite sum (also a finite overflow, or a non-finite value on padding) takes the exact test
-        if bool(torch.isfinite(t.sum(dtype=torch.float32))):
-            return
-        bad = ~torch.isfinite(t)
-        if bad.dim() == 3:
-            bad = bad.any(-1) & valid.to(bad.device)
-        if bad.any():
-            bi, ti = (int(x) for x in bad.nonzero()[0][:2])
-            raise NonFiniteActivationError(
-                f"model {mname!r}: non-finite activation in {where}, prompt {names[bi]!r} token {ti} "
-                f"(model dtype {next(model.parameters()).dtype}; try dtype: float32 or bfloat16)")
-
-    def embeddings(h, pt):
-        if locate_non_finite:
-            check(h, "embeddings (layer 0)")
-        rows_at(h, gb, gt, dev, out=resid[0])
-
-    def block_out(h, pt):
-        if locate_non_finite or pt.layer == L - 1:
-            check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
-        rows_at(h, gb, gt, dev, out=resid[pt.layer + 1])
-
-    def store(buf):
-        def fn(t, pt):
-            rows_at(t, b_idx, last, dev, out=buf[pt.layer])
-        return fn
-
-    hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see, built once per batch
-    if attention:  # per layer, once per batch (not per hook call): window, and the scaling / softcap the
-        cfg = model.config  # attention function applies when the module passes none
-        windows = [arch.attention_window(cfg, l) for l in range(L)]
-        scalings = [arch.attention_scaling(cfg, l) for l in range(L)]
-        softcap_cfg = arch.attention_softcap(cfg)
-
-    def entropy(c, pt):
-        window = windows[pt.layer]
-        hk = hidden_keys.get(window)
-        if hk is None or hk.device != c.query.device:
-            hk = hidden_keys[window] = final_query_hidden_keys(last, valid, T, window, c.query.device)
-        p = last_query_attention(
-            c.query, c.key, last, valid, softcap=c.softcap if c.softcap is not None else softcap_cfg,
-            scaling=c.scaling if c.scaling is not None else scalings[pt.layer], window=window, hidden=hk)
-        attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
-
-    P = capture.point_name
-    hooks = {P("hook_resid_pre", 0): embeddings}
-    for i in range(L):
-        hooks[P("hook_resid_post", i)] = block_out
-        hooks[P("attn.hook_k", i)] = store(keys)
-        hooks[P("attn.hook_v", i)] = store(vals)
-        hooks[P("attn.hook_z", i)] = store(attn_out)
-        if attention:
-            hooks[P("attn.hook_qk", i)] = entropy
+    c = hooks.cur = _BatchBuffers(hooks, batch, names, mname, sample_positions, locate_non_finite)
+    gb, gt, samp_b, samp_t = c.gb, c.gt, c.samp_b, c.samp_t
+    resid, keys, vals, attn_out, attn_ent = c.resid, c.keys, c.vals, c.attn_out, c.attn_ent
     try:
-        out = capture.run(model, batch, hooks, head=head, model_name=mname)
+        out = capture.run(model, batch, head=head, model_name=mname, session=hooks.session)
         with torch.inference_mode():
-            check(out.hidden, "final norm output")
+            c.check(out.hidden, "final norm output", hooks.dtype)
     except NonFiniteActivationError:
         if locate_non_finite:
             raise
         return extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
                              token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
-                             candidates=candidates, model_name=model_name, locate_non_finite=True)
+                             candidates=candidates, model_name=model_name, locate_non_finite=True, hooks=hooks)
+    finally:
+        hooks.cur = None
     with torch.inference_mode():
         hT = out.hidden
         res: dict = {}
@@ -302,7 +378,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
             nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(samp_b, samp_t)]
             res["tokens/sample_next_token"] = np.asarray(nxt, dtype=np.int32)
-        res["last_token/final_normed"] = rows_at(hT, b_idx, last, dev).cpu().numpy()
+        res["last_token/final_normed"] = c.rows_last.take(hT, dev).cpu().numpy()
         res["last_token/values"] = vals.transpose(0, 1).contiguous().cpu().numpy()
         res["last_token/attn_output"] = attn_out.transpose(0, 1).contiguous().cpu().numpy()
         res["last_token/keys"] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).contiguous().cpu().numpy()
@@ -584,7 +660,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         t0, n_tok, t_fwd, n_run = time.time(), 0, 0.0, 0
         bar = progress(total=n, desc=f"extract {model_name} {Path(prompts_path).stem}", unit="prompt")
         bar.update(sum(len(batches[j]) for j in done))
-        with stop:
+        with stop, BatchHooks(model, attention=attention) as hooks:  # registered once for every batch
             for j, idx in enumerate(batches):
                 if j in done:
                     continue
@@ -597,7 +673,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                                   sample_positions=[samples[i] for i in idx] if corpus else None,
                                   token_stats=corpus, prompt_ids=[pids[i] for i in idx], head=head, pad_id=pad_id,
                                   candidates=[cands[i] for i in idx] if cands is not None else None,
-                                  model_name=model_name)
+                                  model_name=model_name, hooks=hooks)
                 t_fwd += time.perf_counter() - tb  # forward pass, hooks and per-token statistics on the device
                 drain()  # the previous batch's write, which ran beside this forward
                 if pool is not None:
