@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from llmgeom.models import architectures as arch
+from llmgeom.extract import capture
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.capture import last_positions, pad_batch
@@ -362,6 +363,35 @@ def test_gemma3_query_pre_attn_scalar():
                                eager_entropies(eager, seqs), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
+def test_hooks_registered_once_give_the_values_of_one_registration_per_batch(family):
+    """One BatchHooks over three batches (as extract_to_hdf5 keeps it for its loop) gives, array for array and bit
+    for bit, what three extract_batch calls with their own registration give; a forward outside extract_batch
+    while the hooks are registered keeps nothing and fails nothing; every hook is gone on exit; a BatchHooks that
+    is inactive or for the other attention setting is refused."""
+    from llmgeom.extract.forward import BatchHooks
+
+    m = tiny(family)
+    batches = [[SEQ7, SEQ3], [LONG], [SEQ9, SEQ3, SEQ7]]
+    alone = [extract_batch(m, b, attention=True, top_k=5) for b in batches]
+    before = n_hooks(m)
+    with BatchHooks(m, attention=True) as hk:
+        assert n_hooks(m) > before
+        shared = []
+        for b in batches:
+            shared.append(extract_batch(m, b, attention=True, top_k=5, hooks=hk))
+            capture.run(m, capture.make_batch(m, b), session=hk.session)  # nothing kept, nothing raised
+        with pytest.raises(ValueError, match="attention=False"):
+            extract_batch(m, [SEQ3], attention=False, hooks=hk)
+    assert n_hooks(m) == before
+    with pytest.raises(ValueError, match="active BatchHooks"):
+        extract_batch(m, [SEQ3], attention=True, hooks=hk)
+    for a, b in zip(alone, shared):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
 def test_last_query_attention_known_answer():
     """GQA sharing, padding, window and soft-capping on hand-computed scores."""
     # B=2, H=2 query heads sharing H_kv=1 key head, T=4, hd=1
@@ -380,6 +410,27 @@ def test_last_query_attention_known_answer():
     torch.testing.assert_close(pc[0, 1], torch.softmax(2.0 * torch.tanh(torch.tensor([0.0, 2, 4, 6]) / 2.0), -1))
     pm = extraction.last_query_attention(q, k, last, mask, scaling=0.5)
     torch.testing.assert_close(pm[0, 1], p[0, 0])
+
+
+@pytest.mark.parametrize("H_kv, rep", [(3, 3), (1, 4), (4, 2), (2, 1)])  # GQA (SmolLM2), MQA (Gemma-3), MHA
+def test_last_query_attention_equals_the_repeated_keys_product_bit_for_bit(H_kv, rep):
+    """The per-group products equal, bit for bit, the product over keys repeated per query head (repeat_kv) and
+    the masked softmax of the scores, also where the keys arrive as a transposed view of [B, T, H_kv, hd] (as a
+    Llama layer's k_proj(...).view(...).transpose(1, 2) after RoPE)."""
+    g = torch.Generator().manual_seed(7)
+    B, T, hd = 5, 23, 64
+    H = H_kv * rep
+    q = torch.randn(B, H, T, hd, generator=g)
+    k_view = torch.randn(B, T, H_kv, hd, generator=g).transpose(1, 2)  # non-contiguous, as the model passes it
+    last = torch.tensor([22, 3, 10, 0, 17])
+    mask = (torch.arange(T)[None, :] <= last[:, None]).long()
+    for k in (k_view, k_view.contiguous()):
+        kr = k.contiguous().repeat_interleave(rep, dim=1) if rep > 1 else k
+        qb = q[torch.arange(B), :, last, :]
+        ref = torch.matmul(qb.unsqueeze(-2), kr.transpose(-1, -2)).squeeze(-2).mul_(0.125)
+        ref = torch.softmax(ref.masked_fill_(extraction.final_query_hidden_keys(last, mask, T, None, "cpu"),
+                                             float("-inf")), -1)
+        assert torch.equal(extraction.last_query_attention(q, k, last, mask, scaling=0.125), ref)
 
 
 def test_attention_outside_the_interface_is_refused():

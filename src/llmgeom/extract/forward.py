@@ -134,17 +134,26 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils``
     (causal, padding, ``sliding_window_overlay``).
     """
-    B, H, T, _ = query.shape
-    rep = H // key.shape[1]
+    B, H, T, hd = query.shape
+    H_kv = key.shape[1]
+    rep = H // H_kv
     dev = query.device
     last = last.to(dev)
     q = query[torch.arange(B, device=dev), :, last, :].float()  # [B, H, hd]
-    k = key.float()
-    if rep > 1:
-        k = k.repeat_interleave(rep, dim=1)
     # [B, H, 1, hd] @ [B, H, hd, T]: the batched product einsum("bhd,bhtd->bht") dispatches to, bit for bit
-    # (a grouped [B, H_kv, rep, hd] product without the repeat differs in the last bits), without its dispatch
-    scores = torch.matmul(q.unsqueeze(-2), k.transpose(-1, -2)).squeeze(-2).mul_(scaling)
+    if rep == 1:
+        scores = torch.matmul(q.unsqueeze(-2), key.float().transpose(-1, -2)).squeeze(-2)
+    else:
+        # query head h = g * rep + r reads key head g: for each r, [B, H_kv, 1, hd] @ [B, H_kv, hd, T], the same
+        # one-row products as [B, H, 1, hd] @ the keys repeated per head (repeat_kv, a contiguous copy), bit for
+        # bit, without the [B, H, T, hd] copy (a grouped [B, H_kv, rep, hd] product differs in the last bits). The
+        # keys are made contiguous as the repeat made them: the model may pass a transposed view of
+        # [B, T, H_kv, hd], and the product over that layout takes another kernel path (other last bits)
+        kT = key.float().contiguous().transpose(-1, -2)
+        qg = q.view(B, H_kv, rep, hd)
+        scores = torch.stack([torch.matmul(qg[:, :, r].unsqueeze(-2), kT).squeeze(-2) for r in range(rep)],
+                             dim=2).reshape(B, H, T)
+    scores = scores.mul_(scaling)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     if hidden is None:
@@ -680,6 +689,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     pending.append(pool.submit(write_batch, j, idx, r))
                 else:
                     write_batch(j, idx, r)
+                del r  # written (or owned by the writer): not held through the next batch's forward pass
                 n_run += 1
                 n_tok += sum(len(seqs[i]) for i in idx)
                 bar.update(len(idx))
