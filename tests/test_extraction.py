@@ -378,18 +378,40 @@ def test_hooks_registered_once_give_the_values_of_one_registration_per_batch(fam
     with BatchHooks(m, attention=True) as hk:
         assert n_hooks(m) > before
         shared = []
-        for b in batches:
+        for i, b in enumerate(batches):
             shared.append(extract_batch(m, b, attention=True, top_k=5, hooks=hk))
-            capture.run(m, capture.make_batch(m, b), session=hk.session)  # nothing kept, nothing raised
+            assert hk.cur is None
+            # another batch's length: a hook that still held this batch's buffers would refuse its activations
+            capture.run(m, capture.make_batch(m, batches[(i + 1) % 3]), session=hk.session)
         with pytest.raises(ValueError, match="attention=False"):
             extract_batch(m, [SEQ3], attention=False, hooks=hk)
+        session = hk.session
     assert n_hooks(m) == before
     with pytest.raises(ValueError, match="active BatchHooks"):
         extract_batch(m, [SEQ3], attention=True, hooks=hk)
+    with pytest.raises(ValueError, match="active hooked"):
+        capture.run(m, capture.make_batch(m, [SEQ3]), session=session)
     for a, b in zip(alone, shared):
         assert a.keys() == b.keys()
         for k in a:
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_row_index_gathers_what_advanced_indexing_gathers():
+    """RowIndex.take (rows_at) = t[bi, ti] bit for bit: into a new tensor, into a float32 buffer, cast from bf16;
+    an activation of another length or rank is refused (flat indices would pick other rows)."""
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(4, 6, 5, generator=g)
+    bi, ti = torch.tensor([3, 0, 0, 2]), torch.tensor([5, 0, 4, 1])
+    rows = capture.RowIndex(bi, ti, 6)
+    assert torch.equal(rows.take(t, "cpu"), t[bi, ti])
+    buf = torch.full((4, 5), float("nan"))
+    assert rows.take(t, "cpu", out=buf) is buf and torch.equal(buf, t[bi, ti])
+    assert torch.equal(rows.take(t.bfloat16(), "cpu", out=buf), t.bfloat16()[bi, ti].float())
+    assert torch.equal(capture.rows_at(t, bi, ti, "cpu"), t[bi, ti])
+    for bad in (torch.randn(4, 7, 5), torch.randn(4, 6, 2, 5)):
+        with pytest.raises(ValueError, match="T=6"):
+            rows.take(bad, "cpu")
 
 
 def test_last_query_attention_known_answer():

@@ -23,6 +23,7 @@ from llmgeom.core.store import CONTRACT_VERSION, StoreError, open_activations
 from llmgeom.prompts.io import write_prompt_set
 from llmgeom.models.loading import load_prepared
 
+from test_model_server import committed_batches
 from conftest import same_datasets
 
 FIX = r"run rule extract"  # "rerun rule extract" contains it too
@@ -662,12 +663,13 @@ def test_interrupted_extraction_resumes_to_the_same_bytes(setup, uninterrupted, 
 
 @pytest.mark.parametrize("when", ["last batch", "commit"])
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_signal_after_the_last_batch_started_commits_the_complete_file(setup, uninterrupted, tmp_path, monkeypatch,
-                                                                        sig, when):
-    """SIGTERM / SIGUSR1 once the last batch has started (a scancel or SLURM's warning that lands at the end of an
-    extraction), or during the commit itself: every batch is done, so the file is committed complete (the same
-    bytes as an uninterrupted run, no ``.partial`` left) with a log line naming the signal; the process is not
-    killed half way through the commit (SIGTERM's default action), and the handler is restored after."""
+def test_signal_after_the_last_batch_started(setup, uninterrupted, tmp_path, monkeypatch, sig, when):
+    """A signal once the last batch has started (a scancel or SLURM's warning that lands at the end of an
+    extraction), or during the commit itself. SIGTERM during the last batch (the job is ending; Snakemake removes
+    a failed job's outputs): stopped with all 5 batches in the partial file, and the rerun computes nothing, only
+    commits. SIGUSR1 there (the warning: time left), and either signal during the commit: the file is committed
+    complete (the same bytes as an uninterrupted run, no ``.partial`` left) with a log line naming the signal; the
+    process is never killed half way through the commit (SIGTERM's default action); the handler is restored."""
     from llmgeom.core.store import ActivationWriter
 
     out, logs = tmp_path / "r.h5", []
@@ -690,12 +692,23 @@ def test_signal_after_the_last_batch_started_commits_the_complete_file(setup, un
             return real_commit(self)
 
         monkeypatch.setattr(ActivationWriter, "commit", commit)
-    assert extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append,
-                                      **RESUME_KW) == out
+    run = lambda: extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append,  # noqa: E731
+                                             **RESUME_KW)
+    if when == "last batch" and sig == signal.SIGTERM:
+        with pytest.raises(extraction.ExtractionInterrupted, match=f"after {n_batches} of {n_batches} batches"):
+            run()
+        assert not out.exists() and committed_batches(tmp_path / "r.h5.partial") == n_batches
+        monkeypatch.setattr(extraction, "extract_batch", _REAL_EXTRACT_BATCH)
+        again = _counting(monkeypatch)
+        assert run() == out and again == []  # nothing computed: verified and committed
+        assert any(f"resumed; {n_batches} of {n_batches} batches were committed before, 0 computed now" in m
+                   for m in logs), logs
+    else:
+        assert run() == out
+        assert any(f"{signal.Signals(sig).name} arrived after the last batch" in m and f"all {n_batches} batches"
+                   in m for m in logs), logs
     assert signal.getsignal(sig) is signal.SIG_DFL
     assert not (tmp_path / "r.h5.partial").exists()
-    assert any(f"{signal.Signals(sig).name} arrived after the last batch" in m and f"all {n_batches} batches" in m
-               for m in logs), logs
     same_datasets(uninterrupted, out)
     open_activations(out, model="tiny-llama").close()
 

@@ -272,7 +272,8 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
     Yields:
         a dict: ``"handles"`` (the torch hook handles, one per module point), ``"batch"`` (set by
         :func:`run`), ``"attention_seen"`` (layers whose attention went through the attention
-        interface, when ``hook_z``/``hook_qk`` points are hooked).
+        interface in the current :func:`run`, when ``hook_z``/``hook_qk`` points are hooked), ``"model"``,
+        ``"active"`` (False once the context has exited).
 
     Raises:
         KeyError: an unknown point name. IndexError: a layer outside the model.
@@ -280,7 +281,7 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
     blocks = arch.decoder_layers(model)
     fused = arch.family_for(model.config).qkv != "separate"
     parsed = [(name, *_parse(name, len(blocks)), _as_list(fns)) for name, fns in hooks.items()]
-    state: dict = {"handles": [], "batch": None, "attention_seen": [], "global": {}}
+    state: dict = {"handles": [], "batch": None, "attention_seen": [], "global": {}, "model": model, "active": True}
     attn: dict[int, dict[str, list]] = {}
     try:
         for name, kind, layer, fns in parsed:
@@ -311,6 +312,7 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
                 state["attention_layers"] = sorted(attn)
             yield state
     finally:
+        state["active"] = False
         for h in state["handles"]:
             h.remove()
         state["handles"].clear()
@@ -338,10 +340,13 @@ def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None =
     Raises:
         UnsupportedArchitectureError: ``hook_z``/``hook_qk`` were hooked but a layer's attention did not
             go through transformers' attention interface (names the fix: sdpa).
-        ValueError: both ``hooks`` and ``session`` given.
+        ValueError: both ``hooks`` and ``session`` given, or ``session`` inactive or of another model.
     """
     if session is not None and hooks:
         raise ValueError("capture.run: pass hooks or an active hooked() session, not both")
+    if session is not None and not (session.get("active") and session.get("model") is model):
+        raise ValueError("capture.run: session must be the state of an active hooked() context on this model "
+                         "(its with-block has ended, or it hooks another model)")
     ctx = contextlib.nullcontext(session) if session is not None else hooked(model, hooks or {})
     with torch.inference_mode(), ctx as st:
         st["batch"] = batch
@@ -396,9 +401,9 @@ class RowIndex:
         as advanced indexing (a gather).
 
         Raises:
-            ValueError: ``t``'s second axis is not this index's T."""
-        if t.shape[1] != self.T:
-            raise ValueError(f"RowIndex built for T={self.T}, activation has shape {tuple(t.shape)}")
+            ValueError: ``t`` is not [B, T, F] with this index's T."""
+        if t.dim() != 3 or t.shape[1] != self.T:
+            raise ValueError(f"RowIndex built for [B, T={self.T}, F] activations, got shape {tuple(t.shape)}")
         x = t.reshape(-1, t.shape[-1])
         flat = self.flat(t.device)
         if out is None:

@@ -10,7 +10,9 @@ change any stored value (tests/test_extraction.py).
 The pre-norm residual stream comes from ``blocks.<l>.hook_resid_post`` (``hidden_states[-1]`` is
 post-norm in most families). ``extract_to_hdf5`` is resumable: the ``.partial`` file records its
 committed batches (checksummed) and a rerun with the same inputs continues from there; SIGUSR1 /
-SIGTERM stop it cleanly after the batch in flight (:class:`ExtractionInterrupted`).
+SIGTERM stop it cleanly after the batch in flight (:class:`ExtractionInterrupted`; a SIGUSR1 after the last
+batch started, or any signal during the commit, lets the complete file be committed). The hooks are
+registered once per ``extract_to_hdf5`` call (:class:`BatchHooks`), not once per batch.
 
 Source: DESIGN.md sections 2 and 4; Paper III sec. 4 (last-token values, keys,
 attention entropy); LSM (token-level margins, residual samples); issue 18 item 3 (resume).
@@ -146,7 +148,8 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     else:
         # query head h = g * rep + r reads key head g: for each r, [B, H_kv, 1, hd] @ [B, H_kv, hd, T], the same
         # one-row products as [B, H, 1, hd] @ the keys repeated per head (repeat_kv, a contiguous copy), bit for
-        # bit, without the [B, H, T, hd] copy (a grouped [B, H_kv, rep, hd] product differs in the last bits). The
+        # bit on CPU (tests/test_extraction.py; not checked on CUDA, where cuBLAS picks kernels by batch count),
+        # without the [B, H, T, hd] copy (a grouped [B, H_kv, rep, hd] product differs in the last bits). The
         # keys are made contiguous as the repeat made them: the model may pass a transposed view of
         # [B, T, H_kv, hd], and the product over that layout takes another kernel path (other last bits)
         kT = key.float().contiguous().transpose(-1, -2)
@@ -167,7 +170,7 @@ class _BatchBuffers:
     def __init__(self, hk: "BatchHooks", batch, names: list[str], mname: str, sample_positions, locate: bool):
         dev, s = hk.device, hk.summary
         L, B = s.n_layers, len(names)
-        self.batch, self.names, self.mname, self.locate = batch, names, mname, locate
+        self.names, self.mname, self.locate = names, mname, locate
         self.valid = batch.mask.bool()
         self.T = batch.ids.shape[1]
         self.last = batch.last
@@ -344,10 +347,10 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     """
     if hooks is None:
         with BatchHooks(model, attention=attention) as own:
-            return extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
-                                 token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
-                                 candidates=candidates, model_name=model_name,
-                                 locate_non_finite=locate_non_finite, hooks=own)
+            return _extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
+                                  token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
+                                  candidates=candidates, model_name=model_name,
+                                  locate_non_finite=locate_non_finite, hooks=own)
     if hooks.session is None or hooks.model is not model or hooks.attention != bool(attention):
         raise ValueError("extract_batch: hooks must be an active BatchHooks (with BatchHooks(model, attention=...)) "
                          f"on this model with attention={bool(attention)}")
@@ -356,7 +359,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     s = hooks.summary
     head = head or Float32Head(model)
     batch = capture.make_batch(model, seqs, pad_id)
-    ids, last, b_idx = batch.ids, batch.last, batch.rows
+    ids = batch.ids
     B = len(seqs)
     names = prompt_ids or [str(i) for i in range(B)]
     L = s.n_layers
@@ -370,9 +373,9 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     except NonFiniteActivationError:
         if locate_non_finite:
             raise
-        return extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
-                             token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
-                             candidates=candidates, model_name=model_name, locate_non_finite=True, hooks=hooks)
+        return _extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
+                              token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
+                              candidates=candidates, model_name=model_name, locate_non_finite=True, hooks=hooks)
     finally:
         hooks.cur = None
     with torch.inference_mode():
@@ -447,6 +450,11 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     return res
 
 
+#: the recursion of extract_batch (its own registration; the located rerun) calls the function itself, not
+#: whatever the module's name is bound to (tests and shims wrap extract_batch per batch)
+_extract_batch = extract_batch
+
+
 def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int | None, truncate: bool,
                      context: int | None) -> list[list[int]]:
     """Token ids per prompt (with the tokenizer's special tokens).
@@ -495,8 +503,10 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     is discarded with a log line. SIGUSR1 / SIGTERM (e.g. SLURM ``--signal=USR1@<s>``, which reaches every
     job step and so the model server's; or the server's own stop request, ``model_server._request_stop``):
     the batch in flight finishes and is committed, the partial is flushed and closed, and
-    :class:`ExtractionInterrupted` is raised. A signal that arrives once the last batch has started (or during
-    the commit) stops nothing: the file is committed as complete, with a log line naming the signal.
+    :class:`ExtractionInterrupted` is raised. Once the last batch has started: SIGTERM (the job is ending)
+    still stops it, with every batch in the partial file (the rerun only verifies and commits); SIGUSR1 (SLURM's
+    warning, time left) and any signal during the commit stop nothing: the file is committed as complete, with a
+    log line naming the signal.
 
     ``candidates_key`` (``llmgeom.prompts.io.CANDIDATES_KEY`` for SULA and wind-tunnel sets) names a list of token ids in every
     prompt's meta (same length C for all prompts); their next-token log-probabilities at the final
@@ -696,8 +706,13 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                 bar.set_postfix(tokens=n_tok, refresh=False)
             drain()
             bar.close()
-            # still inside the stop handler: a SIGTERM / SIGUSR1 from here on (after the last batch's check, or
-            # during the commit) must not kill the process half way through the commit; every batch is done
+            if stop.signum == signal.SIGTERM:
+                # the job is ending (scancel, preemption, the time limit) and Snakemake removes the outputs of a
+                # failed job: keep every batch in the partial file, so that the rerun only verifies and commits
+                n_done = len(w.done_batches())
+                raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
+            # still inside the stop handler: a signal from here on (SLURM's warning, SIGUSR1, after the last
+            # batch's check; or any during the commit) must not kill the process half way through the commit
             if done:
                 log(f"[extract] {model_name} {Path(prompts_path).stem}: resumed; {len(done)} of {len(batches)} "
                     f"batches were committed before, {n_run} computed now")
@@ -707,8 +722,8 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             out = w.commit()
             if stop.signum is not None:
                 log(f"[extract] {model_name} {Path(prompts_path).stem}: {signal.Signals(stop.signum).name} arrived "
-                    f"after the last batch had started: all {len(batches)} batches were done, so the file was "
-                    f"committed ({out}) instead of stopped")
+                    f"after the last batch had started (or during the commit): all {len(batches)} batches were "
+                    f"done, so the file was committed ({out}) instead of stopped")
         return out
     except ExtractionInterrupted as e:
         log(f"[extract] {e}")
