@@ -447,9 +447,9 @@ def test_last_query_attention_equals_the_repeated_keys_product_bit_for_bit(H_kv,
     last = torch.tensor([22, 3, 10, 0, 17])
     mask = (torch.arange(T)[None, :] <= last[:, None]).long()
     for k in (k_view, k_view.contiguous()):
-        kr = k.contiguous().repeat_interleave(rep, dim=1) if rep > 1 else k
+        kr = k.repeat_interleave(rep, dim=1) if rep > 1 else k  # repeat_kv: one key head per query head
         qb = q[torch.arange(B), :, last, :]
-        ref = torch.matmul(qb.unsqueeze(-2), kr.transpose(-1, -2)).squeeze(-2).mul_(0.125)
+        ref = torch.einsum("bhd,bhtd->bht", qb, kr).mul_(0.125)  # the formulation the product replaced
         ref = torch.softmax(ref.masked_fill_(extraction.final_query_hidden_keys(last, mask, T, None, "cpu"),
                                              float("-inf")), -1)
         assert torch.equal(extraction.last_query_attention(q, k, last, mask, scaling=0.125), ref)

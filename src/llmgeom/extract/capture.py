@@ -385,9 +385,6 @@ class RowIndex:
         self.bi, self.ti, self.T = bi, ti, int(T)
         self._flat: dict = {}
 
-    def __len__(self) -> int:
-        return len(self.bi)
-
     def flat(self, device) -> torch.Tensor:
         """[n] long on ``device``: ``bi * T + ti``."""
         f = self._flat.get(device)

@@ -655,6 +655,11 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     pool = ThreadPoolExecutor(1, thread_name_prefix="llmgeom-h5-writer") if write_behind else None
     pending: list = []
 
+    def stopped():
+        """Close the partial file with the batches committed so far and raise ExtractionInterrupted."""
+        n_done = len(w.done_batches())  # before the file is closed
+        raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
+
     def drain(raise_errors: bool = True) -> None:
         """Wait for the write in flight; its error is raised (``raise_errors``) or dropped. A wait that is
         itself interrupted (Ctrl-C) leaves the write pending, so the handler's drain waits for it again."""
@@ -685,8 +690,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     continue
                 if stop.signum is not None:
                     drain()
-                    n_done = len(w.done_batches())
-                    raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
+                    stopped()
                 tb = time.perf_counter()
                 r = extract_batch(model, [seqs[i] for i in idx], attention=attention, top_k=top_k,
                                   sample_positions=[samples[i] for i in idx] if corpus else None,
@@ -709,8 +713,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             if stop.signum == signal.SIGTERM:
                 # the job is ending (scancel, preemption, the time limit) and Snakemake removes the outputs of a
                 # failed job: keep every batch in the partial file, so that the rerun only verifies and commits
-                n_done = len(w.done_batches())
-                raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
+                stopped()
             # still inside the stop handler: a signal from here on (SLURM's warning, SIGUSR1, after the last
             # batch's check; or any during the commit) must not kill the process half way through the commit
             if done:
