@@ -368,7 +368,7 @@ def test_hooks_registered_once_give_the_values_of_one_registration_per_batch(fam
     """One BatchHooks over three batches (as extract_to_hdf5 keeps it for its loop) gives, array for array and bit
     for bit, what three extract_batch calls with their own registration give; a forward outside extract_batch
     while the hooks are registered keeps nothing and fails nothing; every hook is gone on exit; a BatchHooks that
-    is inactive or for the other attention setting is refused."""
+    is inactive or for the other attention setting is refused, and so are a session plus other hooks in one pass."""
     from llmgeom.extract.forward import BatchHooks
 
     m = tiny(family)
@@ -385,6 +385,9 @@ def test_hooks_registered_once_give_the_values_of_one_registration_per_batch(fam
             capture.run(m, capture.make_batch(m, batches[(i + 1) % 3]), session=hk.session)
         with pytest.raises(ValueError, match="attention=False"):
             extract_batch(m, [SEQ3], attention=False, hooks=hk)
+        with pytest.raises(ValueError, match="not both"):  # a session's hooks and another set in one pass
+            capture.run(m, capture.make_batch(m, [SEQ3]), {capture.point_name("hook_resid_post", 0): lambda t, pt: None},
+                        session=hk.session)
         session = hk.session
     assert n_hooks(m) == before
     with pytest.raises(ValueError, match="active BatchHooks"):

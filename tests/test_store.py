@@ -661,15 +661,18 @@ def test_interrupted_extraction_resumes_to_the_same_bytes(setup, uninterrupted, 
     open_activations(out, model="tiny-llama").close()
 
 
+@pytest.mark.parametrize("write_behind", [False, True], ids=["in-loop", "write-behind"])
 @pytest.mark.parametrize("when", ["last batch", "commit"])
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_signal_after_the_last_batch_started(setup, uninterrupted, tmp_path, monkeypatch, sig, when):
+def test_signal_after_the_last_batch_started(setup, uninterrupted, tmp_path, monkeypatch, sig, when, write_behind):
     """A signal once the last batch has started (a scancel or SLURM's warning that lands at the end of an
     extraction), or during the commit itself. SIGTERM during the last batch (the job is ending; Snakemake removes
     a failed job's outputs): stopped with all 5 batches in the partial file, and the rerun computes nothing, only
     commits. SIGUSR1 there (the warning: time left), and either signal during the commit: the file is committed
     complete (the same bytes as an uninterrupted run, no ``.partial`` left) with a log line naming the signal; the
-    process is never killed half way through the commit (SIGTERM's default action); the handler is restored."""
+    process is never killed half way through the commit (SIGTERM's default action); the handler is restored. The
+    same with the writer thread (``write_behind``, the default on accelerators), whose last write is still in flight
+    when the signal lands."""
     from llmgeom.core.store import ActivationWriter
 
     out, logs = tmp_path / "r.h5", []
@@ -693,7 +696,7 @@ def test_signal_after_the_last_batch_started(setup, uninterrupted, tmp_path, mon
 
         monkeypatch.setattr(ActivationWriter, "commit", commit)
     run = lambda: extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append,  # noqa: E731
-                                             **RESUME_KW)
+                                             write_behind=write_behind, **RESUME_KW)
     if when == "last batch" and sig == signal.SIGTERM:
         with pytest.raises(extraction.ExtractionInterrupted, match=f"after {n_batches} of {n_batches} batches"):
             run()

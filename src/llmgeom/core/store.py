@@ -316,6 +316,8 @@ class ActivationWriter:
         self.n_batches = int(n_batches)
         self.log = log
         self._pending: dict = {}
+        self._datasets: dict = {}  # name -> h5py.Dataset of self.f (a lookup by path costs ~0.1 ms; ~10 per batch)
+        self._datasets_of = None  # the file those handles belong to (a discarded partial is recreated)
         self.f = None
         self.resumed = False
         if self.tmp.exists() and resume_key is not None:
@@ -435,12 +437,22 @@ class ActivationWriter:
         """Start a batch: what is written from here to :meth:`commit_batch` goes into its digest."""
         self._pending.clear()
 
+    def _dataset(self, name: str) -> h5py.Dataset:
+        """``self.f[name]``, the handle kept for the file's lifetime (a new file, e.g. a discarded partial
+        recreated, starts a new set)."""
+        if self._datasets_of is not self.f:
+            self._datasets, self._datasets_of = {}, self.f
+        ds = self._datasets.get(name)
+        if ds is None:
+            ds = self._datasets[name] = self.f[name]
+        return ds
+
     def write(self, name: str, rows, values) -> None:
         """Write ``values`` at row indices ``rows`` (sorted int array or slice) of dataset ``name``."""
         v = np.asarray(values) if not isinstance(values, list) else values
         if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
             raise ValueError(f"refusing to store non-finite values in {name}")
-        ds = self.f[name]
+        ds = self._dataset(name)
         if self.resume_key is not None and isinstance(v, np.ndarray):
             idx = _row_index(rows)
             prev = self._pending.get(name)
@@ -468,8 +480,8 @@ class ActivationWriter:
         if self.resume_key is None:
             self._pending.clear()
             return
-        self.f["resume/sha256"][j] = batch_digest(self._pending).encode()
-        self.f["resume/done"][j] = 1
+        self._dataset("resume/sha256")[j] = batch_digest(self._pending).encode()
+        self._dataset("resume/done")[j] = 1
         self._pending.clear()
         self.f.flush()
 
