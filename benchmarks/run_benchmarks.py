@@ -14,7 +14,10 @@
   Default: SmolLM2-135M prepared by the workflow (resources/models/smollm2-135m), CPU, float32, batch 16,
   the ``mixed`` prompt set (~38 tokens). Targets (issue 21 item 4): full >= 0.95x the body-only tokens/s;
   peak RSS <= 1.2x the body's at ``--long-n`` prompts of ``--long-tokens`` tokens (batch ``--long-batch``);
-  the corpus rate of ``--corpus-model-dir`` (Gemma-3-270M: the 262k-token unembedding).
+  the corpus rate of ``--corpus-model-dir`` (Gemma-3-270M: the 262k-token unembedding). After the rounds,
+  where a full pass goes (forward with the hooks' gathers, float32 head, final-query attention entropy,
+  statistics, HDF5 writes, setup and commit; ms per pass and share of the body-only pass), so that a
+  slowdown shows up where it happens.
 * ``dryrun``: ``snakemake -n`` wall time on an N-model config (the default study's analyses, N tiny
   random models; ``--n-models 20 100 500`` runs each size in turn, issue 21 point 6) after a full run. The "full run" goes through the SLURM executor plugin to the stub
   sbatch of tests/slurm_stub.py, which creates every job's outputs without running its code; Snakemake
@@ -205,13 +208,70 @@ def child_pairs(args) -> dict:
         loads.append(load()[0])
     h5_bytes = out.stat().st_size
     out.unlink()
+    costs = _extraction_costs(full, passes=max(3, args.rounds // 4))
     return {"n_prompts": n, "n_tokens": n_tok, "seconds": secs, "cpu_seconds": cpu, "load_per_round": loads,
-            "h5_bytes": h5_bytes,
+            "h5_bytes": h5_bytes, "costs_ms_per_pass": costs,
             "ratio_vs_body_per_round": [b / f for b, f in zip(secs["body"], secs["full"])],
             "ratio_vs_bare_per_round": [b / f for b, f in zip(secs["bare"], secs["full"])],
             "ratio_vs_body_nocache_per_round": [b / f for b, f in zip(secs["body_nocache"], secs["full"])],
             # CPU time of all the process's threads (the writer's too): the work, less sensitive to other load
             "cpu_ratio_vs_body_per_round": [b / f for b, f in zip(cpu["body"], cpu["full"])]}
+
+
+def _extraction_costs(full, passes: int) -> dict:
+    """Where ``full()`` (one ``extract_to_hdf5`` pass) spends its time, ms per pass (median of ``passes`` passes
+    run after the timed rounds): the package's functions timed by wrapping their module names in this process
+    (as the tests' shims do); the wrappers add ~1 us per call. Keys: ``pass`` (the whole call); ``forward``
+    (``capture.run`` without the head and the final-query attention: the decoder's forward with the other hooks,
+    the gathers of the residual stream, keys, values and attention outputs); ``head`` (``Float32Head`` at the
+    final tokens); ``attention_entropy`` (``last_query_attention`` + ``attention_row_entropy``, in the
+    attention hook); ``statistics`` (``extract_batch`` after ``capture.run``: next-token entropy, top-k, copies to
+    numpy, the buffers); ``hdf5`` (``ActivationWriter.write`` + ``commit_batch``: non-finite check, Fletcher-32,
+    per-batch sha256, flush); ``setup_commit`` (the rest: prompt file, tokenization, file creation, hook
+    registration, final commit)."""
+    import collections
+
+    import llmgeom.core.store as store
+    import llmgeom.extract.capture as capture
+    import llmgeom.extract.forward as fwd
+
+    acc: dict = collections.defaultdict(float)
+    restore = []
+
+    def wrap(owner, name, key):
+        orig = getattr(owner, name)
+
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return orig(*args, **kw)
+            finally:
+                acc[key] += time.perf_counter() - t
+        setattr(owner, name, timed)
+        restore.append((owner, name, orig))
+
+    for owner, name, key in ((fwd, "extract_batch", "extract_batch"), (capture, "run", "run"),
+                             (capture.Float32Head, "__call__", "head"), (fwd, "last_query_attention", "lqa"),
+                             (fwd, "attention_row_entropy", "entr"), (store.ActivationWriter, "write", "write"),
+                             (store.ActivationWriter, "commit_batch", "commit_batch")):
+        wrap(owner, name, key)
+    per: dict = collections.defaultdict(list)
+    try:
+        for _ in range(passes):
+            acc.clear()
+            t = time.perf_counter()
+            full()
+            acc["pass"] = time.perf_counter() - t
+            parts = {"pass": acc["pass"], "head": acc["head"], "attention_entropy": acc["lqa"] + acc["entr"],
+                     "forward": acc["run"] - acc["head"] - acc["lqa"] - acc["entr"],
+                     "statistics": acc["extract_batch"] - acc["run"], "hdf5": acc["write"] + acc["commit_batch"]}
+            parts["setup_commit"] = acc["pass"] - acc["extract_batch"] - parts["hdf5"]
+            for k, v in parts.items():
+                per[k].append(v * 1e3)
+    finally:
+        for owner, name, orig in restore:
+            setattr(owner, name, orig)
+    return {k: statistics.median(v) for k, v in per.items()}
 
 
 def _child_cmd(a, variant, prompts, batch, out, passes=None, corpus=False, model_dir=None) -> list:
@@ -259,6 +319,11 @@ def bench_extraction(a) -> dict:
         print(f"  [in-process] full / body without a KV cache per round: "
               f"{', '.join(f'{x:.3f}' for x in pairs['ratio_vs_body_nocache_per_round'])} "
               f"(median {statistics.median(pairs['ratio_vs_body_nocache_per_round']):.3f})", flush=True)
+        c = pairs["costs_ms_per_pass"]
+        body_ms = 1e3 * statistics.median(pairs["seconds"]["body"])
+        print("  [in-process] where a full pass goes, ms (share of the body-only pass, "
+              f"{body_ms:.0f} ms): " + ", ".join(f"{k} {v:.0f} ({100 * v / body_ms:.1f}%)" for k, v in c.items()),
+              flush=True)
         runs = _rounds(a, a.prompts, a.batch, tmp, env)
         if a.long_n:  # peak memory at long prompts (issue 21 item 4: <= 1.2x the body's at ~1,024 tokens)
             sys.path.insert(0, str(REPO / "benchmarks"))
@@ -302,6 +367,8 @@ def bench_extraction(a) -> dict:
         "body_nocache_tokens_per_s": tps["body_nocache"],
         "throughput_ratio_vs_body_nocache": statistics.median(pairs["ratio_vs_body_nocache_per_round"]),
         "cpu_ratio_vs_body": statistics.median(pairs["cpu_ratio_vs_body_per_round"]),
+        "costs_ms_per_pass": pairs["costs_ms_per_pass"],
+        "body_ms_per_pass": 1e3 * statistics.median(pairs["seconds"]["body"]),
         "load_per_round": pairs["load_per_round"],
         "bare_peak_rss_mib": med["bare"]["peak_rss_mib"], "full_peak_rss_mib": med["full"]["peak_rss_mib"],
         "rss_ratio": med["full"]["peak_rss_mib"] / med["bare"]["peak_rss_mib"],
@@ -511,6 +578,13 @@ def markdown(res: dict) -> str:
                   f"Per round full / body: {', '.join(f'{x:.2f}' for x in e.get('throughput_ratio_vs_body_per_pair', []))}"
                   + (f"; CPU time body / full (all threads, less sensitive to other load): median "
                      f"{e['cpu_ratio_vs_body']:.3f}" if "cpu_ratio_vs_body" in e else "") + "."]
+        if e.get("costs_ms_per_pass"):
+            c, body_ms = e["costs_ms_per_pass"], e["body_ms_per_pass"]
+            lines += ["", f"Where a full pass goes (ms per pass, median of {max(3, e['rounds'] // 4)} passes after the "
+                      f"rounds; share of the body-only pass, {body_ms:.0f} ms): "
+                      + ", ".join(f"{k.replace('_', ' ')} {v:.0f} ({100 * v / body_ms:.1f}%)" for k, v in c.items())
+                      + ". The forward includes the hooks' gathers; the head, the final-query attention entropy, "
+                      "the statistics and the HDF5 writes are work the body-only forward does not do."]
         if e.get("long"):
             lg = e["long"]
             lines += ["", f"Long prompts ({lg['n_prompts']} x ~{lg['tokens']} tokens, batch {lg['batch']}): peak RSS full / body "
