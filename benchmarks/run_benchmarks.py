@@ -223,12 +223,14 @@ def _extraction_costs(full, passes: int) -> dict:
     run after the timed rounds): the package's functions timed by wrapping their module names in this process
     (as the tests' shims do); the wrappers add ~1 us per call. Keys: ``pass`` (the whole call); ``forward``
     (``capture.run`` without the head and the final-query attention: the decoder's forward with the other hooks,
-    the gathers of the residual stream, keys, values and attention outputs); ``head`` (``Float32Head`` at the
-    final tokens); ``attention_entropy`` (``last_query_attention`` + ``attention_row_entropy``, in the
-    attention hook); ``statistics`` (``extract_batch`` after ``capture.run``: next-token entropy, top-k, copies to
-    numpy, the buffers); ``hdf5`` (``ActivationWriter.write`` + ``commit_batch``: non-finite check, Fletcher-32,
-    per-batch sha256, flush); ``setup_commit`` (the rest: prompt file, tokenization, file creation, hook
-    registration, final commit)."""
+    the gathers of the residual stream, keys, values and attention outputs, the hidden-key masks); ``head``
+    (``Float32Head`` inside ``capture.run``: the final tokens); ``attention_entropy`` (``last_query_attention`` +
+    ``attention_row_entropy``, in the attention hook); ``statistics`` (``extract_batch`` outside ``capture.run``:
+    the batch and its buffers, the final-norm check, next-token entropy, top-k, copies to numpy; for corpus sets
+    also the per-position head and statistics); ``hdf5`` (``ActivationWriter.write`` + ``commit_batch``, the
+    ``prompts/*`` writes before the loop included: non-finite check, Fletcher-32, per-batch sha256, flush);
+    ``setup_commit`` (the rest: prompt file, tokenization, file creation, the resume check, hook registration,
+    final commit and rename)."""
     import collections
 
     import llmgeom.core.store as store
@@ -237,16 +239,20 @@ def _extraction_costs(full, passes: int) -> dict:
 
     acc: dict = collections.defaultdict(float)
     restore = []
+    in_run = [0]  # depth of capture.run calls: the head counts as "head" only there (corpus statistics call it too)
 
     def wrap(owner, name, key):
         orig = getattr(owner, name)
 
         def timed(*args, **kw):
             t = time.perf_counter()
+            in_run[0] += key == "run"
             try:
                 return orig(*args, **kw)
             finally:
-                acc[key] += time.perf_counter() - t
+                in_run[0] -= key == "run"
+                if key != "head" or in_run[0]:
+                    acc[key] += time.perf_counter() - t
         setattr(owner, name, timed)
         restore.append((owner, name, orig))
 

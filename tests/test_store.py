@@ -355,6 +355,27 @@ def test_open_accepts_good_file_and_is_read_only(setup):
     assert isinstance(StoreError("x"), ValueError)
 
 
+def test_writer_handles_follow_a_recreated_partial(tmp_path):
+    """The writer keeps each dataset's handle; when a committed batch fails its digest the partial is discarded and
+    recreated, and the writes after that land in the new file (a handle kept from the closed file would raise),
+    which then holds only them."""
+    shapes = {"last_token/residual": ((4, 2, 3), "float32")}
+    logs = []
+    w = store.ActivationWriter(tmp_path / "w.h5", {"model": "m"}, shapes, resume_key="k", n_batches=2,
+                               log=logs.append)
+    w.begin_batch()
+    w.write("last_token/residual", np.array([0, 2]), np.ones((2, 2, 3), np.float32))
+    w.commit_batch(0)
+    # the rows named for batch 0 are not the ones it wrote: its digest fails, the partial is recreated empty
+    assert len(w.verify_batches(lambda j: {"last_token/residual": np.array([1, 3])})) == 0
+    assert any("cannot be trusted" in m for m in logs), logs
+    w.begin_batch()
+    w.write("last_token/residual", np.array([3, 1]), np.stack([np.full((2, 3), 3.0), np.full((2, 3), 1.0)]))
+    w.commit_batch(0)
+    with open_activations(w.commit(), model="m") as f:
+        np.testing.assert_array_equal(f["last_token/residual"][:, 0, 0], [0.0, 1.0, 0.0, 3.0])
+
+
 def test_writer_refuses_non_finite_and_abort_removes_partial(tmp_path):
     out = tmp_path / "w.h5"
     w = store.ActivationWriter(out, {"model": "m", "architecture": {"a": 1}, "revision": None},
@@ -697,8 +718,7 @@ def test_signal_after_the_last_batch_started(setup, uninterrupted, tmp_path, mon
     commits. SIGUSR1 there (the warning: time left), and either signal during the commit: the file is committed
     complete (the same bytes as an uninterrupted run, no ``.partial`` left) with a log line naming the signal; the
     process is never killed half way through the commit (SIGTERM's default action); the handler is restored. The
-    same with the writer thread (``write_behind``, the default on accelerators), whose last write is still in flight
-    when the signal lands."""
+    same with the writer thread (``write_behind``, the default on accelerators)."""
     from llmgeom.core.store import ActivationWriter
 
     out, logs = tmp_path / "r.h5", []

@@ -423,6 +423,7 @@ class ActivationWriter:
                      "extracting from the start")
             attrs = {k: v for k, v in self.f.attrs.items()
                      if k not in ("contract_version", "created", "versions", "complete", "resume_key")}
+            self._forget_datasets()
             self.f.close()
             self.tmp.unlink()
             self.resumed = False
@@ -436,6 +437,12 @@ class ActivationWriter:
     def begin_batch(self) -> None:
         """Start a batch: what is written from here to :meth:`commit_batch` goes into its digest."""
         self._pending.clear()
+
+    def _forget_datasets(self) -> None:
+        """Drop the kept handles (before the file closes or a group is deleted: HDF5 frees a deleted dataset's
+        space only once no handle holds it, so a held ``resume/*`` handle at :meth:`commit` would leave its bytes
+        in the file)."""
+        self._datasets, self._datasets_of = {}, None
 
     def _dataset(self, name: str) -> h5py.Dataset:
         """``self.f[name]``, the handle kept for the file's lifetime (a new file, e.g. a discarded partial
@@ -488,6 +495,7 @@ class ActivationWriter:
     def close_partial(self) -> Path:
         """Flush and close, keeping ``<path>.partial`` for a later resume (a stop by signal)."""
         self._pending.clear()
+        self._forget_datasets()
         self.f.flush()
         self.f.close()
         return self.tmp
@@ -495,6 +503,7 @@ class ActivationWriter:
     def commit(self) -> Path:
         """Record the sha256 of every string dataset, mark complete, close, and atomically rename
         to the final path."""
+        self._forget_datasets()
         if "resume" in self.f:
             del self.f["resume"]
         if "resume_key" in self.f.attrs:
@@ -511,6 +520,7 @@ class ActivationWriter:
     def abort(self) -> None:
         """Close and delete the partial file."""
         try:
+            self._forget_datasets()
             self.f.close()
         finally:
             self.tmp.unlink(missing_ok=True)
