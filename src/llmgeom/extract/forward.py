@@ -170,7 +170,7 @@ class _BatchBuffers:
     def __init__(self, hk: "BatchHooks", batch, names: list[str], mname: str, sample_positions, locate: bool):
         dev, s = hk.device, hk.summary
         L, B = s.n_layers, len(names)
-        self.names, self.mname, self.locate = names, mname, locate
+        self.names, self.mname, self.locate, self.dtype = names, mname, locate, hk.dtype
         self.valid = batch.mask.bool()
         self.T = batch.ids.shape[1]
         self.last = batch.last
@@ -198,7 +198,7 @@ class _BatchBuffers:
         self.attn_ent = nan(L, B, s.n_heads) if hk.attention else None
         self.hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see
 
-    def check(self, t: torch.Tensor, where: str, dtype) -> None:
+    def check(self, t: torch.Tensor, where: str) -> None:
         """Raise NonFiniteActivationError at the first real token of ``t`` [B, T, d] with a non-finite value."""
         # fast path, one reduction: a finite sum means every element is finite (a NaN/inf propagates into
         # it); a non-finite sum (also a finite overflow, or a non-finite value on padding) takes the exact test
@@ -211,7 +211,7 @@ class _BatchBuffers:
             bi, ti = (int(x) for x in bad.nonzero()[0][:2])
             raise NonFiniteActivationError(
                 f"model {self.mname!r}: non-finite activation in {where}, prompt {self.names[bi]!r} token {ti} "
-                f"(model dtype {dtype}; try dtype: float32 or bfloat16)")
+                f"(model dtype {self.dtype}; try dtype: float32 or bfloat16)")
 
 
 class BatchHooks:
@@ -246,7 +246,7 @@ class BatchHooks:
             if c is None:  # a forward outside extract_batch while registered: nothing kept
                 return
             if c.locate:
-                c.check(h, "embeddings (layer 0)", self.dtype)
+                c.check(h, "embeddings (layer 0)")
             c.rows_all.take(h, dev, out=c.resid[0])
 
         def block_out(h, pt):
@@ -254,7 +254,7 @@ class BatchHooks:
             if c is None:  # a forward outside extract_batch while registered: nothing kept
                 return
             if c.locate or pt.layer == L - 1:
-                c.check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})", self.dtype)
+                c.check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
             c.rows_all.take(h, dev, out=c.resid[pt.layer + 1])
 
         def store(name):
@@ -369,7 +369,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     try:
         out = capture.run(model, batch, head=head, model_name=mname, session=hooks.session)
         with torch.inference_mode():
-            c.check(out.hidden, "final norm output", hooks.dtype)
+            c.check(out.hidden, "final norm output")
     except NonFiniteActivationError:
         if locate_non_finite:
             raise
