@@ -375,7 +375,7 @@ def test_hooks_registered_once_give_the_values_of_one_registration_per_batch(fam
     batches = [[SEQ7, SEQ3], [LONG], [SEQ9, SEQ3, SEQ7]]
     alone = [extract_batch(m, b, attention=True, top_k=5) for b in batches]
     before = n_hooks(m)
-    with BatchHooks(m, attention=True) as hk:
+    with BatchHooks(m, attention=True, final_token_only=True) as hk:  # as each call's own (no corpus positions)
         assert n_hooks(m) > before
         shared = []
         for i, b in enumerate(batches):
@@ -509,6 +509,90 @@ def test_last_positions_any_padding_side():
     assert ids.tolist()[0] == SEQ3 + [0] * 4
     assert mask.sum(1).tolist() == [3, 7]
     assert pos.tolist() == [list(range(7))] * 2
+
+
+# --------------------------------------------------------------------------- final tokens only
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_final_token_only_cuts_the_last_block_and_keeps_the_values(family):
+    """A prompt batch (no sampled positions) runs the last block's attention output projection and MLP on one
+    row per prompt, its final token, instead of B*T rows (OPT: the projection only; its block flattens the stream
+    before the MLP); every array equals the full pass's to float rounding and the top ids are the same. A
+    registration with it refuses a corpus batch (sampled positions need the whole last block)."""
+    from llmgeom.extract.forward import BatchHooks
+
+    m = tiny(family)
+    seqs = [SEQ7, SEQ3, SEQ9]
+    mods = arch.final_token_modules(m)
+    assert len(mods) == (1 if family.startswith("opt") else 2)
+    seen = []
+    probes = [mod.register_forward_hook(lambda mod, args, out: seen.append(tuple(out.shape[:2]))) for mod in mods]
+    try:
+        with BatchHooks(m, attention=True, final_token_only=False) as hk:
+            full = extract_batch(m, seqs, attention=True, top_k=5, hooks=hk)
+        rows_full, seen[:] = list(seen), []
+        cut = extract_batch(m, seqs, attention=True, top_k=5)  # its own registration: final tokens only
+    finally:
+        for p in probes:
+            p.remove()
+    assert rows_full == [(3, 9)] * len(mods)
+    assert seen == [(3, 1)] * len(mods)
+    assert full.keys() == cut.keys()
+    for k in full:
+        if full[k].dtype.kind in "iu":
+            np.testing.assert_array_equal(cut[k], full[k], err_msg=k)
+        else:
+            np.testing.assert_allclose(cut[k], full[k], atol=1e-5, rtol=0, err_msg=k)
+    with BatchHooks(m, attention=False, final_token_only=True) as hk:
+        with pytest.raises(ValueError, match="corpus sets"):
+            extract_batch(m, seqs, attention=False, sample_positions=[[1], [1], [1]], hooks=hk)
+        with pytest.raises(ValueError, match="corpus sets"):
+            extract_batch(m, seqs, attention=False, token_stats=True, hooks=hk)
+
+
+def test_capture_run_final_token_only_returns_the_final_tokens():
+    """capture.run(final_token_only=True): ``hidden`` is [B, 1, d], each prompt's final normed state of the full
+    pass, and the logits are the full pass's (to rounding); outside run the cut does nothing (a plain forward
+    while registered gives the model's own last hidden state, also after a run of the session); a session
+    registered without it is refused."""
+    m = tiny("llama")
+    batch = capture.make_batch(m, [SEQ7, SEQ3, SEQ9])
+    full = capture.run(m, batch)
+    cut = capture.run(m, batch, final_token_only=True)
+    assert tuple(cut.hidden.shape) == (3, 1, full.hidden.shape[-1])
+    np.testing.assert_allclose(cut.hidden[:, 0].numpy(), full.hidden[batch.rows, batch.last].numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(cut.logits.numpy(), full.logits.numpy(), atol=1e-5, rtol=0)
+    with capture.hooked(m, {}, final_token_only=True) as st:
+        for _ in range(2):  # before any run, and after one (its batch is not kept)
+            with torch.no_grad():
+                plain = m.model(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.pos).last_hidden_state
+            np.testing.assert_array_equal(plain.numpy(), full.hidden.numpy())
+            assert capture.run(m, batch, session=st).hidden.shape[1] == 1
+    with capture.hooked(m, {}) as st:
+        with pytest.raises(ValueError, match="final_token_only"):
+            capture.run(m, batch, session=st, final_token_only=True)
+
+
+def test_final_token_only_names_the_non_finite_final_token():
+    """A non-finite value at a prompt's final token in the last block (whose other positions are not computed)
+    names the block, the prompt and that token."""
+    m = tiny("llama")
+    blk = arch.decoder_layers(m)[-1]
+
+    def poison(mod, args, out):
+        o = out[0] if isinstance(out, tuple) else out
+        o = o.clone()
+        o[1, len(SEQ3) - 1] = float("nan")  # second prompt, its final token
+        return (o,) + tuple(out[1:]) if isinstance(out, tuple) else o
+
+    h = blk.register_forward_hook(poison)
+    try:
+        with pytest.raises(NonFiniteActivationError, match=rf"block {len(arch.decoder_layers(m)) - 1}.*'second' "
+                                                           rf"token {len(SEQ3) - 1}"):
+            extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"])
+    finally:
+        h.remove()
 
 
 # --------------------------------------------------------------------------- non-finite

@@ -24,6 +24,12 @@ point                              activation                                   
 ``hook_logits``                    float32 logits at each prompt's final token [B, V]     no
 =================================  =====================================================  ========
 
+With ``final_token_only`` (:func:`hooked`, :func:`run`; the extraction of prompt sets) the last block's
+attention output projection and MLP run at each prompt's final token only (``architectures.final_token_modules``):
+``blocks.{L-1}.hook_resid_post`` then holds the model's values only at ``batch.last`` (the other positions are
+not the model's) and ``ln_final.hook_normalized`` / :class:`Output` ``hidden`` are [B, 1, d_unembed], the final
+tokens. Every other point, and the keys and values of the last block, are those of the full pass.
+
 Hooks of one point run in the order given; a hook sees the edits of the hooks before it. Hooks on
 ``hook_z`` / ``hook_qk`` go through ``architectures.capture_attention`` (any attention implementation,
 no [B, H, T, T] weights).
@@ -263,17 +269,37 @@ def _module_hook(model, kind: str, layer: int, fns: list, state: dict, blocks: l
     return mod, post, False
 
 
+def _final_token_cut(state: dict):
+    """Forward pre-hook for the modules of ``architectures.final_token_modules``: while :func:`run` has set a
+    batch, the module's input [B, T, F] becomes [B, 1, F], each prompt's row at ``batch.last``; outside
+    :func:`run`, or for an input passed by keyword, nothing changes."""
+    def cut(mod, args):
+        b = state.get("batch")
+        if b is None or not args:
+            return None
+        h = args[0]
+        dev = h.device
+        return (h[b.rows.to(dev), b.last.to(dev)].unsqueeze(1), *args[1:])
+    return cut
+
+
 @contextlib.contextmanager
-def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
+def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_only: bool = False):
     """Context manager: run ``hooks`` (point name -> hook or list of hooks) during ``model``'s forward
     passes. The one hook-registration site of the package; every handle is removed on exit, also when
     the body raises.
 
+    ``final_token_only``: in each :func:`run` the last block's attention output projection and MLP see
+    each prompt's final token only (module docstring); for passes whose outputs are read at the final
+    tokens only (prompt sets; not corpus sets, whose sampled positions need the whole last block). The values
+    there are the full pass's up to float rounding (a matrix product over B rows instead of B*T takes
+    other kernels: ~1e-6 relative in float32).
+
     Yields:
-        a dict: ``"handles"`` (the torch hook handles, one per module point), ``"batch"`` (set by
+        a dict: ``"handles"`` (the torch hook handles: one per module point, and the final-token cut's), ``"batch"`` (set by
         :func:`run`), ``"attention_seen"`` (layers whose attention went through the attention
         interface in the current :func:`run`, when ``hook_z``/``hook_qk`` points are hooked), ``"model"``,
-        ``"active"`` (False once the context has exited).
+        ``"active"`` (False once the context has exited), ``"final_token_only"``.
 
     Raises:
         KeyError: an unknown point name. IndexError: a layer outside the model.
@@ -281,9 +307,13 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
     blocks = arch.decoder_layers(model)
     fused = arch.family_for(model.config).qkv != "separate"
     parsed = [(name, *_parse(name, len(blocks)), _as_list(fns)) for name, fns in hooks.items()]
-    state: dict = {"handles": [], "batch": None, "attention_seen": [], "global": {}, "model": model, "active": True}
+    state: dict = {"handles": [], "batch": None, "attention_seen": [], "global": {}, "model": model, "active": True,
+                   "final_token_only": bool(final_token_only)}
     attn: dict[int, dict[str, list]] = {}
     try:
+        if final_token_only:
+            cut = _final_token_cut(state)
+            state["handles"] += [m.register_forward_pre_hook(cut) for m in arch.final_token_modules(model)]
         for name, kind, layer, fns in parsed:
             if kind in GLOBAL_POINTS:
                 state["global"][kind] = fns
@@ -320,8 +350,9 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]]):
 
 @dataclass
 class Output:
-    """What :func:`run` returns: ``hidden`` the final normed state [B, T, d_unembed] (model dtype),
-    ``logits`` float32 [B, V] at each prompt's final token (None when not asked), ``batch``."""
+    """What :func:`run` returns: ``hidden`` the final normed state [B, T, d_unembed] (model dtype; [B, 1,
+    d_unembed], the final tokens, with ``final_token_only``), ``logits`` float32 [B, V] at each prompt's final
+    token (None when not asked), ``batch``."""
 
     hidden: torch.Tensor
     logits: torch.Tensor | None
@@ -330,12 +361,14 @@ class Output:
 
 def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None = None, *,
         head: Float32Head | None = None, logits: bool = True, model_name: str | None = None,
-        session: dict | None = None) -> Output:
+        session: dict | None = None, final_token_only: bool = False) -> Output:
     """One forward pass of the decoder stack (no LM head on all positions, no KV cache) with ``hooks``.
 
     The final normed state comes from the base model's output; logits are computed in float32 only at
     the final positions (``head``, default :class:`Float32Head`). ``session``: the state of an active
-    :func:`hooked` context on ``model`` (hooks registered once for many batches; ``hooks`` must then be None).
+    :func:`hooked` context on ``model`` (hooks registered once for many batches; ``hooks`` must then be None,
+    and ``final_token_only`` is the session's). ``final_token_only``: the last block runs its attention output
+    projection and MLP at the final tokens only, and ``hidden`` is [B, 1, d_unembed] (:func:`hooked`).
 
     Raises:
         UnsupportedArchitectureError: ``hook_z``/``hook_qk`` were hooked but a layer's attention did not
@@ -347,12 +380,19 @@ def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None =
     if session is not None and not (session.get("active") and session.get("model") is model):
         raise ValueError("capture.run: session must be the state of an active hooked() context on this model "
                          "(its with-block has ended, or it hooks another model)")
-    ctx = contextlib.nullcontext(session) if session is not None else hooked(model, hooks or {})
+    if session is not None and final_token_only and not session.get("final_token_only"):
+        raise ValueError("capture.run: final_token_only=True with a session registered without it; pass it to "
+                         "hooked(..., final_token_only=True)")
+    ctx = (contextlib.nullcontext(session) if session is not None
+           else hooked(model, hooks or {}, final_token_only=final_token_only))
     with torch.inference_mode(), ctx as st:
         st["batch"] = batch
         st["attention_seen"].clear()  # this pass's layers (a session's list is reused for every batch)
-        out = arch.base_model(model)(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.pos,
-                                     use_cache=False)
+        try:
+            out = arch.base_model(model)(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.pos,
+                                         use_cache=False)
+        finally:  # a later forward of the session outside run sees no batch (the final-token cut stays off)
+            st["batch"] = None
         want = st.get("attention_layers")
         if want is not None and not set(want) <= set(st["attention_seen"]):
             missing = sorted(set(want) - set(st["attention_seen"]))
@@ -362,12 +402,15 @@ def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None =
                 f"interface (implementation {model.config._attn_implementation!r}), so queries, keys and the "
                 "attention output cannot be read; load it with attn_implementation='sdpa'")
         hT = out.last_hidden_state
+        if st.get("final_token_only"):  # only the final tokens are the model's: keep those
+            hT = hT[batch.rows.to(hT.device), batch.last.to(hT.device)].unsqueeze(1)
         g = st["global"]
         for fn in g.get("ln_final.hook_normalized", ()):
             fn(hT, HookPoint("ln_final.hook_normalized", None, batch))
         z = None
         if logits:
-            z = (head or Float32Head(model))(hT[batch.rows.to(hT.device), batch.last.to(hT.device)])
+            z = (head or Float32Head(model))(hT[:, 0] if st.get("final_token_only") else
+                                             hT[batch.rows.to(hT.device), batch.last.to(hT.device)])
             for fn in g.get("hook_logits", ()):
                 fn(z, HookPoint("hook_logits", None, batch))
     return Output(hT, z, batch)

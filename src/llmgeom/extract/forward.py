@@ -142,20 +142,21 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     dev = query.device
     last = last.to(dev)
     q = query[torch.arange(B, device=dev), :, last, :].float()  # [B, H, hd]
-    # [B, H, 1, hd] @ [B, H, hd, T]: the batched product einsum("bhd,bhtd->bht") dispatches to, bit for bit
+    # [B*H, 1, hd] @ [B*H, hd, T] (bmm on 3-D views: the kernel the 4-D matmul dispatches to, bit for bit, without
+    # its broadcasting and reshapes): the batched product einsum("bhd,bhtd->bht") dispatches to, bit for bit
     if rep == 1:
-        scores = torch.matmul(q.unsqueeze(-2), key.float().transpose(-1, -2)).squeeze(-2)
+        scores = torch.bmm(q.view(B * H, 1, hd), key.float().transpose(-1, -2).reshape(B * H, hd, T)).view(B, H, T)
     else:
-        # query head h = g * rep + r reads key head g: for each r, [B, H_kv, 1, hd] @ [B, H_kv, hd, T], the same
+        # query head h = g * rep + r reads key head g: for each r, [B*H_kv, 1, hd] @ [B*H_kv, hd, T], the same
         # one-row products as [B, H, 1, hd] @ the keys repeated per head (repeat_kv, a contiguous copy), bit for
         # bit on CPU (tests/test_extraction.py; not checked on CUDA, where cuBLAS picks kernels by batch count),
         # without the [B, H, T, hd] copy (a grouped [B, H_kv, rep, hd] product differs in the last bits). The
         # keys are made contiguous as the repeat made them: the model may pass a transposed view of
         # [B, T, H_kv, hd], and the product over that layout takes another kernel path (other last bits)
-        kT = key.float().contiguous().transpose(-1, -2)
+        kT = key.float().contiguous().transpose(-1, -2).reshape(B * H_kv, hd, T)
         qg = q.view(B, H_kv, rep, hd)
-        scores = torch.stack([torch.matmul(qg[:, :, r].unsqueeze(-2), kT).squeeze(-2) for r in range(rep)],
-                             dim=2).reshape(B, H, T)
+        scores = torch.stack([torch.bmm(qg[:, :, r].reshape(B * H_kv, 1, hd), kT).view(B, H_kv, T)
+                              for r in range(rep)], dim=2).reshape(B, H, T)
     scores = scores.mul_(scaling)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
@@ -199,16 +200,21 @@ class _BatchBuffers:
         self.hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see
 
     def check(self, t: torch.Tensor, where: str) -> None:
-        """Raise NonFiniteActivationError at the first real token of ``t`` [B, T, d] with a non-finite value."""
+        """Raise NonFiniteActivationError at the first real token of ``t`` [B, T, d] with a non-finite value
+        (``t`` [B, d]: each prompt's final token)."""
         # fast path, one reduction: a finite sum means every element is finite (a NaN/inf propagates into
         # it); a non-finite sum (also a finite overflow, or a non-finite value on padding) takes the exact test
         if bool(torch.isfinite(t.sum(dtype=torch.float32))):
             return
         bad = ~torch.isfinite(t)
-        if bad.dim() == 3:
-            bad = bad.any(-1) & self.valid.to(bad.device)
-        if bad.any():
-            bi, ti = (int(x) for x in bad.nonzero()[0][:2])
+        if bad.dim() == 2:  # final-token rows: prompt b's row is its token last[b]
+            at = [(int(b), int(self.last[int(b)])) for b in bad.any(-1).nonzero()[:1, 0]]
+        else:
+            if bad.dim() == 3:
+                bad = bad.any(-1) & self.valid.to(bad.device)
+            at = [tuple(int(x) for x in row[:2]) for row in bad.nonzero()[:1]]
+        if at:
+            bi, ti = at[0]
             raise NonFiniteActivationError(
                 f"model {self.mname!r}: non-finite activation in {where}, prompt {self.names[bi]!r} token {ti} "
                 f"(model dtype {self.dtype}; try dtype: float32 or bfloat16)")
@@ -223,10 +229,13 @@ class BatchHooks:
 
     Points hooked: ``blocks.0.hook_resid_pre`` and every block's ``hook_resid_post`` (residual stream at the
     kept rows), ``attn.hook_k`` / ``attn.hook_v`` / ``attn.hook_z`` (final token), ``attn.hook_qk`` (final-query
-    attention entropy, when ``attention``)."""
+    attention entropy, when ``attention``). ``final_token_only`` (prompt sets: every stored row is a final token):
+    the last block's attention output projection and MLP run at the final tokens only (``capture.hooked``);
+    batches with sampled positions or per-position statistics (corpus sets) need a registration without it."""
 
-    def __init__(self, model, *, attention: bool):
+    def __init__(self, model, *, attention: bool, final_token_only: bool = False):
         self.model, self.attention = model, bool(attention)
+        self.final_token_only = bool(final_token_only)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.summary = s = arch.summarize(model.config)
@@ -253,8 +262,12 @@ class BatchHooks:
             c = self.cur
             if c is None:  # a forward outside extract_batch while registered: nothing kept
                 return
+            where = f"block {pt.layer} output (residual layer {pt.layer + 1})"
+            if pt.layer == L - 1 and self.final_token_only:  # the model's values only at the final tokens
+                c.check(c.rows_all.take(h, dev, out=c.resid[L]), where)
+                return
             if c.locate or pt.layer == L - 1:
-                c.check(h, f"block {pt.layer} output (residual layer {pt.layer + 1})")
+                c.check(h, where)
             c.rows_all.take(h, dev, out=c.resid[pt.layer + 1])
 
         def store(name):
@@ -290,7 +303,7 @@ class BatchHooks:
                 self.hooks[P("attn.hook_qk", i)] = entropy
 
     def __enter__(self) -> "BatchHooks":
-        self._cm = capture.hooked(self.model, self.hooks)
+        self._cm = capture.hooked(self.model, self.hooks, final_token_only=self.final_token_only)
         self.session = self._cm.__enter__()
         return self
 
@@ -322,7 +335,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             (over the full vocabulary, float32) to return as ``next_token/candidate_logprobs`` [B, C] nats
             (SULA labels; Paper III sec. 4.3).
         hooks: an active :class:`BatchHooks` on ``model`` with the same ``attention`` (many batches, one
-            registration); None registers this call's own.
+            registration; ``final_token_only`` only for batches without ``sample_positions`` and
+            ``token_stats``); None registers this call's own (``final_token_only`` where those are absent).
 
     Returns:
         dataset name (``llmgeom.core.store.CONTRACT``) -> array: ``last_token/residual`` [B, L+1, d_model],
@@ -343,10 +357,12 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     Raises:
         NonFiniteActivationError: naming the model (``model_name``, default the config's
             ``_name_or_path`` / model_type), the layer and the prompt.
-        ValueError: ``hooks`` inactive, on another model, or for the other ``attention`` setting.
+        ValueError: ``hooks`` inactive, on another model, for the other ``attention`` setting, or registered
+            ``final_token_only`` for a batch with sampled positions or per-position statistics.
     """
     if hooks is None:
-        with BatchHooks(model, attention=attention) as own:
+        with BatchHooks(model, attention=attention,
+                        final_token_only=sample_positions is None and not token_stats) as own:
             return _extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
                                   token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
                                   candidates=candidates, model_name=model_name,
@@ -354,6 +370,9 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     if hooks.session is None or hooks.model is not model or hooks.attention != bool(attention):
         raise ValueError("extract_batch: hooks must be an active BatchHooks (with BatchHooks(model, attention=...)) "
                          f"on this model with attention={bool(attention)}")
+    if hooks.final_token_only and (sample_positions is not None or token_stats):
+        raise ValueError("extract_batch: sampled positions and per-position statistics (corpus sets) need the whole "
+                         "last block; register the hooks with BatchHooks(..., final_token_only=False)")
     dev = hooks.device
     mname = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
     s = hooks.summary
@@ -369,7 +388,7 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     try:
         out = capture.run(model, batch, head=head, model_name=mname, session=hooks.session)
         with torch.inference_mode():
-            c.check(out.hidden, "final norm output")
+            c.check(out.hidden[:, 0] if hooks.final_token_only else out.hidden, "final norm output")
     except NonFiniteActivationError:
         if locate_non_finite:
             raise
@@ -390,7 +409,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
             res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
             nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(samp_b, samp_t)]
             res["tokens/sample_next_token"] = np.asarray(nxt, dtype=np.int32)
-        res["last_token/final_normed"] = c.rows_last.take(hT, dev).cpu().numpy()
+        res["last_token/final_normed"] = (hT[:, 0].float().to(dev) if hooks.final_token_only
+                                          else c.rows_last.take(hT, dev)).cpu().numpy()
         res["last_token/values"] = vals.transpose(0, 1).contiguous().cpu().numpy()
         res["last_token/attn_output"] = attn_out.transpose(0, 1).contiguous().cpu().numpy()
         res["last_token/keys"] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).contiguous().cpu().numpy()
@@ -684,7 +704,9 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         t0, n_tok, t_fwd, n_run = time.time(), 0, 0.0, 0
         bar = progress(total=n, desc=f"extract {model_name} {Path(prompts_path).stem}", unit="prompt")
         bar.update(sum(len(batches[j]) for j in done))
-        with stop, BatchHooks(model, attention=attention) as hooks:  # registered once for every batch
+        # registered once for every batch; prompt sets store final tokens only: the last block's attention
+        # output projection and MLP run there only (corpus sets sample positions of the whole last block)
+        with stop, BatchHooks(model, attention=attention, final_token_only=not corpus) as hooks:
             for j, idx in enumerate(batches):
                 if j in done:
                     continue

@@ -38,7 +38,9 @@ class Family:
     ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]).
     ``attention`` is the attention module of a layer (the one that calls the attention function,
     ``transformers``' ``AttentionInterface``); ``o_proj`` the output projection whose input is the
-    attention output (the attention-weighted sum of values, heads concatenated).
+    attention output (the attention-weighted sum of values, heads concatenated). ``mlp`` the
+    feed-forward module of a layer, where the layer adds its output to the [B, T, d_model] residual
+    stream (so an output for fewer positions broadcasts there; :func:`final_token_modules`), else None.
     """
 
     name: str
@@ -52,6 +54,7 @@ class Family:
     fused_proj: str | None = None
     attention: str = "self_attn"
     o_proj: str = "self_attn.o_proj"
+    mlp: str | None = "mlp"
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -59,7 +62,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma3", ("gemma3_text", "gemma2", "gemma"), "layers", "norm", "input_layernorm", "separate"),
     Family("phi", ("phi",), "layers", "final_layernorm", "input_layernorm", "separate", o_proj="self_attn.dense"),
     Family("opt", ("opt",), "decoder.layers", "decoder.final_layer_norm", "self_attn_layer_norm", "separate",
-           o_proj="self_attn.out_proj"),
+           o_proj="self_attn.out_proj", mlp=None),  # fc1/fc2 on the flattened [B*T, d] stream
     Family("gpt_neox", ("gpt_neox",), "layers", "final_layer_norm", "input_layernorm", "neox_fused",
            fused_proj="attention.query_key_value", attention="attention", o_proj="attention.dense"),
     Family("gpt2", ("gpt2",), "h", "ln_f", "ln_1", "gpt2_conv1d", fused_proj="attn.c_attn", attention="attn",
@@ -353,6 +356,21 @@ def o_proj_module(model, layer: int) -> torch.nn.Module:
     its input [B, T, n_heads*head_dim] is the attention output (Paper III sec. 4; issue 14 item 5)."""
     fam = family_for(model.config)
     return _get(decoder_layers(model)[layer], fam.o_proj)
+
+
+def final_token_modules(model) -> list[torch.nn.Module]:
+    """Modules of the last decoder block whose input may be cut to each prompt's final token when only the
+    final tokens' output of the block is needed: the attention output projection (its input [B, T,
+    n_heads*head_dim]) and the MLP (its input [B, T, d_model]; not in families whose block flattens the
+    stream before the MLP, OPT). Their outputs then hold one position per prompt, [B, 1, d_model], which the
+    block's residual additions broadcast over T: the block output is the model's at the final tokens only.
+    The keys and values of every position are still computed (the final query attends to them).
+
+    Source: issue 21 item 4 (the study keeps the last block's output at the final tokens only; the
+    ``logits_to_keep`` idea of transformers, one block earlier)."""
+    fam = family_for(model.config)
+    blk = decoder_layers(model)[-1]
+    return [_get(blk, path) for path in (fam.o_proj, fam.mlp) if path]
 
 
 def attention_scaling(config, layer: int) -> float:
