@@ -551,6 +551,30 @@ def test_final_token_only_cuts_the_last_block_and_keeps_the_values(family):
             extract_batch(m, seqs, attention=False, token_stats=True, hooks=hk)
 
 
+def test_extract_to_hdf5_cuts_the_last_block_for_prompt_sets_only(tmp_path, monkeypatch):
+    """extract_to_hdf5 registers its hooks with final_token_only for a prompt set (every stored row a final token)
+    and without it for a corpus set (sampled positions of the whole last block); both files are complete."""
+    src = testing.save_tiny_model_dir("llama", tmp_path / "src")
+    prepared = tmp_path / "prepared"
+    models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    prompts = tmp_path / "mixed.jsonl"
+    _prompt_file(prompts)
+    seen, real = [], capture.hooked
+
+    def hooked(model, hooks, **kw):
+        seen.append(kw.get("final_token_only"))
+        return real(model, hooks, **kw)
+
+    monkeypatch.setattr(capture, "hooked", hooked)
+    for corpus in (False, True):
+        out = tmp_path / f"{corpus}.h5"
+        extraction.extract_to_hdf5(prepared, prompts, out, model_name="tiny", dtype="float32", device="cpu",
+                                   batch_size=3, corpus=corpus, sample_per_prompt=3, log=lambda *a: None)
+        with h5py.File(out) as f:
+            assert f.attrs["complete"]
+    assert seen == [True, False]
+
+
 def test_capture_run_final_token_only_returns_the_final_tokens():
     """capture.run(final_token_only=True): ``hidden`` is [B, 1, d], each prompt's final normed state of the full
     pass, and the logits are the full pass's (to rounding); outside run the cut does nothing (a plain forward

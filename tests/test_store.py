@@ -653,9 +653,9 @@ def test_extraction_registers_its_hooks_once_for_all_batches(setup, uninterrupte
     contexts, hooks_seen = [], []
     real_hooked = capture.hooked
 
-    def hooked(model, hooks):
-        contexts.append(len(hooks))
-        return real_hooked(model, hooks)
+    def hooked(model, hooks, **kw):
+        contexts.append((len(hooks), kw))
+        return real_hooked(model, hooks, **kw)
 
     def batch(*a, **k):
         hooks_seen.append(k.get("hooks"))
@@ -667,6 +667,7 @@ def test_extraction_registers_its_hooks_once_for_all_batches(setup, uninterrupte
                                      **RESUME_KW)
     assert len(hooks_seen) == len(PROMPTS) > 1  # batch_size 1
     assert len(contexts) == 1 and all(h is not None and h is hooks_seen[0] for h in hooks_seen)
+    assert contexts[0][1] == {"final_token_only": False}  # a corpus set: sampled positions need the whole last block
     same_datasets(uninterrupted, out)
 
 
