@@ -583,7 +583,13 @@ def test_capture_run_final_token_only_returns_the_final_tokens():
     m = tiny("llama")
     batch = capture.make_batch(m, [SEQ7, SEQ3, SEQ9])
     full = capture.run(m, batch)
-    cut = capture.run(m, batch, final_token_only=True)
+    rows = []
+    probe = arch.final_token_modules(m)[-1].register_forward_hook(lambda mod, a, out: rows.append(out.shape[1]))
+    try:
+        cut = capture.run(m, batch, final_token_only=True)
+    finally:
+        probe.remove()
+    assert rows == [1]  # the last block's MLP ran at the final tokens
     assert tuple(cut.hidden.shape) == (3, 1, full.hidden.shape[-1])
     np.testing.assert_allclose(cut.hidden[:, 0].numpy(), full.hidden[batch.rows, batch.last].numpy(), atol=1e-5, rtol=0)
     np.testing.assert_allclose(cut.logits.numpy(), full.logits.numpy(), atol=1e-5, rtol=0)
@@ -599,22 +605,31 @@ def test_capture_run_final_token_only_returns_the_final_tokens():
 
 
 def test_final_token_only_names_the_non_finite_final_token():
-    """A non-finite value at a prompt's final token in the last block (whose other positions are not computed)
-    names the block, the prompt and that token."""
+    """In the cut last block only the final tokens are the model's: a non-finite value at a prompt's final token
+    there names the block, the prompt and that token (the row-to-token map of the final-token check); one at a
+    non-final position of that block is not the model's and is not reported (nothing stored depends on it),
+    where the uncut pass (a corpus batch) refuses it."""
     m = tiny("llama")
     blk = arch.decoder_layers(m)[-1]
+    L = len(arch.decoder_layers(m))
+    at = {}
 
     def poison(mod, args, out):
         o = out[0] if isinstance(out, tuple) else out
         o = o.clone()
-        o[1, len(SEQ3) - 1] = float("nan")  # second prompt, its final token
+        o[1, at["t"]] = float("nan")  # second prompt
         return (o,) + tuple(out[1:]) if isinstance(out, tuple) else o
 
     h = blk.register_forward_hook(poison)
     try:
-        with pytest.raises(NonFiniteActivationError, match=rf"block {len(arch.decoder_layers(m)) - 1}.*'second' "
-                                                           rf"token {len(SEQ3) - 1}"):
+        at["t"] = len(SEQ3) - 1  # its final token
+        with pytest.raises(NonFiniteActivationError, match=rf"block {L - 1}.*'second' token {len(SEQ3) - 1}"):
             extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"])
+        at["t"] = 1  # a non-final real token
+        r = extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"])
+        assert np.isfinite(r["last_token/residual"]).all()
+        with pytest.raises(NonFiniteActivationError, match=rf"block {L - 1}.*'second' token 1"):
+            extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"], token_stats=True)
     finally:
         h.remove()
 

@@ -351,7 +351,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
     Non-finite activations: a non-finite value at a real token of a block's output stays non-finite in every
     later block's output (the residual stream adds to it: NaN + x, inf - inf), so only the last block's
     output and the final norm's are checked (at the final tokens where the last block runs there only: a
-    non-finite value at an earlier real token of block l reaches them through block l+1's attention); when one fails, the batch is run again with every layer checked
+    non-finite value at an earlier real token reaches them where a later block's final query attends to it;
+    one that no final token depends on is not reported, and nothing stored depends on it); when one fails, the batch is run again with every layer checked
     (``locate_non_finite=True``), which names the first layer and token (one check per batch instead of
     n_layers + 1 reads of the [B, T, d_model] residual stream).
 
