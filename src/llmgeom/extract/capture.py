@@ -269,6 +269,13 @@ def _module_hook(model, kind: str, layer: int, fns: list, state: dict, blocks: l
     return mod, post, False
 
 
+def final_rows(t: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Each prompt's final-token row of a [B, T, F] activation: [B, F], on ``t``'s device and in its dtype (the
+    model's; :meth:`RowIndex.take` gives float32 copies for storing)."""
+    dev = t.device
+    return t[batch.rows.to(dev), batch.last.to(dev)]
+
+
 def _final_token_cut(state: dict):
     """Forward pre-hook for the modules of ``architectures.final_token_modules``: while :func:`run` has set a
     batch, the module's input [B, T, F] becomes [B, 1, F], each prompt's row at ``batch.last``; outside
@@ -277,9 +284,7 @@ def _final_token_cut(state: dict):
         b = state.get("batch")
         if b is None or not args:
             return None
-        h = args[0]
-        dev = h.device
-        return (h[b.rows.to(dev), b.last.to(dev)].unsqueeze(1), *args[1:])
+        return (final_rows(args[0], b).unsqueeze(1), *args[1:])
     return cut
 
 
@@ -403,14 +408,13 @@ def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None =
                 "attention output cannot be read; load it with attn_implementation='sdpa'")
         hT = out.last_hidden_state
         if st.get("final_token_only"):  # only the final tokens are the model's: keep those
-            hT = hT[batch.rows.to(hT.device), batch.last.to(hT.device)].unsqueeze(1)
+            hT = final_rows(hT, batch).unsqueeze(1)
         g = st["global"]
         for fn in g.get("ln_final.hook_normalized", ()):
             fn(hT, HookPoint("ln_final.hook_normalized", None, batch))
         z = None
         if logits:
-            z = (head or Float32Head(model))(hT[:, 0] if st.get("final_token_only") else
-                                             hT[batch.rows.to(hT.device), batch.last.to(hT.device)])
+            z = (head or Float32Head(model))(hT[:, 0] if st.get("final_token_only") else final_rows(hT, batch))
             for fn in g.get("hook_logits", ()):
                 fn(z, HookPoint("hook_logits", None, batch))
     return Output(hT, z, batch)

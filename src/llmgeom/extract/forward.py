@@ -207,14 +207,14 @@ class _BatchBuffers:
         if bool(torch.isfinite(t.sum(dtype=torch.float32))):
             return
         bad = ~torch.isfinite(t)
-        if bad.dim() == 2:  # final-token rows: prompt b's row is its token last[b]
-            at = [(int(b), int(self.last[int(b)])) for b in bad.any(-1).nonzero()[:1, 0]]
-        else:
-            if bad.dim() == 3:
-                bad = bad.any(-1) & self.valid.to(bad.device)
-            at = [tuple(int(x) for x in row[:2]) for row in bad.nonzero()[:1]]
-        if at:
-            bi, ti = at[0]
+        if bad.dim() == 3:
+            bad = bad.any(-1) & self.valid.to(bad.device)
+        else:  # [B, d] final-token rows: prompt b's row is its token last[b]
+            bad = bad.any(-1)
+        hits = bad.nonzero()
+        if len(hits):
+            bi = int(hits[0, 0])
+            ti = int(hits[0, 1]) if bad.dim() == 2 else int(self.last[bi])
             raise NonFiniteActivationError(
                 f"model {self.mname!r}: non-finite activation in {where}, prompt {self.names[bi]!r} token {ti} "
                 f"(model dtype {self.dtype}; try dtype: float32 or bfloat16)")
