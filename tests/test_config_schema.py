@@ -119,6 +119,7 @@ NOT_MIRRORED = {
     "interventions.edits:value_edit_hooks:positions": "a tensor of positions per batch row (None: every position)",
     "interventions.runner:forward_probe:edits": "the edit hooks of one condition (None: the unedited model)",
     "analyses.domain_restriction:stratified_sample:edges": "explicit bin edges (None: the pool's own quantiles)",
+    "analyses.domain_restriction:domain_restriction_tables:data_reps": "nulls.data_reps, passed by the rule (0: none)",
     "core.stats:bootstrap_interval:ci": "the generic bootstrap helper every analysis passes its own ci to",
     "core.store:read_finite:dtype": "a numpy dtype of the array read, not the model's dtype",
     "extract.forward:extract_to_hdf5:max_tokens": "the prompt set's token budget (fisher.max_tokens is another key)",

@@ -2,7 +2,7 @@
 # Code: llmgeom.analyses.attention_focusing.
 AF_SET = config["attention_focusing"]["prompt_set"]
 
-summarize("attention_focusing", "attention_focusing_summary", family="bayes", models=MODELS + WT_FINALS)
+summarize("attention_focusing", "attention_focusing_summary", family="bayes", models=MODELS + WT_FINALS, nulls=True)
 
 
 rule attention_focusing:

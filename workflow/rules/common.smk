@@ -15,6 +15,8 @@ from llmgeom.workflow.config import (
     apply_defaults,
     check_config,
     model_source_params,
+    null_entries,
+    null_of_models,
     read_schema,
     token_budgets,
     validate_config,
@@ -48,6 +50,22 @@ validate(config, SCHEMA_PATH)
 WT_TASKS = check_config(config, here=workflow.is_main_process and workflow.resource_settings.nodes is None)
 
 MODELS = sorted(config["models"])
+
+# Null models (issue 28; llmgeom.workflow.config.null_entries): each model's random-init twin <model>-randinit
+# (an entry of config["models"] like any other, with the trained model's resources; kept out of MODELS) and each
+# wind-tunnel model's step-0 checkpoint <model>-step0 (a checkpoint entry of WT below). They run only the prompt
+# sets and analyses that the claims read (NULL_TABLES below); the scorecard sets every verdict beside its null's.
+NULLS = null_entries(config)
+NULL_OF = null_of_models(config)  # trained model (and wind-tunnel checkpoint) -> its null model
+LLM_NULLS = [n for n, e in NULLS.items() if e["kind"] == "random_init"]
+for _n in LLM_NULLS:
+    config["models"][_n] = dict(config["models"][NULLS[_n]["null_of"]], source="random_init",
+                                base=NULLS[_n]["null_of"], seed=NULLS[_n]["seed"])
+
+
+def is_null(wildcards):
+    """The {model} of a job is a null model (a random-init twin or a step-0 checkpoint)."""
+    return wildcards.model in NULLS
 PROMPT_SETS = sorted(config["prompts"]["sets"])
 VM_SETS = config["value_manifold"]["prompt_sets"]
 ID_SET = config["intrinsic_dimension"]["prompt_set"]
@@ -58,12 +76,12 @@ WT = wind_tunnel_entries(config)
 WT_MODELS = list(WT)
 WT_FINALS = [m for m, e in WT.items() if not e["checkpoint"]]
 _re = lambda names: "|".join(map(re.escape, names)) or "(?!)"  # no name: a pattern that never matches (not "" = any)
-LLM_RE, WT_ALL_RE, WT_FINAL_RE = _re(MODELS), _re(WT_MODELS), _re(WT_FINALS)
+LLM_RE, WT_ALL_RE, WT_FINAL_RE = _re(MODELS + LLM_NULLS), _re(WT_MODELS), _re(WT_FINALS)
 WT_CHECKPOINT_RE = _re([m for m in WT_MODELS if m not in WT_FINALS])
 
 
 wildcard_constraints:
-    model=_re(MODELS + WT_MODELS),
+    model=_re(MODELS + LLM_NULLS + WT_MODELS),
     promptset=_re(PROMPT_SETS),
 
 
@@ -94,8 +112,17 @@ def get_sula_batch_size(wildcards):
 
 
 def get_source_params(wildcards):
-    """params.spec of prepare_model: only the keys that determine the prepared model."""
-    return model_source_params(config["models"][wildcards.model])
+    """params.spec of prepare_model: only the keys that determine the prepared model (a random-init twin:
+    source random_init, base and seed)."""
+    spec = config["models"][wildcards.model]
+    if wildcards.model in NULLS:
+        return {"source": "random_init", "base": spec["base"], "seed": spec["seed"]}
+    return model_source_params(spec)
+
+
+def get_prepare_inputs(wildcards):
+    """Inputs of prepare_model: a random-init twin reads its trained model's prepared directory."""
+    return {"base": f"resources/models/{NULLS[wildcards.model]['null_of']}"} if wildcards.model in NULLS else {}
 
 
 def get_prompt_spec(wildcards):
@@ -144,8 +171,9 @@ def get_wt_training(wildcards):
 
 
 def get_wt_checkpoints(wildcards):
-    """params.checkpoints of train_wind_tunnel: the saved steps, sorted."""
-    return sorted(get_wt_model(wildcards)["checkpoints"])
+    """params.checkpoints of train_wind_tunnel: the saved steps, sorted (with 0, the null model, when
+    nulls.random_init is true)."""
+    return sorted(e["step"] for e in WT.values() if e["checkpoint"] and e["base"] == wildcards.model)
 
 
 def get_wt_threads(wildcards):
@@ -246,12 +274,16 @@ def all_targets():
 SUMMARY_TABLES = {}
 
 
-def summarize(*tables, family, folder="tables", models=None):
+def summarize(*tables, family, folder="tables", models=None, nulls=False):
     """Registers per-model tables results/{model}/<folder>/<table>.csv for rule `aggregate_<family>` and requests
-    their cross-model tables results/summary/<table>.csv (over `models`, default MODELS). Call it before
-    summary.smk is included."""
+    their cross-model tables results/summary/<table>.csv (over `models`, default MODELS). ``nulls=True``: a table
+    the claims read; the null model of each of `models` (NULL_OF) runs it too and has rows of its own. Call it
+    before summary.smk is included."""
+    models = list(models or MODELS)
+    if nulls:
+        models += [n for n in dict.fromkeys(NULL_OF.get(m) for m in models) if n and n not in models]
     for t in tables:
-        SUMMARY_TABLES[t] = {"folder": folder, "family": family, "models": list(models or MODELS)}
+        SUMMARY_TABLES[t] = {"folder": folder, "family": family, "models": models}
         TARGETS.append(f"results/summary/{t}.csv")
 
 

@@ -1,5 +1,5 @@
 # Local-PCA curvature proxy of the residual stream (LSM sec. 13.3). Code: llmgeom.analyses.curvature.
-summarize("curvature", family="lsm")
+summarize("curvature", family="lsm", nulls=True)
 TARGETS += expand("results/{model}/tables/curvature.csv", model=MODELS)
 
 

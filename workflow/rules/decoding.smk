@@ -2,7 +2,7 @@
 # llmgeom.measures.decoding; llmgeom.weights.unembedding reads W_U (as rule fisher does).
 DECODING_SET = config["decoding"]["prompt_set"]
 
-summarize("decoding", family="lsm")
+summarize("decoding", family="lsm", nulls=True)
 TARGETS += expand("results/{model}/tables/decoding.csv", model=MODELS)
 
 

@@ -5,26 +5,39 @@ from llmgeom.workflow.config import resolve_domain_sets  # light: no numpy/panda
 DR = resolve_domain_sets(config)  # checked in common.smk (check_bayes_config)
 DR_SETS = [DR["mixed"], *DR["restricted"]]
 
-summarize("domain_restriction", "domain_selection", "pc_scores", family="bayes")
+summarize("domain_restriction", "domain_selection", "pc_scores", family="bayes", nulls=True)
+
+
+def get_dr_sets(wildcards):
+    """Prompt sets of domain_restriction: the mixed set and every restricted set; a null model only the two
+    that Table 1 / Table 2 and the claims read (the mixed set and the summary set)."""
+    return [DR["mixed"], DR["summary"]] if is_null(wildcards) else DR_SETS
+
+
+def get_dr_n_boot(wildcards):
+    """n_boot of domain_restriction: nulls.n_boot for a null model (its interval is not read)."""
+    return config["nulls"]["n_boot"] if is_null(wildcards) else config["domain_restriction"]["n_boot"]
+
 
 
 rule domain_restriction:
     """Paper III sec. 4: entropy-stratified selections (mixed vs single-topic), value-manifold stats per layer."""
     input:
-        h5=expand("results/{{model}}/activations/{promptset}.h5", promptset=DR_SETS),
+        h5=lambda w: expand("results/{model}/activations/{promptset}.h5", model=w.model, promptset=get_dr_sets(w)),
         code=code("domain_restriction"),
     output:
         stats="results/{model}/tables/domain_restriction.csv",
         selection="results/{model}/tables/domain_selection.csv",
         scores="results/{model}/tables/pc_scores.csv",
     params:
-        prompt_sets=DR_SETS,
+        prompt_sets=get_dr_sets,
         mixed_set=DR["mixed"],
         labels=DR["labels"],
         n_quantiles=config["domain_restriction"]["n_quantiles"],
         per_quantile=config["domain_restriction"]["per_quantile"],
         edges=config["domain_restriction"]["edges"],
-        n_boot=config["domain_restriction"]["n_boot"],
+        n_boot=get_dr_n_boot,
+        data_reps=config["nulls"]["data_reps"],
         ci=config["domain_restriction"]["ci"],
         seed=config["domain_restriction"]["seed"],
         layers=config["domain_restriction"]["layers"],

@@ -3,7 +3,13 @@
 # llmgeom.plots.sula (figure).
 IV = config["interventions"]
 
-summarize("sula_interventions", family="sula", folder="interventions")
+summarize("sula_interventions", family="sula", folder="interventions", nulls=True)
+
+
+def get_iv_n_boot(wildcards):
+    """n_boot of sula_interventions: nulls.n_boot for a null model (its intervals are not read)."""
+    return config["nulls"]["n_boot"] if is_null(wildcards) else IV["n_boot"]
+
 TARGETS += expand("results/{model}/interventions/sula_interventions.csv", model=MODELS)
 TARGETS += expand("results/figures/sula_interventions.{ext}", ext=["png", "pdf"])
 
@@ -57,7 +63,7 @@ rule sula_interventions:
     output:
         "results/{model}/interventions/sula_interventions.csv",
     params:
-        n_boot=IV["n_boot"],
+        n_boot=get_iv_n_boot,
         ci=IV["ci"],
         seed=IV["seed"],
     resources:

@@ -1,6 +1,6 @@
 # Intrinsic dimension of the residual stream per layer (LSM) and the shape of its profile over depth.
 # Code: llmgeom.analyses.intrinsic_dimension (tables), llmgeom.measures.intrinsic_dimension (TwoNN, MLE, GRIDE).
-summarize("intrinsic_dimension", "id_profile", "id_last_token", "gride_scale", family="lsm")
+summarize("intrinsic_dimension", "id_profile", "id_last_token", "gride_scale", family="lsm", nulls=True)
 TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS,
                   table=["intrinsic_dimension", "id_profile", "id_last_token", "gride_scale"])
 # last-token ID (Cheng et al.'s points): the last_token/residual states of this prompt set, when it is configured

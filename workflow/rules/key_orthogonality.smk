@@ -1,6 +1,6 @@
 # Key orthogonality (Paper III sec. 4.2): W_K read from the weights, no prompts.
 # Code: llmgeom.weights.key_orthogonality.
-summarize("key_orthogonality", family="bayes", models=MODELS + WT_FINALS)  # wind-tunnel models: Table 2 rows
+summarize("key_orthogonality", family="bayes", models=MODELS + WT_FINALS, nulls=True)  # wind-tunnel models: Table 2 rows
 
 
 rule key_orthogonality:

@@ -3,7 +3,7 @@
 # llmgeom.measures.margins. Definitions: DESIGN.md sec. 3.
 MARGIN_SET = config["margins"]["prompt_set"]
 
-summarize("margins", "eta_curve", "expressibility_gap", "margin_histogram", family="lsm")
+summarize("margins", "eta_curve", "expressibility_gap", "margin_histogram", family="lsm", nulls=True)
 TARGETS += ["results/summary/margin_vs_perplexity.csv"]
 
 

@@ -1,6 +1,6 @@
 # Rate-distortion exponent k_RD per layer (LSM Theorem 10.8), beside the ID estimates. CPU, no model.
 # Code: llmgeom.analyses.rate_distortion, llmgeom.measures.rate_distortion (scikit-learn KMeans).
-summarize("rate_distortion", family="lsm")
+summarize("rate_distortion", family="lsm", nulls=True)
 TARGETS += expand("results/{model}/tables/rate_distortion.csv", model=MODELS)
 
 

@@ -5,7 +5,13 @@ SULA = config["sula"]
 SULA_CONDITIONS = list(SULA["conditions"])
 SULA_TABLES = ["sula", "sula_calibration", "sula_geometry", "sula_prompts"]
 
-summarize(*SULA_TABLES, family="sula")
+summarize(*SULA_TABLES, family="sula", nulls=True)
+
+
+def get_sula_conditions(wildcards):
+    """SULA conditions of rule sula: all; a null model only main (the claims and interventions read main)."""
+    return ["main"] if is_null(wildcards) else SULA_CONDITIONS
+
 TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS, table=SULA_TABLES)
 TARGETS += expand("results/figures/{fig}.{ext}", fig=["sula_calibration", "sula_pc1"], ext=["png", "pdf"])
 
@@ -79,7 +85,8 @@ rule extract_sula:
 rule sula:
     """SULA MAE / r per condition and k (sula.csv), calibration bins, PC1 geometry per layer, per-prompt values."""
     input:
-        h5=expand("results/{{model}}/activations/sula_{condition}.h5", condition=SULA_CONDITIONS),
+        h5=lambda w: expand("results/{model}/activations/sula_{condition}.h5", model=w.model,
+                            condition=get_sula_conditions(w)),
         code=code("sula"),
     output:
         sula="results/{model}/tables/sula.csv",
@@ -87,7 +94,7 @@ rule sula:
         geometry="results/{model}/tables/sula_geometry.csv",
         prompts="results/{model}/tables/sula_prompts.csv",
     params:
-        conditions=SULA_CONDITIONS,
+        conditions=get_sula_conditions,
         n_bins=SULA["calibration_bins"],
         layers=SULA["layers"],
     resources:

@@ -75,6 +75,7 @@ rule bayes_tables:
     params:
         restricted_set=DR["summary"],
         wt_finals=WT_FINALS,
+        nulls={n: e["null_of"] for n, e in NULLS.items()},
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
@@ -189,6 +190,7 @@ rule claims:
     params:
         tables=CLAIM_TABLES,
         models=MODELS + WT_FINALS,
+        nulls={n: e["null_of"] for n, e in NULLS.items()},  # null model -> trained model (issue 28)
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,
@@ -202,3 +204,36 @@ rule claims:
         "../../envs/analysis.yaml"
     script:
         "../scripts/claims.py"
+
+
+# The answer on one screen (issue 28 point 4): results/index.html (headline counts, the claims x models verdict
+# matrix, the forest plots); README and the report's landing page point to it. Code: llmgeom.plots.claims.
+TARGETS += ["results/index.html"]
+
+
+rule findings:
+    """Front page results/index.html: the headline counts of specific findings / not supported / inconclusive /
+    not testable, the claims x models verdict matrix and one forest plot per numeric claim."""
+    input:
+        card="results/summary/claims.csv",
+        code=code("findings"),
+    output:
+        page="results/index.html",
+        matrix=report("results/figures/claims_matrix.png", caption="../report/findings.rst",
+                      category=CLAIMS_CATEGORY, labels={"figure": "verdict matrix"}),
+        forest=report("results/figures/claims_forest.png", caption="../report/findings.rst",
+                      category=CLAIMS_CATEGORY, labels={"figure": "forest plots"}),
+        pdf=expand("results/figures/claims_{fig}.pdf", fig=["matrix", "forest"]),
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/findings.log",
+    benchmark:
+        "results/benchmarks/findings.tsv",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/findings.py"

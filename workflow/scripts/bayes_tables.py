@@ -9,13 +9,14 @@ with run_logged(snakemake.log[0]):
 
     o = snakemake.output
     dr = pd.read_csv(snakemake.input.dr)
-    t1 = table1(dr)
+    nulls = snakemake.params.nulls  # null model -> the trained model it is the null of (issue 28)
+    t1 = table1(dr, nulls=nulls)
     i = snakemake.input
     wt = pd.read_csv(i.wt) if i.get("wt") else None  # wind-tunnel rows (issue 14), when the config has any
     if wt is not None:
-        wt = wt[wt.model.isin(snakemake.params.wt_finals)]
+        wt = wt[wt.model.isin(list(snakemake.params.wt_finals) + list(nulls))]
     t2 = table2(dr, pd.read_csv(i.ko), pd.read_csv(i.af), restricted_set=snakemake.params.restricted_set, wt=wt,
-                wt_geometry=pd.read_csv(i.wt_geometry) if i.get("wt_geometry") else None)
+                wt_geometry=pd.read_csv(i.wt_geometry) if i.get("wt_geometry") else None, nulls=nulls)
     write_table(t1, o.t1)
     write_table(t2, o.t2)
     md1, md2 = to_markdown(t1, "table1"), to_markdown(t2, "table2")

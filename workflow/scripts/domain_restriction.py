@@ -18,6 +18,7 @@ with run_logged(snakemake.log[0], threads=snakemake.threads):
         ci=p.ci,
         seed=p.seed,
         layers=p.layers,
+        data_reps=p.data_reps,
     )
     write_table(out["stats"], snakemake.output.stats)
     write_table(out["selection"], snakemake.output.selection)

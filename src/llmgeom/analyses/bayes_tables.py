@@ -44,18 +44,22 @@ def _final_values(dr: pd.DataFrame, representation="values", standardized=True) 
     return d[d.layer == d.groupby("model").layer.transform("max")]
 
 
-def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bool = True) -> pd.DataFrame:
+def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bool = True,
+           nulls: dict | None = None) -> pd.DataFrame:
     """Table-1 analogue (Paper III): PC1 and PC1+PC2 with 95% CIs at the final layer, per model and set.
 
     Args:
         dr: concatenated ``domain_restriction`` stats tables (all models).
+        nulls: null model -> the trained model it is the null of (issue 28); their rows get ``null_of``.
 
     Returns:
         one row per (model, prompt_set), mixed first: model, prompt_set, domain, role, n, layer, relative_depth
         ((layer+1)/L = 1.0), representation, standardized, pc1, pc1_bc (bias-corrected, 2 t - mean of the
         replicates), pc1_lo, pc1_hi (basic bootstrap), pc12, pc12_bc, pc12_lo, pc12_hi, participation_ratio (full
         spectrum), participation_ratio_top10 (10 largest eigenvalues), spearman_rho, spearman_p, delta_pc12,
-        delta_pc12_bc, delta_pc12_lo, delta_pc12_hi (fractions of variance), source ("measured"), and beside
+        delta_pc12_bc, delta_pc12_lo, delta_pc12_hi (fractions of variance), the isotropic (parallel-analysis)
+        and shuffled references at the same n and d pc1_iso, pc12_iso, pc12_shuffled (NaN where not computed),
+        null_of (the trained model a null row is the random-init twin of; "" otherwise), source ("measured"), and beside
         pc1, pc12, participation_ratio_top10 and spearman_rho the value published for the same model and
         prompt-set kind (``*_published``, "" where none) and its source (``*_published_on``); then the
         published models as rows of their own (source = "published", model = the paper's model, role = mixed /
@@ -68,9 +72,11 @@ def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bo
     cols = ["model", "prompt_set", "domain", "role", "n", "layer", "relative_depth", "representation", "standardized",
             "pc1", "pc1_bc", "pc1_lo", "pc1_hi", "pc12", "pc12_bc", "pc12_lo", "pc12_hi", "participation_ratio",
             "participation_ratio_top10", "spearman_rho", "spearman_p", "delta_pc12", "delta_pc12_bc", "delta_pc12_lo",
-            "delta_pc12_hi"]
-    return add_published(d[[c for c in cols if c in d.columns]].reset_index(drop=True), TABLE1_PUBLISHED,
-                         kind_col="role", rows=True)
+            "delta_pc12_hi", "pc1_iso", "pc12_iso", "pc12_shuffled"]
+    d = d[[c for c in cols if c in d.columns]].reset_index(drop=True)
+    d["null_of"] = [dict(nulls or {}).get(m, "") for m in d.model]
+    return add_published(d, TABLE1_PUBLISHED,
+                         kind_col="role", rows=True, also=("official_code",))
 
 
 def _attention_label(att: str, n_sliding: int, n_layers: int, window) -> str:
@@ -82,7 +88,7 @@ def _attention_label(att: str, n_sliding: int, n_layers: int, window) -> str:
 
 def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_set: str,
            representation: str = "values", standardized: bool = True, wt: pd.DataFrame | None = None,
-           wt_geometry: pd.DataFrame | None = None) -> pd.DataFrame:
+           wt_geometry: pd.DataFrame | None = None, nulls: dict | None = None) -> pd.DataFrame:
     """Table-2 analogue (Paper III): per model, value manifold mixed vs restricted, key orthogonality
     range vs baselines, attention focusing and attention type.
 
@@ -90,6 +96,8 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         dr: concatenated domain_restriction stats; ko: concatenated key_orthogonality tables;
         af: concatenated attention_focusing_summary tables; restricted_set: prompt set of the
             "restricted" column (e.g. domain_mathematics).
+        nulls: null model -> the trained model it is the null of (issue 28): their rows have source "null"
+            and ``null_of``; a wind-tunnel null (step 0) needs its rows in ``wt`` too.
 
     Returns:
         one row per model: model, attention_type (MHA / GQA / MQA, "+ sliding window (...)" when some
@@ -122,7 +130,9 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
     llms = sorted((set(fin.model) | set(kl.model) | set(af.model)) - set(wt_models))
     rows = []
     for m in llms + wt_models:
-        r = dict(model=m, source="wind_tunnel" if m in wt_models else "llm")
+        nulls = dict(nulls or {})
+        r = dict(model=m, source="null" if m in nulls else "wind_tunnel" if m in wt_models else "llm",
+                 null_of=nulls.get(m, ""))
         a = af[af.model == m]
         if len(a):
             a = a.iloc[0]
@@ -140,14 +150,15 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         r["restricted_set"] = restricted_set
         r["restricted_domain"] = rs.domain.iloc[0] if len(rs) else None
         for tag, g in (("mixed", mx), ("restricted", rs)):
-            for k in ("pc12", "pc12_bc", "pc12_lo", "pc12_hi"):
+            for k in ("pc12", "pc12_bc", "pc12_lo", "pc12_hi", "pc12_iso", "pc12_shuffled"):
                 ok = len(g) and k in g
                 r[f"{k.replace('pc12', 'pc12_' + tag)}"] = float(g[k].iloc[0]) if ok else float("nan")
         for k in ("delta_pc12", "delta_pc12_bc", "delta_pc12_lo", "delta_pc12_hi"):
             r[k] = float(rs[k].iloc[0]) if len(rs) and k in rs else float("nan")
+        r["delta_pc12_iso"] = r["pc12_restricted_iso"] - r["pc12_mixed_iso"]  # the noise reference of delta_pc12
         r.update(ko_af)
         rows.append(r)
-    return add_published(pd.DataFrame(rows), TABLE2_PUBLISHED, rows=True)
+    return add_published(pd.DataFrame(rows), TABLE2_PUBLISHED, rows=True, also=("official_code",))
 
 
 _WT_REPRESENTATIONS = ("values", "attn_output", "residual_stream")
@@ -210,7 +221,7 @@ def _wind_tunnel_cells(r) -> list[str]:
     src = getattr(r, "source", "llm")
     if src == "published":
         return [_pub_cell(r, "pc1_wind_tunnel", pct=True), "-", "-"]
-    if src != "wind_tunnel":
+    if src != "wind_tunnel" and not np.isfinite(float(getattr(r, "pc1_wind_tunnel", float("nan")))):
         return ["-", "-", "-"]
     f = lambda v: "n/a" if v is None or not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
     rho = " / ".join(f(getattr(r, f"abs_rho_pc1_h_exact_{rep}", float("nan"))) for rep in _WT_REPRESENTATIONS)
@@ -241,6 +252,24 @@ def _pub_cell(r, col: str, pct: bool = False) -> str:
     return txt
 
 
+def _pub_source(r) -> str:
+    """Source cell of a published row: "published (paper)", "published (official code)", ... (issue 28 point 3)."""
+    k = getattr(r, "source_kind", "")
+    return "published (" + (str(k).replace("_", " ") if isinstance(k, str) and k else "paper") + ")"
+
+
+def _run_source(r) -> str:
+    """Source cell of one of this run's rows: "this run", or "null: random-init twin of <model>" (issue 28)."""
+    n = getattr(r, "null_of", "")
+    return f"null: random-init twin of {n}" if isinstance(n, str) and n else "this run"
+
+
+NULL_NOTE = ("Null rows (Source = null): each model's seeded random-init twin (same config, tokenizer and prompts; "
+             "wind-tunnel models: the step-0 checkpoint), run through the same analyses. Isotropic reference: the mean "
+             "share of i.i.d. Gaussian data at the same n and d (Horn's parallel analysis); shuffled: every coordinate "
+             "permuted across prompts. A share is structure only as far as it rises above them.")
+
+
 def _is_pub(r) -> bool:
     return getattr(r, "source", "") == "published"
 
@@ -263,50 +292,54 @@ def to_markdown(df: pd.DataFrame, kind: str) -> str:
     g0 = lambda r, k: getattr(r, k, float("nan"))  # noqa: E731
     if kind == "table1":
         head = ["Model", "Source", "Prompt set", "n", "PC1 % (bc) [95% CI]", "PC1+PC2 % (bc) [95% CI]", "PR (full)",
-                "PR (top 10)", "rho(PC1, H)", "Δ PC1+PC2 vs mixed (pp) (bc) [95% CI]"]
+                "PR (top 10)", "rho(PC1, H)", "Δ PC1+PC2 vs mixed (pp) (bc) [95% CI]",
+                "PC1+PC2 % isotropic / shuffled (same n, d)"]
         body = []
         for r in df.itertuples():
             if _is_pub(r):
-                body.append([r.model, "published", str(r.role), "-", _pub_cell(r, "pc1", True),
+                body.append([r.model, _pub_source(r), str(r.role), "-", _pub_cell(r, "pc1", True),
                              _pub_cell(r, "pc12", True), "-", _pub_cell(r, "participation_ratio_top10"),
-                             _pub_cell(r, "spearman_rho"), "-"])
+                             _pub_cell(r, "spearman_rho"), "-", "-"])
                 continue
-            body.append([r.model, "this run", r.domain if r.role == "restricted" else "mixed", str(int(r.n)),
+            body.append([r.model, _run_source(r), r.domain if r.role == "restricted" else "mixed", str(int(r.n)),
                          _pct(r.pc1, r.pc1_lo, r.pc1_hi, g0(r, "pc1_bc")),
                          _pct(r.pc12, r.pc12_lo, r.pc12_hi, g0(r, "pc12_bc")),
                          f"{r.participation_ratio:.2f}", f"{g0(r, 'participation_ratio_top10'):.2f}",
                          f"{r.spearman_rho:.2f} (p={r.spearman_p:.2g})",
                          "-" if r.role == "mixed" else _pct(r.delta_pc12, r.delta_pc12_lo, r.delta_pc12_hi,
-                                                            g0(r, "delta_pc12_bc"))])
+                                                            g0(r, "delta_pc12_bc")),
+                         f"{_pct(g0(r, 'pc12_iso'))} / {_pct(g0(r, 'pc12_shuffled'))}"])
         legend = ("Table 1 analogue (Paper III): standardized last-token value vectors at the final layer "
                   "(relative depth 1.0), entropy-stratified selections; PC1 sign fixed so that rho >= 0 (Paper III's "
                   "sign is arbitrary: compare |rho|); Δ = restricted - mixed in percentage points (CI from independent "
                   "bootstraps). " + BC_NOTE + " PR: participation ratio over the full spectrum and over the 10 largest "
                   "eigenvalues (the published code's definition). Published rows: Paper III's models with its "
                   "prompt-set kind (restricted = its mathematics prompts), from llmgeom/data/published.yaml; '-' = not "
-                  "published. " + _pub_sources(df) + " " + DEPTH_NOTE)
+                  "published. " + _pub_sources(df) + " " + NULL_NOTE + " " + DEPTH_NOTE)
     elif kind == "table2":
         head = ["Model", "Source", "Attention", "PC1+PC2 mixed % (bc) [95% CI]", "PC1+PC2 restricted % (bc) [95% CI]",
                 "Key orthogonality (range over layers)", "Gaussian baseline", "Random-init baseline", "Focusing %",
                 "rho(H, depth)", "PC1 % (wind tunnel)", "Entropy MAE (bits)",
-                "max |rho(PC1, H_exact)| values / attn output / residual"]
+                "max |rho(PC1, H_exact)| values / attn output / residual",
+                "PC1+PC2 % isotropic ref mixed / restricted (same n, d)"]
         body = []
         for r in df.itertuples():
             g = lambda k: g0(r, k)  # noqa: E731
             if _is_pub(r):
-                body.append([r.model, "published", "-", _pub_cell(r, "pc12_mixed", True),
+                body.append([r.model, _pub_source(r), "-", _pub_cell(r, "pc12_mixed", True),
                              _pub_cell(r, "pc12_restricted", True), _pub_cell(r, "orth_mean"),
                              _pub_cell(r, "gaussian_expected"), _pub_cell(r, "random_init_mean"),
-                             _pub_cell(r, "focusing_pct"), "-", *_wind_tunnel_cells(r)])
+                             _pub_cell(r, "focusing_pct"), "-", *_wind_tunnel_cells(r), "-"])
                 continue
-            body.append([r.model, "this run", str(g("attention_type")),
+            body.append([r.model, _run_source(r), str(g("attention_type")),
                          _pct(g("pc12_mixed"), g("pc12_mixed_lo"), g("pc12_mixed_hi"), g("pc12_mixed_bc")),
                          f"{_pct(g('pc12_restricted'), g('pc12_restricted_lo'), g('pc12_restricted_hi'), g('pc12_restricted_bc'))} "
                          f"({g('restricted_domain')})",
                          f"{g('orth_min'):.3f}–{g('orth_max'):.3f}",
                          f"{g('gaussian_min'):.3f}–{g('gaussian_max'):.3f}",
                          f"{g('random_init_min'):.3f}–{g('random_init_max'):.3f}",
-                         f"{g('focusing_pct'):.1f}", f"{g('focusing_rho'):.2f}", *_wind_tunnel_cells(r)])
+                         f"{g('focusing_pct'):.1f}", f"{g('focusing_rho'):.2f}", *_wind_tunnel_cells(r),
+                         f"{_pct(g('pc12_mixed_iso'))} / {_pct(g('pc12_restricted_iso'))}"])
         legend = ("Table 2 analogue (Paper III): PC1+PC2 of standardized final-layer value vectors (mixed vs "
                   "restricted selection); key orthogonality = mean |cos| between W_K columns, per-layer mean over "
                   "key heads, range over layers, vs a Gaussian matrix and the random-init architecture of the same "
@@ -314,7 +347,7 @@ def to_markdown(df: pd.DataFrame, kind: str) -> str:
                   "layer; rho = Spearman of entropy vs layer index. " + BC_NOTE + " Published rows: Paper III's "
                   "Table 2 models, its wind-tunnel row and its baselines (sec. 4.2 / 4.5), in the same columns and "
                   "units (key orthogonality: the paper's early layers), from llmgeom/data/published.yaml; '-' = not "
-                  "published. " + _pub_sources(df) + " " + RANDOM_INIT_NOTE + " " + WIND_TUNNEL_NOTE)
+                  "published. " + _pub_sources(df) + " " + RANDOM_INIT_NOTE + " " + WIND_TUNNEL_NOTE + " " + NULL_NOTE)
     else:
         raise ValueError(f"kind must be table1 or table2, got {kind!r}")
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.claims_data import ClaimsDataError, claims_file, load_claims  # noqa: F401  (the engine's API)
-from llmgeom.core.published import comparison_entries, source_text, value_text
+from llmgeom.core.published import comparison_entries, entries_by_kind, source_text, value_text
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE = ("supported", "not supported", "inconclusive",
                                                          "not testable here")
@@ -25,7 +25,11 @@ MISSING_TABLE = "table not produced by this run"
 #: columns of the scorecard, in order (docs/claims.md describes each)
 SCORECARD_COLUMNS = ["claim_id", "claim", "paper", "section", "table", "column", "model", "setting", "measured",
                      "measured_lo", "measured_hi", "measured_text", "published", "published_quantity", "published_on",
-                     "published_models", "same_model", "comparison_flags", "rule", "verdict", "reason"]
+                     "published_models", "published_official_code", "same_model", "comparison_flags", "rule", "verdict", "reason",
+                     "null_model", "null_measured", "null_measured_text", "null_verdict", "null_reason",
+                     "noise_column", "noise_measured", "noise_verdict", "specific", "specific_reason"]
+#: headline categories (:func:`headline`), in order: a supported verdict counts as a finding only when specific
+HEADLINE = ("specific finding", "supported, not specific", NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)
 
 
 # ------------------------------------------------------------------------------------------------ rules
@@ -329,18 +333,28 @@ def _filter(df: pd.DataFrame, where: dict | None) -> pd.DataFrame:
     return df
 
 
+def _official_code_text(q: str, model, kind) -> str:
+    """The official code's committed values of quantity ``q`` (issue 28 point 3), beside the paper's: "value
+    (model; source)", "; "-separated; "" when the official code gives none."""
+    ents = entries_by_kind(q, model or None, kind).get("official_code", []) or entries_by_kind(q, None, kind).get(
+        "official_code", [])
+    return "; ".join(f"{value_text(e)} ({e['models']}; {source_text(e)})" for e in ents)
+
+
 def _published_cells(claim: dict, model) -> dict:
     q = claim.get("published")
     if not q:
-        return dict(published="", published_quantity="", published_on="", published_models="", same_model=False)
+        return dict(published="", published_quantity="", published_on="", published_models="",
+                    published_official_code="", same_model=False)
     ents, same = comparison_entries(q, model, claim.get("kind"))
     if not ents:
         return dict(published="", published_quantity=q, published_on=f"{q}: not in published.yaml", published_models="",
-                    same_model=False)
+                    published_official_code=_official_code_text(q, model, claim.get("kind")), same_model=False)
     return dict(published="; ".join(value_text(e) + ("" if same or len(ents) == 1 else f" ({e['model'] or e['models']})")
                                     for e in ents),
                 published_quantity=q, published_on="; ".join(sorted({source_text(e) for e in ents})),
                 published_models="; ".join(dict.fromkeys(e["models"] for e in ents)), same_model=same,
+                published_official_code=_official_code_text(q, model, claim.get("kind")),
                 _secondary=any(e["secondary"] for e in ents))
 
 
@@ -427,7 +441,104 @@ def _flags(claim: dict, pub: dict, model) -> str:
     return "; ".join(flags)
 
 
-def claims_table(tables: dict, *, models: list[str] | None = None, path: str | None = None) -> pd.DataFrame:
+def _null_claim(claim: dict) -> dict:
+    """The claim as decided on null rows: a ``where`` on ``source`` (llm / wind_tunnel) selects source ``null``."""
+    c = dict(claim)
+    if "source" in (c.get("where") or {}):
+        c["where"] = dict(c["where"], source="null")
+    return c
+
+
+def _noise_result(claim: dict, table: pd.DataFrame | None, row: dict) -> tuple[float, str]:
+    """The claim's rule on its data-level null (``null_value``: a column of the same table holding what noise at
+    the same n and d gives, e.g. pc12_restricted_iso): (value, verdict); (NaN, "") without one."""
+    col = claim.get("null_value")
+    if not col or table is None or col not in table.columns:
+        return float("nan"), ""
+    c = {k: v for k, v in claim.items() if k not in ("lo", "hi")}
+    c["value"] = col
+    rows = _filter(table, claim.get("where"))
+    rows = rows[rows.model.astype(str) == str(row["model"])] if "model" in rows else rows
+    for k, v in _setting_items(row["setting"]):
+        if k in rows:
+            rows = rows[rows[k].astype(str) == v]
+    if not len(rows):
+        return float("nan"), ""
+    rule = dict(claim["rule"])
+    res = RULES[rule.pop("kind")](rows, c, rule, row["model"])
+    return _f(res.get("measured")), res["verdict"]
+
+
+def _setting_items(setting: str):
+    return [tuple(p.split("=", 1)) for p in setting.split(", ") if "=" in p] if setting else []
+
+
+def _specific(r: dict) -> tuple[bool, str]:
+    """Is a decided verdict specific: different from its null's verdict, or its interval excludes the null's
+    value (and the same against the data-level null where the claim has one)?"""
+    if r["verdict"] not in (SUPPORTED, NOT_SUPPORTED):
+        return False, f"verdict {r['verdict']}: nothing to compare"
+    if r["null_verdict"] in ("", NOT_TESTABLE):
+        return False, f"null not testable here: {r['null_reason'] or 'no null'}"
+    why = []
+    for tag, nv, nval in (("null model", r["null_verdict"], r["null_measured"]),
+                          ("noise", r.get("noise_verdict", ""), r.get("noise_measured", float("nan")))):
+        if not nv:
+            continue
+        lo, hi = r["measured_lo"], r["measured_hi"]
+        excl = np.isfinite(nval) and np.isfinite(lo) and np.isfinite(hi) and not lo <= nval <= hi
+        if nv != r["verdict"]:
+            why.append(f"{tag} reads {nv}")
+        elif excl:
+            why.append(f"interval [{_num(lo)}, {_num(hi)}] excludes the {tag}'s {_num(nval)}")
+        else:
+            return False, f"the {tag} gives the same verdict ({nv})" + (
+                f" and {_num(nval)} lies inside the interval" if np.isfinite(lo) and np.isfinite(nval) else "")
+    return True, "; ".join(why)
+
+
+def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nulls: dict | None) -> None:
+    """Fill the null columns of one claim's rows (in place): the claim decided on the null models' rows of the
+    same table (random-init twins; ``nulls`` = null model -> trained model), the data-level null, ``specific``."""
+    null_rows = {}
+    if nulls and table is not None and "model" in table:
+        nt = table[table.model.astype(str).isin(list(nulls))]
+        across = claim.get("scope") == "across_models"
+        for r in _verdict_rows(_null_claim(claim), nt if len(nt) else None, sorted(set(nulls))):
+            m = r["model"]
+            keys = ([(x["model"], r["setting"]) for x in rows] if across else [(nulls.get(m), r["setting"])])
+            for k in keys:
+                null_rows.setdefault(k, r)
+    for r in rows:
+        n = null_rows.get((r["model"], r["setting"]))
+        if not nulls:
+            r.update(null_model="", null_measured=float("nan"), null_measured_text="", null_verdict=NOT_TESTABLE,
+                     null_reason="no null model in this run (nulls.random_init: false)")
+        elif n is None:
+            twin = [k for k, v in nulls.items() if v == r["model"]]
+            r.update(null_model=twin[0] if twin else "", null_measured=float("nan"), null_measured_text="",
+                     null_verdict=NOT_TESTABLE,
+                     null_reason=(f"no row of {twin[0]} in {claim['table']} for this setting" if twin else
+                                  f"no null model of {r['model']} in this run"))
+        else:
+            r.update(null_model=n["model"], null_measured=_f(n.get("measured")), null_measured_text=n.get("measured_text", ""),
+                     null_verdict=n["verdict"], null_reason=n["reason"])
+        val, verdict = _noise_result(claim, table, r)
+        r.update(noise_column=claim.get("null_value", "") if verdict else "", noise_measured=val, noise_verdict=verdict)
+        r["specific"], r["specific_reason"] = _specific(r)
+
+
+def headline(df: pd.DataFrame) -> dict:
+    """Counts of :data:`HEADLINE`: supported and specific ("specific finding"), supported but the null reads the
+    same ("supported, not specific"), not supported, inconclusive, not testable here."""
+    sup = df.verdict == SUPPORTED
+    spec = df.specific.astype(str) == "True"
+    return {HEADLINE[0]: int((sup & spec).sum()), HEADLINE[1]: int((sup & ~spec).sum()),
+            **{v: int((df.verdict == v).sum()) for v in (NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)}}
+
+
+def claims_table(tables: dict, *, models: list[str] | None = None, path: str | None = None,
+                 nulls: dict | None = None) -> pd.DataFrame:
     """The scorecard: every claim of the claims file decided on this run's tables, one row per claim and model.
 
     Args:
@@ -435,6 +546,8 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
             table this run did not produce (its claims are "not testable here: table not produced by this run").
         models: the run's models (rows of a claim whose table is missing).
         path: a claims file instead of the package's ``llmgeom/data/claims.yaml``.
+        nulls: null model -> the trained model it is the null of (random-init twins, step-0 checkpoints; issue
+            28). Their rows are taken out of the tables' rows and decided by the same rule into the null columns.
 
     Returns:
         DataFrame with :data:`SCORECARD_COLUMNS`: claim_id, claim (sentence), paper, section, table, column,
@@ -443,7 +556,11 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
         column), measured_text, published (value text), published_on (paper, where), published_models (what the
         published value was measured on), same_model (True: published for this very model), comparison_flags
         (unlike settings: different models, secondary source, text, estimator ...), rule (kind and parameters),
-        verdict (one of :data:`VERDICTS`, never empty) and reason (never empty).
+        verdict (one of :data:`VERDICTS`, never empty) and reason (never empty); null_model, null_measured,
+        null_measured_text, null_verdict, null_reason (the claim decided on the model's null, "not testable here"
+        with the reason where there is none), noise_column / noise_measured / noise_verdict (the data-level null of
+        claims with ``null_value``: isotropic data of the same n and d), specific (bool: the verdict differs from
+        every null's, or its interval excludes the null's value) and specific_reason.
 
     Raises:
         ClaimsDataError: a malformed claims file.
@@ -451,14 +568,20 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
     Source: issue 19; the claims' papers and sections are in the file.
     """
     rows = []
+    nulls = dict(nulls or {})
     for c in load_claims(path):
         t = tables.get(c["table"])
-        rows += _verdict_rows(c, t, list(models or []))
+        tt = t[~t.model.astype(str).isin(list(nulls))] if t is not None and nulls and "model" in t else t
+        got = _verdict_rows(c, tt, [m for m in (models or []) if m not in nulls])
+        _attach_nulls(got, c, t, nulls)
+        rows += got
     df = pd.DataFrame(rows)
     for col in SCORECARD_COLUMNS:
         if col not in df:
             df[col] = ""
-    for col in ("published", "published_quantity", "published_on", "published_models", "comparison_flags", "setting", "measured_text"):
+    for col in ("published", "published_quantity", "published_on", "published_models", "published_official_code",
+                "comparison_flags", "setting",
+                "measured_text", "null_model", "null_measured_text", "null_reason", "noise_column", "noise_verdict"):
         df[col] = df[col].fillna("")
     return df[SCORECARD_COLUMNS]
 

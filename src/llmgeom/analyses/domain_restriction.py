@@ -130,10 +130,14 @@ def _topics(meta_ds) -> list[str]:
     return out
 
 
+_NULL_NAN = dict(pc1_iso=np.nan, pc12_iso=np.nan, pc1_shuffled=np.nan, pc12_shuffled=np.nan, null_reps=0)
+
+
 def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, labels: dict | None = None,
                               n_quantiles: int = 5, per_quantile: int = 15, edges: str = "per_set",
                               n_boot: int = 100, ci: float = 0.95, seed: int = 0, layers="all",
-                              standardize=(True, False), score_layers="last", log=print) -> dict:
+                              standardize=(True, False), score_layers="last", data_reps: int = 0,
+                              log=print) -> dict:
     """Domain restriction (Paper III sec. 4, Table 1): value-manifold statistics of entropy-stratified
     selections from the mixed pool and from each single-topic pool, and their change vs mixed.
 
@@ -148,6 +152,9 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         layers: "all", "last" or block indices (value layers 0..L-1; residual stream = output of block l).
         standardize: variants (True = z-scored coordinates, Paper III; False = raw, centred only).
         score_layers: layers at which per-prompt PC1/PC2 scores are kept ("last" by default).
+        data_reps: replicates of the data-level nulls at the ``score_layers`` of the standardized variant
+            (:func:`llmgeom.measures.pca.null_shares`: isotropic Gaussian = Horn's parallel analysis, and
+            each coordinate shuffled across prompts, at the same n and d); 0: none (NaN columns).
 
     Returns:
         dict of three DataFrames:
@@ -161,7 +168,8 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         pc2, pc12 fractions of variance with *_lo/*_hi basic-bootstrap bounds and *_bc bias-corrected
         estimates 2 t - mean(replicates), participation_ratio (full spectrum), participation_ratio_top10,
         spearman_rho / spearman_p of the PC1 score vs next-token entropy with PC1's sign fixed so that
-        rho >= 0, pc1_sign = "spearman(next_token_entropy) >= 0", ...), boot_seed, and the change vs the mixed selection at the same representation,
+        rho >= 0, pc1_sign = "spearman(next_token_entropy) >= 0", ...), boot_seed, the data-level nulls
+        pc1_iso, pc12_iso, pc1_shuffled, pc12_shuffled, null_reps (``data_reps``; NaN / 0 off the score layers), and the change vs the mixed selection at the same representation,
         layer and variant: delta_pc1, delta_pc2, delta_pc12 (restricted - mixed; *_lo/*_hi = basic-bootstrap
         CI of the difference of independent bootstrap replicates; delta_pc1_bc / delta_pc12_bc = 2 delta -
         mean(replicate differences), the centre of that interval), delta_participation_ratio,
@@ -251,6 +259,9 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                                relative_depth=relative_depth(layer, L), **st)
                     row["standardized"] = bool(std)
                     row["boot_seed"] = bseed
+                    row.update(_NULL_NAN if not (data_reps and std and layer in keep_scores) else
+                               geometry.null_shares(X, n_reps=data_reps, seed=derived_seed(seed, s + "/null"),
+                                           standardize=True))
                     if s == mixed_set:
                         mixed_ref[key] = (st, boot)
                     mst, mboot = mixed_ref[key]

@@ -26,7 +26,7 @@ def axis_entropy_corr(proj, h_model, sigma: float) -> tuple[float, bool]:
     return pearson(proj, h_model)[0], False
 
 
-def _cond_stats(hm, hb, proj_e, proj_f, sig_e, sig_f) -> dict:
+def _cond_stats(hm, hb, proj_e, proj_f, sig_e, sig_f, pc1_f=None) -> dict:
     from llmgeom.analyses.sula import sula_stats
 
     st = sula_stats(hm, hb)
@@ -34,6 +34,7 @@ def _cond_stats(hm, hb, proj_e, proj_f, sig_e, sig_f) -> dict:
     cf, df_ = axis_entropy_corr(proj_f, hm, sig_f)
     return {"mae_bits": st["mae_bits"], "pearson_r": st["pearson_r"], "axis_corr_edited": ce,
             "axis_corr_final": cf, "degenerate_edited": de, "degenerate_final": df_,
+            "pc1_corr_final": pearson(pc1_f, hm)[0] if pc1_f is not None and np.isfinite(pc1_f).all() else np.nan,
             "mean_h_model_bits": st["mean_h_model_bits"]}
 
 
@@ -50,7 +51,11 @@ def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.9
         DataFrame with model, run, layers, axis, edit, shift_sigmas, positions, n, probe_layer_edited (the
         last edited layer), probe_layer_final (the model's last layer), mae_bits, pearson_r,
         axis_corr_edited / axis_corr_final (Pearson corr(v.u_ent, H_model) at the probe layer after the
-        edit; 0 and degenerate_* = True when the projection is (numerically) constant), mean_h_model_bits,
+        edit; 0 and degenerate_* = True when the projection is (numerically) constant: after axis_cut at that
+        layer it is 0 by construction, so no claim is decided on it), pc1_corr_final (Pearson corr of the PC1
+        recomputed on the post-edit last-layer values with the post-edit H_model, >= 0 by its sign convention:
+        what an edit leaves of the entropy geometry; NaN in tables without ``pc1_recomputed_L*``),
+        final_layer_edited (the last layer is among the edited ones), mean_h_model_bits,
         mean_abs_dh_model_bits (mean |H_model(edit) - H_model(baseline)| per prompt), mean_label_mass,
         baseline values (*_base), and delta_* = edited - baseline with delta_*_lo / _hi bounds (basic
         bootstrap, resampling prompts jointly for the edit and the baseline) and delta_*_bc = 2 delta -
@@ -85,8 +90,11 @@ def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.9
         pe = g[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
         pe0 = base[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
         args = (sig.get(le, np.nan), sig[final])
-        st = _cond_stats(hm, hb, pe, pf, *args)
-        st0 = _cond_stats(hm0, hb, pe0, pf0, *args)
+        rc = f"pc1_recomputed_L{final}"  # absent in tables written before issue 28
+        qf = g[rc].to_numpy(np.float64) if rc in g else None
+        qf0 = base[rc].to_numpy(np.float64) if rc in base else None
+        st = _cond_stats(hm, hb, pe, pf, *args, qf)
+        st0 = _cond_stats(hm0, hb, pe0, pf0, *args, qf0)
         keys = ("mae_bits", "pearson_r", "axis_corr_edited", "axis_corr_final")
         boots = np.full((n_boot, len(keys)), np.nan)
         for b in range(n_boot):
@@ -98,6 +106,7 @@ def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.9
                    axis=g.axis.iloc[0], edit=g.edit.iloc[0], shift_sigmas=float(g.shift_sigmas.iloc[0]),
                    positions=g.positions.iloc[0], n=n, probe_layer_edited=le if le is not None else np.nan,
                    probe_layer_final=final, **st,
+                   final_layer_edited=final in layers,
                    mean_abs_dh_model_bits=float(np.mean(np.abs(hm - hm0))),
                    mean_label_mass=float(g.label_mass.mean()))
         for k in keys:

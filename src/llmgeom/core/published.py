@@ -6,6 +6,13 @@ column ``x``, the text columns ``x_published`` (value or range of the entry publ
 prompt-set kind; "" when there is none) and ``x_published_on`` (source), and the published models as rows of
 their own (``source`` = "published"; issue 19).
 
+Every entry says what kind of source it is (``source_kind``, issue 28 point 3): ``paper`` (the paper's text,
+arXiv version in ``where``), ``official_code`` (the official code's committed output: repository, file,
+commit date in ``source``), ``secondary`` (a secondary source quoting the paper), ``replication`` (an
+independent replication) or ``other_study`` (another study of another model). Verdicts decide on the paper's
+tier (paper, else secondary; official code only where neither exists: :func:`comparison_entries`); the other
+kinds are shown beside it (:func:`entries_by_kind`, ``add_published(also=...)``), never folded into its range.
+
 May import: the standard library, yaml, pandas (inside the functions that build tables).
 """
 
@@ -18,9 +25,19 @@ from pathlib import Path
 import yaml
 
 DATA_FILE = "data/published.yaml"
-_FIELDS = {"quantity", "value", "range", "min", "unit", "paper", "where", "models", "model", "kind", "secondary",
-           "source", "reading", "note"}
+_FIELDS = {"quantity", "value", "range", "min", "unit", "paper", "where", "models", "model", "kind", "source_kind",
+           "source", "layer", "reading", "note"}
 _KINDS = ("mixed", "restricted")
+#: the kinds of source an entry can have, in the order tables show them (issue 28 point 3)
+SOURCE_KINDS = ("paper", "official_code", "secondary", "replication", "other_study")
+#: the kinds that are the paper's own numbers (derived ``secondary`` is False for them)
+PRIMARY_KINDS = ("paper", "official_code")
+#: the tiers :func:`comparison_entries` decides on, first non-empty one wins: the paper's values (its text, or
+#: a secondary source quoting it), else the official code's committed output. Replications and other studies
+#: never decide a verdict.
+DECIDING_TIERS = (("paper", "secondary"), ("official_code",))
+_KIND_LABEL = {"paper": "paper", "official_code": "official code", "secondary": "secondary source",
+               "replication": "independent replication", "other_study": "other study"}
 
 
 class PublishedDataError(ValueError):
@@ -44,13 +61,19 @@ def load_published(path: str | None = None) -> dict[str, list[dict]]:
         each entry has exactly one of ``value`` (float), ``range`` ([lo, hi] floats) or ``min`` (float lower
         bound), plus ``unit``, ``paper`` (the title), ``paper_key``, ``where``, ``models`` (strings),
         ``model`` (the model's short name when the value belongs to one model, e.g. "Pythia-410M"; else ""),
-        ``kind`` ("mixed" / "restricted" prompt set when the value belongs to one; else ""), ``secondary``
-        (True: found only in a secondary source, named in ``source``) and optionally ``reading`` / ``note``.
+        ``kind`` ("mixed" / "restricted" prompt set when the value belongs to one; else ""), ``source_kind``
+        (one of :data:`SOURCE_KINDS`), ``source`` (str, "" for a paper entry: who quotes it / the repository,
+        file and commit date / the replication or study), ``secondary`` (bool, derived: True unless
+        source_kind is paper or official_code; kept for readers of the old field), ``layer`` (int or None:
+        the layer a per-layer value belongs to) and optionally ``reading`` / ``note``.
 
     Raises:
-        PublishedDataError: unknown field, missing source, an entry with no number or two kinds of number,
-            a paper key not listed under ``papers``, the same quantity twice for the same models, lo > hi, a
-            ``kind`` other than mixed / restricted, or ``secondary: true`` without a ``source``.
+        PublishedDataError: unknown field (the old ``secondary: true`` included: use ``source_kind``), missing
+            source, a missing or unknown ``source_kind`` (the message names the entry and the allowed kinds), a
+            ``paper`` entry whose ``where`` names no arXiv version, a non-paper entry without ``source``, an
+            entry with no number or two kinds of number, a paper key not listed under ``papers``, the same
+            quantity twice for the same models, source kind and layer, lo > hi, or a ``kind`` other than
+            mixed / restricted.
     """
     p = Path(path) if path else _default_path()
     doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
@@ -63,7 +86,13 @@ def load_published(path: str | None = None) -> dict[str, list[dict]]:
         q = str(e["quantity"])
         bad = set(e) - _FIELDS
         if bad:
-            raise PublishedDataError(f"{where} ({q}): unknown field(s) {sorted(bad)}; valid: {sorted(_FIELDS)}")
+            hint = " ('secondary' is now source_kind: secondary)" if "secondary" in bad else ""
+            raise PublishedDataError(f"{where} ({q}): unknown field(s) {sorted(bad)}{hint}; valid: {sorted(_FIELDS)}")
+        sk = e.get("source_kind")
+        if sk not in SOURCE_KINDS:
+            what = "missing 'source_kind'" if sk is None else f"unknown source_kind {sk!r}"
+            raise PublishedDataError(f"{where} ({q}, models {e.get('models')!r}): {what}; allowed kinds: "
+                                     f"{list(SOURCE_KINDS)}")
         kinds = [k for k in ("value", "range", "min") if k in e]
         if len(kinds) != 1:
             raise PublishedDataError(f"{where} ({q}): needs exactly one of value / range / min, got {kinds}")
@@ -73,14 +102,21 @@ def load_published(path: str | None = None) -> dict[str, list[dict]]:
         if e["paper"] not in papers:
             raise PublishedDataError(f"{where} ({q}): paper {e['paper']!r} is not listed under 'papers' "
                                      f"({sorted(papers)})")
-        if any(o["models"] == e["models"] for o in out.get(q, [])):
-            raise PublishedDataError(f"{where}: quantity {q!r} appears twice for models {e['models']!r}")
+        layer = None if e.get("layer") is None else int(e["layer"])
+        if any(o["models"] == e["models"] and o["source_kind"] == sk and o["layer"] == layer
+               for o in out.get(q, [])):
+            raise PublishedDataError(f"{where}: quantity {q!r} appears twice for models {e['models']!r} "
+                                     f"(source_kind {sk}, layer {layer})")
         if e.get("kind") and e["kind"] not in _KINDS:
             raise PublishedDataError(f"{where} ({q}): kind {e['kind']!r} must be one of {list(_KINDS)}")
-        if e.get("secondary") and not e.get("source"):
-            raise PublishedDataError(f"{where} ({q}): secondary: true needs a 'source' (where the number was found)")
+        if sk != "paper" and not e.get("source"):
+            raise PublishedDataError(f"{where} ({q}): source_kind {sk} needs a 'source' (who quotes it / repository, "
+                                     "file and commit date / the replication or study)")
+        if sk == "paper" and "arxiv" not in str(e["where"]).lower():
+            raise PublishedDataError(f"{where} ({q}): source_kind paper needs the arXiv version in 'where'")
         ent = dict(e, paper=str(papers[e["paper"]]), paper_key=e["paper"], model=str(e.get("model") or ""),
-                   kind=str(e.get("kind") or ""), secondary=bool(e.get("secondary", False)))
+                   kind=str(e.get("kind") or ""), source_kind=sk, source=str(e.get("source") or ""),
+                   secondary=sk not in PRIMARY_KINDS, layer=layer)
         if "range" in e:
             lo, hi = (float(v) for v in e["range"])
             if lo > hi:
@@ -105,37 +141,55 @@ def _num(v: float) -> str:
     return f"{v:.3g}"
 
 
+_VALUE_TAG = {"secondary": " (secondary)", "replication": " (replication)", "other_study": " (other study)"}
+
+
 def value_text(e: dict) -> str:
-    """An entry's number as text: "0.87-1.12" (range), "> 0.985" (min) or "0.007" (value); "(secondary)"
-    appended for an entry found only in a secondary source."""
+    """An entry's number as text: "0.87-1.12" (range), "> 0.985" (min) or "0.007" (value), with " (secondary)",
+    " (replication)" or " (other study)" appended by ``source_kind`` (nothing for paper and official_code: the
+    official code's values are told apart by their column / :func:`source_text`)."""
     if "range" in e:
         s = f"{_num(e['range'][0])}-{_num(e['range'][1])}"
     elif "min" in e:
         s = f"> {_num(e['min'])}"
     else:
         s = _num(e["value"])
-    return s + " (secondary)" if e.get("secondary") else s
+    return s + _VALUE_TAG.get(_kind(e), "")
+
+
+def _kind(e: dict) -> str:
+    return e.get("source_kind") or ("secondary" if e.get("secondary") else "paper")
 
 
 def source_text(e: dict) -> str:
-    """Where an entry is published: "paper, where", plus "; secondary source: ..." for a secondary entry."""
+    """Where an entry is published, with its kind: "paper, where" for the paper's text; "paper, where;
+    official code: repository, file, commit date" / "; secondary source: ..." / "; independent replication: ..."
+    / "; other study: ..." for the other kinds (``source`` after the kind's label)."""
     s = f"{e['paper']}, {e['where']}"
-    return s + f"; secondary source: {e['source']}" if e.get("secondary") else s
+    k = _kind(e)
+    return s if k == "paper" else s + f"; {_KIND_LABEL[k]}: {e.get('source') or ''}"
+
+
+def _shown(quantity: str, path: str | None) -> list[dict]:
+    tier = deciding_kinds(quantity, path=path)
+    return [e for e in load_published(path).get(quantity, []) if e["source_kind"] in tier]
 
 
 def published_text(quantity: str, *, path: str | None = None) -> str:
     """The published value of ``quantity`` as text ("0.87-1.12", "> 0.985", "0.007"); with one entry per
-    model, "value (models); value (models)"; "" if the file holds none."""
-    es = load_published(path).get(quantity, [])
+    model, "value (models); value (models)"; "" if the file holds none. Only the quantity's deciding tier
+    (:func:`deciding_kinds`: the paper's values, else the official code's), as ``*_published`` columns show
+    it; the other kinds: :func:`entries_by_kind`."""
+    es = _shown(quantity, path)
     if len(es) == 1:
         return value_text(es[0])
     return "; ".join(f"{value_text(e)} ({e['models']})" for e in es)
 
 
 def published_on(quantity: str, *, path: str | None = None) -> str:
-    """What the published value of ``quantity`` was measured on and where it is published:
-    "models (paper, where)"; "" if none."""
-    es = load_published(path).get(quantity, [])
+    """What the published value of ``quantity`` (:func:`published_text`) was measured on and where it is
+    published: "models (paper, where[; kind: source])"; "" if none."""
+    es = _shown(quantity, path)
     if len(es) == 1:
         e = es[0]
         return f"{e['models']} ({source_text(e)})"
@@ -148,32 +202,84 @@ def model_key(name) -> str:
     return "".join(ch for ch in str(name).lower() if ch.isalnum())
 
 
-def matching_entries(quantity: str, model, kind: str | None = None, *, path: str | None = None) -> list[dict]:
+def matching_entries(quantity: str, model, kind: str | None = None, *, path: str | None = None,
+                     source_kinds=None) -> list[dict]:
     """Entries of ``quantity`` published for ``model`` (by :func:`model_key`) and, when both name one, the same
     prompt-set ``kind`` (mixed / restricted). An entry without a ``model`` (a range over several models, e.g.
-    LSM's six transformers) matches no row: it is compared, not attached (issue 19)."""
+    LSM's six transformers) matches no row: it is compared, not attached (issue 19). ``source_kinds`` (an
+    iterable of :data:`SOURCE_KINDS`; None = all) keeps only entries of those kinds; file order otherwise."""
     out = []
     for e in load_published(path).get(quantity, []):
         if not e["model"] or model_key(e["model"]) != model_key(model):
             continue
         if kind and e["kind"] and kind != e["kind"]:
             continue
+        if source_kinds is not None and e["source_kind"] not in source_kinds:
+            continue
         out.append(e)
     return out
 
 
+def deciding_kinds(quantity: str, *, path: str | None = None) -> tuple[str, ...]:
+    """The source kinds whose entries of ``quantity`` decide verdicts and fill ``*_published``: the first tier
+    of :data:`DECIDING_TIERS` that the file holds any entry of (("paper", "secondary"), else
+    ("official_code",)); () when the quantity has only replication / other_study entries or none. Chosen per
+    quantity over all its models, so an official-code number for one model never replaces or widens the
+    paper's numbers for the others."""
+    have = {e["source_kind"] for e in load_published(path).get(quantity, [])}
+    for tier in DECIDING_TIERS:
+        if have & set(tier):
+            return tier
+    return ()
+
+
+def entries_by_kind(quantity: str, model=None, kind: str | None = None, *,
+                    path: str | None = None) -> dict[str, list[dict]]:
+    """The entries of ``quantity`` grouped by ``source_kind``, to show the paper's and the official code's
+    values side by side.
+
+    Args:
+        quantity: a quantity of the data file.
+        model: our model's name (matched by :func:`model_key`, as :func:`matching_entries`); None: every entry
+            of the quantity, whatever model it names (including ranges over several models).
+        kind: prompt-set kind ("mixed" / "restricted"): keeps entries of that kind or of none; None: all.
+
+    Returns:
+        {source_kind: [entry, ...]} with only the kinds present, in :data:`SOURCE_KINDS` order (paper,
+        official_code, secondary, replication, other_study); {} when none. E.g. ("paper3_table1_pc12",
+        "pythia-410m", "mixed") -> {"paper": [0.997 entry], "official_code": [0.277 entry]}.
+    """
+    if model is None:
+        es = [e for e in load_published(path).get(quantity, []) if not kind or e["kind"] in ("", kind)]
+    else:
+        es = matching_entries(quantity, model, kind, path=path)
+    return {k: [e for e in es if e["source_kind"] == k] for k in SOURCE_KINDS
+            if any(e["source_kind"] == k for e in es)}
+
+
 def comparison_entries(quantity: str, model, kind: str | None = None, *,
                        path: str | None = None) -> tuple[list[dict], bool]:
-    """The entries to compare a measurement of ``model`` with: ``(entries, same_model)``.
+    """The entries to compare a measurement of ``model`` with (the range of ``inside_published_range``):
+    ``(entries, same_model)``.
 
-    The entries published for ``model`` (:func:`matching_entries`; same_model True) when the file has any;
-    else the per-model entries of the other published models (same_model False: a comparison across models);
-    else the entries that name no model (a range over several models, e.g. LSM's six transformers). ``kind``
-    (mixed / restricted) keeps only entries of that kind or of none. ``[]`` when the file has no entry."""
-    own = matching_entries(quantity, model, kind, path=path)
+    Only entries of the quantity's deciding tier (:func:`deciding_kinds`): the paper's values (source_kind
+    paper, or a secondary source quoting the paper) when the file holds any for the quantity, else the official
+    code's committed output (e.g. Paper I's wind-tunnel README, Cheng et al.'s json). Within that tier, as
+    before issue 28: the entries published for ``model`` (:func:`matching_entries`; same_model True) when
+    there are any; else the per-model entries of the other published models (same_model False: a comparison
+    across models); else the entries that name no model (a range over several models, e.g. LSM's six
+    transformers). ``kind`` (mixed / restricted) keeps only entries of that kind or of none.
+
+    Decided explicitly (issue 28 point 3): official-code entries of a quantity the paper also gives (e.g.
+    Pythia-410M PC1+PC2 0.277 beside Table 1's 0.997), replications and other studies (e.g. Brett 2026's own
+    Qwen3.5-4B-Base row) never enter the range, so adding them changes no existing verdict; show them with
+    :func:`entries_by_kind`. ``[]`` when the tier has no entry."""
+    tier = deciding_kinds(quantity, path=path)
+    own = matching_entries(quantity, model, kind, path=path, source_kinds=tier)
     if own:
         return own, True
-    es = [e for e in load_published(path).get(quantity, []) if not kind or e["kind"] in ("", kind)]
+    es = [e for e in load_published(path).get(quantity, [])
+          if e["source_kind"] in tier and (not kind or e["kind"] in ("", kind))]
     named = [e for e in es if e["model"]]
     return (named or es), False
 
@@ -183,8 +289,9 @@ def _row_label(e: dict) -> str:
 
 
 def add_published(df, mapping: dict[str, str], *, path: str | None = None, model_col: str = "model",
-                  kind_col: str | None = None, rows: bool = False):
-    """Published values beside and below our rows (issue 19: matched by model and prompt-set kind).
+                  kind_col: str | None = None, rows: bool = False, also=()):
+    """Published values beside and below our rows (issue 19: matched by model and prompt-set kind; issue 28:
+    by source kind).
 
     Args:
         df: pandas DataFrame of measured rows with a ``model_col`` column.
@@ -195,36 +302,56 @@ def add_published(df, mapping: dict[str, str], *, path: str | None = None, model
         rows: also append the published models as rows of their own (``source`` = "published", the model's
             published name in ``model_col``, the entry's kind in ``kind_col``, the published number in the
             measured column when it is a single value, its text in ``<col>_published``).
+        also: further source kinds (of :data:`SOURCE_KINDS`, e.g. ("official_code",)) shown side by side with
+            the deciding tier: per kind ``k`` the columns ``<col>_<k>`` (value text) and ``<col>_<k>_on``
+            (source) after ``<col>_published_on``; with ``rows``, their entries as published rows of their own
+            and a ``source_kind`` column (the entry's kind on published rows, "" on measured rows).
 
     Returns:
-        a copy of ``df`` with ``<col>_published`` (value text of the entry published for the row's model and
-        kind, "" when none: a value is never attached by quantity alone) and ``<col>_published_on`` (paper,
-        where; secondary source) right after each measured column; a ``source`` column ("measured" unless
-        ``df`` already has one); with ``rows``, one appended row per published model (and kind), each published
-        value once, ``secondary`` (True where any value of the row is from a secondary source) and
-        ``published_source`` (the row's sources, " | "-separated).
+        a copy of ``df`` with ``<col>_published`` (value text of the entries of the quantity's deciding tier,
+        :func:`deciding_kinds`, published for the row's model and kind; "" when none: a value is never attached
+        by quantity alone, and an official-code value never stands in for the paper's) and
+        ``<col>_published_on`` (paper, where; kind and source, :func:`source_text`) right after each measured
+        column; a ``source`` column ("measured" unless ``df`` already has one); with ``rows``, one appended row
+        per published model (and kind, and source kind), each published value once, ``secondary`` (True where
+        any value of the row is not the paper's or the official code's own, i.e. the derived flag) and
+        ``published_source`` (the row's sources, " | "-separated). Without ``also`` the output is what it was
+        before source kinds existed.
+
+    Raises:
+        ValueError: a kind in ``also`` that is not one of :data:`SOURCE_KINDS`.
     """
     import pandas as pd
 
+    also = tuple(also)
+    bad = [k for k in also if k not in SOURCE_KINDS]
+    if bad:
+        raise ValueError(f"add_published(also=...): unknown source kind(s) {bad}; allowed: {list(SOURCE_KINDS)}")
     d = df.copy()
     if "source" not in d.columns:
         d["source"] = "measured"
     cols = [c for c in mapping if c in d.columns]
     for col in cols:
         q = mapping[col]
-        hits = [matching_entries(q, r[model_col], r[kind_col] if kind_col else None, path=path)
-                for _, r in d.iterrows()]
+        tier = deciding_kinds(q, path=path)
         pos = list(d.columns).index(col) + 1
-        d.insert(pos, f"{col}_published", ["; ".join(value_text(e) for e in h) for h in hits])
-        d.insert(pos + 1, f"{col}_published_on", ["; ".join(source_text(e) for e in h) for h in hits])
+        for j, (suffix, kinds) in enumerate([("published", tier)] + [(k, (k,)) for k in also]):
+            hits = [matching_entries(q, r[model_col], r[kind_col] if kind_col else None, path=path,
+                                     source_kinds=kinds) for _, r in d.iterrows()]
+            d.insert(pos + 2 * j, f"{col}_{suffix}", ["; ".join(value_text(e) for e in h) for h in hits])
+            d.insert(pos + 2 * j + 1, f"{col}_{suffix}_on", ["; ".join(source_text(e) for e in h) for h in hits])
     if not rows:
         return d
     pub: dict[tuple, dict] = {}
     for col in cols:
+        shown = set(deciding_kinds(mapping[col], path=path)) | set(also)
         for e in load_published(path).get(mapping[col], []):
-            key = (_row_label(e), e["kind"] if kind_col else "")
+            if e["source_kind"] not in shown:
+                continue
+            key = (_row_label(e), e["kind"] if kind_col else "", e["source_kind"] if also else "")
             r = pub.setdefault(key, {model_col: key[0], "source": "published", "secondary": False,
-                                     **({kind_col: key[1] or None} if kind_col else {})})
+                                     **({kind_col: key[1] or None} if kind_col else {}),
+                                     **({"source_kind": e["source_kind"]} if also else {})})
             if "value" in e:
                 r[col] = e["value"]
             r[f"{col}_published"] = value_text(e)
@@ -234,26 +361,30 @@ def add_published(df, mapping: dict[str, str], *, path: str | None = None, model
                                                                             source_text(e)])))
     if "secondary" not in d.columns:
         d["secondary"] = False
+    if also and "source_kind" not in d.columns:
+        d["source_kind"] = ""
     out = pd.concat([d, pd.DataFrame(list(pub.values()), columns=None)], ignore_index=True)
     for col in cols:
-        for c in (f"{col}_published", f"{col}_published_on"):
+        for c in [f"{col}_published", f"{col}_published_on"] + [f"{col}_{k}{t}" for k in also for t in ("", "_on")]:
             out[c] = out[c].fillna("")
     return out
 
 
 def published_table(*, path: str | None = None):
-    """Every entry of the data file as one row (pandas DataFrame): quantity, model, kind, models, value, lo, hi
-    (range; ``min`` entries: lo = min, hi NaN), text (as shown in the tables), unit, paper, where, secondary,
-    source, reading, note. Written as ``results/summary/published.csv`` so that every entry reaches a table."""
+    """Every entry of the data file as one row (pandas DataFrame): quantity, model, kind, models, layer (None
+    unless per-layer), value, lo, hi (range; ``min`` entries: lo = min, hi NaN), text (as shown in the tables),
+    unit, paper, where, source_kind (:data:`SOURCE_KINDS`), secondary (derived: source_kind not paper /
+    official_code), source, reading, note. Written as ``results/summary/published.csv`` so that every entry
+    reaches a table."""
     import pandas as pd
 
     recs = []
     for q, es in load_published(path).items():
         for e in es:
             lo, hi = (e["range"] if "range" in e else (e.get("min", float("nan")), float("nan")))
-            recs.append(dict(quantity=q, model=e["model"], kind=e["kind"], models=e["models"],
+            recs.append(dict(quantity=q, model=e["model"], kind=e["kind"], models=e["models"], layer=e["layer"],
                              value=e.get("value", float("nan")), lo=lo, hi=hi, text=value_text(e), unit=e["unit"],
-                             paper=e["paper"], where=e["where"], secondary=e["secondary"],
-                             source=str(e.get("source") or ""), reading=str(e.get("reading") or ""),
+                             paper=e["paper"], where=e["where"], source_kind=e["source_kind"],
+                             secondary=e["secondary"], source=e["source"], reading=str(e.get("reading") or ""),
                              note=str(e.get("note") or "")))
     return pd.DataFrame(recs)

@@ -155,7 +155,9 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
         positions: "all" (every token) or "last" (final real token of each prompt).
 
     Returns:
-        {condition: {"logp": [n, 2] nats, "proj": {layer: [n]}}} (v.u_ent after the edit, raw units).
+        {condition: {"logp": [n, 2] nats, "proj": {layer: [n]}, "final_values": [n, D]}} (v.u_ent after the edit,
+        raw units; final_values: the post-edit last-token values at the last probe layer, for the PC1 recomputed
+        on them, :func:`intervention_experiment`).
 
     Source: Paper III sec. 4.5-4.6.
     """
@@ -165,8 +167,9 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
         raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
     head = Float32Head(model)
     n = len(seqs)
-    out = {c["condition"]: {"logp": np.zeros((n, 2)), "proj": {l: np.zeros(n) for l in probe_layers}}
-           for c in conditions}
+    last_probe = max(probe_layers)
+    out = {c["condition"]: {"logp": np.zeros((n, 2)), "proj": {l: np.zeros(n) for l in probe_layers},
+                            "final_values": np.zeros((n, axes[last_probe].u.size))} for c in conditions}
     starts = {min(c["layers"]) for c in conditions if c["layers"]}
     record = sorted(l0 - 1 for l0 in starts if l0 > 0) if skip else []
     dev = next(model.parameters()).device
@@ -201,9 +204,32 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
             for l in probe_layers:
                 v = r["values"].get(l, base["values"][l] if base is not None else None)
                 rec["proj"][l][idx] = v.astype(np.float64) @ axes[l].u
+                if l == last_probe:
+                    rec["final_values"][idx] = v
     bar.close()
     log(f"[interventions] {len(conditions)} conditions x {n} prompts in {time.time() - t0:.1f} s")
     return out
+
+
+def recomputed_pc1(values, h_model, layer: int) -> np.ndarray:
+    """PC1 scores of the post-edit values, the PCA recomputed on them (issue 28 point 2).
+
+    After ``axis_cut`` the projection on the fitted axis is constant by construction; whether the edit removed
+    the entropy geometry, or another direction of the same values still orders the prompts by entropy, is told
+    by the PC1 of the edited values themselves. Fitted as the entropy axis is
+    (:func:`llmgeom.interventions.axes.entropy_axis`: standardized values, sign so that corr(score, H_model) >= 0).
+
+    Args:
+        values: [n, D] post-edit last-token values at ``layer``; h_model: [n] the post-edit model entropy (bits).
+
+    Returns:
+        [n] float64 scores v.u (raw units); NaN everywhere when the values do not vary (nothing to fit).
+    """
+    try:
+        ax = entropy_axis(values, h_model, layer=layer)
+    except ValueError:
+        return np.full(len(values), np.nan)
+    return np.asarray(values, np.float64) @ ax.u
 
 
 def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str, layers=("middle", "last"),
@@ -226,7 +252,8 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
         (per_prompt DataFrame, axes DataFrame, arrays dict for ``numpy.savez``). per_prompt has one row per
         condition and prompt: model, condition, run, layers ("15+29"), axis, edit, shift_sigmas, positions,
         prompt, k, n_L1, n_L2, h_bayes_bits, logp_l1, logp_l2 (nats), p_model, h_model_bits, label_mass, and
-        proj_L{l} (post-edit v.u_ent at probe layer l, raw units). axes has layer, sigma, corr_fit, pc1, pc1_sign,
+        proj_L{l} (post-edit v.u_ent at probe layer l, raw units), pc1_recomputed_L{last} (:func:`recomputed_pc1`
+        of the post-edit values at the model's last layer). axes has layer, sigma, corr_fit, pc1, pc1_sign,
         n_fit, flipped, random_dot_u (|u . r|), random_norm.
 
     Raises:
@@ -286,6 +313,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
              "p_model": p, "h_model_bits": h, "label_mass": np.exp(lp[:, 0]) + np.exp(lp[:, 1])}
         for l in probe:
             d[f"proj_L{l}"] = res[c["condition"]]["proj"][l]
+        d[f"pc1_recomputed_L{probe[-1]}"] = recomputed_pc1(res[c["condition"]]["final_values"], h, probe[-1])
         rows.append(pd.DataFrame(d))
     per_prompt = pd.concat(rows, ignore_index=True)
     ax_rows = [dict(model=model_name, layer=l, edited=l in edited, sigma=a.sigma, corr_fit=a.corr, pc1=a.pc1, pc1_sign=a.sign,

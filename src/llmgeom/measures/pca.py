@@ -601,3 +601,52 @@ def value_manifold_stats(X, next_token_entropy, *, n_boot: int, seed: int, stand
                            ci_method=ci_method).fit(X, next_token_entropy)
     stats = est.summary()
     return (stats, est.boot_) if return_boot else stats
+
+
+def null_shares(X, *, n_reps: int, seed: int, standardize: bool = True) -> dict:
+    """PC1 and PC1+PC2 shares that noise gives at the same n and d: the data-level nulls of the value manifold.
+
+    Two references, each the mean over ``n_reps`` replicates of :class:`ValueManifoldPCA` shares (same
+    ``standardize``):
+
+    * isotropic: i.i.d. N(0, 1) data of X's shape after constant columns are dropped ([n, d_used]); this is
+      Horn's (1965) parallel-analysis reference. For standardized isotropic data PC1+PC2 is about
+      2 / (n - 1) + O(sqrt(1/d)) when n < d (e.g. ~0.17 at n = 15, d = 1024), so a share is structure only as
+      far as it rises above it;
+    * shuffled: every column of X permuted independently across rows (the marginals kept, the joint
+      structure between coordinates destroyed).
+
+    Parameters
+    ----------
+    X : array [n_prompts, n_features] (float64 after casting).
+    n_reps : replicates (>= 1). seed : ``numpy.random.default_rng`` seed of both references.
+    standardize : as :class:`ValueManifoldPCA`.
+
+    Returns
+    -------
+    dict with pc1_iso, pc12_iso, pc1_shuffled, pc12_shuffled (fractions of variance, [0, 1]) and null_reps.
+
+    Raises
+    ------
+    ValueError : n_reps < 1, or as :meth:`ValueManifoldPCA.fit` (fewer than 2 rows, no variance).
+
+    Source: issue 28 point 1 (data-level nulls); Horn (1965), "A rationale and test for the number of
+    factors in factor analysis"; DESIGN.md sec. 5 (Statistics).
+    """
+    if int(n_reps) != n_reps or n_reps < 1:
+        raise ValueError(f"n_reps must be an integer >= 1, got {n_reps!r}")
+    X = np.asarray(X, np.float64)
+    if X.ndim != 2 or X.shape[0] < 2:
+        raise ValueError(f"X must be [n >= 2, d], got shape {X.shape}")
+    Xk = X[:, np.ptp(X, axis=0) > 0]
+    if not Xk.shape[1]:
+        raise ValueError("X has no varying column: no shares to compare with noise")
+    n, R = Xk.shape[0], int(n_reps)
+    rng = np.random.default_rng(seed)
+    one = np.arange(n)[None]  # each replicate as one "resample" holding every row once: the bootstrap path's shares
+    iso = np.concatenate([_bootstrap_shares(rng.standard_normal(Xk.shape), one, standardize) for _ in range(R)])
+    shuf = np.concatenate([_bootstrap_shares(np.take_along_axis(Xk, rng.random(Xk.shape).argsort(axis=0), axis=0),
+                                             one, standardize) for _ in range(R)])
+    return dict(pc1_iso=float(np.nanmean(iso[:, 0])), pc12_iso=float(np.nanmean(iso[:, 2])),
+                pc1_shuffled=float(np.nanmean(shuf[:, 0])), pc12_shuffled=float(np.nanmean(shuf[:, 2])),
+                null_reps=R)

@@ -35,6 +35,7 @@ from llmgeom.measures.orthogonality import (
     orthogonality,
 )
 from llmgeom.models import architectures as arch
+from llmgeom.models.random_init import random_init_skeleton  # noqa: F401  (one home: models.random_init)
 
 
 def key_orthogonality_rows(model) -> list[dict]:
@@ -50,15 +51,6 @@ def key_orthogonality_rows(model) -> list[dict]:
             rows.append(dict(layer=layer, kv_head=h, orthogonality=orthogonality(W),
                              d_model=int(W.shape[0]), head_dim=int(W.shape[1])))
     return rows
-
-
-def random_init_skeleton(config):
-    """The architecture of ``config`` on the ``meta`` device (no parameter memory), float32."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def _random_init_layer_heads(skeleton, layer: int, seed: int):

@@ -297,7 +297,7 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
         steps: optimizer steps; batch_size: sequences per step; lr: peak learning rate;
         warmup_steps: linear warm-up steps; weight_decay: AdamW decoupled weight decay;
         clip_norm: global gradient-norm clip; arch: :func:`check_arch` dict;
-        checkpoints: steps (1..steps) at which a full HF directory is also saved (:func:`checkpoint_dir`);
+        checkpoints: steps (0..steps; 0 = the initialization) at which a full HF directory is also saved (:func:`checkpoint_dir`);
         threads: torch intra-op threads during training; log: called with one line per event;
         name: model name in the manifest (default ``out_dir.name``);
         eval_every: validation interval in steps (default steps // 10; always at the last step);
@@ -329,8 +329,9 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
     if schedule not in ("cosine", "constant"):
         raise ValueError(f"schedule = {schedule!r}: must be 'cosine' or 'constant'")
     ckpts = sorted({int(k) for k in checkpoints})
-    if any(not 1 <= k <= steps for k in ckpts):
-        raise ValueError(f"checkpoints = {list(checkpoints)!r}: every step must lie in 1..steps = {steps}")
+    if any(not 0 <= k <= steps for k in ckpts):
+        raise ValueError(f"checkpoints = {list(checkpoints)!r}: every step must lie in 0..steps = {steps} "
+                         "(0: the initialization, the null model of issue 28)")
     eval_every = int(eval_every or max(1, steps // 10))
     log_every = int(log_every or max(1, steps // 20))
 
@@ -382,6 +383,16 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
         run_loss, run_n = 0.0, 0
         last_eval: dict = {}
         t0 = time.perf_counter()
+        if 0 in ckpts:  # the initialization itself (the null model): no training step, no RNG drawn
+            last_eval = evaluate(model, val, cand)
+            model.train()
+            path = tmp / ".checkpoints" / "step0"
+            path.mkdir(parents=True)
+            row0 = {"step": 0, "loss": "", "lr": 0.0, "val_mae_bits": last_eval["mae_bits"],
+                    "val_answer_mass": last_eval["answer_mass"], "val_kl_bits": last_eval["kl_bits"], "wall_s": 0.0}
+            _save_dir(path, model, tok, _manifest(checkpoint_dir(out_dir, 0).name, spec_n, training, arch_n, config,
+                                                  last_eval, 0, 0.0, n_params, checkpoint_of=name), [row0])
+            ckpt_tmp[0] = path
         for step in range(1, steps + 1):
             cur_lr = lr_at(step, **sched)
             for g in opt.param_groups:

@@ -715,6 +715,47 @@ def check_wind_tunnel(config: dict) -> dict:
     return tasks
 
 
+NULL_SUFFIX = "-randinit"  # name of an LLM's random-init twin: <model>-randinit
+
+
+def null_entries(config: dict) -> dict:
+    """The null models of a checked config (issue 28): name -> {"null_of": trained model, "kind", "seed"}.
+
+    Every model of ``models`` gets a random-init twin ``<model>-randinit`` (kind ``random_init``: built by
+    :func:`llmgeom.models.random_init.prepare_random_init` from the prepared model's config and tokenizer
+    with seed ``nulls.seed``); every wind-tunnel model its step-0 checkpoint ``<model>-step0`` (kind
+    ``step0``: the initialization its training started from), the null of the model and of its checkpoints.
+    Empty when ``nulls.random_init`` is false.
+
+    Raises:
+        ConfigError: a configured model already has a twin's name.
+    """
+    nl = config.get("nulls") or {}
+    if not nl.get("random_init", True):
+        return {}
+    out = {}
+    for m in config.get("models") or {}:
+        name = m + NULL_SUFFIX
+        if name in config["models"]:
+            raise ConfigError(f"models.{name}: this name is the random-init twin of models.{m} (nulls.random_init); "
+                              "rename the model, or set nulls.random_init: false")
+        out[name] = dict(null_of=m, kind="random_init", seed=int(nl.get("seed", 0)))
+    for m in ((config.get("wind_tunnel") or {}).get("models") or {}):
+        out[f"{m}-step0"] = dict(null_of=m, kind="step0", seed=None)
+    return out
+
+
+def null_of_models(config: dict) -> dict:
+    """trained model -> its null model (wind-tunnel checkpoints -> their model's step-0 checkpoint); see
+    :func:`null_entries`."""
+    nulls = null_entries(config)
+    out = {e["null_of"]: n for n, e in nulls.items()}
+    for name, e in wind_tunnel_entries(config).items():
+        if e["checkpoint"] and e["step"] != 0 and e["base"] in out:
+            out[name] = out[e["base"]]
+    return out
+
+
 def wind_tunnel_entries(config: dict) -> dict:
     """Every wind-tunnel model entry (final models and their checkpoints) of a checked config.
 
@@ -728,7 +769,8 @@ def wind_tunnel_entries(config: dict) -> dict:
         res = {k: spec.get(k) for k in ("mem_mb", "runtime", "gpus", "gpu_model", "batch_size", "threads")}
         res.update(dtype="float32", device_map=None)  # trained and analysed in float32, one device
         out[name] = dict(base=name, step=spec["training"]["steps"], checkpoint=False, task=spec["task"], **res)
-        for k in sorted(spec.get("checkpoints", [])):
+        steps0 = [0] if (config.get("nulls") or {}).get("random_init", True) else []  # the null (issue 28)
+        for k in sorted(set(spec.get("checkpoints", [])) | set(steps0)):
             out[f"{name}-step{k}"] = dict(base=name, step=k, checkpoint=True, task=spec["task"], **res)
     return out
 

@@ -1,0 +1,187 @@
+"""The answer on one screen (issue 28 point 4): the claims x models verdict matrix, one forest plot per numeric
+claim, and the front page ``results/index.html`` that shows both with the headline counts.
+
+Drawn from the scorecard (``results/summary/claims.csv``, :func:`llmgeom.analyses.claims.claims_table`) alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from llmgeom.plots.base import plt, save_figure
+
+#: cell colour per verdict; a supported verdict that its null shares is drawn pale and hatched
+VERDICT_COLORS = {"specific finding": "#1a9850", "supported, not specific": "#b8e0b0", "not supported": "#d73027",
+                  "inconclusive": "#fdae61", "not testable here": "#d9d9d9"}
+
+
+def _is_true(v) -> bool:
+    return str(v) == "True"
+
+
+def cell_category(row) -> str:
+    """Headline category of one scorecard row: "specific finding" / "supported, not specific" / the verdict."""
+    if row["verdict"] == "supported":
+        return "specific finding" if _is_true(row["specific"]) else "supported, not specific"
+    return row["verdict"]
+
+
+def _model_label(m: str) -> str:
+    return "all models" if str(m).startswith("all models") else str(m)
+
+
+def verdict_matrix(card: pd.DataFrame, paths) -> None:
+    """Claims x models matrix: one cell per claim and model, split into one stripe per setting (prompt set, run,
+    ...), coloured by :data:`VERDICT_COLORS`; a stripe whose null (random-init twin or data-level null) gives the
+    same verdict carries '=' (not specific).
+
+    Args:
+        card: the scorecard (claims.csv). paths: output files (PNG, PDF).
+    """
+    claims = list(dict.fromkeys(card.claim_id))
+    models = list(dict.fromkeys(_model_label(m) for m in card.model))
+    models = [m for m in models if m != "(any)"] + (["(any)"] if "(any)" in models else [])  # "(any)": no table
+    fig, ax = plt.subplots(figsize=(2.0 + 1.5 * len(models), 0.9 + 0.28 * len(claims)))
+    for i, c in enumerate(claims):
+        for j, m in enumerate(models):
+            g = card[(card.claim_id == c) & (card.model.map(_model_label) == m)]
+            k = len(g)
+            for s, (_, r) in enumerate(g.iterrows()):
+                cat = cell_category(r)
+                ax.add_patch(plt.Rectangle((j + s / k, i), 1 / k, 1, facecolor=VERDICT_COLORS[cat],
+                                           edgecolor="white", lw=0.6))
+                same = r["verdict"] in ("supported", "not supported") and r.get("null_verdict") == r["verdict"]
+                if same:
+                    ax.text(j + (s + 0.5) / k, i + 0.5, "=", ha="center", va="center", fontsize=8, color="#333333")
+    ax.set_xlim(0, len(models))
+    ax.set_ylim(len(claims), 0)
+    ax.set_xticks(np.arange(len(models)) + 0.5, models, rotation=20, ha="right", fontsize=8)
+    ax.set_yticks(np.arange(len(claims)) + 0.5, claims, fontsize=7)
+    ax.tick_params(length=0)
+    for sp in ax.spines.values():
+        sp.set_visible(False)
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c) for c in VERDICT_COLORS.values()]
+    ax.legend(handles, list(VERDICT_COLORS), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=7,
+              frameon=False)
+    ax.set_title("Claims x models ('=': the null model gives the same verdict; stripes: settings)", fontsize=8,
+                 pad=34)
+    save_figure(fig, paths)
+
+
+def _published_marks(claim_id: str, model: str):
+    """(paper range (lo, hi) or None, [official-code values]) of a claim's published quantity for ``model``."""
+    from llmgeom.analyses.claims import _published_range
+    from llmgeom.core.claims_data import load_claims
+    from llmgeom.core.published import entries_by_kind
+
+    c = next((c for c in load_claims() if c["id"] == claim_id), None)
+    if c is None or not c.get("published"):
+        return None, []
+    pr = _published_range(c, model, {})
+    rng = (pr[0], pr[1]) if pr else None
+    oc = entries_by_kind(c["published"], model, c.get("kind")).get("official_code", [])
+    vals = [e["value"] for e in oc if "value" in e]
+    return rng, vals
+
+
+def forest_plots(card: pd.DataFrame, paths) -> None:
+    """One forest plot per numeric claim (a panel each): per model and setting the measured value with its
+    interval (black), the null model's value (hollow circle), the data-level null (x), the published range
+    (shaded band: the paper's, or the source its tier names) and the official code's values (diamonds).
+
+    Args:
+        card: the scorecard (claims.csv). paths: output files (PNG, PDF).
+    """
+    num = card[np.isfinite(pd.to_numeric(card.measured, errors="coerce"))]
+    claims = list(dict.fromkeys(num.claim_id))
+    ncol = 3
+    nrow = max(1, math.ceil(len(claims) / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(13, 2.1 * nrow), squeeze=False)
+    for ax in axes.flat[len(claims):]:
+        ax.axis("off")
+    for ax, c in zip(axes.flat, claims):
+        g = num[num.claim_id == c].reset_index(drop=True)
+        labels = [f"{_model_label(m)}" + (f" ({s})" if s else "") for m, s in zip(g.model, g.setting)]
+        y = np.arange(len(g))
+        rng, oc = _published_marks(c, str(g.model.iloc[0]))
+        if rng:
+            lo, hi = rng
+            if np.isfinite(lo) and np.isfinite(hi) and hi > lo:
+                ax.axvspan(lo, hi, color="#9ecae1", alpha=0.5, lw=0, label="published range")
+            elif np.isfinite(lo):
+                ax.axvline(lo, color="#3182bd", lw=1, label="published")
+        for v in oc:
+            ax.plot([v] * len(g), y, "D", color="#756bb1", ms=4, label="official code")
+        m = pd.to_numeric(g.measured, errors="coerce").to_numpy(float)
+        lo = pd.to_numeric(g.measured_lo, errors="coerce").to_numpy(float)
+        hi = pd.to_numeric(g.measured_hi, errors="coerce").to_numpy(float)
+        ok = np.isfinite(lo) & np.isfinite(hi)
+        ax.errorbar(m[ok], y[ok], xerr=[m[ok] - np.minimum(lo[ok], m[ok]), np.maximum(hi[ok], m[ok]) - m[ok]],
+                    fmt="none", ecolor="black", lw=1)
+        ax.plot(m, y, "o", color="black", ms=4, label="measured")
+        nm = pd.to_numeric(g.null_measured, errors="coerce").to_numpy(float)
+        ax.plot(nm, y, "o", mfc="white", mec="#d73027", ms=5, label="null model")
+        if "noise_measured" in g:
+            nz = pd.to_numeric(g.noise_measured, errors="coerce").to_numpy(float)
+            if np.isfinite(nz).any():
+                ax.plot(nz, y, "x", color="#d73027", ms=5, label="noise (same n, d)")
+        ax.set_yticks(y, labels, fontsize=6)
+        ax.set_ylim(len(g) - 0.5, -0.5)
+        ax.set_title(c, fontsize=7)
+        ax.tick_params(axis="x", labelsize=6)
+    h, lab = [], []
+    for ax in axes.flat:
+        for hh, ll in zip(*ax.get_legend_handles_labels()):
+            if ll not in lab:
+                h.append(hh), lab.append(ll)
+    fig.legend(h, lab, loc="upper center", ncol=len(lab), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 / nrow))
+    save_figure(fig, paths)
+
+
+def _img(path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str = "What this run found") -> None:
+    """The front page (``results/index.html``): the headline counts, the verdict matrix (first screen), the
+    forest plots and the list of specific findings, one self-contained HTML file (figures embedded).
+
+    Args:
+        card: the scorecard; matrix_png / forest_png: :func:`verdict_matrix` / :func:`forest_plots` PNGs;
+        out: the HTML path (written atomically).
+    """
+    from llmgeom.analyses.claims import headline
+    from llmgeom.core.io import write_text
+
+    counts = headline(card)
+    esc = html.escape
+    chips = " ".join(f'<span class="chip" style="background:{VERDICT_COLORS[k]}">{esc(k)}: <b>{v}</b></span>'
+                     for k, v in counts.items())
+    spec = card[card.apply(cell_category, axis=1) == "specific finding"]
+    items = "".join(f"<li><b>{esc(r.claim_id)}</b> on {esc(str(r.model))}{' (' + esc(r.setting) + ')' if r.setting else ''}: "
+                    f"{esc(str(r.measured_text))}; null {esc(str(r.null_model))}: {esc(str(r.null_verdict))} "
+                    f"({esc(str(r.specific_reason))})</li>" for r in spec.itertuples()) or "<li>none</li>"
+    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{esc(title)}</title>
+<style>body{{font-family:sans-serif;margin:12px 20px}} .chip{{padding:2px 8px;border-radius:4px;margin-right:6px;
+font-size:14px}} img{{max-width:100%}} img.matrix{{max-height:78vh}} h1{{font-size:20px;margin:4px 0}} p{{margin:4px 0;font-size:13px}}</style>
+</head><body>
+<h1>{esc(title)}: {len(card)} verdicts on {card.claim_id.nunique()} claims</h1>
+<p>{chips}</p>
+<p>A supported verdict is a <b>finding</b> only when it is specific: its null (the model's seeded random-init twin
+run through the same prompts and analyses, and where the claim has one, noise of the same n and d) reads otherwise,
+or the measured interval excludes the null's value. Scorecard: results/summary/claims.csv | .html; columns and
+rules: docs/claims.md.</p>
+<img class="matrix" alt="claims x models verdict matrix" src="{_img(matrix_png)}">
+<h2>Specific findings</h2><ul>{items}</ul>
+<h2>Forest plots: measured (interval), null model, noise, published range, official code</h2>
+<img alt="forest plots" src="{_img(forest_png)}">
+</body></html>
+"""
+    write_text(page, out)

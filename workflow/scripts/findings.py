@@ -1,0 +1,13 @@
+"""Rule findings: the front page results/index.html with the verdict matrix and the forest plots (issue 28)."""
+from llmgeom.workflow.jobs import run_logged
+
+with run_logged(snakemake.log[0]):
+    import pandas as pd
+
+    from llmgeom.plots.claims import findings_page, forest_plots, verdict_matrix
+
+    o = snakemake.output
+    card = pd.read_csv(snakemake.input.card, keep_default_na=False, na_values=[""])
+    verdict_matrix(card, [o.matrix, o.pdf[0]])
+    forest_plots(card, [o.forest, o.pdf[1]])
+    findings_page(card, o.matrix, o.forest, o.page)
