@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from llmgeom.workflow.config import NULL_SUFFIX  # noqa: E402  (the twins' name: one home)
+
 _STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 _RULE = re.compile(r"^(?:local)?(?:checkpoint|rule) (\S+):$")
 _FINISHED = (re.compile(r"^Finished jobid: (\d+)"), re.compile(r"^Finished job (\d+)\."))
@@ -237,6 +239,13 @@ def critical_path(jobs: dict[int, Job], deps: dict[int, list[int]], slack: float
     return {"chain": chain, "longest": longest, "longest_s": best[end_id][0]}
 
 
+def is_null_job(job: "Job") -> bool:
+    """A job of a null model (issue 28): its ``model`` wildcard is a random-init twin (``<model>-randinit``,
+    :data:`llmgeom.workflow.config.NULL_SUFFIX`) or a wind-tunnel step-0 checkpoint (``<model>-step0``)."""
+    m = re.search(r"(?:^|, )model=([^,]+)", job.wildcards or "")
+    return bool(m) and (m.group(1).endswith(NULL_SUFFIX) or m.group(1).endswith("-step0"))
+
+
 def profile(log_path, benchmarks=None, cores: int | None = None, top: int = 40) -> str:
     """The whole report as text (see the module docstring)."""
     info = parse_log(log_path)
@@ -276,6 +285,16 @@ def profile(log_path, benchmarks=None, cores: int | None = None, top: int = 40) 
             row += (f"  {b['s']:7.0f} {b['cpu_time']:6.0f} {b['max_rss']:11.0f}" if b else "        -      -           -")
         lines.append(row)
     lines.append(f"{'total':28s} {len(done):4d} {total:7.0f}")
+    # issue 28: the share of job-seconds spent on the null models (random-init twins, step-0 checkpoints)
+    nulls = [j for j in done if is_null_job(j)]
+    ns = sum(j.seconds for j in nulls)
+    nby: dict[str, float] = defaultdict(float)
+    for j in nulls:
+        nby[j.rule] += j.seconds
+    lines += ["", f"null models (issue 28; jobs of <model>{NULL_SUFFIX} / <wind-tunnel model>-step0): {len(nulls)} jobs, "
+              f"{ns:.0f} job-s = {100 * ns / total:.1f}% of the study's job-seconds (target: at most 35%)",
+              "  by rule: " + (", ".join(f"{r} {x:.0f} s" for r, x in sorted(nby.items(), key=lambda kv: -kv[1]))
+                               or "none")]
     lines += ["", "critical path (from the last job to finish back: 'input' = started when the producer of its "
               "input finished, 'core' = started when the job above freed a core):",
               f"{'start s':>7s} {'dur s':>6s} {'via':>5s}  job"]

@@ -132,6 +132,17 @@ def test_null_shares_refuses_what_has_no_shares():
         null_shares(np.ones((5, 3)), n_reps=2, seed=0)  # constant input: NaN-free refusal, not a number
 
 
+def test_curvature_proxy_on_known_geometries():
+    from llmgeom.analyses.curvature import known_geometry_references
+
+    r = known_geometry_references(400, 60, 3, 30, seed=0)
+    assert r["curvature_flat"] < 1e-10                          # a flat subspace: exactly 0
+    assert 1e-4 < r["curvature_sphere"] < 0.2                   # a sphere of the same dimension: > 0, small
+    assert r["curvature_iso"] > 0.5                             # no manifold: most variance outside m = 3
+    with pytest.raises(ValueError, match="1 <= m < d"):
+        known_geometry_references(100, 5, 5, 10)
+
+
 # ------------------------------------------------------------------------------------------ axis cut
 
 def test_recomputed_pc1_after_an_axis_cut_can_fail():

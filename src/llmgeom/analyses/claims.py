@@ -590,7 +590,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     """Markdown rendering of :func:`claims_table` for the report: one line per claim and model with the
     verdict first (tested claims first: supported, not supported, inconclusive, then not testable here; file
     order within a verdict), the measurement, the published value with its models, the flags and the reason."""
-    head = ["Verdict", "Claim", "Model", "Measured", "Published (on)", "Flags", "Reason"]
+    head = ["Verdict", "Claim", "Model", "Measured", "Null: verdict (value)", "Specific", "Published (on)", "Flags",
+            "Reason"]
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     order = df.assign(_v=df.verdict.map({v: i for i, v in enumerate(VERDICTS)})).sort_values("_v", kind="stable")
@@ -600,12 +601,21 @@ def to_markdown(df: pd.DataFrame) -> str:
         if r.published:  # name the published quantity: it need not be the decided column (delta_pc12 vs pc12)
             pub = f"{r.published_quantity}: {pub}"
         model = r.model + (f" ({r.setting})" if r.setting else "")
+        null = getattr(r, "null_verdict", "") or "-"
+        if getattr(r, "null_measured_text", ""):
+            null += f" ({r.null_measured_text})"
+        if getattr(r, "noise_verdict", ""):
+            null += f"; noise: {r.noise_verdict} ({_num(_f(r.noise_measured))})"
+        spec = "yes" if str(getattr(r, "specific", "")) == "True" else "no"
         lines.append("| " + " | ".join(esc(x) for x in (r.verdict, f"{r.claim_id}: {r.claim}", model,
-                                                        r.measured_text or "-", pub, r.comparison_flags or "-",
-                                                        r.reason)) + " |")
-    n = df.verdict.value_counts()
-    legend = ("Claims scorecard (issue 19): each claim of llmgeom/data/claims.yaml decided on this run's tables; "
-              + ", ".join(f"{v}: {int(n.get(v, 0))}" for v in VERDICTS) + ". A verdict on a model is a verdict on that "
+                                                        r.measured_text or "-", null, spec, pub,
+                                                        r.comparison_flags or "-", r.reason)) + " |")
+    n = headline(df) if "specific" in df else {v: int((df.verdict == v).sum()) for v in VERDICTS}
+    legend = ("Claims scorecard (issues 19, 28): each claim of llmgeom/data/claims.yaml decided on this run's tables; "
+              + ", ".join(f"{v}: {int(x)}" for v, x in n.items()) + ". A supported verdict is a finding only when it "
+              "is specific: the model's null (its seeded random-init twin, through the same prompts and analyses; "
+              "noise of the same n and d where the claim has one) reads otherwise, or the interval excludes the null's "
+              "value. A verdict on a model is a verdict on that "
               "model: 'Published (on)' names the models the paper measured, 'Flags' the settings in which our run "
               "differs. Columns and rules: docs/claims.md.")
     return "\n".join(lines) + "\n\n" + legend + "\n"

@@ -13,6 +13,40 @@ from llmgeom.measures.curvature import local_pca_residuals
 from llmgeom.measures.neighbors import deduplicate
 
 
+def known_geometry_references(n: int, d: int, m: int, k: int, *, seed: int = 0) -> dict:
+    """The curvature proxy on clouds of known geometry at the same n, d, m and k (issue 28: the nulls of
+    ``smooth_low_curvature``).
+
+    * ``curvature_flat``: n points uniform in an m-dimensional unit cube, rotated into R^d (a flat subspace):
+      the known answer is 0 (to rounding);
+    * ``curvature_sphere``: n points uniform on the unit sphere S^m in R^(m+1), rotated into R^d (curvature 1,
+      radius 1): the known answer is > 0, growing like (rho / R)^2 with the neighbourhood radius rho; a proxy that
+      reads it near 0 cannot tell this sphere from flat at this n and k;
+    * ``curvature_iso``: n i.i.d. N(0, I_d) points (no manifold at all).
+
+    Args:
+        n: points; d: ambient dimension; m: the local dimension kept (the measured ID, rounded); k: neighbours.
+
+    Returns:
+        dict of the three mean proxies (fractions of local variance outside the top-m local PCA directions, 0..1).
+
+    Raises:
+        ValueError: m >= d, or k >= n (as :func:`llmgeom.measures.curvature.local_pca_residuals`).
+
+    Source: LSM sec. 13.3 (curvature proxy); issue 28 point 1.
+    """
+    if not 1 <= m < d:
+        raise ValueError(f"known-geometry clouds need 1 <= m < d, got m={m}, d={d}")
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.standard_normal((d, m + 1)))[0]  # orthonormal [d, m+1]
+    flat = rng.uniform(size=(n, m)) @ Q[:, :m].T
+    g = rng.standard_normal((n, m + 1))
+    sphere = (g / np.linalg.norm(g, axis=1, keepdims=True)) @ Q.T
+    iso = rng.standard_normal((n, d))
+    return {f"curvature_{name}": local_pca_residuals(X, k=k, m=m)["curvature_mean"]
+            for name, X in (("flat", flat), ("sphere", sphere), ("iso", iso))}
+
+
 def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_estimator: str = "twonn",
                     n_points: int = 1000, seed: int = 0, min_points: int = 50) -> pd.DataFrame:
     """Curvature proxy (local PCA residual variance) of the residual stream per layer.
@@ -29,7 +63,9 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
         DataFrame: model, prompt_set, layer, relative_depth (layer / L), d_model, id_estimator,
         id_used (the unrounded ID), m, k, k_adjusted, n (distinct points), n_duplicates_removed,
         n_anchors, curvature_mean, curvature_median, curvature_std, curvature_q25, curvature_q75
-        (fractions of local variance outside the top-m local PCA directions, 0..1), note.
+        (fractions of local variance outside the top-m local PCA directions, 0..1), note, and at the layer of the
+        largest curvature_mean (NaN elsewhere) the known-geometry references curvature_flat (known answer 0),
+        curvature_sphere (> 0) and curvature_iso of :func:`known_geometry_references` at that layer's n, d, m, k.
 
     Raises:
         StoreError: untrusted file. ValueError: no ID row for a layer. TooFewPointsError.
@@ -76,4 +112,18 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
             r = local_pca_residuals(pts, k=k_used, m=m, min_points=min_points)
             rows.append(dict(row, n=r["n_points"], n_duplicates_removed=r["n_duplicates_removed"],
                              n_anchors=r["n_anchors"], **{c: r[c] for c in cols}, note=note))
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    for c in _REFERENCES:
+        df[c] = np.nan
+    v = pd.to_numeric(df.curvature_mean, errors="coerce")
+    if v.notna().any():  # the references at the layer the claim decides on (the largest proxy)
+        i = v.idxmax()
+        r = df.loc[i]
+        if int(r.m) < d_model:
+            ref = known_geometry_references(int(r.n), d_model, int(r.m), int(r.k), seed=seed)
+            for c, x in ref.items():
+                df.loc[i, c] = x
+    return df
+
+
+_REFERENCES = ("curvature_flat", "curvature_sphere", "curvature_iso")
