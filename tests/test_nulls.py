@@ -132,6 +132,23 @@ def test_null_shares_refuses_what_has_no_shares():
         null_shares(np.ones((5, 3)), n_reps=2, seed=0)  # constant input: NaN-free refusal, not a number
 
 
+def test_intrinsic_dimension_nulls_at_the_same_n_and_d():
+    from llmgeom.analyses.intrinsic_dimension import _id_nulls
+    from llmgeom.measures.intrinsic_dimension import id_subsamples
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, 3)) @ rng.standard_normal((3, 40))  # a 3-dimensional linear manifold in R^40
+    kw = dict(estimators=["twonn", "mle_mg"], n_subsamples=1, subsample_size=400, min_points=50, mle_k=20,
+              gride_max_rank=64, gride_plateau_tol=0.1)
+    got = id_subsamples(X, estimator=kw["estimators"], n_subsamples=1, subsample_size=400, seed=0, min_points=50,
+                        mle_k=20, gride_max_rank=64, plateau_tol=0.1)
+    nulls = _id_nulls(X, seed=0, **kw)
+    for e in kw["estimators"]:
+        assert got[e]["id_mean"] == pytest.approx(3, abs=0.6)
+        iso, shuf = nulls[e]
+        assert iso > 10 and shuf > 10  # noise of the same n and d reads a much larger dimension
+
+
 def test_curvature_proxy_on_known_geometries():
     from llmgeom.analyses.curvature import known_geometry_references
 

@@ -107,7 +107,12 @@ def test_bayes_geometry_outputs(tiny_run):
         assert set(af.level) == {"head", "layer"} and (af[af.level == "layer"].shape[0] == 2)
     t1 = pd.read_csv(wd / "results/summary/table1.csv")
     t2 = pd.read_csv(wd / "results/summary/table2.csv")
-    assert len(t1[t1.source == "measured"]) == 4 and set(t2[t2.source == "llm"].model) == set(cfg["models"])
+    ours = t1[(t1.source == "measured") & (t1.null_of.fillna("") == "")]
+    assert len(ours) == 4 and set(t2[t2.source == "llm"].model) == set(cfg["models"])
+    # issue 28: each model's random-init twin as a model of its own, marked as the null of its model
+    assert {(m, n) for m, n in zip(t2[t2.source == "null"].model, t2[t2.source == "null"].null_of)} == \
+        {(f"{m}-randinit", m) for m in cfg["models"]} | {(f"{m}-step0", m) for m in cfg["wind_tunnel"]["models"]}
+    assert np.isfinite(t2[t2.source == "llm"].pc12_restricted_iso).all()
     assert list(t2[t2.source == "wind_tunnel"].model) == list(cfg["wind_tunnel"]["models"])  # Table 2 rows
     assert "| Model |" in (wd / "results/summary/table2.md").read_text()
     for fig in ("pc_scatter", "explained_variance_layers", "key_orthogonality", "attention_focusing", "bayes_summary"):
@@ -202,7 +207,7 @@ def test_wind_tunnel_outputs(tiny_run):
         assert len(pd.read_csv(t / "key_orthogonality.csv")) == 2 * 4  # 2 layers x 4 key heads
         assert pd.read_csv(t / "attention_focusing_summary.csv").n_layers.iloc[0] == 2
     assert (wd / "resources/models/wt-tiny/training_log.csv").is_file()
-    assert set(pd.read_csv(wd / "results/summary/wind_tunnel.csv").model) == set(entries)
+    assert set(pd.read_csv(wd / "results/summary/wind_tunnel.csv").model) == set(entries) | {"wt-tiny-step0"}
     assert "wt-tiny" in set(pd.read_csv(wd / "results/summary/key_orthogonality.csv").model)
     for m in entries:  # no LLM extraction for wind-tunnel models
         assert sorted(p.name for p in (wd / f"results/{m}/activations").iterdir()) == ["wind_tunnel.h5"]
@@ -262,3 +267,32 @@ def test_claims_scorecard(tiny_run):
     assert (card[~card.table.isin(absent)].reason != "table not produced by this run").all()
     assert "| Verdict | Claim |" in (wd / "results/summary/claims.md").read_text()
     assert len(pd.read_csv(wd / "results/summary/published.csv")) > 50
+
+
+def test_null_models_and_front_page(tiny_run):
+    """Issue 28: every model's random-init twin runs the prompt sets and analyses the claims read (and nothing
+    else); every scorecard row carries its null's value and verdict and a specific flag; the front page shows the
+    headline counts and the verdict matrix."""
+    from llmgeom.analyses.claims import HEADLINE, headline
+
+    wd, cfg = tiny_run
+    for m in cfg["models"]:
+        twin = f"{m}-randinit"
+        man = json.loads((wd / f"resources/models/{twin}/manifest.json").read_text())
+        assert man["source"] == "random_init" and man["null_of"] == m and man["seed"] == 0
+        acts = sorted(p.name for p in (wd / f"results/{twin}/activations").iterdir())
+        assert acts == ["corpus.h5", "domain_mathematics.h5", "mixed.h5", "sula_main.h5"]  # no SULA controls
+        assert not (wd / f"results/{twin}/tables/value_manifold.csv").exists()  # no claim reads it
+        assert (wd / f"results/{twin}/interventions/sula_interventions.csv").is_file()
+    card = pd.read_csv(wd / "results/summary/claims.csv", keep_default_na=False)
+    assert not card.model.str.endswith("-randinit").any()  # nulls are columns, not rows
+    assert (card.null_verdict != "").all() and (card.null_reason != "").all()
+    assert card.specific.astype(str).isin(["True", "False"]).all()
+    llm = card[card.model.isin(list(cfg["models"])) & (card.table == "expressibility_gap")]
+    assert set(llm.null_model) == {f"{m}-randinit" for m in cfg["models"]}
+    assert llm.null_verdict.isin(["supported", "not supported", "inconclusive"]).all()  # decided like any row
+    page = (wd / "results/index.html").read_text()
+    for k, v in headline(card).items():
+        assert f"{k}: <b>{v}</b>" in page
+    assert set(headline(card)) == set(HEADLINE) and 'class="matrix"' in page
+    assert (wd / "results/figures/claims_matrix.png").stat().st_size > 1000

@@ -83,9 +83,11 @@ def _nan_result(v, lo, hi) -> dict:
                 measured=v, measured_lo=lo, measured_hi=hi)
 
 
-def _published_range(claim: dict, model, params: dict):
+def published_range(claim: dict, model, params: dict):
     """(lo, hi, entries, same_model) of the claim's published quantity: the range over
-    :func:`llmgeom.core.published.comparison_entries` (the model's own entry, else the other published models)."""
+    :func:`llmgeom.core.published.comparison_entries` (the model's own entry, else the other published models),
+    widened by ``params["tolerance"]``; None without a published value. ``min`` entries give hi = inf.
+    Used by the rules and by the forest plots (:mod:`llmgeom.plots.claims`)."""
     q = claim.get("published")
     if not q:
         return None
@@ -114,7 +116,7 @@ def rule_threshold(rows, claim, params, model=None) -> dict:
     v, lo, hi = _measure(row, claim, params)
     t = params.get("threshold")
     if isinstance(t, str):
-        pr = _published_range(claim, model, params)
+        pr = published_range(claim, model, params)
         if pr is None:
             return dict(verdict=NOT_TESTABLE, reason=f"threshold {t} needs a published value of {claim.get('published')}")
         t = pr[0] if t == "published_lo" else pr[1]
@@ -177,7 +179,7 @@ def rule_inside_published_range(rows, claim, params, model=None) -> dict:
     row, why = _pick(rows, claim, params)
     if row is None:
         return dict(verdict=INCONCLUSIVE, reason=why)
-    pr = _published_range(claim, model, params)
+    pr = published_range(claim, model, params)
     if pr is None:
         return dict(verdict=NOT_TESTABLE, reason=f"no published value of {claim.get('published')} in published.yaml")
     plo, phi = pr[0], pr[1]
@@ -500,11 +502,14 @@ def _specific(r: dict) -> tuple[bool, str]:
 def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nulls: dict | None) -> None:
     """Fill the null columns of one claim's rows (in place): the claim decided on the null models' rows of the
     same table (random-init twins; ``nulls`` = null model -> trained model), the data-level null, ``specific``."""
-    null_rows = {}
-    if nulls and table is not None and "model" in table:
-        nt = table[table.model.astype(str).isin(list(nulls))]
+    null_rows, no_rows = {}, ""
+    nt = table[table.model.astype(str).isin(list(nulls))] if nulls and table is not None and "model" in table else None
+    if nulls and (nt is None or not len(nt)):
+        no_rows = (f"table {claim['table']} not produced by this run" if table is None else
+                   f"{claim['table']} has no rows of the null models (the twins do not run what it needs)")
+    elif nulls:
         across = claim.get("scope") == "across_models"
-        for r in _verdict_rows(_null_claim(claim), nt if len(nt) else None, sorted(set(nulls))):
+        for r in _verdict_rows(_null_claim(claim), nt, sorted(set(nulls))):
             m = r["model"]
             keys = ([(x["model"], r["setting"]) for x in rows] if across else [(nulls.get(m), r["setting"])])
             for k in keys:
@@ -514,6 +519,10 @@ def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nul
         if not nulls:
             r.update(null_model="", null_measured=float("nan"), null_measured_text="", null_verdict=NOT_TESTABLE,
                      null_reason="no null model in this run (nulls.random_init: false)")
+        elif n is None and no_rows:
+            twin = [k for k, v in nulls.items() if v == r["model"]]
+            r.update(null_model=twin[0] if twin else "", null_measured=float("nan"), null_measured_text="",
+                     null_verdict=NOT_TESTABLE, null_reason=no_rows)
         elif n is None:
             twin = [k for k, v in nulls.items() if v == r["model"]]
             r.update(null_model=twin[0] if twin else "", null_measured=float("nan"), null_measured_text="",

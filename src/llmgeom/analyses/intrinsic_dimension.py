@@ -50,7 +50,7 @@ ID_PROFILE_PUBLISHED_LAST_TOKEN_GRIDE = {"peak_id": "gride_last_token_peak_id",
 _PROFILE_COLUMNS = ["model", "prompt_set", "points", "estimator", "n_layers", "d_model", "peak_layer",
                     "peak_relative_depth", "peak_id", "peak_id_over_d_model", "trough_layer", "trough_relative_depth",
                     "trough_id", "embedding_id", "first_id", "final_id", "mean_id", "spearman_depth", "shape",
-                    "shape_tol", "embeddings_included", "note"]
+                    "shape_tol", "embeddings_included", "note", "id_iso", "id_over_d_model_iso"]
 
 
 def _agreement(prof: pd.DataFrame, peak_depth_tol: float) -> pd.DataFrame:
@@ -96,7 +96,8 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
         first_id (first layer of the profile), final_id (last block), mean_id (over the profile),
         spearman_depth (ID vs depth; NaN for a constant profile), shape ("rise-then-fall", "fall-then-rise",
         "increasing", "decreasing", "flat"), shape_tol, embeddings_included (True: layer 0 is part of the
-        profile), note ("" or why there is no profile: an estimator with fewer than two measured layers, e.g.
+        profile), id_iso / id_over_d_model_iso (the estimator on isotropic Gaussian points of the last block's n and
+        d, and over d_model: the data-level null of issue 28; NaN for last-token rows), note ("" or why there is no profile: an estimator with fewer than two measured layers, e.g.
         too few distinct points, gets a row with NaN values and the reason); agrees_with (';'-joined estimators
         of the same model, prompt set and points with the same shape and a peak depth within
         ``peak_depth_tol``, this one included), n_estimators (those with a profile), estimators_agree (all of
@@ -138,7 +139,9 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
             trough_id=s["trough_id"], embedding_id=float(emb.iloc[0]) if len(emb) else np.nan,
             first_id=s["first_id"], final_id=s["last_id"], mean_id=float(g.id_mean.mean()),
             spearman_depth=s["spearman_depth"], shape=s["shape"], shape_tol=shape_tol,
-            embeddings_included=bool(lay.min() == 0), note=""))
+            embeddings_included=bool(lay.min() == 0), note="",
+            id_iso=float(g.id_iso.max()) if "id_iso" in g else np.nan,
+            id_over_d_model_iso=float(g.id_iso.max()) / d_model if "id_iso" in g else np.nan))
     prof = pd.DataFrame(rows).reindex(columns=_PROFILE_COLUMNS).astype({"peak_layer": "Int64", "trough_layer": "Int64"})
     prof = _agreement(prof, peak_depth_tol)
     cols = list(add_published(prof.head(0), ID_PROFILE_PUBLISHED).columns)
@@ -218,7 +221,9 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn", "mle_
         (linear dimensions of all distinct points of the layer: PR of the PCA spectrum of the centred points,
         PCs for 99% of the variance; :mod:`llmgeom.measures.pca`), estimator_ratio (largest / smallest id_mean
         over the estimators at that layer; NaN with one estimator), estimators_disagree (estimator_ratio >
-        disagreement_factor), disagreement_factor. With ``return_scale`` also GRIDE's scale curve
+        disagreement_factor), disagreement_factor, id_iso / id_shuffled (at the last block only, NaN elsewhere: the
+        estimator on isotropic Gaussian points / on the points with every coordinate shuffled, same n and d; the
+        data-level nulls of issue 28). With ``return_scale`` also GRIDE's scale curve
         (:func:`gride_scale_columns`; empty without "gride"): ``(table, scale_table)``.
 
     Raises:
@@ -249,8 +254,42 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn", "mle_
                               f"intrinsic_dimension.subsample_size={subsample_size}: every subsample is all of "
                               "them (id_std = 0; column subsample_size_used). Extract more corpus positions "
                               "(prompts.sets.<corpus>.n, extract.sample_per_prompt) for a spread", stacklevel=2)
+        # data-level nulls (issue 28) at the last block, same n and d: isotropic Gaussian, each coordinate shuffled
+        nulls = _id_nulls(pts, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size,
+                          seed=seed, min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
+                          gride_plateau_tol=gride_plateau_tol)
     df = _flag_disagreement(pd.DataFrame(rows), disagreement_factor)
+    for c in ("id_iso", "id_shuffled"):
+        df[c] = np.nan
+    last = df.layer == df.layer.max()
+    for est, (iso, shuf) in nulls.items():
+        df.loc[last & (df.estimator == est), ["id_iso", "id_shuffled"]] = iso, shuf
     return (df, pd.DataFrame(scale, columns=gride_scale_columns())) if return_scale else df
+
+
+def _id_nulls(pts, *, seed: int, **kw) -> dict:
+    """estimator -> (ID of isotropic Gaussian points, ID of ``pts`` with every coordinate shuffled across points),
+    both of the same shape as the distinct points of ``pts`` (issue 28: what noise of the same n and d reads);
+    (NaN, NaN) where an estimator cannot run."""
+    from llmgeom.measures.neighbors import deduplicate
+
+    X = deduplicate(np.asarray(pts, np.float64))[0]
+    rng = np.random.default_rng([seed, 28])
+    iso = rng.standard_normal(X.shape)
+    shuf = np.take_along_axis(X, rng.random(X.shape).argsort(axis=0), axis=0)
+    out = {}
+    try:
+        ri = manifold.id_subsamples(iso, estimator=kw["estimators"], n_subsamples=kw["n_subsamples"],
+                                    subsample_size=kw["subsample_size"], seed=seed, min_points=kw["min_points"],
+                                    mle_k=kw["mle_k"], gride_max_rank=kw["gride_max_rank"],
+                                    plateau_tol=kw["gride_plateau_tol"])
+        rs = manifold.id_subsamples(shuf, estimator=kw["estimators"], n_subsamples=kw["n_subsamples"],
+                                    subsample_size=kw["subsample_size"], seed=seed, min_points=kw["min_points"],
+                                    mle_k=kw["mle_k"], gride_max_rank=kw["gride_max_rank"],
+                                    plateau_tol=kw["gride_plateau_tol"])
+    except manifold.TooFewPointsError:
+        return {e: (np.nan, np.nan) for e in kw["estimators"]}
+    return {e: (ri[e]["id_mean"], rs[e]["id_mean"]) for e in ri}
 
 
 def gride_scale_columns() -> list:

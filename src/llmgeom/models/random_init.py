@@ -97,7 +97,12 @@ def prepare_random_init(name: str, base_dir: str | Path, seed: int, out_dir: str
     config = AutoConfig.from_pretrained(resolve_weights_path(base_dir))
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    check_random_init(config)
+    try:
+        check_random_init(config)
+    except NullModelError as e:
+        raise NullModelError(f"models.{base.get('model')}: no random-init twin {name} can be built: {e}. Run without "
+                             "null models with `nulls: {random_init: false}` (every null column of the scorecard "
+                             "then reads 'not testable here' with that reason)") from e
     tmp = atomic_dir(out_dir)
     try:
         torch.manual_seed(int(seed))

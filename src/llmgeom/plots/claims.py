@@ -76,14 +76,14 @@ def verdict_matrix(card: pd.DataFrame, paths) -> None:
 
 def _published_marks(claim_id: str, model: str):
     """(paper range (lo, hi) or None, [official-code values]) of a claim's published quantity for ``model``."""
-    from llmgeom.analyses.claims import _published_range
+    from llmgeom.analyses.claims import published_range
     from llmgeom.core.claims_data import load_claims
     from llmgeom.core.published import entries_by_kind
 
     c = next((c for c in load_claims() if c["id"] == claim_id), None)
     if c is None or not c.get("published"):
         return None, []
-    pr = _published_range(c, model, {})
+    pr = published_range(c, model, {})
     rng = (pr[0], pr[1]) if pr else None
     oc = entries_by_kind(c["published"], model, c.get("kind")).get("official_code", [])
     vals = [e["value"] for e in oc if "value" in e]
