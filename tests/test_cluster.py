@@ -177,12 +177,14 @@ def test_stub_sbatch_gpu_flags_only_on_gpu_rules(stub_cluster_run):
             assert len(models_in) == 1, s["targets"]  # one model per submission
             model = models_in.pop()
             per_model[model] = per_model.get(model, 0) + 1
-            want = "--gpus=h100:1" if model == "tiny-llama" else "--gpus=1"
+            # a random-init twin (issue 28) asks for its trained model's GPU
+            want = "--gpus=h100:1" if model in ("tiny-llama", "tiny-llama-randinit") else "--gpus=1"
             assert s["gpu_flags"] == [want], s["flags"]
             assert " -p gpu" in s["flags"] and " -A testacct" in s["flags"]
             mem = int(re.search(r"--mem (\d+)", s["flags"]).group(1))
             # wind-tunnel entries (issue 14): the resources of wind_tunnel.models.<name> (checkpoints: <name>-step<k>)
-            spec = cfg["models"].get(model) or cfg["wind_tunnel"]["models"][re.sub(r"-step\d+$", "", model)]
+            spec = (cfg["models"].get(model.removesuffix("-randinit"))
+                    or cfg["wind_tunnel"]["models"][re.sub(r"-step\d+$", "", model)])
             assert mem == spec.get("mem_mb", 8000)  # the jobs run one after another: max, not sum
             assert _runtime(s) == sum(int(j["resources"]["runtime"]) for j in jobs if j["rule"] in gpu_rules
                                       and j["wildcards"].get("model") == model)  # covers all of its jobs
@@ -192,7 +194,9 @@ def test_stub_sbatch_gpu_flags_only_on_gpu_rules(stub_cluster_run):
     assert seen_gpu == gpu_rules  # extraction and intervention jobs (whichever exist) all got a GPU
     wt = [e for m, spec in cfg.get("wind_tunnel", {}).get("models", {}).items()
           for e in [m] + [f"{m}-step{k}" for k in spec.get("checkpoints", [])]]  # wind-tunnel entries (issue 14)
-    assert per_model == {m: 1 for m in [*cfg["models"], *wt]}  # one GPU submission per model (issue 13)
+    twins = [f"{m}-randinit" for m in cfg["models"]] + [f"{m}-step0" for m in cfg.get("wind_tunnel", {}).get(
+        "models", {})]  # the null models (issue 28)
+    assert per_model == {m: 1 for m in [*cfg["models"], *twins, *wt]}  # one GPU submission per model (issue 13)
     # small CPU jobs were bundled: at least one submission holds several analysis jobs
     assert max(len(s["targets"]) for s in subs if not set(s["rules"]) & gpu_rules) > 1
 
@@ -247,7 +251,7 @@ def test_paper3_one_gpu_submission_per_model(tmp_path):
         models_in = {_wildcards(t)["model"] for t in s["targets"]}
         assert len(models_in) == 1 and set(s["rules"]) <= gpu_rules, s["targets"]
         by_model.setdefault(models_in.pop(), []).append(s)
-    assert sorted(by_model) == sorted(cfg["models"])
+    assert sorted(by_model) == sorted(list(cfg["models"]) + [f"{m}-randinit" for m in cfg["models"]])  # + twins
     # the submitting run does not count the GPU slot across submissions (resource scope "local"): another model's
     # GPU submission goes out while the first one still runs (before Snakemake sees any GPU job finish)
     log = run.stderr.splitlines()
@@ -255,15 +259,17 @@ def test_paper3_one_gpu_submission_per_model(tmp_path):
     assert sum("/group_gpu_" in line and "has been submitted" in line for line in log[:first_done]) >= 2
     for m, subs in by_model.items():
         assert len(subs) == 1, (m, [s["targets"] for s in subs])
-        s, spec = subs[0], cfg["models"][m]
+        twin = m.endswith("-randinit")
+        s, spec = subs[0], cfg["models"][m.removesuffix("-randinit")]  # a twin: its trained model's resources
         mine = [j for j in jobs if j["rule"] in gpu_rules and j["wildcards"].get("model") == m]
-        assert len(s["targets"]) == len(mine) == 10  # 5 prompt sets + 4 SULA conditions + interventions
+        n = 5 if twin else 10  # 5 prompt sets + 4 SULA conditions + interventions; a twin: mixed, summary set,
+        assert len(s["targets"]) == len(mine) == n  # corpus, SULA main, interventions (what the claims read)
         assert set(s["rules"]) == {"extract", "extract_sula", "intervene"}  # an LLM entry: no wind-tunnel rules
         g = spec.get("gpus", 1)
         assert s["gpu_flags"] == [f"--gpus={spec['gpu_model']}:{g}" if spec.get("gpu_model") else f"--gpus={g}"]
         assert " -p gpu" in s["flags"]
         assert int(re.search(r"--mem (\d+)", s["flags"]).group(1)) == spec["mem_mb"]
-        assert _runtime(s) == 10 * spec["runtime"]
+        assert _runtime(s) == n * spec["runtime"]
 
 
 @pytest.mark.slow

@@ -71,7 +71,8 @@ def test_wind_tunnel_defaults_entries_and_cuts(good, tmp_path):
     assert m["training"]["steps"] == 100 and m["training"]["lr"] == 0.003 and m["training"]["seed"] == 0
     assert m["arch"]["family"] == "llama" and m["threads"] == 1 and m["gpus"] == 1
     e = wind_tunnel_entries(cfg)
-    assert list(e) == ["wt", "wt-step10", "wt-step40"]
+    assert list(e) == ["wt", "wt-step0", "wt-step10", "wt-step40"]  # step 0: the null model (issue 28)
+    assert e["wt-step0"] == dict(e["wt"], step=0, checkpoint=True)
     assert e["wt"]["step"] == 100 and not e["wt"]["checkpoint"]
     assert e["wt-step10"] == dict(e["wt"], step=10, checkpoint=True)
     assert wind_tunnel_cuts(cfg, "t") == [0, 1, 2, 3]  # all = every answer position t = 0 .. n_pairs - 1

@@ -6,6 +6,11 @@ IV = config["interventions"]
 summarize("sula_interventions", family="sula", folder="interventions", nulls=True)
 
 
+def get_iv_edits(wildcards):
+    """edits of intervene: all configured; a null model only axis_cut (the only edit a claim reads)."""
+    return [e for e in IV["edits"] if e == "axis_cut"] if is_null(wildcards) else IV["edits"]
+
+
 def get_iv_n_boot(wildcards):
     """n_boot of sula_interventions: nulls.n_boot for a null model (its intervals are not read)."""
     return config["nulls"]["n_boot"] if is_null(wildcards) else IV["n_boot"]
@@ -28,7 +33,7 @@ rule intervene:
     params:
         layers=IV["layers"],
         multi_layers=IV["multi_layers"],
-        edits=IV["edits"],
+        edits=get_iv_edits,
         shift_scale=IV["shift_scale"],
         positions=IV["positions"],
         n_per_k=IV["n_per_k"],
