@@ -110,7 +110,7 @@ def test_bayes_geometry_outputs(tiny_run):
     ours = t1[(t1.source == "measured") & (t1.null_of.fillna("") == "")]
     assert len(ours) == 4 and set(t2[t2.source == "llm"].model) == set(cfg["models"])
     # issue 28: each model's random-init twin as a model of its own, marked as the null of its model
-    assert {(m, n) for m, n in zip(t2[t2.source == "null"].model, t2[t2.source == "null"].null_of)} == \
+    assert {(m, n) for m, n in zip(t2[t2.source == "null_model"].model, t2[t2.source == "null_model"].null_of)} == \
         {(f"{m}-randinit", m) for m in cfg["models"]} | {(f"{m}-step0", m) for m in cfg["wind_tunnel"]["models"]}
     assert np.isfinite(t2[t2.source == "llm"].pc12_restricted_iso).all()
     assert list(t2[t2.source == "wind_tunnel"].model) == list(cfg["wind_tunnel"]["models"])  # Table 2 rows

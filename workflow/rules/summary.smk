@@ -191,6 +191,7 @@ rule claims:
         tables=CLAIM_TABLES,
         models=MODELS + WT_FINALS,
         nulls={n: e["null_of"] for n, e in NULLS.items()},  # null model -> trained model (issue 28)
+        null_for=NULL_OF,  # trained model (and wind-tunnel checkpoint) -> its null
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,

@@ -11,7 +11,8 @@ with run_logged(snakemake.log[0]):
 
     o, i = snakemake.output, snakemake.input
     tables = {t: (pd.read_csv(i[t]) if t in i.keys() else None) for t in snakemake.params.tables}
-    card = claims_table(tables, models=snakemake.params.models, nulls=snakemake.params.nulls)
+    card = claims_table(tables, models=snakemake.params.models, nulls=snakemake.params.nulls,
+                        null_for=snakemake.params.null_for)
     write_table(card, o.csv)
     md = to_markdown(card)
     write_text(md, o.md)

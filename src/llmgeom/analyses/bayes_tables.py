@@ -96,7 +96,7 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         dr: concatenated domain_restriction stats; ko: concatenated key_orthogonality tables;
         af: concatenated attention_focusing_summary tables; restricted_set: prompt set of the
             "restricted" column (e.g. domain_mathematics).
-        nulls: null model -> the trained model it is the null of (issue 28): their rows have source "null"
+        nulls: null model -> the trained model it is the null of (issue 28): their rows have source "null_model" (NULL_SOURCE; not "null", which CSV readers take for a missing value)
             and ``null_of``; a wind-tunnel null (step 0) needs its rows in ``wt`` too.
 
     Returns:
@@ -131,7 +131,7 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
     rows = []
     for m in llms + wt_models:
         nulls = dict(nulls or {})
-        r = dict(model=m, source="null" if m in nulls else "wind_tunnel" if m in wt_models else "llm",
+        r = dict(model=m, source=NULL_SOURCE if m in nulls else "wind_tunnel" if m in wt_models else "llm",
                  null_of=nulls.get(m, ""))
         a = af[af.model == m]
         if len(a):
@@ -252,6 +252,10 @@ def _pub_cell(r, col: str, pct: bool = False) -> str:
     return txt
 
 
+#: ``source`` of a null model's Table-2 row (issue 28). Not "null": pandas.read_csv reads that as NaN.
+NULL_SOURCE = "null_model"
+
+
 def _pub_source(r) -> str:
     """Source cell of a published row: "published (paper)", "published (official code)", ... (issue 28 point 3)."""
     k = getattr(r, "source_kind", "")
@@ -264,7 +268,7 @@ def _run_source(r) -> str:
     return f"null: random-init twin of {n}" if isinstance(n, str) and n else "this run"
 
 
-NULL_NOTE = ("Null rows (Source = null): each model's seeded random-init twin (same config, tokenizer and prompts; "
+NULL_NOTE = ("Null rows (Source = null: random-init twin of ...; source column null_model): each model's seeded random-init twin (same config, tokenizer and prompts; "
              "wind-tunnel models: the step-0 checkpoint), run through the same analyses. Isotropic reference: the mean "
              "share of i.i.d. Gaussian data at the same n and d (Horn's parallel analysis); shuffled: every coordinate "
              "permuted across prompts. A share is structure only as far as it rises above them.")

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.claims_data import ClaimsDataError, claims_file, load_claims  # noqa: F401  (the engine's API)
+from llmgeom.analyses.bayes_tables import NULL_SOURCE
 from llmgeom.core.published import comparison_entries, entries_by_kind, source_text, value_text
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE = ("supported", "not supported", "inconclusive",
@@ -444,10 +445,10 @@ def _flags(claim: dict, pub: dict, model) -> str:
 
 
 def _null_claim(claim: dict) -> dict:
-    """The claim as decided on null rows: a ``where`` on ``source`` (llm / wind_tunnel) selects source ``null``."""
+    """The claim as decided on null rows: a ``where`` on ``source`` (llm / wind_tunnel) selects ``NULL_SOURCE``."""
     c = dict(claim)
     if "source" in (c.get("where") or {}):
-        c["where"] = dict(c["where"], source="null")
+        c["where"] = dict(c["where"], source=NULL_SOURCE)
     return c
 
 
@@ -499,9 +500,12 @@ def _specific(r: dict) -> tuple[bool, str]:
     return True, "; ".join(why)
 
 
-def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nulls: dict | None) -> None:
+def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nulls: dict | None,
+                  null_for: dict | None = None) -> None:
     """Fill the null columns of one claim's rows (in place): the claim decided on the null models' rows of the
-    same table (random-init twins; ``nulls`` = null model -> trained model), the data-level null, ``specific``."""
+    same table (random-init twins; ``nulls`` = null model -> trained model; ``null_for`` = trained model -> its
+    null where more models share one, e.g. a wind-tunnel checkpoint), the data-level null, ``specific``."""
+    null_for = dict({t: n for n, t in (nulls or {}).items()}, **(null_for or {}))
     null_rows, no_rows = {}, ""
     nt = table[table.model.astype(str).isin(list(nulls))] if nulls and table is not None and "model" in table else None
     if nulls and (nt is None or not len(nt)):
@@ -511,7 +515,8 @@ def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nul
         across = claim.get("scope") == "across_models"
         for r in _verdict_rows(_null_claim(claim), nt, sorted(set(nulls))):
             m = r["model"]
-            keys = ([(x["model"], r["setting"]) for x in rows] if across else [(nulls.get(m), r["setting"])])
+            keys = ([(x["model"], r["setting"]) for x in rows] if across else
+                    [(t, r["setting"]) for t, n in null_for.items() if n == m])
             for k in keys:
                 null_rows.setdefault(k, r)
     for r in rows:
@@ -520,11 +525,11 @@ def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nul
             r.update(null_model="", null_measured=float("nan"), null_measured_text="", null_verdict=NOT_TESTABLE,
                      null_reason="no null model in this run (nulls.random_init: false)")
         elif n is None and no_rows:
-            twin = [k for k, v in nulls.items() if v == r["model"]]
+            twin = [null_for[r["model"]]] if r["model"] in null_for else []
             r.update(null_model=twin[0] if twin else "", null_measured=float("nan"), null_measured_text="",
                      null_verdict=NOT_TESTABLE, null_reason=no_rows)
         elif n is None:
-            twin = [k for k, v in nulls.items() if v == r["model"]]
+            twin = [null_for[r["model"]]] if r["model"] in null_for else []
             r.update(null_model=twin[0] if twin else "", null_measured=float("nan"), null_measured_text="",
                      null_verdict=NOT_TESTABLE,
                      null_reason=(f"no row of {twin[0]} in {claim['table']} for this setting" if twin else
@@ -547,7 +552,7 @@ def headline(df: pd.DataFrame) -> dict:
 
 
 def claims_table(tables: dict, *, models: list[str] | None = None, path: str | None = None,
-                 nulls: dict | None = None) -> pd.DataFrame:
+                 nulls: dict | None = None, null_for: dict | None = None) -> pd.DataFrame:
     """The scorecard: every claim of the claims file decided on this run's tables, one row per claim and model.
 
     Args:
@@ -557,6 +562,8 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
         path: a claims file instead of the package's ``llmgeom/data/claims.yaml``.
         nulls: null model -> the trained model it is the null of (random-init twins, step-0 checkpoints; issue
             28). Their rows are taken out of the tables' rows and decided by the same rule into the null columns.
+        null_for: trained model -> its null model, for models that share one (a wind-tunnel model's checkpoints
+            and the model itself: its step-0 checkpoint); default: the inverse of ``nulls``.
 
     Returns:
         DataFrame with :data:`SCORECARD_COLUMNS`: claim_id, claim (sentence), paper, section, table, column,
@@ -582,7 +589,7 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
         t = tables.get(c["table"])
         tt = t[~t.model.astype(str).isin(list(nulls))] if t is not None and nulls and "model" in t else t
         got = _verdict_rows(c, tt, [m for m in (models or []) if m not in nulls])
-        _attach_nulls(got, c, t, nulls)
+        _attach_nulls(got, c, t, nulls, null_for)
         rows += got
     df = pd.DataFrame(rows)
     for col in SCORECARD_COLUMNS:
