@@ -111,7 +111,7 @@ def slurm_job_state(job_id: str | None) -> tuple[str, str] | None:
     if not job_id:
         return None
     try:
-        r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%B"], capture_output=True, text=True,
+        r = subprocess.run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T|%B"], capture_output=True, text=True,
                            timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -12,7 +12,9 @@ post-norm in most families). ``extract_to_hdf5`` is resumable: the ``.partial`` 
 committed batches (checksummed) and a rerun with the same inputs continues from there; SIGUSR1 /
 SIGTERM stop it cleanly after the batch in flight (:class:`ExtractionInterrupted`; a SIGUSR1 after the last
 batch started, or any signal during the commit, lets the complete file be committed). The hooks are
-registered once per ``extract_to_hdf5`` call (:class:`BatchHooks`), not once per batch.
+registered once per ``extract_to_hdf5`` call (:class:`BatchHooks`), not once per batch. One writer per output
+(issue 31): ``extract_to_hdf5`` holds the output's lease (``llmgeom.core.lease``, ``<out>.lease``) from before it
+opens the partial file until the file is committed, and checks it before every batch's write and commit.
 
 Source: DESIGN.md sections 2 and 4; Paper III sec. 4 (last-token values, keys,
 attention entropy); LSM (token-level margins, residual samples); issue 18 item 3 (resume).
