@@ -5,6 +5,7 @@ Used by the session fixture ``slurm`` of tests/test_slurm_real.py, and by hand (
 
     python tests/slurm_cluster.py up /tmp/llmgeom-slurm     # prints: export SLURM_CONF=... PATH=...
     python tests/slurm_cluster.py down /tmp/llmgeom-slurm
+    python tests/slurm_cluster.py up --multi-node /tmp/llmgeom-slurm2   # two nodes (MULTI_NODES), issue 31
 
 Everything lives in one directory: a munge key and socket, slurm.conf and gres.conf, the state and spool
 directories, the daemons' logs and ``bin/srun`` (see ``SlurmCluster.__init__``). The ports are free ones chosen at start, so the cluster does not clash
@@ -12,6 +13,12 @@ with a site SLURM or a second copy. One node ``llmgeom-node`` (CPUs=2, RealMemor
 /dev/null: a GPU gres needs a device file, and with none the node registers as INVALID), partitions ``cpu``
 (default) and ``gpu``; no accounting (``accounting_storage/none``: ``sacct`` answers nothing, so the profile
 polls ``squeue``), and ``MinJobAge=3600`` so that finished jobs stay visible to ``squeue``/``scontrol``.
+
+Multi-node (issue 31, ``SlurmCluster(root, nodes=MULTI_NODES)``, ``up --multi-node``): one slurmctld and one
+``slurmd -N <name>`` per node, all on this machine (Debian's SLURM is built with multiple-slurmd support: one
+``NodeName`` line per node, each with its own ``Port``, the same ``NodeHostname``); each node has one GPU gres of
+its own type (``gpu:tesla:1``, ``gpu:ampere:1``, on /dev/null), both nodes in both partitions, and
+``SlurmdTimeout`` :data:`MULTI_SLURMD_TIMEOUT` s, so a node whose slurmd is stopped goes DOWN within seconds.
 
 Debian/Ubuntu's ``slurm-wlm`` and ``munge`` packages are installed with apt-get when missing and the
 process runs as root; :func:`ensure_installed` says why not otherwise (the tests skip with that reason).
@@ -29,7 +36,12 @@ import time
 from pathlib import Path
 
 NODE = "llmgeom-node"
-DAEMONS = ("slurmd", "slurmctld", "munged")  # stopped in this order
+#: the two compute nodes of :func:`multi_node` (issue 31): a node name -> its GPU type; both on this machine,
+#: each its own ``slurmd -N <name>`` with its own port (Debian's SLURM is built with multiple-slurmd support)
+MULTI_NODES = {"llmgeom-n1": "tesla", "llmgeom-n2": "ampere"}
+#: SlurmdTimeout of the multi-node cluster: a node whose slurmd stops answering is DOWN (its jobs NODE_FAIL)
+#: after this many seconds (SLURM's default is 300)
+MULTI_SLURMD_TIMEOUT = 10
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "scancel")
 
 
@@ -69,7 +81,6 @@ SLURM_CONF = """\
 ClusterName=llmgeom
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -78,9 +89,9 @@ AuthInfo=socket={d}/munge/munge.socket
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
+SlurmdLogFile={d}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -98,23 +109,28 @@ MinJobAge=3600
 KillWait=5
 InactiveLimit=0
 SlurmctldTimeout=30
-SlurmdTimeout=60
-NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} CPUs=2 RealMemory=20000 Gres=gpu:1 State=UNKNOWN
-PartitionName=cpu Nodes={node} Default=YES MaxTime=INFINITE State=UP
-PartitionName=gpu Nodes={node} MaxTime=INFINITE State=UP
+SlurmdTimeout={slurmd_timeout}
+{node_lines}
+PartitionName=cpu Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes={nodes} MaxTime=INFINITE State=UP
 """
 
 
 class SlurmCluster:
-    """A one-node SLURM in ``root`` (see the module docstring).
+    """A SLURM in ``root`` (see the module docstring): one controller and one ``slurmd`` per node of ``nodes``
+    (node name -> GPU type or None; default one node :data:`NODE` with an untyped GPU), all on this machine,
+    each node on a port of its own. ``slurmd_timeout``: SlurmdTimeout, seconds after which a node whose
+    slurmd does not answer is marked DOWN and its jobs end as NODE_FAIL.
 
     ``env`` holds ``SLURM_CONF`` for the client commands (sbatch, squeue, scontrol) and for Snakemake;
     :meth:`stop` ends every daemon it started and raises ``RuntimeError`` if one is still running.
     """
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, nodes: dict[str, str | None] | None = None, slurmd_timeout: int = 60):
         self.root = Path(root).resolve()
         self.conf = self.root / "slurm.conf"
+        self.nodes = dict(nodes or {NODE: None})
+        self.slurmd_timeout = int(slurmd_timeout)
         # bin/srun: the real srun with SLURM_CONF set. snakemake-executor-plugin-slurm-jobstep (0.6) drops every
         # SLURM_* variable but the job's identity before its srun inside the allocation, SLURM_CONF too, so
         # a cluster whose slurm.conf is not at the default path (/etc/slurm/slurm.conf) needs it.
@@ -133,19 +149,26 @@ class SlurmCluster:
             key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         host = socket.gethostname().split(".")[0]
-        self.conf.write_text(SLURM_CONF.format(d=d, host=host, node=NODE, ctld_port=_free_port(),
-                                               slurmd_port=_free_port()))
-        (d / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File=/dev/null\n")
+        lines, gres = [], []
+        for node, gpu in self.nodes.items():
+            typed = f"gpu:{gpu}:1" if gpu else "gpu:1"
+            lines.append(f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} Port={_free_port()} CPUs=2 "
+                         f"RealMemory=20000 Gres={typed} State=UNKNOWN")
+            gres.append(f"NodeName={node} Name=gpu{' Type=' + gpu if gpu else ''} File=/dev/null")
+        self.conf.write_text(SLURM_CONF.format(d=d, host=host, ctld_port=_free_port(), node_lines="\n".join(lines),
+                                               nodes=",".join(self.nodes), slurmd_timeout=self.slurmd_timeout))
+        (d / "gres.conf").write_text("\n".join(gres) + "\n")
         (d / "bin").mkdir(exist_ok=True)
         shim = d / "bin" / "srun"
         shim.write_text(f"#!/bin/sh\nSLURM_CONF={self.conf} exec {shutil.which('srun') or '/usr/bin/srun'} \"$@\"\n")
         shim.chmod(0o755)
 
     def start(self, timeout: float = 60.0) -> "SlurmCluster":
-        """Write the configuration, start munged, ``slurmctld -i`` and slurmd; wait for the node to be idle.
+        """Write the configuration, start munged, ``slurmctld -i`` and one slurmd per node; wait for every node
+        to be idle.
 
         Raises:
-            RuntimeError: a daemon did not start, or the node is not idle within ``timeout`` seconds
+            RuntimeError: a daemon did not start, or a node is not idle within ``timeout`` seconds
                 (the message holds the daemons' log tails).
         """
         self.write_config()
@@ -155,14 +178,36 @@ class SlurmCluster:
                                 f"--log-file={d}/log/munged.log", f"--seed-file={d}/munge/munged.seed"],
                      d / "munge" / "munged.pid")
         self._daemon("slurmctld", [_bin("slurmctld"), "-i", "-f", str(self.conf)], d / "slurmctld.pid")
-        self._daemon("slurmd", [_bin("slurmd"), "-N", NODE, "-f", str(self.conf)], d / "slurmd.pid")
+        for node in self.nodes:
+            self.start_slurmd(node, wait=False)
+        self.wait_idle(timeout=timeout)
+        return self
+
+    def start_slurmd(self, node: str, wait: bool = True, timeout: float = 60.0) -> None:
+        """Start node ``node``'s slurmd (again); with ``wait``, until the node is idle (ReturnToService=2 returns
+        a DOWN node to service once its slurmd registers)."""
+        self._daemon(f"slurmd:{node}", [_bin("slurmd"), "-N", node, "-f", str(self.conf)], self._slurmd_pidfile(node))
+        if wait:
+            self.wait_idle([node], timeout=timeout)
+
+    def stop_slurmd(self, node: str) -> None:
+        """Stop node ``node``'s slurmd only (SIGTERM): its job steps (slurmstepd and the job's processes) run
+        on, as on a node that the controller can no longer reach."""
+        _terminate(self.procs.pop(f"slurmd:{node}"))
+
+    def wait_idle(self, nodes=None, timeout: float = 60.0) -> None:
+        """Wait until every node of ``nodes`` (default all) is idle; RuntimeError with the logs after ``timeout``."""
+        nodes = list(nodes or self.nodes)
         t0 = time.time()
         while time.time() - t0 < timeout:
-            if self.node_state().startswith("idle"):
-                return self
+            if all(self.node_state(n).startswith("idle") for n in nodes):
+                return
             time.sleep(0.5)
-        raise RuntimeError(f"node {NODE} not idle after {timeout:.0f} s (state {self.node_state()!r})\n"
-                           + self.logs())
+        raise RuntimeError(f"nodes {nodes} not idle after {timeout:.0f} s (states "
+                           f"{[self.node_state(n) for n in nodes]})\n" + self.logs())
+
+    def _slurmd_pidfile(self, node: str) -> Path:
+        return self.root / f"slurmd-{node}.pid"
 
     def _daemon(self, name: str, cmd: list[str], pidfile: Path, timeout: float = 20.0) -> None:
         r = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
@@ -186,8 +231,9 @@ class SlurmCluster:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}")
         return r
 
-    def node_state(self) -> str:
-        r = self.run("sinfo", "-h", "-n", NODE, "-o", "%T", check=False)
+    def node_state(self, node: str | None = None) -> str:
+        """sinfo's state of ``node`` (default the first node): idle, mixed, allocated, down*, ..."""
+        r = self.run("sinfo", "-h", "-n", node or next(iter(self.nodes)), "-o", "%T", check=False)
         return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else ""
 
     def jobs(self) -> list[dict]:
@@ -223,7 +269,7 @@ class SlurmCluster:
         """Cancel every job, stop slurmd, slurmctld and munged; RuntimeError when one still runs after."""
         if "slurmctld" in self.procs:
             self.run("scancel", "--full", "-u", str(os.getuid()), check=False)
-        for name in DAEMONS:
+        for name in [k for k in self.procs if k.startswith("slurmd:")] + ["slurmctld", "munged"]:
             pid = self.procs.pop(name, None)
             if pid is not None:
                 _terminate(pid)
@@ -233,8 +279,9 @@ class SlurmCluster:
 
     def _pids_from_files(self) -> dict[str, int]:
         d, out = self.root, {}
-        for name, f in (("munged", d / "munge" / "munged.pid"), ("slurmctld", d / "slurmctld.pid"),
-                        ("slurmd", d / "slurmd.pid")):
+        files = [("munged", d / "munge" / "munged.pid"), ("slurmctld", d / "slurmctld.pid")]
+        files += [(f"slurmd:{f.name[len('slurmd-'):-len('.pid')]}", f) for f in sorted(d.glob("slurmd-*.pid"))]
+        for name, f in files:
             if f.is_file() and f.read_text().strip():
                 out[name] = int(f.read_text().split()[0])
         return out
@@ -282,11 +329,13 @@ def _suppress():
 
 
 def main(argv: list[str]) -> int:
+    multi = "--multi-node" in argv
+    argv = [a for a in argv if a != "--multi-node"]
     if len(argv) != 2 or argv[0] not in ("up", "down"):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     cmd, root = argv
-    c = SlurmCluster(root)
+    c = SlurmCluster(root, nodes=MULTI_NODES if multi else None, slurmd_timeout=MULTI_SLURMD_TIMEOUT if multi else 60)
     if cmd == "up":
         reason = ensure_installed()
         if reason:

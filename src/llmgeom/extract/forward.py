@@ -12,7 +12,9 @@ post-norm in most families). ``extract_to_hdf5`` is resumable: the ``.partial`` 
 committed batches (checksummed) and a rerun with the same inputs continues from there; SIGUSR1 /
 SIGTERM stop it cleanly after the batch in flight (:class:`ExtractionInterrupted`; a SIGUSR1 after the last
 batch started, or any signal during the commit, lets the complete file be committed). The hooks are
-registered once per ``extract_to_hdf5`` call (:class:`BatchHooks`), not once per batch.
+registered once per ``extract_to_hdf5`` call (:class:`BatchHooks`), not once per batch. One writer per output
+(issue 31): ``extract_to_hdf5`` holds the output's lease (``llmgeom.core.lease``, ``<out>.lease``) from before it
+opens the partial file until the file is committed, and checks it before every batch's write and commit.
 
 Source: DESIGN.md sections 2 and 4; Paper III sec. 4 (last-token values, keys,
 attention entropy); LSM (token-level margins, residual samples); issue 18 item 3 (resume).
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from llmgeom.core.lease import LeaseLost, OutputLease
 from llmgeom.core.progress import progress
 from llmgeom.core.store import CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
 from llmgeom.core.versions import package_versions
@@ -551,6 +554,11 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         ValueError: a prompt without valid candidate ids when ``candidates_key`` is given;
         ModelMemoryError: the model cannot fit, before any weight is read.
         ExtractionInterrupted: stopped by SIGUSR1/SIGTERM (the partial file keeps the committed batches).
+        LeaseHeld: another job holds a live lease on ``out_path`` (``<out_path>.lease``; it names that job and
+            host), and it did not end or expire within ``LLMGEOM_LEASE_WAIT_S``.
+        LeaseLost: this writer lost its lease while it ran (its SLURM job ended, e.g. NODE_FAIL; it could not
+            renew the lease; another writer took it over): it stopped before writing the next batch, and the
+            partial file keeps the committed batches for the lease's holder.
     """
     from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models.loading import load_prepared
@@ -645,11 +653,20 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         contract_version=CONTRACT_VERSION, versions={k: v for k, v in package_versions().items()
                                                      if k in ("torch", "transformers", "llmgeom")}),
         sort_keys=True, default=str).encode()).hexdigest()
-    w = ActivationWriter(out_path, attrs, shapes, resume_key=resume_key, n_batches=len(batches), log=log)
+    # one writer per output (issue 31): the lease is taken before the partial file is opened, renewed while
+    # this runs and checked before every batch's write and commit (llmgeom.core.lease)
+    lease = OutputLease(out_path, log=log).acquire()
+    try:
+        w = ActivationWriter(out_path, attrs, shapes, resume_key=resume_key, n_batches=len(batches), log=log)
+    except BaseException:
+        lease.release()
+        raise
     stop = _StopRequest()
 
     def write_batch(j: int, idx: list[int], r: dict) -> None:
-        """Write batch ``j``'s results (``extract_batch``'s dict for prompts ``idx``) and commit it."""
+        """Write batch ``j``'s results (``extract_batch``'s dict for prompts ``idx``) and commit it; LeaseLost,
+        before anything is written, when this writer no longer holds the output's lease."""
+        lease.check()
         w.begin_batch()
         rows = np.array(idx)
         for k in per_prompt:
@@ -667,6 +684,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                 tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
                 for k in per_position:
                     w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == "tokens/prompt" else r[k][tsel])
+        lease.check()
         w.commit_batch(j)
 
     # write-behind: batch j is written and committed on one background thread while batch j + 1's forward runs
@@ -746,6 +764,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             log(f"[extract] {model_name} {Path(prompts_path).stem}: {n} prompts, {n_tok} tokens, "
                 f"{n_tok / max(time.time() - t0, 1e-9):.0f} tokens/s on {attrs['device']}; "
                 f"forward passes {t_fwd:.3f} s of {time.time() - t_call:.3f} s in extract_to_hdf5")
+            lease.check()
             out = w.commit()
             if stop.signum is not None:
                 log(f"[extract] {model_name} {Path(prompts_path).stem}: {signal.Signals(stop.signum).name} arrived "
@@ -753,6 +772,13 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                     f"done, so the file was committed ({out}) instead of stopped")
         return out
     except ExtractionInterrupted as e:
+        log(f"[extract] {e}")
+        raise
+    except LeaseLost as e:
+        # another writer may own the partial file now: write nothing more (no abort, which would delete it)
+        drain(raise_errors=False)
+        if w.f.id.valid:
+            w.close_partial()
         log(f"[extract] {e}")
         raise
     except (KeyboardInterrupt, SystemExit):
@@ -767,3 +793,4 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
+        lease.release()
