@@ -296,6 +296,8 @@ def test_front_page_shows_the_counts_and_the_matrix(tmp_path):
 
     card = pd.DataFrame([_scored(tmp_path, null_x=0.2), _scored(tmp_path, null_x=0.85)])
     card["claim_id"] = ["c1", "c2"]
+    card.to_csv(tmp_path / "claims.csv", index=False)  # read back as rule findings reads it: text stays text
+    card = pd.read_csv(tmp_path / "claims.csv", keep_default_na=False)
     verdict_matrix(card, [tmp_path / "m.png"])
     forest_plots(card, [tmp_path / "f.png"])
     findings_page(card, tmp_path / "m.png", tmp_path / "f.png", tmp_path / "index.html")

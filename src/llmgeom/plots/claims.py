@@ -74,26 +74,42 @@ def verdict_matrix(card: pd.DataFrame, paths) -> None:
     save_figure(fig, paths)
 
 
+def _decides_on_published(rule: dict) -> bool:
+    """The rule compares the decided column with the published value itself (so its range belongs on the axis)."""
+    inner = rule.get("inner") or {}
+    return (rule.get("kind") == "inside_published_range" or inner.get("kind") == "inside_published_range"
+            or isinstance(rule.get("threshold"), str))
+
+
 def _published_marks(claim_id: str, model: str):
-    """(paper range (lo, hi) or None, [official-code values]) of a claim's published quantity for ``model``."""
+    """(published range (lo, hi) or None, [official-code values], numeric decision threshold or None) of a claim
+    for ``model``; the range and the official code's values only where the rule decides on the published value
+    (a claim on delta_pc12 shows Paper III's PC1+PC2 in the scorecard, not on the delta's axis)."""
     from llmgeom.analyses.claims import published_range
     from llmgeom.core.claims_data import load_claims
     from llmgeom.core.published import entries_by_kind
 
     c = next((c for c in load_claims() if c["id"] == claim_id), None)
-    if c is None or not c.get("published"):
-        return None, []
+    if c is None:
+        return None, [], None
+    rule = c.get("rule") or {}
+    thr = rule.get("threshold")
+    thr = float(thr) if isinstance(thr, (int, float)) else None
+    if rule.get("kind") in ("ci_excludes_zero_positive", "ci_excludes_zero_negative"):
+        thr = 0.0
+    if not c.get("published") or not _decides_on_published(rule):
+        return None, [], thr
     pr = published_range(c, model, {})
     rng = (pr[0], pr[1]) if pr else None
     oc = entries_by_kind(c["published"], model, c.get("kind")).get("official_code", [])
-    vals = [e["value"] for e in oc if "value" in e]
-    return rng, vals
+    return rng, [e["value"] for e in oc if "value" in e], thr
 
 
 def forest_plots(card: pd.DataFrame, paths) -> None:
     """One forest plot per numeric claim (a panel each): per model and setting the measured value with its
-    interval (black), the null model's value (hollow circle), the data-level null (x), the published range
-    (shaded band: the paper's, or the source its tier names) and the official code's values (diamonds).
+    interval (black), the null model's value (hollow circle), the data-level null (x), the decision threshold
+    (dashed), and where the rule decides on the published value its range (shaded band: the paper's, or the
+    source its tier names) and the official code's values (diamonds).
 
     Args:
         card: the scorecard (claims.csv). paths: output files (PNG, PDF).
@@ -109,7 +125,9 @@ def forest_plots(card: pd.DataFrame, paths) -> None:
         g = num[num.claim_id == c].reset_index(drop=True)
         labels = [f"{_model_label(m)}" + (f" ({s})" if s else "") for m, s in zip(g.model, g.setting)]
         y = np.arange(len(g))
-        rng, oc = _published_marks(c, str(g.model.iloc[0]))
+        rng, oc, thr = _published_marks(c, str(g.model.iloc[0]))
+        if thr is not None:
+            ax.axvline(thr, color="#636363", ls="--", lw=0.8, label="decision threshold")
         if rng:
             lo, hi = rng
             if np.isfinite(lo) and np.isfinite(hi) and hi > lo:
@@ -165,12 +183,12 @@ def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str
     chips = " ".join(f'<span class="chip" style="background:{VERDICT_COLORS[k]}">{esc(k)}: <b>{v}</b></span>'
                      for k, v in counts.items())
     spec = card[card.apply(cell_category, axis=1) == "specific finding"]
-    items = "".join(f"<li><b>{esc(r.claim_id)}</b> on {esc(str(r.model))}{' (' + esc(r.setting) + ')' if r.setting else ''}: "
+    items = "".join(f"<li><b>{esc(r.claim_id)}</b> on {esc(str(r.model))}{' (' + esc(str(r.setting)) + ')' if isinstance(r.setting, str) and r.setting else ''}: "
                     f"{esc(str(r.measured_text))}; null {esc(str(r.null_model))}: {esc(str(r.null_verdict))} "
                     f"({esc(str(r.specific_reason))})</li>" for r in spec.itertuples()) or "<li>none</li>"
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>body{{font-family:sans-serif;margin:12px 20px}} .chip{{padding:2px 8px;border-radius:4px;margin-right:6px;
-font-size:14px}} img{{max-width:100%}} img.matrix{{max-height:78vh}} h1{{font-size:20px;margin:4px 0}} p{{margin:4px 0;font-size:13px}}</style>
+font-size:14px}} img{{max-width:100%}} img.matrix{{max-height:72vh}} h1{{font-size:20px;margin:4px 0}} p{{margin:4px 0;font-size:13px}}</style>
 </head><body>
 <h1>{esc(title)}: {len(card)} verdicts on {card.claim_id.nunique()} claims</h1>
 <p>{chips}</p>
