@@ -42,8 +42,10 @@ class Family:
     Paths are dotted attribute paths: ``layers`` and ``final_norm`` from the base
     model (``model.base_model``), ``input_norm``/``attention``/``k_proj``/``v_proj``
     from one decoder layer. ``qkv`` is one of ``"separate"`` (q/k/v Linear),
-    ``"neox_fused"`` (one Linear, per-head interleaved [q_h, k_h, v_h]) or
-    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]).
+    ``"neox_fused"`` (one Linear, per-head interleaved [q_h, k_h, v_h]),
+    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]) or ``"qkv_blocks"`` (one
+    Linear, [q (n_heads*head_dim) | k (n_kv_heads*head_dim) | v (n_kv_heads*head_dim)] blocks).
+    ``reason``: why the entry exists (what the generic seams cannot tell).
     ``attention`` is the attention module of a layer (the one that calls the attention function,
     ``transformers``' ``AttentionInterface``); ``o_proj`` the output projection whose input is the
     attention output (the attention-weighted sum of values, heads concatenated). ``mlp`` the
@@ -82,6 +84,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt2", ("gpt2",), "h", "ln_f", "ln_1", "gpt2_conv1d", fused_proj="attn.c_attn", attention="attn",
            o_proj="attn.c_proj", reason="fused Conv1D QKV ([in, out] weights, [q | k | v] blocks); "
            "scale_attn_by_inverse_layer_idx"),
+    Family("phi3", ("phi3",), "layers", "norm", "input_layernorm", "qkv_blocks", fused_proj="self_attn.qkv_proj",
+           reason="fused qkv_proj Linear: [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)] blocks"),
+    Family("gpt_bigcode", ("gpt_bigcode",), "h", "ln_f", "ln_1", "qkv_blocks", fused_proj="attn.c_attn",
+           attention="attn", o_proj="attn.c_proj",
+           reason="fused c_attn Linear: [q | k | v] blocks, multi-query (one key head: config.multi_query)"),
 )
 
 #: The generic path: every part found on the model itself (:func:`parts`); ``qkv`` "separate" (k_proj/v_proj
@@ -135,7 +142,74 @@ def family_for(config) -> Family:
 
 #: Model types that cannot be read, with the reason (what the tiny-model test of every installed type,
 #: tests/test_model_types.py, found; the rules of :func:`refusal` cover whole classes of types).
-REFUSED: dict[str, str] = {}
+REFUSED: dict[str, str] = {
+    'bloom': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'blt': 'not verified: its tiny model needs more than 6 GiB (byte-level patcher with fixed large sizes)',
+    'codegen': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",
+    'cpmant': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'ctrl': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
+    'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
+    'doge': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'dory': 'its capture is not exact on a tiny random model (capture failed: RuntimeError: The size of tensor a (14) must match the size of tensor b (7) at non-singleton d)',
+    'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
+    'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
+    'falcon': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'flint': 'its capture is not exact on a tiny random model (attention entropy 0 vs eager: max |diff| 0.0755 (scale 1.76))',
+    'fuyu': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'gemma3n': 'not verified: no tiny model of this type builds here (ImportError: TimmWrapperModel requires the timm library but it was not found in your environment. Yo)',
+    'gemma3n_text': 'not verified: no tiny model of this type builds here (ValueError: The set of layer types producing a cache is different than the set of layer types using)',
+    'gemma4': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'gemma4_assistant': "not verified: no tiny model of this type builds here (StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture': V)",
+    'gemma4_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'gemma4_unified': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'gemma4_unified_assistant': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'gemma4_unified_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'git': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'gpt_neo': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'gpt_oss': 'attention sinks (a learned per-head logit outside q.k) and a key path the capture does not reproduce (tiny-model check: keys, W_K and attention entropy differ)',
+    'granite_swa': 'its capture is not exact on a tiny random model (attention output 0 vs eager p @ values: max |diff| 0.0566 (scale 1))',
+    'granitemoe_swa': 'its capture is not exact on a tiny random model (attention output 0 vs eager p @ values: max |diff| 0.0695 (scale 1))',
+    'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
+    'jetmoe': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'laguna': 'its capture is not exact on a tiny random model (capture failed: RuntimeError: The expanded size of the tensor (4) must match the existing size (48) at non-sin)',
+    'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
+    'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
+    'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
+    'mimo_v2_flash': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
+    'modernbert-decoder': "its capture is not exact on a tiny random model (top logits vs the model's: max |diff| 0.937 (scale 1))",
+    'moshi': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'mpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
+    'musicgen_melody': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
+    'openai-gpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'persimmon': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
+    'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
+    'rwkv': 'a recurrent (RWKV) model: no attention layers',
+    'xglm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'xlm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
+    'xlstm': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (4096) must match the size of tensor b (64) at non-singleton dime)',
+}
+
+def refusal_of_json(cfg: dict) -> str | None:
+    """:func:`refusal` of a ``config.json`` read as a dict (the workflow's config check: no transformers
+    import); a multimodal config is judged by its ``text_config`` (with the outer ``is_encoder_decoder``)."""
+    from types import SimpleNamespace
+
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    inner = {**cfg, **text}
+    if text and "model_type" not in text:
+        inner["model_type"] = cfg.get("model_type")
+    ns = SimpleNamespace(**inner)
+    ns.is_encoder_decoder = bool(cfg.get("is_encoder_decoder") or text.get("is_encoder_decoder"))
+    outer = SimpleNamespace(model_type=cfg.get("model_type"), is_encoder_decoder=ns.is_encoder_decoder)
+    outer.get_text_config = lambda: ns
+    return refusal(outer)
+
 
 #: Layer kinds in ``config.layer_types`` that go through the attention interface.
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention", "chunked_attention",
@@ -264,6 +338,11 @@ def parts(model) -> Parts:
         norms.append(next((m for _n, m in blk.named_children() if _is_norm(m)), None))
     kids = dict(base.named_children())
     fn = next((kids[n] for n in _FINAL_NORM_NAMES if n in kids and _is_norm(kids[n])), None)
+    if fn is None:  # else the first norm registered after the layer list (embedding norms come before it)
+        order = list(kids)
+        top = lname.split(".")[0]
+        after = order[order.index(top) + 1:] if top in order else []
+        fn = next((kids[n] for n in after if _is_norm(kids[n])), None)
     res = Parts(layers, att, ks, vs, os_, norms, fn)
     _PARTS[id(model)] = (model, res)
     return res
@@ -308,7 +387,7 @@ def summarize(config) -> ArchSummary:
     n_layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
     d_model = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
     n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    n_kv = 1 if getattr(cfg, "multi_query", False) is True else (getattr(cfg, "num_key_value_heads", None) or n_heads)
     head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
     attention_type = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
     window = getattr(cfg, "sliding_window", None)
@@ -339,8 +418,12 @@ def summarize(config) -> ArchSummary:
 
 
 def base_model(model):
-    """The decoder stack under a ``*ForCausalLM`` (``model.base_model``)."""
-    return model.base_model
+    """The decoder stack under a ``*ForCausalLM``: ``model.base_model``, or its ``language_model`` where the
+    base model wraps a text decoder beside other encoders (multimodal wrappers registered as causal LMs,
+    e.g. ``gemma3``): that one takes ``input_ids`` and returns the final norm's output."""
+    base = model.base_model
+    lm = getattr(base, "language_model", None)
+    return lm if lm is not None and hasattr(lm, "forward") else base
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -371,6 +454,21 @@ def unembedding(model) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(W_U [vocab, d_unembed], bias [vocab] or None) of the output head."""
     head = model.get_output_embeddings()
     return head.weight, getattr(head, "bias", None)
+
+
+def logit_multiplier(model) -> float | None:
+    """The constant that multiplies the LM head's logits before the soft-cap, or None (1): Cohere's
+    ``logit_scale`` (logits * logit_scale), Granite's ``logits_scaling`` (logits / logits_scaling).
+    Source: the models' ``forward`` in transformers (cohere, cohere2, granite, granitemoe)."""
+    cfg = _text_config(model.config)
+    if getattr(cfg, "model_type", None) in _BY_TYPE:
+        return None
+    m = 1.0
+    if isinstance(getattr(cfg, "logit_scale", None), (int, float)):
+        m *= float(cfg.logit_scale)
+    if isinstance(getattr(cfg, "logits_scaling", None), (int, float)) and cfg.logits_scaling:
+        m /= float(cfg.logits_scaling)
+    return None if m == 1.0 else m
 
 
 def logit_softcap(model) -> float | None:
@@ -411,6 +509,9 @@ def split_fused(model, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     if fam.qkv == "gpt2_conv1d":
         d = s.n_heads * s.head_dim
         return out[..., :d], out[..., d:2 * d], out[..., 2 * d:]
+    if fam.qkv == "qkv_blocks":
+        d, dk = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        return out[..., :d], out[..., d:d + dk], out[..., d + dk:d + 2 * dk]
     if fam.qkv == "neox_fused":
         lead = out.shape[:-1]
         x = out.reshape(*lead, s.n_heads, 3 * s.head_dim)
@@ -446,6 +547,9 @@ def _fused_columns(model, part: int) -> torch.Tensor | None:
     d = s.n_heads * s.head_dim
     if fam.qkv == "gpt2_conv1d":
         return torch.arange(part * d, (part + 1) * d)
+    if fam.qkv == "qkv_blocks":
+        dk = s.n_kv_heads * s.head_dim
+        return torch.arange(d + (part - 1) * dk, d + part * dk)
     if fam.qkv == "neox_fused":
         h = torch.arange(s.n_heads).unsqueeze(1) * 3 * s.head_dim + part * s.head_dim
         return (h + torch.arange(s.head_dim).unsqueeze(0)).reshape(-1)
@@ -494,6 +598,11 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
         b = lin.bias
         d = s.n_heads * hd
         return [(W[:, d + h * hd:d + (h + 1) * hd], b[d + h * hd:d + (h + 1) * hd]) for h in range(s.n_heads)]
+    if fam.qkv == "qkv_blocks":
+        W, b = lin.weight.T, lin.bias
+        d = s.n_heads * hd
+        return [(W[:, d + h * hd:d + (h + 1) * hd], None if b is None else b[d + h * hd:d + (h + 1) * hd])
+                for h in range(s.n_kv_heads)]
     # neox: out index = h*3*hd + [0:hd]=q, [hd:2hd]=k, [2hd:3hd]=v
     W = lin.weight.T
     b = lin.bias

@@ -332,7 +332,10 @@ def check_models(config: dict, root=".") -> dict:
     Context and number of layers are read without weights (``llmgeom.models.sources.model_facts``): from
     the prepared manifest ``<root>/resources/models/<model>/manifest.json`` when present, else from the
     source's ``config.json`` or GGUF header. An ``hf_hub`` model not yet in the local cache is skipped here
-    (rule ``prepare_model`` reports it with the download command).
+    (rule ``prepare_model`` reports it with the download command), unless ``HF_HUB_OFFLINE=1`` (then it
+    cannot be fetched: refused). A ``config.json`` whose model type cannot be read (encoder, encoder-decoder,
+    a layer that bypasses the attention interface, ...; ``llmgeom.models.architectures.refusal``) is refused
+    here, naming the model, its model_type and why (issue 29 item 3).
 
     Returns:
         model -> context length (None where unknown).
@@ -342,7 +345,8 @@ def check_models(config: dict, root=".") -> dict:
             the model and the largest valid value); a layer index in one of ``LAYER_KEYS`` outside a
             model's layers (names the key, the value, the model and the valid range).
         llmgeom.models.sources.ModelSourceError: a missing GGUF package / file, an ``hf_local`` path that is not
-            a Hugging Face directory with weights (message names the fix).
+            a Hugging Face directory with weights, an uncached ``hf_hub`` id while offline, an unreadable model
+            type (message names the fix).
     """
     from pathlib import Path
 
