@@ -525,7 +525,7 @@ def test_cuda_device_not_looked_up_when_jobs_go_to_a_cluster(good, tmp_path):
 
 @pytest.mark.parametrize("cfg_json, why", [
     ({"model_type": "bart", "is_encoder_decoder": True, "max_position_embeddings": 1024, "num_hidden_layers": 2},
-     r"model_type 'bart' .* cannot be read by llmgeom: an encoder-decoder model"),
+     r"model_type 'bart' is not supported .*: an encoder-decoder model"),
     ({"model_type": "bert", "is_decoder": False, "max_position_embeddings": 512, "num_hidden_layers": 2},
      r"model_type 'bert' .* an encoder \(bidirectional self-attention"),
     ({"model_type": "gpt_neo", "max_position_embeddings": 2048, "num_layers": 2},

@@ -85,3 +85,24 @@ def test_models_md_matches_the_code():
     captured = [r for r in rows if r.verdict == "captured"]
     assert {"llama", "gpt2", "gpt_neox", "opt", "phi", "qwen2", "gemma3_text", "olmo2", "mixtral"} <= \
         {r.model_type for r in captured}
+
+
+def test_key_orthogonality_runs_on_generic_types():
+    """W_K of generic types comes from their k_proj (and the random-init baseline from their own init rule)."""
+    import numpy as np
+
+    from llmgeom.models import architectures as arch
+    from llmgeom.weights.key_orthogonality import key_orthogonality_table
+
+    m = mtypes.build("olmo2", "sdpa")
+    assert arch.family_for(m.config) is arch.GENERIC
+    df = key_orthogonality_table(m, model_name="olmo2", seed=0)
+    assert list(zip(df.layer, df.kv_head)) == [(l, h) for l in range(3) for h in range(2)]
+    assert (df.n_query_heads_sharing == 2).all() and (df.attention_type == "GQA").all()
+    for col in ("orthogonality", "baseline_random_init", "baseline_gaussian"):
+        assert np.isfinite(df[col]).all() and ((df[col] > 0.02) & (df[col] < 0.3)).all()
+    # the orthogonality of layer 0 head 1 is that of the k_proj rows 16..31 (pre-k_norm W_K)
+    from llmgeom.measures.orthogonality import orthogonality
+
+    W = arch.parts(m).k_proj[0].weight.T[:, 16:32]
+    assert df.orthogonality[1] == orthogonality(W)

@@ -135,8 +135,10 @@ def family_for(config) -> Family:
     why = refusal(config)
     if why:
         raise UnsupportedArchitectureError(
-            f"model_type {mt!r} cannot be read by llmgeom: {why}. Types with a Family entry: "
-            f"{', '.join(supported_model_types())}; every readable type is listed in docs/models.md")
+            f"model_type {mt!r} is not supported by llmgeom.models.architectures: {why}. Every causal-LM type and its "
+            f"verdict: docs/models.md; Family entries (supported: {', '.join(supported_model_types())}), and the "
+            "generic path's types there. To read it, add a Family entry in src/llmgeom/models/architectures.py "
+            "(and its tiny-model settings in tests/model_types.py)")
     return GENERIC
 
 

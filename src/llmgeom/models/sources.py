@@ -251,7 +251,7 @@ def check_readable(name: str, cfg: dict, where) -> None:
     why = arch.refusal_of_json(cfg)
     if why:
         mt = (cfg.get("text_config") or {}).get("model_type") or cfg.get("model_type")
-        raise ModelSourceError(f"models.{name}: model_type {mt!r} ({where}) cannot be read by llmgeom: {why}. "
+        raise ModelSourceError(f"models.{name}: model_type {mt!r} is not supported ({where}): {why}. "
                                "docs/models.md lists every causal-LM type with its verdict")
 
 
