@@ -222,10 +222,12 @@ def _wk_check(model, s) -> str | None:
     atts = arch.attention_modules(model)
     got: dict[int, torch.Tensor] = {}
 
+    def is_stream(x):  # the attention input(s): [B, T, d_model] (CTRL passes it three times, as v, k, q)
+        return isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[-1] == d and x.is_floating_point()
+
     def pre(mod, args, kwargs):
-        if args:
-            return (basis, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": basis}
+        return (tuple(basis if is_stream(a) else a for a in args),
+                {k: basis if is_stream(v) else v for k, v in kwargs.items()})
 
     hs = [a.register_forward_pre_hook(pre, with_kwargs=True) for a in atts]
     try:
@@ -240,7 +242,10 @@ def _wk_check(model, s) -> str | None:
             return f"w_k_heads({layer}): {len(heads)} heads, not n_kv_heads = {s.n_kv_heads}"
         if _has_qk_norm(atts[layer]):  # the interface sees k_norm(x W_K): the reference is the key projection
             with torch.no_grad():
-                k = arch.kv_module(model, layer)(basis[:, 0]).reshape(d + 1, s.n_kv_heads, s.head_dim).transpose(0, 1)
+                k = arch.kv_module(model, layer)(basis[:, 0])
+                if arch.family_for(model.config).qkv != "separate":
+                    k = arch.split_fused(model, k)[1]
+                k = k.reshape(d + 1, s.n_kv_heads, s.head_dim).transpose(0, 1)
         else:
             k = got.get(layer)
             if k is None:

@@ -86,6 +86,10 @@ FAMILIES: tuple[Family, ...] = (
            "scale_attn_by_inverse_layer_idx"),
     Family("phi3", ("phi3",), "layers", "norm", "input_layernorm", "qkv_blocks", fused_proj="self_attn.qkv_proj",
            reason="fused qkv_proj Linear: [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)] blocks"),
+    Family("persimmon", ("persimmon",), "layers", "final_layernorm", "input_layernorm", "neox_fused",
+           fused_proj="self_attn.query_key_value", o_proj="self_attn.dense",
+           reason="fused query_key_value Linear, interleaved per head as in GPT-NeoX (also Fuyu's text model); "
+           "QK-norm (keys before k_layernorm)"),
     Family("gpt_bigcode", ("gpt_bigcode",), "h", "ln_f", "ln_1", "qkv_blocks", fused_proj="attn.c_attn",
            attention="attn", o_proj="attn.c_proj",
            reason="fused c_attn Linear: [q | k | v] blocks, multi-query (one key head: config.multi_query)"),
@@ -150,7 +154,6 @@ REFUSED: dict[str, str] = {
     'codegen': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
     'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",
     'cpmant': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
-    'ctrl': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
     'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
     'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
     'doge': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
@@ -159,7 +162,6 @@ REFUSED: dict[str, str] = {
     'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'falcon': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
     'flint': 'its capture is not exact on a tiny random model (attention entropy 0 vs eager: max |diff| 0.0755 (scale 1.76))',
-    'fuyu': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
     'gemma3n': 'not verified: no tiny model of this type builds here (ImportError: TimmWrapperModel requires the timm library but it was not found in your environment. Yo)',
     'gemma3n_text': 'not verified: no tiny model of this type builds here (ValueError: The set of layer types producing a cache is different than the set of layer types using)',
     'gemma4': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
@@ -187,7 +189,6 @@ REFUSED: dict[str, str] = {
     'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
     'musicgen_melody': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
     'openai-gpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
-    'persimmon': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
     'rwkv': 'a recurrent (RWKV) model: no attention layers',
@@ -262,8 +263,8 @@ def _get(obj, path: str | None):
     return obj
 
 
-_K_NAMES = ("k_proj", "key", "k", "wk", "key_proj", "k_lin")
-_V_NAMES = ("v_proj", "value", "v", "wv", "value_proj", "v_lin")
+_K_NAMES = ("k_proj", "key", "k", "wk", "Wk", "key_proj", "k_lin")
+_V_NAMES = ("v_proj", "value", "v", "wv", "Wv", "value_proj", "v_lin")
 _O_NAMES = ("o_proj", "dense", "out_proj", "c_proj", "wo", "o", "out_lin")
 _FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f", "ln_final", "final_norm")
 
