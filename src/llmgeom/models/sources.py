@@ -356,7 +356,8 @@ def _hf_config_layers(cfg: dict) -> int | None:
     return _hf_config_int(cfg, ("num_hidden_layers", "n_layer", "num_layers"))
 
 
-def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None) -> dict:
+def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None, *,
+                offline_uncached_ok: bool = False) -> dict:
     """Context length (tokens) and number of decoder layers of a model entry WITHOUT loading weights or
     importing transformers: from the prepared manifest when ``prepared_dir`` holds one, else from the
     source (``config.json`` of an ``hf_local`` directory or of a cached ``hf_hub`` snapshot; the GGUF
@@ -372,7 +373,7 @@ def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None) -
             that is not a Hugging Face directory with weights (only when the model is not yet
             prepared); a GGUF file name that its installed package does not ship (also when prepared: a
             changed ``gguf_file`` re-prepares); an ``hf_hub`` model not in the local cache while
-            ``HF_HUB_OFFLINE=1``; a ``config.json`` whose model type llmgeom cannot read
+            ``HF_HUB_OFFLINE=1`` (unless ``offline_uncached_ok``: a dry run, which prepares nothing); a ``config.json`` whose model type llmgeom cannot read
             (:func:`check_readable`: names the model, its model_type and why).
     """
     if prepared_dir is not None and (Path(prepared_dir) / MANIFEST).is_file():
@@ -406,7 +407,7 @@ def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None) -
         except Exception:  # noqa: BLE001 - cache layout problems are reported by prepare_model
             hit = None
         if not isinstance(hit, str):
-            if _hub_offline():
+            if _hub_offline() and not offline_uncached_ok:
                 raise ModelSourceError(
                     f"models.{name}: {spec['repo_id']}@{spec.get('revision') or 'main'} is not in the local Hugging "
                     "Face cache and HF_HUB_OFFLINE=1, so prepare_model cannot fetch it. Fix: on a machine with "
