@@ -111,21 +111,11 @@ def test_key_orthogonality_runs_on_generic_types():
 def test_families_sweep_dry_run_plans_every_model(tmp_path):
     """config/families.yaml (one small Hub model per family, issue 29 item 5) plans every model offline with an
     empty Hugging Face cache (a dry run prepares nothing, so uncached ids are not refused there)."""
-    import subprocess
-    import sys
-
     import yaml
+    from conftest import offline_dry_run_counts
 
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "empty_hf_home"))
-    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(repo / "Snakefile"), "-d", str(tmp_path),
-                        "--configfile", str(repo / "config/families.yaml"), "--cores", "1"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
-    stats = out.split("Job stats:")[1].split("total")[0]
-    counts = {ln.split()[0]: int(ln.split()[1]) for ln in stats.splitlines() if len(ln.split()) == 2
-              and ln.split()[1].isdigit()}
+    counts = offline_dry_run_counts(repo / "config/families.yaml", tmp_path)
     cfg = yaml.safe_load((repo / "config/families.yaml").read_text())
     assert len(cfg["models"]) == 11
     assert counts["prepare_model"] == len(cfg["models"])
