@@ -23,6 +23,7 @@ Source: DESIGN.md section 1 ("one architectures module") and Paper III
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -289,7 +290,7 @@ class Parts:
     final_norm: object
 
 
-_PARTS: "dict[int, tuple[object, Parts]]" = {}
+_PARTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> Parts (dies with the model)
 
 
 def _find_layers(base, n_layers: int):
@@ -312,9 +313,9 @@ def parts(model) -> Parts:
     """
     import torch
 
-    hit = _PARTS.get(id(model))
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    hit = _PARTS.get(model)
+    if hit is not None:
+        return hit
     s = summarize(model.config)
     base = base_model(model)
     lname, layers = _find_layers(base, s.n_layers)
@@ -347,7 +348,7 @@ def parts(model) -> Parts:
         after = order[order.index(top) + 1:] if top in order else []
         fn = next((kids[n] for n in after if _is_norm(kids[n])), None)
     res = Parts(layers, att, ks, vs, os_, norms, fn)
-    _PARTS[id(model)] = (model, res)
+    _PARTS[model] = res
     return res
 
 
