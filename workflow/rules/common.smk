@@ -1,5 +1,6 @@
 import os
 import re
+import sys
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # before any h5py import in job processes
 
@@ -14,6 +15,7 @@ from llmgeom.prompts.io import CANDIDATES_KEY  # meta key of candidate tokens (S
 from llmgeom.workflow.config import (
     apply_defaults,
     check_config,
+    dry_run_requested,
     model_source_params,
     null_entries,
     null_of_models,
@@ -47,7 +49,8 @@ SCHEMA = read_schema(SCHEMA_PATH)
 validate_config(config, SCHEMA)
 apply_defaults(config, SCHEMA)
 validate(config, SCHEMA_PATH)
-WT_TASKS = check_config(config, here=workflow.is_main_process and workflow.resource_settings.nodes is None)
+WT_TASKS = check_config(config, here=workflow.is_main_process and workflow.resource_settings.nodes is None,
+                        dry_run=dry_run_requested(sys.argv, workflow.dryrun))  # prepares nothing: uncached Hub ids ok
 
 MODELS = sorted(config["models"])
 

@@ -142,7 +142,7 @@ def make_batch(model, seqs: list[list[int]], pad_id: int = 0) -> Batch:
 
 
 class Float32Head:
-    """The unembedding in float32 (plus Gemma soft-capping), applied in chunks of ``chunk`` rows:
+    """The unembedding in float32 (plus Cohere/Granite logit scaling and Gemma soft-capping), applied in chunks of ``chunk`` rows:
     ``head(h [N, d_unembed]) -> logits [N, vocab]`` float32.
 
     The float32 weight is the model's own tensor when the model runs in float32 (``Tensor.float`` copies
@@ -156,6 +156,7 @@ class Float32Head:
         self.W = W.detach().float()
         self.b = None if b is None else b.detach().float()
         self.cap = arch.logit_softcap(model)
+        self.mult = arch.logit_multiplier(model)  # Cohere / Granite logit scaling (None: 1)
         self.chunk = chunk
 
     def __call__(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -167,12 +168,16 @@ class Float32Head:
                     torch.mm(x, self.W.t(), out=z)
                 else:
                     torch.addmm(self.b, x, self.W.t(), out=z)
+                if self.mult is not None:
+                    z.mul_(self.mult)
                 if self.cap:
                     z.div_(self.cap).tanh_().mul_(self.cap)
             return out
         parts = []
         for i in range(0, h.shape[0], self.chunk):
             z = F.linear(h[i:i + self.chunk].float().to(self.W.device), self.W, self.b)
+            if self.mult is not None:
+                z = z * self.mult
             if self.cap:
                 z = torch.tanh(z / self.cap) * self.cap
             parts.append(z)

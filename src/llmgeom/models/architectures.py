@@ -6,8 +6,16 @@ GPT-2 uses a transposed Conv1D); grouped-/multi-query head sharing; which layers
 use a sliding window. Extraction, interventions and the weight analyses use
 these accessors and never look at a model's attributes themselves.
 
-Adding a family = one ``Family`` entry in ``FAMILIES`` plus its tiny-model test
-(tests/test_architectures.py).
+Any other decoder-only causal LM is read through transformers' own seams (the *generic* path, issue 29):
+the decoder-layer list of the base model (the ``ModuleList`` with ``num_hidden_layers`` entries), the
+final norm's output (``last_hidden_state``), ``get_output_embeddings()``, the attention interface
+(``ALL_ATTENTION_FUNCTIONS``: post-RoPE queries and keys, values, attention output of every layer that
+calls it) and the separate key/value projections of the attention module (``k_proj``/``v_proj`` Linear,
+found by name and checked against n_kv_heads*head_dim). A ``Family`` entry holds only what those seams
+cannot tell (a fused or Conv1D layout, a pre-scaled query, a soft-cap), with its reason; ``REFUSED``
+names the model types that cannot be read and why (:func:`refusal`). ``tests/test_model_types.py``
+builds a tiny random model of every installed causal-LM type, checks the capture against the model's
+own outputs and writes the coverage table ``docs/models.md``.
 
 Source: DESIGN.md section 1 ("one architectures module") and Paper III
 ("Geometric Scaling of Bayesian Inference in LLMs") sec. 4.2 for W_K slicing.
@@ -15,6 +23,7 @@ Source: DESIGN.md section 1 ("one architectures module") and Paper III
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -34,8 +43,10 @@ class Family:
     Paths are dotted attribute paths: ``layers`` and ``final_norm`` from the base
     model (``model.base_model``), ``input_norm``/``attention``/``k_proj``/``v_proj``
     from one decoder layer. ``qkv`` is one of ``"separate"`` (q/k/v Linear),
-    ``"neox_fused"`` (one Linear, per-head interleaved [q_h, k_h, v_h]) or
-    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]).
+    ``"neox_fused"`` (one Linear, per-head interleaved [q_h, k_h, v_h]),
+    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]) or ``"qkv_blocks"`` (one
+    Linear, [q (n_heads*head_dim) | k (n_kv_heads*head_dim) | v (n_kv_heads*head_dim)] blocks).
+    ``reason``: why the entry exists (what the generic seams cannot tell).
     ``attention`` is the attention module of a layer (the one that calls the attention function,
     ``transformers``' ``AttentionInterface``); ``o_proj`` the output projection whose input is the
     attention output (the attention-weighted sum of values, heads concatenated). ``mlp`` the
@@ -55,19 +66,42 @@ class Family:
     attention: str = "self_attn"
     o_proj: str = "self_attn.o_proj"
     mlp: str | None = "mlp"
+    reason: str = ""
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llama", ("llama", "mistral", "qwen2", "qwen3"), "layers", "norm", "input_layernorm", "separate"),
-    Family("gemma3", ("gemma3_text", "gemma2", "gemma"), "layers", "norm", "input_layernorm", "separate"),
-    Family("phi", ("phi",), "layers", "final_layernorm", "input_layernorm", "separate", o_proj="self_attn.dense"),
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3"), "layers", "norm", "input_layernorm", "separate",
+           reason="the studies' own families: explicit paths keep the last block's final-token cut (issue 21)"),
+    Family("gemma3", ("gemma3_text", "gemma2", "gemma"), "layers", "norm", "input_layernorm", "separate",
+           reason="query_pre_attn_scalar scaling, Gemma 2 attention soft-cap, QK-norm (keys before k_norm)"),
+    Family("phi", ("phi",), "layers", "final_layernorm", "input_layernorm", "separate", o_proj="self_attn.dense",
+           reason="parallel attention/MLP block: explicit paths keep the final-token cut"),
     Family("opt", ("opt",), "decoder.layers", "decoder.final_layer_norm", "self_attn_layer_norm", "separate",
-           o_proj="self_attn.out_proj", mlp=None),  # fc1/fc2 on the flattened [B*T, d] stream
+           o_proj="self_attn.out_proj", mlp=None,  # fc1/fc2 on the flattened [B*T, d] stream
+           reason="queries pre-scaled by head_dim**-0.5 before the attention function (scaling 1.0)"),
     Family("gpt_neox", ("gpt_neox",), "layers", "final_layer_norm", "input_layernorm", "neox_fused",
-           fused_proj="attention.query_key_value", attention="attention", o_proj="attention.dense"),
+           fused_proj="attention.query_key_value", attention="attention", o_proj="attention.dense",
+           reason="fused QKV projection, interleaved per head"),
     Family("gpt2", ("gpt2",), "h", "ln_f", "ln_1", "gpt2_conv1d", fused_proj="attn.c_attn", attention="attn",
-           o_proj="attn.c_proj"),
+           o_proj="attn.c_proj", reason="fused Conv1D QKV ([in, out] weights, [q | k | v] blocks); "
+           "scale_attn_by_inverse_layer_idx"),
+    Family("phi3", ("phi3",), "layers", "norm", "input_layernorm", "qkv_blocks", fused_proj="self_attn.qkv_proj",
+           reason="fused qkv_proj Linear: [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)] blocks"),
+    Family("persimmon", ("persimmon",), "layers", "final_layernorm", "input_layernorm", "neox_fused",
+           fused_proj="self_attn.query_key_value", o_proj="self_attn.dense",
+           reason="fused query_key_value Linear, interleaved per head as in GPT-NeoX (also Fuyu's text model); "
+           "QK-norm (keys before k_layernorm)"),
+    Family("gpt_bigcode", ("gpt_bigcode",), "h", "ln_f", "ln_1", "qkv_blocks", fused_proj="attn.c_attn",
+           attention="attn", o_proj="attn.c_proj",
+           reason="fused c_attn Linear: [q | k | v] blocks, multi-query (one key head: config.multi_query)"),
 )
+
+#: The generic path: every part found on the model itself (:func:`parts`); ``qkv`` "separate" (k_proj/v_proj
+#: Linear modules found by name). Returned by :func:`family_for` for any readable model type without an entry.
+GENERIC = Family("generic", (), layers="", final_norm=None, input_norm="", qkv="separate", k_proj="", v_proj="",
+                 attention="", o_proj="", mlp=None,
+                 reason="no entry needed: parts found from transformers' seams (decoder-layer list, attention "
+                 "interface, k_proj/v_proj, get_output_embeddings)")
 
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
@@ -83,7 +117,8 @@ def fp16_overflows(config) -> bool:
 
 
 def supported_model_types() -> list[str]:
-    """Sorted list of ``config.model_type`` values this package supports."""
+    """Sorted list of the ``config.model_type`` values with a ``Family`` entry (the generic path reads any
+    other type that :func:`refusal` does not refuse)."""
     return sorted(_BY_TYPE)
 
 
@@ -92,20 +127,133 @@ def _text_config(config):
 
 
 def family_for(config) -> Family:
-    """Return the ``Family`` for a transformers config.
+    """Return the ``Family`` for a transformers config: its entry, else :data:`GENERIC`.
 
     Raises:
-        UnsupportedArchitectureError: naming the model_type and the supported ones.
+        UnsupportedArchitectureError: a model type that cannot be read (:func:`refusal`), naming the
+            model_type and why.
     """
     cfg = _text_config(config)
     mt = getattr(cfg, "model_type", None)
-    if mt not in _BY_TYPE:
+    if mt in _BY_TYPE:
+        return _BY_TYPE[mt]
+    why = refusal(config)
+    if why:
         raise UnsupportedArchitectureError(
-            f"model_type {mt!r} is not supported by llmgeom.models.architectures; supported: "
-            f"{', '.join(supported_model_types())}. Add a Family entry in src/llmgeom/architectures.py "
-            "(and its tiny-model test) to support it."
-        )
-    return _BY_TYPE[mt]
+            f"model_type {mt!r} is not supported by llmgeom.models.architectures: {why}. Every causal-LM type and its "
+            f"verdict: docs/models.md; Family entries (supported: {', '.join(supported_model_types())}), and the "
+            "generic path's types there. To read it, add a Family entry in src/llmgeom/models/architectures.py "
+            "(and its tiny-model settings in tests/model_types.py)")
+    return GENERIC
+
+
+#: Model types that cannot be read, with the reason (what the tiny-model test of every installed type,
+#: tests/test_model_types.py, found; the rules of :func:`refusal` cover whole classes of types).
+REFUSED: dict[str, str] = {
+    'bloom': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'blt': 'not verified: its tiny model needs more than 6 GiB (byte-level patcher with fixed large sizes)',
+    'codegen': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",
+    'cpmant': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
+    'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
+    'doge': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'dory': 'its capture is not exact on a tiny random model (capture failed: RuntimeError: The size of tensor a (14) must match the size of tensor b (7) at non-singleton d)',
+    'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
+    'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
+    'falcon': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'flint': 'its capture is not exact on a tiny random model (attention entropy 0 vs eager: max |diff| 0.0755 (scale 1.76))',
+    'gemma3n': 'not verified: no tiny model of this type builds here (ImportError: TimmWrapperModel requires the timm library but it was not found in your environment. Yo)',
+    'gemma3n_text': 'not verified: no tiny model of this type builds here (ValueError: The set of layer types producing a cache is different than the set of layer types using)',
+    'gemma4': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'gemma4_assistant': "not verified: no tiny model of this type builds here (StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture': V)",
+    'gemma4_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'gemma4_unified': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'gemma4_unified_assistant': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'gemma4_unified_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
+    'git': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'gpt_neo': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'gpt_oss': 'attention sinks (a learned per-head logit outside q.k) and a key path the capture does not reproduce (tiny-model check: keys, W_K and attention entropy differ)',
+    'granite_swa': 'its capture is not exact on a tiny random model (attention output 0 vs eager p @ values: max |diff| 0.0566 (scale 1))',
+    'granitemoe_swa': 'its capture is not exact on a tiny random model (attention output 0 vs eager p @ values: max |diff| 0.0695 (scale 1))',
+    'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
+    'jetmoe': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'laguna': 'its capture is not exact on a tiny random model (capture failed: RuntimeError: The expanded size of the tensor (4) must match the existing size (48) at non-sin)',
+    'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
+    'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
+    'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
+    'mimo_v2_flash': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
+    'modernbert-decoder': "its capture is not exact on a tiny random model (top logits vs the model's: max |diff| 0.937 (scale 1))",
+    'moshi': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'mpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
+    'musicgen_melody': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
+    'openai-gpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
+    'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
+    'rwkv': 'a recurrent (RWKV) model: no attention layers',
+    'xglm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'xlm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
+    'xlstm': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (4096) must match the size of tensor b (64) at non-singleton dime)',
+}
+
+def refusal_of_json(cfg: dict) -> str | None:
+    """:func:`refusal` of a ``config.json`` read as a dict (the workflow's config check: no transformers
+    import); a multimodal config is judged by its ``text_config`` (with the outer ``is_encoder_decoder``)."""
+    from types import SimpleNamespace
+
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    inner = {**cfg, **text}
+    if text and "model_type" not in text:
+        inner["model_type"] = cfg.get("model_type")
+    ns = SimpleNamespace(**inner)
+    ns.is_encoder_decoder = bool(cfg.get("is_encoder_decoder") or text.get("is_encoder_decoder"))
+    outer = SimpleNamespace(model_type=cfg.get("model_type"), is_encoder_decoder=ns.is_encoder_decoder)
+    outer.get_text_config = lambda: ns
+    return refusal(outer)
+
+
+#: Layer kinds in ``config.layer_types`` that go through the attention interface.
+_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention", "chunked_attention",
+                                    "global", "local", "sliding", "full"})
+
+
+def refusal(config) -> str | None:
+    """Why a model of this config cannot be read, or None when it can (read from the config alone: no
+    weights, no model built; what the workflow's config check calls).
+
+    Rules, in order: a ``REFUSED`` entry; an encoder-decoder; an encoder (BERT-style config with an
+    ``is_decoder`` switch: bidirectional self-attention used as a decoder); multi-head latent attention
+    (``kv_lora_rank``: keys are decompressed per head, no single W_K and no pre-RoPE key projection);
+    attention-free layers (state-space / linear-attention layers in ``layer_types`` or an SSM config).
+
+    Returns:
+        the reason in words, or None.
+    """
+    cfg = _text_config(config)
+    mt = getattr(cfg, "model_type", None)
+    if mt in _BY_TYPE:
+        return None
+    for m in (mt, getattr(config, "model_type", None)):
+        if m in REFUSED:
+            return REFUSED[m]
+    if getattr(config, "is_encoder_decoder", False) or getattr(cfg, "is_encoder_decoder", False):
+        return "an encoder-decoder model (its decoder cross-attends to an encoder); only decoder-only models are read"
+    if hasattr(cfg, "is_decoder"):
+        return ("an encoder (bidirectional self-attention, BERT-style) used as a decoder; its causal-LM head is "
+                "not a decoder-only language model")
+    if getattr(cfg, "kv_lora_rank", None):
+        return ("multi-head latent attention (kv_lora_rank): keys are decompressed per head through a norm, so there "
+                "is no pre-RoPE key projection W_K and no stored keys; not read yet (issue 29 item 2)")
+    kinds = set(getattr(cfg, "layer_types", None) or ())
+    if kinds - _ATTENTION_LAYER_TYPES or any(getattr(cfg, k, None) for k in ("ssm_cfg", "mamba_d_state", "state_size",
+                                                                                 "attn_layer_indices")):
+        return ("a hybrid or state-space model with attention-free layers "
+                f"({', '.join(sorted(kinds - _ATTENTION_LAYER_TYPES)) or 'state-space blocks'}); per-layer attention "
+                "datasets for such layers are not in the HDF5 contract yet (issue 29 item 2)")
+    return None
 
 
 def _get(obj, path: str | None):
@@ -114,6 +262,94 @@ def _get(obj, path: str | None):
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+_K_NAMES = ("k_proj", "key", "k", "wk", "Wk", "key_proj", "k_lin")
+_V_NAMES = ("v_proj", "value", "v", "wv", "Wv", "value_proj", "v_lin")
+_O_NAMES = ("o_proj", "dense", "out_proj", "c_proj", "wo", "o", "out_lin")
+_FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f", "ln_final", "final_norm")
+
+
+def _is_norm(m) -> bool:
+    return "norm" in type(m).__name__.lower()
+
+
+@dataclass
+class Parts:
+    """The parts of one loaded generic model (:func:`parts`): ``layers`` the decoder blocks; per block the
+    ``attention`` module (the one whose class is an attention module and that holds ``k_proj``), the key /
+    value projections ``k_proj``/``v_proj`` ([d_model] -> [n_kv_heads*head_dim] Linear), ``o_proj`` and the
+    ``input_norm`` (the block's first norm module, or None); ``final_norm`` of the base model or None."""
+
+    layers: list
+    attention: list
+    k_proj: list
+    v_proj: list
+    o_proj: list
+    input_norm: list
+    final_norm: object
+
+
+_PARTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> Parts (dies with the model)
+
+
+def _find_layers(base, n_layers: int):
+    import torch
+
+    for name, m in base.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers and n_layers > 0:
+            return name, list(m)
+    raise UnsupportedArchitectureError(
+        f"{type(base).__name__}: no ModuleList of {n_layers} decoder layers (num_hidden_layers) in the base model; "
+        "the generic path needs one (add a Family entry naming `layers`)")
+
+
+def parts(model) -> Parts:
+    """Find the parts of a generic model from its structure (cached per model object).
+
+    Raises:
+        UnsupportedArchitectureError: no decoder-layer list, or a block without separate key/value
+            projections of n_kv_heads*head_dim outputs (a fused layout without a ``Family`` entry).
+    """
+    import torch
+
+    hit = _PARTS.get(model)
+    if hit is not None:
+        return hit
+    s = summarize(model.config)
+    base = base_model(model)
+    lname, layers = _find_layers(base, s.n_layers)
+    kv_out = s.n_kv_heads * s.head_dim
+    att, ks, vs, os_, norms = [], [], [], [], []
+    for i, blk in enumerate(layers):
+        found = None
+        for name, m in blk.named_modules():
+            if "attention" not in type(m).__name__.lower():
+                continue
+            kids = dict(m.named_children())
+            k = next((kids[n] for n in _K_NAMES if isinstance(kids.get(n), torch.nn.Linear)), None)
+            v = next((kids[n] for n in _V_NAMES if isinstance(kids.get(n), torch.nn.Linear)), None)
+            if k is not None and v is not None:
+                found = (m, k, v, next((kids[n] for n in _O_NAMES if isinstance(kids.get(n), torch.nn.Module)), None))
+                break
+        if found is None or found[1].out_features != kv_out or found[2].out_features != kv_out:
+            mt = getattr(_text_config(model.config), "model_type", "?")
+            raise UnsupportedArchitectureError(
+                f"model_type {mt!r}, layer {i}: no separate key/value projections (k_proj/v_proj Linear with "
+                f"n_kv_heads*head_dim = {kv_out} outputs) in an attention module; a fused or factored layout needs a "
+                "Family entry in llmgeom.models.architectures")
+        att.append(found[0]); ks.append(found[1]); vs.append(found[2]); os_.append(found[3])
+        norms.append(next((m for _n, m in blk.named_children() if _is_norm(m)), None))
+    kids = dict(base.named_children())
+    fn = next((kids[n] for n in _FINAL_NORM_NAMES if n in kids and _is_norm(kids[n])), None)
+    if fn is None:  # else the first norm registered after the layer list (embedding norms come before it)
+        order = list(kids)
+        top = lname.split(".")[0]
+        after = order[order.index(top) + 1:] if top in order else []
+        fn = next((kids[n] for n in after if _is_norm(kids[n])), None)
+    res = Parts(layers, att, ks, vs, os_, norms, fn)
+    _PARTS[model] = res
+    return res
 
 
 @dataclass(frozen=True)
@@ -155,7 +391,7 @@ def summarize(config) -> ArchSummary:
     n_layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
     d_model = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
     n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    n_kv = 1 if getattr(cfg, "multi_query", False) is True else (getattr(cfg, "num_key_value_heads", None) or n_heads)
     head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
     attention_type = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
     window = getattr(cfg, "sliding_window", None)
@@ -186,25 +422,35 @@ def summarize(config) -> ArchSummary:
 
 
 def base_model(model):
-    """The decoder stack under a ``*ForCausalLM`` (``model.base_model``)."""
-    return model.base_model
+    """The decoder stack under a ``*ForCausalLM``: ``model.base_model``, or its ``language_model`` where the
+    base model wraps a text decoder beside other encoders (multimodal wrappers registered as causal LMs,
+    e.g. ``gemma3``): that one takes ``input_ids`` and returns the final norm's output."""
+    base = model.base_model
+    lm = getattr(base, "language_model", None)
+    return lm if lm is not None and hasattr(lm, "forward") else base
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
     """The decoder blocks, in depth order (length n_layers)."""
     fam = family_for(model.config)
+    if fam is GENERIC:
+        return parts(model).layers
     return list(_get(base_model(model), fam.layers))
 
 
 def input_norm(model, layer: int) -> torch.nn.Module:
     """The norm applied to the residual stream before attention in block ``layer``."""
     fam = family_for(model.config)
+    if fam is GENERIC:
+        return parts(model).input_norm[layer]
     return _get(decoder_layers(model)[layer], fam.input_norm)
 
 
 def final_norm(model) -> torch.nn.Module | None:
     """The final norm before the unembedding, or None (e.g. OPT-350m post-LN)."""
     fam = family_for(model.config)
+    if fam is GENERIC:
+        return parts(model).final_norm
     return _get(base_model(model), fam.final_norm) if fam.final_norm else None
 
 
@@ -212,6 +458,21 @@ def unembedding(model) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(W_U [vocab, d_unembed], bias [vocab] or None) of the output head."""
     head = model.get_output_embeddings()
     return head.weight, getattr(head, "bias", None)
+
+
+def logit_multiplier(model) -> float | None:
+    """The constant that multiplies the LM head's logits before the soft-cap, or None (1): Cohere's
+    ``logit_scale`` (logits * logit_scale), Granite's ``logits_scaling`` (logits / logits_scaling).
+    Source: the models' ``forward`` in transformers (cohere, cohere2, granite, granitemoe)."""
+    cfg = _text_config(model.config)
+    if getattr(cfg, "model_type", None) in _BY_TYPE:
+        return None
+    m = 1.0
+    if isinstance(getattr(cfg, "logit_scale", None), (int, float)):
+        m *= float(cfg.logit_scale)
+    if isinstance(getattr(cfg, "logits_scaling", None), (int, float)) and cfg.logits_scaling:
+        m /= float(cfg.logits_scaling)
+    return None if m == 1.0 else m
 
 
 def logit_softcap(model) -> float | None:
@@ -226,6 +487,8 @@ def kv_module(model, layer: int) -> torch.nn.Module:
     ``v_module``. For fused layouts both come from the one fused projection.
     """
     fam = family_for(model.config)
+    if fam is GENERIC:
+        return parts(model).k_proj[layer]
     blk = decoder_layers(model)[layer]
     return _get(blk, fam.fused_proj or fam.k_proj)
 
@@ -233,6 +496,8 @@ def kv_module(model, layer: int) -> torch.nn.Module:
 def v_module(model, layer: int) -> torch.nn.Module:
     """The module whose output holds the value vectors of block ``layer``."""
     fam = family_for(model.config)
+    if fam is GENERIC:
+        return parts(model).v_proj[layer]
     blk = decoder_layers(model)[layer]
     return _get(blk, fam.fused_proj or fam.v_proj)
 
@@ -248,6 +513,9 @@ def split_fused(model, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     if fam.qkv == "gpt2_conv1d":
         d = s.n_heads * s.head_dim
         return out[..., :d], out[..., d:2 * d], out[..., 2 * d:]
+    if fam.qkv == "qkv_blocks":
+        d, dk = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        return out[..., :d], out[..., d:d + dk], out[..., d + dk:d + 2 * dk]
     if fam.qkv == "neox_fused":
         lead = out.shape[:-1]
         x = out.reshape(*lead, s.n_heads, 3 * s.head_dim)
@@ -283,6 +551,9 @@ def _fused_columns(model, part: int) -> torch.Tensor | None:
     d = s.n_heads * s.head_dim
     if fam.qkv == "gpt2_conv1d":
         return torch.arange(part * d, (part + 1) * d)
+    if fam.qkv == "qkv_blocks":
+        dk = s.n_kv_heads * s.head_dim
+        return torch.arange(d + (part - 1) * dk, d + part * dk)
     if fam.qkv == "neox_fused":
         h = torch.arange(s.n_heads).unsqueeze(1) * 3 * s.head_dim + part * s.head_dim
         return (h + torch.arange(s.head_dim).unsqueeze(0)).reshape(-1)
@@ -321,7 +592,7 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
     hd = s.head_dim
     blk = decoder_layers(model)[layer]
     if fam.qkv == "separate":
-        lin = _get(blk, fam.k_proj)
+        lin = kv_module(model, layer)
         W = lin.weight.T  # [d_model, n_kv*hd]
         b = lin.bias
         return [(W[:, h * hd:(h + 1) * hd], None if b is None else b[h * hd:(h + 1) * hd]) for h in range(s.n_kv_heads)]
@@ -331,6 +602,11 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
         b = lin.bias
         d = s.n_heads * hd
         return [(W[:, d + h * hd:d + (h + 1) * hd], b[d + h * hd:d + (h + 1) * hd]) for h in range(s.n_heads)]
+    if fam.qkv == "qkv_blocks":
+        W, b = lin.weight.T, lin.bias
+        d = s.n_heads * hd
+        return [(W[:, d + h * hd:d + (h + 1) * hd], None if b is None else b[d + h * hd:d + (h + 1) * hd])
+                for h in range(s.n_kv_heads)]
     # neox: out index = h*3*hd + [0:hd]=q, [hd:2hd]=k, [2hd:3hd]=v
     W = lin.weight.T
     b = lin.bias
@@ -348,6 +624,8 @@ def attention_modules(model) -> list[torch.nn.Module]:
     """The attention module of each decoder block (length n_layers): the module that calls the
     attention function with post-RoPE queries and keys."""
     fam = family_for(model.config)
+    if fam is GENERIC:
+        return parts(model).attention
     return [_get(blk, fam.attention) for blk in decoder_layers(model)]
 
 
@@ -355,6 +633,8 @@ def o_proj_module(model, layer: int) -> torch.nn.Module:
     """The output projection of block ``layer``'s attention (o_proj / dense / out_proj / c_proj);
     its input [B, T, n_heads*head_dim] is the attention output (Paper III sec. 4; issue 14 item 5)."""
     fam = family_for(model.config)
+    if fam is GENERIC:
+        return parts(model).o_proj[layer]
     return _get(decoder_layers(model)[layer], fam.o_proj)
 
 
@@ -366,9 +646,14 @@ def final_token_modules(model) -> list[torch.nn.Module]:
     block's residual additions broadcast over T: the block output is the model's at the final tokens only.
     The keys and values of every position are still computed (the final query attends to them).
 
+    Generic models (no ``Family`` entry): none (their blocks may gate, branch or route the flattened stream;
+    the final-token values are then those of the full pass, exactly).
+
     Source: issue 21 item 4 (the study keeps the last block's output at the final tokens only; the
     ``logits_to_keep`` idea of transformers, one block earlier)."""
     fam = family_for(model.config)
+    if fam is GENERIC:  # block layouts vary (gates, parallel branches, MoE routing over flattened tokens): no cut
+        return []
     blk = decoder_layers(model)[-1]
     return [_get(blk, path) for path in (fam.o_proj, fam.mlp) if path]
 
@@ -441,8 +726,9 @@ def capture_attention(model, fn: Callable):
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    mods = attention_modules(model)
-    layer_of = {id(m): i for i, m in enumerate(mods)}
+    # every module of block i counts as block i's attention (the module that calls the interface may sit below
+    # the one attention_modules names: e.g. an inner self-attention); a second call in one block is seen twice
+    layer_of = {id(sub): i for i, blk in enumerate(decoder_layers(model)) for sub in blk.modules()}
     impl = _text_config(model.config)._attn_implementation or "eager"
     had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
     prev_local = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)

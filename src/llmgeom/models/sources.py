@@ -235,11 +235,31 @@ def _check_config_supported(name, path):
         raise ModelSourceError(f"models.{name}: {e}") from None
 
 
+def _hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` is set to a true value (the Hub cannot be reached: only the cache)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def check_readable(name: str, cfg: dict, where) -> None:
+    """Refuse, before any job, a model whose architecture llmgeom cannot read (``architectures.refusal``:
+    encoder, encoder-decoder, latent attention, attention-free layers, a fused layout without an entry, a
+    layer that bypasses the attention interface, ...), from its ``config.json`` dict alone.
+
+    Raises:
+        ModelSourceError: naming the model, its model_type, why, and where the config was read.
+    """
+    why = arch.refusal_of_json(cfg)
+    if why:
+        mt = (cfg.get("text_config") or {}).get("model_type") or cfg.get("model_type")
+        raise ModelSourceError(f"models.{name}: model_type {mt!r} is not supported ({where}): {why}. "
+                               "docs/models.md lists every causal-LM type with its verdict")
+
+
 def _resolve_hub(name: str, spec: dict) -> Path:
     from huggingface_hub import snapshot_download
 
     revision = spec.get("revision") or "main"
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = _hub_offline()
     try:
         p = Path(snapshot_download(spec["repo_id"], revision=revision, local_files_only=offline,
                                    allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"]))
@@ -336,7 +356,8 @@ def _hf_config_layers(cfg: dict) -> int | None:
     return _hf_config_int(cfg, ("num_hidden_layers", "n_layer", "num_layers"))
 
 
-def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None) -> dict:
+def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None, *,
+                offline_uncached_ok: bool = False) -> dict:
     """Context length (tokens) and number of decoder layers of a model entry WITHOUT loading weights or
     importing transformers: from the prepared manifest when ``prepared_dir`` holds one, else from the
     source (``config.json`` of an ``hf_local`` directory or of a cached ``hf_hub`` snapshot; the GGUF
@@ -350,9 +371,15 @@ def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None) -
     Raises:
         ModelSourceError: a package_gguf package or file that is not installed, an hf_local path
             that is not a Hugging Face directory with weights (only when the model is not yet
-            prepared).
+            prepared); a GGUF file name that its installed package does not ship (also when prepared: a
+            changed ``gguf_file`` re-prepares); an ``hf_hub`` model not in the local cache while
+            ``HF_HUB_OFFLINE=1`` (unless ``offline_uncached_ok``: a dry run, which prepares nothing); a ``config.json`` whose model type llmgeom cannot read
+            (:func:`check_readable`: names the model, its model_type and why).
     """
     if prepared_dir is not None and (Path(prepared_dir) / MANIFEST).is_file():
+        if spec.get("source") == "package_gguf" and spec.get("package") and spec.get("gguf_file") \
+                and importlib.util.find_spec(spec["package"]) is not None:
+            locate_gguf(spec["package"], spec["gguf_file"])  # a changed gguf_file re-prepares: it must exist
         try:
             a = json.loads((Path(prepared_dir) / MANIFEST).read_text()).get("architecture") or {}
             if a.get("max_positions") or a.get("n_layers"):
@@ -380,6 +407,12 @@ def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None) -
         except Exception:  # noqa: BLE001 - cache layout problems are reported by prepare_model
             hit = None
         if not isinstance(hit, str):
+            if _hub_offline() and not offline_uncached_ok:
+                raise ModelSourceError(
+                    f"models.{name}: {spec['repo_id']}@{spec.get('revision') or 'main'} is not in the local Hugging "
+                    "Face cache and HF_HUB_OFFLINE=1, so prepare_model cannot fetch it. Fix: on a machine with "
+                    f"network run `hf download {spec['repo_id']} --revision {spec.get('revision') or 'main'}` (same "
+                    "HF_HOME), unset HF_HUB_OFFLINE, or use source: hf_local with a downloaded directory")
             return {"context": None, "n_layers": None, "where": "not in the local Hugging Face cache yet"}
         cfg_path = Path(hit)
     else:
@@ -388,6 +421,7 @@ def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None) -
         cfg = json.loads(Path(cfg_path).read_text())
     except (OSError, ValueError):
         return {"context": None, "n_layers": None, "where": f"unreadable {cfg_path}"}
+    check_readable(name, cfg, cfg_path)
     return {"context": _hf_config_context(cfg), "n_layers": _hf_config_layers(cfg), "where": str(cfg_path)}
 
 

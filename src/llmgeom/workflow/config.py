@@ -185,12 +185,14 @@ def _fill(node, schema: dict) -> None:
                 _fill(value, extra)
 
 
-def check_config(config: dict, *, here: bool = True, root=".") -> dict:
+def check_config(config: dict, *, here: bool = True, root=".", dry_run: bool = False) -> dict:
     """Every check of a schema-valid config with its defaults filled in, before any job runs.
 
     In order: :func:`check_cross_keys`, :func:`check_gpu_config`, :func:`check_models`,
     :func:`check_prompt_sources`, :func:`check_wind_tunnel`, :func:`check_device` (``here``: the jobs run
-    on this machine), :func:`check_lsm_config`, :func:`check_bayes_config`.
+    on this machine), :func:`check_lsm_config`, :func:`check_bayes_config`. ``dry_run`` (no job runs:
+    ``snakemake -n``, ``--list-rules``, ``--lint``, ...; :func:`dry_run_requested`): an ``hf_hub`` model not in
+    the local cache is not refused while ``HF_HUB_OFFLINE=1``.
 
     Returns:
         the normalized wind-tunnel task specs (:func:`check_wind_tunnel`).
@@ -201,13 +203,35 @@ def check_config(config: dict, *, here: bool = True, root=".") -> dict:
     """
     check_cross_keys(config)
     check_gpu_config(config)
-    check_models(config, root=root)  # sources exist, token budgets and layer indices fit (no weights read)
+    check_models(config, root=root, dry_run=dry_run)  # sources exist, token budgets and layer indices fit (no weights read)
     check_prompt_sources(config, root=root)  # Wikipedia topics, pool sizes and corpus files (no prompt built)
     tasks = check_wind_tunnel(config)
     check_device(config, here=here)
     check_lsm_config(config)
     check_bayes_config(config)
     return tasks
+
+#: Snakemake options under which no job runs (the DAG is only shown, listed, linted or reported).
+NO_JOB_OPTIONS = ("--dry-run", "--dryrun", "--just-print", "--list-rules", "--list", "-l", "--list-target-rules",
+                  "--lt", "--lint", "--dag", "--rulegraph", "--filegraph", "--d3dag", "--summary", "-S",
+                  "--detailed-summary", "-D", "--report", "--unlock", "--cleanup-metadata", "--list-changes", "--lc",
+                  "--list-untracked", "--lu", "--containerize", "--print-compilation")
+
+
+def dry_run_requested(argv, executor_says: bool = False) -> bool:
+    """True when this Snakemake invocation runs no job: a dry run (``-n`` / ``--dry-run``, also in a short-flag
+    cluster such as ``-np``) or one of ``NO_JOB_OPTIONS`` (listing, lint, DAG, report), read from the command line
+    (Snakemake 9 sets ``workflow.dryrun``, ``executor_says``, only after the Snakefile is parsed, when the config
+    has already been checked)."""
+    if executor_says:
+        return True
+    for a in argv:
+        if a.split("=")[0] in NO_JOB_OPTIONS or a.startswith("--list"):
+            return True
+        if a.startswith("-") and not a.startswith("--") and a[1:].isalpha() and "n" in a[1:]:
+            return True
+    return False
+
 
 def check_cross_keys(config: dict) -> None:
     """Cross-key checks that JSON schema cannot express.
@@ -325,14 +349,17 @@ LAYER_KEYS = ("value_manifold.layers", "domain_restriction.layers", "sula.layers
               "interventions.multi_layers")
 
 
-def check_models(config: dict, root=".") -> dict:
+def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
     """Before any job starts: cheap source checks, token budgets against each model's context and layer
     indices against each model's number of layers.
 
     Context and number of layers are read without weights (``llmgeom.models.sources.model_facts``): from
     the prepared manifest ``<root>/resources/models/<model>/manifest.json`` when present, else from the
     source's ``config.json`` or GGUF header. An ``hf_hub`` model not yet in the local cache is skipped here
-    (rule ``prepare_model`` reports it with the download command).
+    (rule ``prepare_model`` reports it with the download command), unless ``HF_HUB_OFFLINE=1`` (then it
+    cannot be fetched: refused, except in a ``dry_run``). A ``config.json`` whose model type cannot be read (encoder, encoder-decoder,
+    a layer that bypasses the attention interface, ...; ``llmgeom.models.architectures.refusal``) is refused
+    here, naming the model, its model_type and why (issue 29 item 3).
 
     Returns:
         model -> context length (None where unknown).
@@ -342,7 +369,8 @@ def check_models(config: dict, root=".") -> dict:
             the model and the largest valid value); a layer index in one of ``LAYER_KEYS`` outside a
             model's layers (names the key, the value, the model and the valid range).
         llmgeom.models.sources.ModelSourceError: a missing GGUF package / file, an ``hf_local`` path that is not
-            a Hugging Face directory with weights (message names the fix).
+            a Hugging Face directory with weights, an uncached ``hf_hub`` id while offline, an unreadable model
+            type (message names the fix).
     """
     from pathlib import Path
 
@@ -352,7 +380,8 @@ def check_models(config: dict, root=".") -> dict:
     budgets = token_budgets(config)
     contexts, problems, layer_problems = {}, [], []
     for name, spec in sorted(config["models"].items()):
-        facts = model_facts(name, spec, prepared_dir=Path(root) / "resources" / "models" / name)
+        facts = model_facts(name, spec, prepared_dir=Path(root) / "resources" / "models" / name,
+                            offline_uncached_ok=dry_run)
         ctx, where = facts["context"], facts["where"]
         contexts[name] = ctx
         for s, b in sorted(budgets.items()):

@@ -1,0 +1,307 @@
+"""Tiny random models of every installed causal-LM ``model_type`` and the checks that decide its verdict.
+
+Shared by ``tests/test_model_types.py`` (which writes ``docs/models.md``) and usable by hand::
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import model_types as t; print(t.verify('olmo2'))"
+
+The per-type settings that make a tiny config valid live here (``TYPE_SETTINGS``); everything else is the
+same for every type (``TINY``): hidden size 64, 3 layers, 4 query heads, 2 key heads, head_dim 16, vocab 128.
+
+Checks (each against the model's own computation, float32, two right-padded prompts of 7 and 3 tokens):
+residual stream per block vs ``output_hidden_states``; the last block's residual through the final norm vs
+the stored final normed state; values vs the KV cache; stored (pre-RoPE) keys at position 0 vs the cache's
+keys there (RoPE is the identity at position 0; skipped where a QK-norm sits between, the keys being
+pre-norm by contract); W_K (``architectures.w_k_heads``) vs the basis-vector reference (the attention
+module's input replaced by the rows of [I; 0] at position 0, keys read back at the attention interface);
+final-token top logits vs the model's logits; attention entropy and attention output vs eager attention
+probabilities; one prompt alone == the same prompt in the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=96, max_position_embeddings=128,
+            n_embd=64, n_layer=3, n_head=4, n_positions=128, n_ctx=128, ffn_dim=96, n_inner=96,
+            num_layers=3, num_heads=4, d_model=64,
+            moe_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4,
+            num_experts_per_tok=2, shared_expert_intermediate_size=32, n_shared_experts=1,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+#: Per model type: attribute -> value set on the text config after ``TINY`` (the tiny config's validity).
+TYPE_SETTINGS: dict[str, dict] = {
+    "codegen": {"rotary_dim": 8}, "gptj": {"rotary_dim": 8},
+    "opt": {"word_embed_proj_dim": 64},  # project_out (word_embed_proj_dim < hidden): tests/test_architectures.py
+    # logit scales away from 1, so that a missed scaling shows
+    "granite": {"logits_scaling": 4.0}, "granitemoe": {"logits_scaling": 4.0},
+    "granitemoeshared": {"logits_scaling": 4.0}, "granite_swa": {"logits_scaling": 4.0},
+    "granitemoe_swa": {"logits_scaling": 4.0},
+}
+
+ATOL = 2e-4
+SEQS = [[1, 5, 6, 7, 8, 9, 10], [1, 20, 21]]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of docs/models.md: ``verdict`` "captured" / "refused" / "not built" (no tiny model could be
+    built or run: then the code must refuse it too), ``runs`` what runs, ``why`` the reason (refused, not built)."""
+
+    model_type: str
+    verdict: str
+    runs: str
+    why: str
+
+
+def causal_lm_types() -> list[str]:
+    """Every model_type of the installed transformers' causal-LM auto mapping, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def tiny_config(model_type: str):
+    """The default config of ``model_type`` made tiny (``TINY``, then ``TYPE_SETTINGS``)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cfg = CONFIG_MAPPING[model_type]()
+    tc = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for target in {id(cfg): cfg, id(tc): tc}.values():
+        for k, v in {**TINY, **TYPE_SETTINGS.get(model_type, {})}.items():
+            if k in TINY and not hasattr(target, k):
+                continue
+            try:
+                setattr(target, k, v)
+            except (AttributeError, TypeError, ValueError):
+                pass
+    if getattr(tc, "layer_types", None) is not None and len(tc.layer_types) != tc.num_hidden_layers:
+        lt = list(tc.layer_types)
+        tc.layer_types = (lt * tc.num_hidden_layers)[:tc.num_hidden_layers]
+    return cfg
+
+
+def build(model_type: str, attn: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation=attn, dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # non-trivial biases and norm gains (a wrong slice must show)
+        for p in m.parameters():
+            if p.dim() == 1 and p.is_floating_point():
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return m.eval()
+
+
+def _close(a, b, what: str, atol: float = ATOL) -> str | None:
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return f"{what}: shape {a.shape} != {b.shape}"
+    scale = max(1.0, float(np.abs(b).max()) if b.size else 1.0)
+    err = float(np.abs(a - b).max()) if a.size else 0.0
+    if not math.isfinite(err) or err > atol * scale:
+        return f"{what}: max |diff| {err:.3g} (scale {scale:.3g})"
+    return None
+
+
+def _has_qk_norm(att) -> bool:
+    return any(n in dict(att.named_children()) for n in ("k_norm", "key_norm", "k_layernorm", "key_layernorm", "k_ln"))
+
+
+def check_model(model, eager) -> list[str]:
+    """The capture of ``model`` (sdpa or its own implementation) against its own outputs and ``eager``'s
+    attention probabilities (same weights). Returns the failed checks (empty: captured exactly)."""
+    import numpy as np
+    import torch
+
+    from llmgeom.extract import forward
+    from llmgeom.models import architectures as arch
+
+    s = arch.summarize(model.config)
+    L, hd, nkv, H = s.n_layers, s.head_dim, s.n_kv_heads, s.n_heads
+    fails: list[str] = []
+    res = forward.extract_batch(model, SEQS, attention=True, top_k=5)
+    B = len(SEQS)
+    last = [len(q) - 1 for q in SEQS]
+    T = max(len(q) for q in SEQS)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for i, q in enumerate(SEQS):
+        ids[i, :len(q)] = torch.tensor(q)
+        mask[i, :len(q)] = 1
+    pos = torch.arange(T).expand(B, T)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True, use_cache=True)
+        eo = eager(input_ids=ids, attention_mask=mask, position_ids=pos, output_attentions=True, use_cache=False)
+    hs = out.hidden_states
+    if len(hs) != L + 1:
+        fails.append(f"output_hidden_states has {len(hs)} entries, not n_layers+1 = {L + 1}")
+        return fails
+    R = res["last_token/residual"]
+    for layer in range(L):
+        want = np.stack([hs[layer][b, last[b]].numpy() for b in range(B)])
+        f = _close(R[:, layer], want, f"residual {layer} vs hidden_states[{layer}]")
+        if f:
+            fails.append(f)
+            break
+    fn = arch.final_norm(model)
+    if fn is None:
+        fails.append("no final norm found")
+    else:
+        with torch.no_grad():
+            y = fn(torch.as_tensor(R[:, L]).unsqueeze(1))[:, 0]
+        fails.append(_close(res["last_token/final_normed"], y.numpy(), "final norm(block L output) vs final_normed"))
+    fails.append(_close(res["last_token/final_normed"], np.stack([hs[L][b, last[b]].numpy() for b in range(B)]),
+                        "final_normed vs hidden_states[-1]"))
+    lg = torch.stack([out.logits[b, last[b]] for b in range(B)]).float()
+    top = lg.topk(5, dim=-1)
+    fails.append(_close(res["next_token/top_logits"], top.values.numpy(), "top logits vs the model's"))
+    cache = out.past_key_values
+    for layer in range(L):
+        c = cache.layers[layer]
+        cv = np.stack([c.values[b, :, last[b]].reshape(-1).numpy() for b in range(B)])
+        f = _close(res["last_token/values"][:, layer], cv, f"values {layer} vs KV cache")
+        if f:
+            fails.append(f)
+            break
+        if not _has_qk_norm(arch.attention_modules(model)[layer]):
+            one = forward.extract_batch(model, [[1]], attention=False, top_k=1)
+            with torch.no_grad():
+                o1 = model(input_ids=torch.tensor([[1]]), use_cache=True)
+            f = _close(one["last_token/keys"][0, layer], o1.past_key_values.layers[layer].keys[0, :, 0].numpy(),
+                       f"keys {layer} at position 0 vs KV cache")
+            if f:
+                fails.append(f)
+                break
+    # attention entropy and output vs eager probabilities
+    for layer in range(L):
+        p = eo.attentions[layer]
+        if p is None:
+            fails.append(f"eager gave no attention probabilities for layer {layer}")
+            break
+        ent = np.zeros((B, H))
+        z = np.zeros((B, H * hd))
+        V = cache.layers[layer].values
+        for b in range(B):
+            pb = p[b, :, last[b], :last[b] + 1].double()
+            ent[b] = (-(pb * torch.log(pb.clamp_min(1e-300))).sum(-1)).numpy()
+            vb = V[b, :, :last[b] + 1].double().repeat_interleave(H // nkv, dim=0)  # [H, t, hd]
+            z[b] = torch.einsum("ht,htd->hd", pb, vb).reshape(-1).numpy()
+        f = _close(res["attention/entropy"][:, layer], ent, f"attention entropy {layer} vs eager", atol=1e-4)
+        f = f or _close(res["last_token/attn_output"][:, layer], z, f"attention output {layer} vs eager p @ values")
+        if f:
+            fails.append(f)
+            break
+    # W_K vs the basis-vector reference at position 0
+    fails.append(_wk_check(model, s))
+    # padding / batch invariance
+    for b, q in enumerate(SEQS):
+        alone = forward.extract_batch(model, [q], attention=True, top_k=5)
+        for k in ("last_token/residual", "last_token/values", "last_token/keys", "last_token/attn_output",
+                  "attention/entropy", "next_token/top_logits", "last_token/final_normed"):
+            f = _close(alone[k][0], res[k][b], f"{k}: prompt {b} alone vs in the batch", atol=1e-5)
+            if f:
+                fails.append(f)
+                break
+    return [f for f in fails if f]
+
+
+def _wk_check(model, s) -> str | None:
+    import torch
+
+    from llmgeom.models import architectures as arch
+
+    d = s.d_model
+    basis = torch.cat([torch.eye(d), torch.zeros(1, d)]).unsqueeze(1)  # [d+1, 1, d] at position 0
+    atts = arch.attention_modules(model)
+    got: dict[int, torch.Tensor] = {}
+
+    def is_stream(x):  # the attention input(s): [B, T, d_model] (CTRL passes it three times, as v, k, q)
+        return isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[-1] == d and x.is_floating_point()
+
+    def pre(mod, args, kwargs):
+        return (tuple(basis if is_stream(a) else a for a in args),
+                {k: basis if is_stream(v) else v for k, v in kwargs.items()})
+
+    hs = [a.register_forward_pre_hook(pre, with_kwargs=True) for a in atts]
+    try:
+        with torch.no_grad(), arch.capture_attention(model, lambda i, q, k, o, sc, cap: got.setdefault(i, k)):
+            arch.base_model(model)(input_ids=torch.ones(d + 1, 1, dtype=torch.long), use_cache=False)
+    finally:
+        for h in hs:
+            h.remove()
+    for layer in range(s.n_layers):
+        heads = arch.w_k_heads(model, layer)
+        if len(heads) != s.n_kv_heads:
+            return f"w_k_heads({layer}): {len(heads)} heads, not n_kv_heads = {s.n_kv_heads}"
+        if _has_qk_norm(atts[layer]):  # the interface sees k_norm(x W_K): the reference is the key projection
+            with torch.no_grad():
+                k = arch.kv_module(model, layer)(basis[:, 0])
+                if arch.family_for(model.config).qkv != "separate":
+                    k = arch.split_fused(model, k)[1]
+                k = k.reshape(d + 1, s.n_kv_heads, s.head_dim).transpose(0, 1)
+        else:
+            k = got.get(layer)
+            if k is None:
+                return f"layer {layer}: no attention-interface call"
+            k = k[:, :, 0]  # [d+1, n_kv, hd]
+            k = k.transpose(0, 1)
+        for h, (W, b) in enumerate(heads):
+            ref_b = k[h, d]
+            ref_W = k[h, :d] - ref_b
+            f = _close(W.detach().numpy(), ref_W.numpy(), f"W_K layer {layer} head {h} vs basis-vector reference")
+            f = f or _close((0 if b is None else b.detach()) + 0 * ref_b, ref_b.numpy(), f"key bias layer {layer} head {h}")
+            if f:
+                return f
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def verify(model_type: str) -> Row:
+    """Build, check and classify one model type (cached: the table and the per-type tests share it)."""
+    import torch
+
+    from llmgeom.models import architectures as arch
+
+    torch.set_num_threads(1)
+    if model_type in arch.REFUSED:  # refused by name: not built (some cannot be, here)
+        return Row(model_type, "refused", "nothing", arch.REFUSED[model_type])
+    try:
+        cfg = tiny_config(model_type)
+    except Exception as e:  # noqa: BLE001 - recorded in the table
+        return Row(model_type, "not built", "nothing", f"default config fails: {type(e).__name__}: {_short(e)}")
+    why = arch.refusal(cfg)
+    if why:
+        return Row(model_type, "refused", "nothing", why)
+    try:
+        try:
+            model = build(model_type, "sdpa")
+        except ValueError as e:
+            if "does not support" not in str(e):
+                raise
+            model = build(model_type, "eager")
+        eager = build(model_type, "eager")
+        eager.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            model(input_ids=torch.tensor([SEQS[0]]), use_cache=False)
+    except Exception as e:  # noqa: BLE001 - recorded in the table
+        return Row(model_type, "not built", "nothing", f"tiny model does not build or run: {type(e).__name__}: {_short(e)}")
+    try:
+        fails = check_model(model, eager)
+    except Exception as e:  # noqa: BLE001 - recorded in the table
+        fails = [f"capture failed: {type(e).__name__}: {_short(e)}"]
+    if fails:
+        return Row(model_type, "wrong", "nothing", "; ".join(fails))
+    fam = arch.family_for(model.config)
+    return Row(model_type, "captured", "every measure",
+               f"family entry `{fam.name}`" if fam is not arch.GENERIC else "generic path")
+
+
+def _short(e: BaseException, n: int = 140) -> str:
+    return " ".join(str(e).split())[:n]
