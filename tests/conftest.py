@@ -23,10 +23,13 @@ TEST_DIR = REPO / ".test"
 TEST_CONFIG = TEST_DIR / "config" / "config.yaml"
 
 
-def tiny_config(model_dirs: dict | None = None) -> dict:
+def tiny_config(model_dirs: dict | None = None, *, nulls: bool = True) -> dict:
     """A fresh copy of .test/config/config.yaml for a run in another working directory: each model's ``path``
-    made absolute (the committed .test/models/<name>), or ``model_dirs[name]`` where given."""
+    made absolute (the committed .test/models/<name>), or ``model_dirs[name]`` where given. ``nulls=False``:
+    without the random-init twins (issue 28), for tests of something else (the cluster path, reruns of one model)."""
     cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    if not nulls:
+        cfg["nulls"] = {"random_init": False}
     for name, spec in cfg["models"].items():
         spec["path"] = str((model_dirs or {}).get(name) or (TEST_DIR / spec["path"]).resolve())
     return cfg

@@ -393,17 +393,19 @@ def test_table1_table2_and_markdown():
     # issue 19: published values are not attached to models the paper did not measure; the papers' models are
     # rows of their own (6 in Table 1: 3 models x mixed / restricted), in the same columns and units
     assert (t1.pc12_published == "").all() and (t2.random_init_mean_published == "").all()
-    p1 = t1_all[t1_all.source == "published"]
+    p1 = t1_all[(t1_all.source == "published") & (t1_all.source_kind == "paper")]
     assert len(p1) == 6 and set(p1.role) == {"mixed", "restricted"}
-    assert "| Pythia-410M | published | mixed | - | 79.6 | 99.7 |" in md1 and "| -0.32 |" in md1
-    assert "| Mistral-7B | published | - | 15-20 | 80 | 0.05-0.06 |" in md2
+    assert "| Pythia-410M | published (paper) | mixed | - | 79.6 | 99.7 |" in md1 and "| -0.32 |" in md1
+    # issue 28: the official code's committed output as a row of its own beside the paper's
+    assert "| Pythia-410M | published (official code) | mixed | - | 14.6 | 27.7 |" in md1 and "| -0.59 |" in md1
+    assert "| Mistral-7B | published (paper) | - | 15-20 | 80 | 0.05-0.06 |" in md2
     assert "0.35-0.45" in md2 and "sqrt(2 / (pi d_model))" in md2 and "0.033" in md2
     assert "Table 2, arXiv:2512.23752v1" in md2 and all(len(ln) < 400 for ln in md1.splitlines() if ln.startswith("|"))
     with pytest.raises(ValueError):
         to_markdown(t1, "table3")
     page = markdown_tables_html({"Table 1 analogue": md1, "Table 2 analogue": md2})
     n_pub2 = int((t2_all.source == "published").sum())
-    assert page.count("<table>") == 2 and page.count("<tr>") == 1 + 4 + 6 + 1 + 2 + n_pub2
+    assert page.count("<table>") == 2 and page.count("<tr>") == 1 + 4 + 7 + 1 + 2 + n_pub2
     assert "<th>PC1 % (bc) [95% CI]</th>" in page and "MQA + sliding window" in page
 
 
@@ -441,11 +443,13 @@ def test_paper3_dry_run_offline(tmp_path):
     cfg = yaml.safe_load((REPO / "config/paper3.yaml").read_text())
     n_models, n_sets = len(cfg["models"]), len(cfg["prompts"]["sets"])
     assert n_models == 4
-    assert counts["prepare_model"] == n_models
+    # every model and its random-init twin (issue 28); a twin extracts mixed, the summary set and the corpus only
+    assert counts["prepare_model"] == 2 * n_models
     assert counts["build_prompts"] == n_sets
-    assert counts["extract"] == n_models * n_sets
-    for rule in ("value_manifold", "domain_restriction", "key_orthogonality", "attention_focusing"):
-        assert counts[rule] == n_models, rule
+    assert counts["extract"] == n_models * n_sets + n_models * 3
+    assert counts["value_manifold"] == n_models  # no claim reads it: not run on the twins
+    for rule in ("domain_restriction", "key_orthogonality", "attention_focusing"):
+        assert counts[rule] == 2 * n_models, rule
     assert counts["bayes_tables"] == 1 and counts["figure_bayes"] == 1
     # one aggregate job per family of cross-model tables: the Bayesian-geometry tables in one (issue 21)
     assert counts["aggregate_bayes"] == 1 and "aggregate" not in counts

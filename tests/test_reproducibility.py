@@ -52,6 +52,7 @@ TARGETS = [f"results/{M}/tables/{t}.csv" for t in
 def config(model_dir: Path) -> dict:
     return {
         "models": {M: {"source": "hf_local", "path": str(model_dir), "dtype": "float32", "batch_size": 1}},
+        "nulls": {"random_init": False},  # reproducibility of the model's own tables (the twins: test_workflow.py)
         "prompts": {"seed": 0, "token_budget": 32, "sets": {
             "mixed": {"kind": "mixed", "n": 60},  # batch_size 1: the extraction lasts long enough to be killed
             "domain_mathematics": {"kind": "domain", "topics": ["Mathematics"], "n": 12},

@@ -60,7 +60,7 @@ def nodes(tmp_path_factory):
 
 
 def _study(gpu_models: dict, models=MODELS) -> dict:
-    cfg = tiny_config()
+    cfg = tiny_config(nulls=False)  # the cluster path, not the nulls (tests/test_workflow.py runs those)
     cfg["models"] = {m: dict(cfg["models"][m], **({"gpu_model": gpu_models[m]} if gpu_models.get(m) else {}))
                      for m in models}
     cfg.pop("wind_tunnel", None)

@@ -46,7 +46,7 @@ def study_config(wd: Path) -> dict:
     model (:data:`MODEL`, its committed directory) and without the wind tunnel."""
     from conftest import tiny_config
 
-    cfg = tiny_config()
+    cfg = tiny_config(nulls=False)  # the cluster path, not the nulls (tests/test_workflow.py runs those)
     cfg["models"] = {MODEL: cfg["models"][MODEL]}
     cfg.pop("wind_tunnel", None)
     return cfg

@@ -176,8 +176,9 @@ def test_sula_and_intervention_outputs(tiny_run):
         assert (cut.axis_corr_edited == 0).all() and cut.degenerate_edited.all()
         ax = pd.read_csv(wd / f"results/{m}/interventions/entropy_axes.csv")
         assert (ax.random_dot_u.dropna() < 1e-10).all()
-    for t in ("sula", "sula_calibration", "sula_geometry", "sula_prompts", "sula_interventions"):
-        assert set(pd.read_csv(wd / f"results/summary/{t}.csv").model) == set(cfg["models"])
+    for t in ("sula", "sula_calibration", "sula_geometry", "sula_prompts", "sula_interventions"):  # + the twins
+        assert set(pd.read_csv(wd / f"results/summary/{t}.csv").model) == {*cfg["models"],
+                                                                           *(f"{m}-randinit" for m in cfg["models"])}
     for fig in ("sula_calibration", "sula_pc1", "sula_interventions"):
         for ext in ("png", "pdf"):
             assert (wd / f"results/figures/{fig}.{ext}").stat().st_size > 1000

@@ -148,6 +148,38 @@ def get_max_tokens(wildcards):
     return token_budgets(config)[wildcards.promptset]
 
 
+# Null models (issue 28): what a random-init twin runs of the rules the claims read (DR: domain_restriction.smk,
+# SULA_CONDITIONS: sula.smk, IV: interventions.smk; looked up when the DAG is built, after every include).
+def get_dr_sets(wildcards):
+    """Prompt sets of domain_restriction: the mixed set and every restricted set; a null model only the two
+    that Table 1 / Table 2 and the claims read (the mixed set and the summary set)."""
+    return [DR["mixed"], DR["summary"]] if is_null(wildcards) else DR_SETS
+
+
+def get_dr_n_boot(wildcards):
+    """n_boot of domain_restriction: nulls.n_boot for a null model (its interval is not read)."""
+    return config["nulls"]["n_boot"] if is_null(wildcards) else config["domain_restriction"]["n_boot"]
+
+
+def get_sula_conditions(wildcards):
+    """SULA conditions of the sula rule, all of them; a null model only main, what the claims and interventions read."""
+    return ["main"] if is_null(wildcards) else SULA_CONDITIONS
+
+
+
+
+def get_iv_edits(wildcards):
+    """edits of intervene: all configured; a null model only axis_cut (the only edit a claim reads)."""
+    return [e for e in IV["edits"] if e == "axis_cut"] if is_null(wildcards) else IV["edits"]
+
+
+def get_iv_n_boot(wildcards):
+    """n_boot of sula_interventions: nulls.n_boot for a null model (its intervals are not read)."""
+    return config["nulls"]["n_boot"] if is_null(wildcards) else IV["n_boot"]
+
+
+
+
 def get_wt_model(wildcards):
     """The wind_tunnel.models entry of {model} (train_wind_tunnel's params)."""
     return config["wind_tunnel"]["models"][wildcards.model]

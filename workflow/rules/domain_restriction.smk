@@ -8,18 +8,6 @@ DR_SETS = [DR["mixed"], *DR["restricted"]]
 summarize("domain_restriction", "domain_selection", "pc_scores", family="bayes", nulls=True)
 
 
-def get_dr_sets(wildcards):
-    """Prompt sets of domain_restriction: the mixed set and every restricted set; a null model only the two
-    that Table 1 / Table 2 and the claims read (the mixed set and the summary set)."""
-    return [DR["mixed"], DR["summary"]] if is_null(wildcards) else DR_SETS
-
-
-def get_dr_n_boot(wildcards):
-    """n_boot of domain_restriction: nulls.n_boot for a null model (its interval is not read)."""
-    return config["nulls"]["n_boot"] if is_null(wildcards) else config["domain_restriction"]["n_boot"]
-
-
-
 rule domain_restriction:
     """Paper III sec. 4: entropy-stratified selections (mixed vs single-topic), value-manifold stats per layer."""
     input:

@@ -4,17 +4,6 @@
 IV = config["interventions"]
 
 summarize("sula_interventions", family="sula", folder="interventions", nulls=True)
-
-
-def get_iv_edits(wildcards):
-    """edits of intervene: all configured; a null model only axis_cut (the only edit a claim reads)."""
-    return [e for e in IV["edits"] if e == "axis_cut"] if is_null(wildcards) else IV["edits"]
-
-
-def get_iv_n_boot(wildcards):
-    """n_boot of sula_interventions: nulls.n_boot for a null model (its intervals are not read)."""
-    return config["nulls"]["n_boot"] if is_null(wildcards) else IV["n_boot"]
-
 TARGETS += expand("results/{model}/interventions/sula_interventions.csv", model=MODELS)
 TARGETS += expand("results/figures/sula_interventions.{ext}", ext=["png", "pdf"])
 

@@ -6,12 +6,6 @@ SULA_CONDITIONS = list(SULA["conditions"])
 SULA_TABLES = ["sula", "sula_calibration", "sula_geometry", "sula_prompts"]
 
 summarize(*SULA_TABLES, family="sula", nulls=True)
-
-
-def get_sula_conditions(wildcards):
-    """SULA conditions of rule sula: all; a null model only main (the claims and interventions read main)."""
-    return ["main"] if is_null(wildcards) else SULA_CONDITIONS
-
 TARGETS += expand("results/{model}/tables/{table}.csv", model=MODELS, table=SULA_TABLES)
 TARGETS += expand("results/figures/{fig}.{ext}", fig=["sula_calibration", "sula_pc1"], ext=["png", "pdf"])
 
