@@ -17,12 +17,11 @@ Source: issue 28 ("a null model for every claim"); DESIGN.md sec. 4 (a verdict c
 
 from __future__ import annotations
 
-import json
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmgeom.core.io import atomic_dir, commit_dir
+from llmgeom.core.io import atomic_dir
 from llmgeom.models import architectures as arch
 
 #: ``source`` of a twin's model entry and manifest
@@ -90,7 +89,7 @@ def prepare_random_init(name: str, base_dir: str | Path, seed: int, out_dir: str
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from llmgeom.models.loading import load_tokenizer, resolve_weights_path
-    from llmgeom.models.sources import MANIFEST, read_manifest
+    from llmgeom.models.sources import commit_prepared, read_manifest
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     base = read_manifest(base_dir)
@@ -114,8 +113,7 @@ def prepare_random_init(name: str, base_dir: str | Path, seed: int, out_dir: str
                     "init": f"{type(model).__name__}._init_weights via from_config under torch.manual_seed({int(seed)})",
                     "created": datetime.now(timezone.utc).isoformat(),
                     "architecture": arch.summarize(model.config).as_dict()}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        commit_dir(tmp, out_dir)
+        commit_prepared(tmp, manifest, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -513,12 +513,18 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
             manifest.update(weights_path=str(wp), repo_id=spec.get("repo_id"),
                             source_sha256=_dir_digest(wp))
         manifest["architecture"] = arch.summarize(config).as_dict()
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        commit_dir(tmp, out_dir)
+        commit_prepared(tmp, manifest, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def commit_prepared(tmp: Path, manifest: dict, out_dir: Path) -> None:
+    """Write ``manifest.json`` into the temporary directory ``tmp`` and rename it to ``out_dir`` (the last step of
+    every preparation: :func:`prepare_model`, :func:`llmgeom.models.random_init.prepare_random_init`)."""
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    commit_dir(tmp, out_dir)
 
 
 def _dist_version(package: str) -> str | None:
