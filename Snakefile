@@ -41,6 +41,11 @@ include: "workflow/rules/summary.smk"  # after every file that registers tables 
 include: "workflow/rules/provenance.smk"
 include: "workflow/rules/sweeps.smk"
 
+
+# The GPU rules' group and priority, from their one declaration (llmgeom.workflow.cluster.GPU); refuses a rule
+# that asks for a GPU without being declared there.
+declare_gpu_rules(workflow, is_corpus=get_is_corpus)
+
 rule all:
     input:
         all_targets(),

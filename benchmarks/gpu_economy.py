@@ -40,7 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(REPO / "tests"))
 
-GPU_RULES = ("extract", "extract_sula", "intervene")
+from llmgeom.workflow.cluster import SERVER_RULES  # noqa: E402
+
+GPU_RULES = tuple(r for r in SERVER_RULES if r != "extract_wind_tunnel")  # the LLM rules the model server runs
 
 
 def _smk(args, cwd, env=None):

@@ -532,3 +532,38 @@ def test_pythia_sweep_config_is_a_checkpoint_series():
     assert len(steps) == len(cfg["models"]) >= 5 and 0 in steps.values() and 143000 in steps.values()
     assert len({m["repo_id"] for m in cfg["models"].values()}) == 1
     assert sorted(steps, key=steps.get) == sorted(steps)  # names sort in training order
+
+
+def test_gpu_rules_are_declared_once_and_applied():
+    """cluster.GPU is the one declaration: declare_gpu_rules sets each GPU rule's group and priority from it,
+    splits extract's priority on corpus sets, and refuses a rule that asks for a GPU without being declared (or
+    a declared rule that is missing or has no GPU resources), naming the rule."""
+    from types import SimpleNamespace as NS
+
+    from snakemake_interface_common.exceptions import WorkflowError
+
+    def wf(extra=(), drop=(), strip=()):
+        rules = [NS(name=n, resources={} if n in strip else {"gpu": 1, "_cores": 1}, group=None, priority=0)
+                 for n in cluster.GPU if n not in drop]
+        rules += [NS(name="value_manifold", resources={"_cores": 1}, group="analysis", priority=20)]
+        rules += [NS(name=n, resources={"gpu": 1}, group=None, priority=0) for n in extra]
+        return NS(rules=rules), {r.name: r for r in rules}
+
+    workflow, by_name = wf()
+    cluster.declare_gpu_rules(workflow, is_corpus=lambda w: w.promptset == "corpus")
+    for name, decl in cluster.GPU.items():
+        assert by_name[name].group == "gpu_{model}"
+        if name != "extract":
+            assert by_name[name].priority == decl.priority
+    assert by_name["extract"].priority(NS(promptset="corpus")) == 65
+    assert by_name["extract"].priority(NS(promptset="mixed")) == 60
+    assert (by_name["value_manifold"].group, by_name["value_manifold"].priority) == ("analysis", 20)
+    assert set(cluster.SERVER_RULES) == {n for n, d in cluster.GPU.items() if d.server_task}
+    from llmgeom.workflow import model_server
+
+    assert {d.server_task for d in cluster.GPU.values()} - {None} <= set(model_server.TASKS)
+    for kwargs, words in [({"extra": ["my_gpu_rule"]}, "not declared: my_gpu_rule"),
+                          ({"drop": ["intervene"]}, "declared but not defined: intervene"),
+                          ({"strip": ["extract_sula"]}, "without `resources: **GPU_RESOURCES`: extract_sula")]:
+        with pytest.raises(WorkflowError, match=re.escape(words)):
+            cluster.declare_gpu_rules(wf(**kwargs)[0], is_corpus=lambda w: False)

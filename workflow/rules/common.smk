@@ -25,11 +25,11 @@ from llmgeom.workflow.config import (
     wind_tunnel_cuts,
     wind_tunnel_entries,
 )
-from llmgeom.workflow.model_server import SERVER_RULES, write_plan  # standard library only (fast DAG)
+from llmgeom.workflow.model_server import write_plan  # standard library only (fast DAG)
 from llmgeom.workflow.cluster import (
-    GPU_GROUP,
-    GPU_RULES,
+    SERVER_RULES,
     check_site_profile,
+    declare_gpu_rules,
     float32_mem_mb,
     gpu_job_resources,
     gpu_rule_threads,
@@ -237,14 +237,14 @@ def get_wt_step(wildcards):
 LOCAL_CORES = workflow.resource_settings.cores if workflow.resource_settings.nodes is None else None
 GPU_THREADS = gpu_rule_threads(config["extract"]["threads"], LOCAL_CORES)
 
-# Resources of the GPU rules (GPU_RULES in llmgeom.workflow.cluster), per model entry: `resources: **GPU_RESOURCES`
+# Resources of the GPU rules (declared in llmgeom.workflow.cluster.GPU), per model entry: `resources: **GPU_RESOURCES`
 # (mem_mb and runtime grow x1.5 per retry). Every other rule declares mem_mb=scaled_mem(MB) (x1.5 per retry;
 # tests/test_cluster.py checks every rule), a runtime and, if small, group "analysis" or "summary".
 # Wind-tunnel entries (train_wind_tunnel, extract_wind_tunnel) take theirs from wind_tunnel.models.<name> (WT).
 GPU_MODELS = {**config["models"], **WT}
 GPU_SLOTS = gpu_slots(GPU_MODELS, LOCAL_CORES)
 GPU_RESOURCES = gpu_job_resources(GPU_MODELS, GPU_SLOTS)
-# GPU rules also declare `group: GPU_GROUP` ("gpu_{model}"): one SLURM submission per model. Each GPU job holds a
+# GPU rules are in group "gpu_{model}" (cluster.GPU_GROUP, set by declare_gpu_rules): one SLURM submission per model. Each GPU job holds a
 # GPU slot (limit 1), so the jobs of a submission run one after another on the model's GPUs, in one model-server
 # process that loads the weights once (docs/design-notes.md "GPU economy"). On a cluster one slot for all models,
 # scoped "local" in the submitting run: it stacks each group job in series but is not counted across submissions,
@@ -258,21 +258,15 @@ resource_scopes:
     **{_slot: "global" if workflow.remote_exec else "local" for _slot in gpu_slot_limits(GPU_SLOTS)},
 
 
-# `priority:` of the rules (higher first; Snakemake's scheduler picks the ready jobs with the highest sum; others 0):
-# the longest chains first (issue 21). Model preparation and prompts head every chain; a model's GPU jobs run one
-# after another (its GPU slot), corpus extraction first (the longest analyses follow it), then the SULA conditions
-# and the interventions; the wind-tunnel training (one thread, minutes) starts as soon as a core is free of these,
-# before the analyses, which fill the remaining gaps (the longest ones first).
+# `priority:` of the CPU rules (higher first; Snakemake's scheduler picks the ready jobs with the highest sum; others
+# 0): the longest chains first (issue 21). Model preparation and prompts head every chain; the GPU rules' own
+# priorities (corpus extraction first, then the SULA conditions and the interventions, the wind-tunnel training
+# before the analyses) are declared with them in llmgeom.workflow.cluster.GPU and set by declare_gpu_rules at the
+# end of the Snakefile; the analyses fill the remaining gaps (the longest ones first).
 PRIORITY = {"prepare_model": 100, "build_prompts": 90, "build_sula": 90, "build_wind_tunnel_prompts": 90,
-            "extract": 60, "extract_corpus": 65, "extract_sula": 55, "intervene": 50,
-            "train_wind_tunnel": 40, "wind_tunnel_checkpoint": 40, "extract_wind_tunnel": 35,
+            "wind_tunnel_checkpoint": 40,
             "value_manifold": 20, "domain_restriction": 20, "intrinsic_dimension": 20, "fisher": 20,
             "curvature": 15}
-
-
-def get_extract_priority(wildcards):
-    """priority of extract: corpus sets first (intrinsic dimension, curvature, margins and Fisher follow them)."""
-    return PRIORITY["extract_corpus" if get_is_corpus(wildcards) else "extract"]
 
 
 onstart:  # profiles/slurm placeholders left unfilled: refused after the DAG, before the first submission

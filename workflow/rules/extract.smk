@@ -19,11 +19,8 @@ rule extract:
         max_tokens=get_max_tokens,
         seed=config["prompts"]["seed"],
     threads: GPU_THREADS
-    priority: get_extract_priority
     resources:
         **GPU_RESOURCES,
-    group:
-        GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/extract/{model}/{promptset}.log",
     benchmark:

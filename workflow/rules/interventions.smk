@@ -32,11 +32,8 @@ rule intervene:
         device_map=get_device_map,
         device=config["extract"]["device"],
     threads: GPU_THREADS
-    priority: PRIORITY["intervene"]
     resources:
         **GPU_RESOURCES,
-    group:
-        GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/intervene/{model}.log",
     benchmark:

@@ -61,11 +61,8 @@ rule extract_sula:
         corpus=False,
         candidates_key=CANDIDATES_KEY,
     threads: GPU_THREADS
-    priority: PRIORITY["extract_sula"]
     resources:
         **GPU_RESOURCES,
-    group:
-        GPU_GROUP  # all GPU jobs of a model: one SLURM submission (issue 13)
     log:
         "logs/extract_sula/{model}/{condition}.log",
     benchmark:

@@ -30,11 +30,8 @@ rule train_wind_tunnel:
         training=get_wt_training,
         checkpoints=get_wt_checkpoints,
     threads: get_wt_threads
-    priority: PRIORITY["train_wind_tunnel"]
     resources:
         **GPU_RESOURCES,
-    group:
-        GPU_GROUP  # with the model's extraction: one SLURM submission per model (issue 13)
     log:
         "logs/train_wind_tunnel/{model}.log",
     benchmark:
@@ -117,11 +114,8 @@ rule extract_wind_tunnel:
         corpus=False,
         candidates_key=CANDIDATES_KEY,
     threads: GPU_THREADS
-    priority: PRIORITY["extract_wind_tunnel"]
     resources:
         **GPU_RESOURCES,
-    group:
-        GPU_GROUP
     log:
         "logs/extract_wind_tunnel/{model}.log",
     benchmark:

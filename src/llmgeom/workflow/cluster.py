@@ -1,12 +1,15 @@
 """Cluster-scale helpers for the Snakemake rules: GPU-rule resources per model, memory that grows
 with the retry attempt, and tracking of the package code a rule runs (issue 7).
 
-* ``GPU_RULES`` is the one list of rules that need a GPU; the SLURM profile, docs/cluster.md and
-  ``tests/test_cluster.py`` refer to it. Every other rule is CPU-only.
+* ``GPU`` is the one declaration of the rules that need a GPU (their group, priority and model-server task;
+  ``GPU_RULES`` / ``SERVER_RULES`` are its names); ``declare_gpu_rules`` applies it to the parsed workflow. The
+  SLURM profile, the model server, docs/cluster.md and ``tests/test_cluster.py`` refer to it. Every other rule is
+  CPU-only.
 * ``gpu_job_resources(models)`` returns the ``resources:`` of a GPU rule, per model entry:
   ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry) and
-  the model's GPU slot (``gpu_slots``: one on a cluster, one per model locally). A rule writes ``resources: **GPU_RESOURCES`` and ``group: GPU_GROUP``
-  (defined in ``workflow/rules/common.smk``): one SLURM submission per model (issue 13).
+  the model's GPU slot (``gpu_slots``: one on a cluster, one per model locally). A GPU rule writes ``resources: **GPU_RESOURCES``
+  (defined in ``workflow/rules/common.smk``); its group (one SLURM submission per model, issue 13) and priority
+  come from ``GPU``.
 * ``gpu_rule_threads(threads, local_cores)``: their ``threads``: as configured on a cluster, at most half the
   cores in a local run (issue 21).
 * ``apply_size_defaults(config)``: a model entry that gives ``params_b`` (parameters, billions) but not
@@ -31,13 +34,80 @@ import functools
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-
-GPU_RULES = ("extract", "extract_sula", "intervene", "train_wind_tunnel", "extract_wind_tunnel")
 
 #: Snakemake group of every GPU rule: all GPU jobs of one model form one group job, i.e. one SLURM
 #: submission (``group-components`` in profiles/slurm spans their unconnected parts; issue 13).
 GPU_GROUP = "gpu_{model}"
+
+
+@dataclass(frozen=True)
+class GpuRule:
+    """What the workflow needs to know of one GPU rule (issue 30: declared once, in :data:`GPU`).
+
+    Attributes:
+        priority: its Snakemake ``priority`` (higher first; the CPU rules' are ``PRIORITY`` in common.smk).
+        server_task: the model-server task its script hands to ``model_server.run_task`` (a key of
+            ``model_server.TASKS``), or None when the job runs in its own process.
+        corpus_priority: the priority of its jobs on corpus prompt sets, when they differ (``extract``: corpus
+            sets first, the longest analyses follow them; issue 21).
+    """
+
+    priority: int
+    server_task: str | None
+    corpus_priority: int | None = None
+
+    group = GPU_GROUP  # every GPU rule: one SLURM submission per model
+
+
+#: The one declaration of the GPU rules: which rules, their group (:data:`GPU_GROUP`), whether the model server
+#: runs them, their priority. ``declare_gpu_rules`` (end of the Snakefile) sets each rule's ``group`` and
+#: ``priority`` from it and refuses a rule that asks for a GPU without being declared here (or the reverse); the
+#: SLURM profile, the model server (``SERVER_RULES``), docs/cluster.md and the tests read it.
+GPU = {
+    "extract": GpuRule(priority=60, server_task="extract", corpus_priority=65),
+    "extract_sula": GpuRule(priority=55, server_task="extract"),
+    "intervene": GpuRule(priority=50, server_task="intervene"),
+    "train_wind_tunnel": GpuRule(priority=40, server_task=None),  # one thread, minutes: before the analyses
+    "extract_wind_tunnel": GpuRule(priority=35, server_task="extract"),
+}
+GPU_RULES = tuple(GPU)  # the names, in declaration order
+SERVER_RULES = tuple(name for name, rule in GPU.items() if rule.server_task)  # jobs a run's server plan lists
+
+
+def declare_gpu_rules(workflow, is_corpus) -> None:
+    """Apply :data:`GPU` to the parsed workflow: each declared rule gets ``group`` :data:`GPU_GROUP` and its
+    ``priority`` (``corpus_priority`` for jobs whose ``is_corpus(wildcards)`` is true). Called once, after every
+    rule file is included.
+
+    Raises:
+        WorkflowError: a declared rule is not defined or does not take ``resources: **GPU_RESOURCES``, or an
+            undeclared rule asks for a GPU (``gpu`` resource); the message names the rule and the fix.
+    """
+    defined = {rule.name: rule for rule in workflow.rules}
+    missing = [name for name in GPU if name not in defined]
+    undeclared = sorted(name for name, rule in defined.items()
+                        if name not in GPU and "gpu" in (rule.resources or {}))
+    no_gpu = [name for name in GPU if name in defined and "gpu" not in (defined[name].resources or {})]
+    if missing or undeclared or no_gpu:
+        raise _workflow_error(
+            "the GPU rules and llmgeom.workflow.cluster.GPU disagree: "
+            + "; ".join(filter(None, [
+                missing and f"declared but not defined: {', '.join(missing)}",
+                undeclared and f"ask for a GPU but are not declared: {', '.join(undeclared)} (add them to GPU)",
+                no_gpu and f"declared but without `resources: **GPU_RESOURCES`: {', '.join(no_gpu)}"])))
+    for name, decl in GPU.items():
+        rule = defined[name]
+        rule.group = decl.group
+        if decl.corpus_priority is None:
+            rule.priority = decl.priority
+        else:
+            rule.priority = functools.partial(_split_priority, decl=decl, is_corpus=is_corpus)
+
+
+def _split_priority(wildcards, *, decl: GpuRule, is_corpus) -> int:
+    return decl.corpus_priority if is_corpus(wildcards) else decl.priority
 
 UNTRACKED_PACKAGES = frozenset({"workflow"})  # config checks, logging, cluster: never change a stored value
 UNTRACKED_MODULES = frozenset({"models.tiny"})

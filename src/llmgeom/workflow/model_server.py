@@ -61,8 +61,9 @@ TASKS = {
 
 START_TIMEOUT_S = 300.0
 
-#: the rules whose jobs hand their work to the model server (their scripts call :func:`run_task`)
-SERVER_RULES = ("extract", "extract_sula", "intervene", "extract_wind_tunnel")
+#: the rules whose jobs hand their work to the model server (their scripts call :func:`run_task`): declared with
+#: the other GPU rules in :data:`llmgeom.workflow.cluster.GPU` (``server_task``)
+from llmgeom.workflow.cluster import SERVER_RULES  # noqa: E402  (standard library only)
 
 #: environment variable naming the run's plan file (:func:`write_plan`), inherited by the run's jobs
 PLAN_ENV = "LLMGEOM_MODEL_SERVER_PLAN"
