@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import slurm_stub
-from llmgeom.workflow import cluster
+from llmgeom.workflow import cluster, code_tracking
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.models.loading import MEMORY_OVERHEAD_MB, ModelMemoryError, check_memory, count_parameters, estimate_model_bytes, load_prepared
 
@@ -461,18 +461,18 @@ def test_memory_estimate_matches_the_loaded_model(tmp_path):
 
 
 def test_package_files_follow_imports_transitively():
-    mods = cluster.package_modules("analyses.value_manifold")
+    mods = code_tracking.package_modules("analyses.value_manifold")
     assert {"analyses.value_manifold", "measures.pca", "core.store", "core.stats"} <= set(mods)
     assert not any(m.startswith("workflow.") for m in mods)
-    files = cluster.package_files("extract.forward", cwd=REPO)
+    files = code_tracking.package_files("extract.forward", cwd=REPO)
     assert "src/llmgeom/extract/forward.py" in files and "src/llmgeom/models/architectures.py" in files
     assert all(Path(REPO / f).is_file() for f in files)
-    outside = Path(cluster.PACKAGE_DIR.anchor) / "nonexistent-workdir"
-    assert all(Path(f).is_absolute() for f in cluster.package_files("extract.forward", cwd=outside))
+    outside = Path(code_tracking.PACKAGE_DIR.anchor) / "nonexistent-workdir"
+    assert all(Path(f).is_absolute() for f in code_tracking.package_files("extract.forward", cwd=outside))
     with pytest.raises(ValueError, match="no module llmgeom.nosuch"):
-        cluster.package_modules("nosuch")
+        code_tracking.package_modules("nosuch")
     # a script's imports are followed the same way
-    script = cluster.package_files(script=REPO / "workflow/scripts/value_manifold.py", cwd=REPO)
+    script = code_tracking.package_files(script=REPO / "workflow/scripts/value_manifold.py", cwd=REPO)
     assert "src/llmgeom/analyses/value_manifold.py" in script and "src/llmgeom/measures/pca.py" in script
 
 

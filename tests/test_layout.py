@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgeom.workflow import cluster
+from llmgeom.workflow import code_tracking
 
-PKG = cluster.PACKAGE_DIR
+PKG = code_tracking.PACKAGE_DIR
 
 # A subpackage may import itself and the subpackages of a lower rank, never one of its own rank or above.
 # prompts (model-independent) sit between models and extract: extraction, interventions, the wind tunnel and the
@@ -27,10 +27,7 @@ TORCH_FREE = ("core", "measures", "prompts", "analyses", "plots")
 
 
 def _graph() -> dict[str, set[str]]:
-    g = {}
-    for m in cluster.all_modules():
-        g[m] = {d for d in cluster.module_imports(str(cluster._module_file(m))) if d != m}
-    return g
+    return code_tracking.import_graph()
 
 
 def test_every_subpackage_is_ranked_and_documented():
@@ -82,7 +79,7 @@ def test_import_graph_has_no_cycle():
 
 @pytest.mark.parametrize("stage", TORCH_FREE)
 def test_torch_free_stages_never_import_torch(stage):
-    mods = [m for m in cluster.all_modules() if m.split(".")[0] == stage]
+    mods = [m for m in code_tracking.all_modules() if m.split(".")[0] == stage]
     assert mods
     code = "import sys\n" + "".join(f"import llmgeom.{m}\n" for m in mods) + \
         "print(sorted(x for x in ('torch', 'transformers') if x in sys.modules))"
@@ -127,7 +124,7 @@ def test_public_functions_are_documented():
     import inspect
 
     bad = []
-    for m in cluster.all_modules():
+    for m in code_tracking.all_modules():
         mod = importlib.import_module(f"llmgeom.{m}")
         if not (mod.__doc__ and len(mod.__doc__.strip()) > 20):
             bad.append(f"module llmgeom.{m}")

@@ -201,13 +201,13 @@ def test_per_model_entries_and_malformed_files(tmp_path):
 def test_rules_showing_published_values_rerun_when_the_data_file_changes():
     from pathlib import Path
 
-    from llmgeom.workflow import cluster
+    from llmgeom.workflow import code_tracking
 
     repo = Path(__file__).resolve().parents[1]
     for script in ("bayes_tables", "margins", "intrinsic_dimension", "margin_vs_perplexity"):
-        files = cluster.package_files(script=repo / "workflow" / "scripts" / f"{script}.py", cwd=repo)
+        files = code_tracking.package_files(script=repo / "workflow" / "scripts" / f"{script}.py", cwd=repo)
         assert "src/llmgeom/data/published.yaml" in files, script
-    assert not any("published" in f for f in cluster.package_files(script=repo / "workflow/scripts/value_manifold.py",
+    assert not any("published" in f for f in code_tracking.package_files(script=repo / "workflow/scripts/value_manifold.py",
                                                                       cwd=repo))
 
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 import slurm_stub
-from llmgeom.workflow import cluster
+from llmgeom.workflow import cluster, code_tracking
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -150,7 +150,7 @@ def test_package_code_change_reruns_the_rules_that_use_it(full_run):
         for j in jobs:  # each job reruns because of the edited file, or of an input that will be remade
             assert "pca.py" in j["reason"] or "updated by another job" in j["reason"], (j["rule"], j["reason"])
             if "pca.py" in j["reason"]:
-                assert "measures.pca" in cluster.package_modules(*_script_imports(j["rule"])), j["rule"]
+                assert "measures.pca" in code_tracking.package_modules(*_script_imports(j["rule"])), j["rule"]
     finally:
         target.write_text(original)
 
@@ -174,7 +174,7 @@ def _script_imports(rule: str) -> list[str]:
     script = _rule_scripts().get(rule)
     if script is None:
         return []
-    return [m for m in cluster.module_imports(str(script)) if m not in cluster.UNTRACKED_MODULES]
+    return [m for m in code_tracking.module_imports(str(script)) if m not in code_tracking.UNTRACKED_MODULES]
 
 
 def test_every_rule_lists_the_package_code_its_script_runs(full_run):
@@ -182,7 +182,7 @@ def test_every_rule_lists_the_package_code_its_script_runs(full_run):
     _, _, fresh = full_run
     missing = {}
     for j in fresh:
-        needed = set(cluster.package_modules(*_script_imports(j["rule"]))) if _script_imports(j["rule"]) else set()
+        needed = set(code_tracking.package_modules(*_script_imports(j["rule"]))) if _script_imports(j["rule"]) else set()
         listed = {".".join(Path(f).with_suffix("").parts[Path(f).parts.index("llmgeom") + 1:])
                   for f in j["input"] if f.endswith(".py") and "llmgeom" in Path(f).parts}
         if needed - listed:

@@ -25,6 +25,7 @@ from llmgeom.workflow.config import (
     wind_tunnel_cuts,
     wind_tunnel_entries,
 )
+from llmgeom.workflow.code_tracking import package_files  # standard library only
 from llmgeom.workflow.model_server import write_plan  # standard library only (fast DAG)
 from llmgeom.workflow.cluster import (
     SERVER_RULES,
@@ -35,7 +36,6 @@ from llmgeom.workflow.cluster import (
     gpu_rule_threads,
     gpu_slot_limits,
     gpu_slots,
-    package_files,
     scaled_mem,
     scaled_runtime,
 )
