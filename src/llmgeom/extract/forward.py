@@ -35,7 +35,7 @@ import torch
 
 from llmgeom.core.lease import LeaseLost, OutputLease
 from llmgeom.core.progress import progress
-from llmgeom.core.store import CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
+from llmgeom.core.store import DS, CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
 from llmgeom.core.versions import package_versions
 from llmgeom.extract import capture
 from llmgeom.extract.capture import Float32Head, rows_at
@@ -406,33 +406,33 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         hT = out.hidden
         res: dict = {}
         R = resid.transpose(0, 1)  # [G, L+1, d]
-        res["last_token/residual"] = R[:B].contiguous().cpu().numpy()
+        res[DS.LAST_TOKEN_RESIDUAL] = R[:B].contiguous().cpu().numpy()
         if sample_positions is not None:
-            res["tokens/residual_sample"] = R[B:].contiguous().cpu().numpy()
-            res["tokens/final_normed_sample"] = rows_at(hT, gb[B:], gt[B:], dev).cpu().numpy()
-            res["tokens/sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
-            res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
+            res[DS.TOKENS_RESIDUAL_SAMPLE] = R[B:].contiguous().cpu().numpy()
+            res[DS.TOKENS_FINAL_NORMED_SAMPLE] = rows_at(hT, gb[B:], gt[B:], dev).cpu().numpy()
+            res[DS.TOKENS_SAMPLE_PROMPT] = np.asarray(samp_b, dtype=np.int64)
+            res[DS.TOKENS_SAMPLE_POSITION] = np.asarray(samp_t, dtype=np.int32)
             nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(samp_b, samp_t)]
-            res["tokens/sample_next_token"] = np.asarray(nxt, dtype=np.int32)
-        res["last_token/final_normed"] = (hT[:, 0].float().to(dev) if hooks.final_token_only
+            res[DS.TOKENS_SAMPLE_NEXT_TOKEN] = np.asarray(nxt, dtype=np.int32)
+        res[DS.LAST_TOKEN_FINAL_NORMED] = (hT[:, 0].float().to(dev) if hooks.final_token_only
                                           else c.rows_last.take(hT, dev)).cpu().numpy()
-        res["last_token/values"] = vals.transpose(0, 1).contiguous().cpu().numpy()
-        res["last_token/attn_output"] = attn_out.transpose(0, 1).contiguous().cpu().numpy()
-        res["last_token/keys"] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).contiguous().cpu().numpy()
+        res[DS.LAST_TOKEN_VALUES] = vals.transpose(0, 1).contiguous().cpu().numpy()
+        res[DS.LAST_TOKEN_ATTN_OUTPUT] = attn_out.transpose(0, 1).contiguous().cpu().numpy()
+        res[DS.LAST_TOKEN_KEYS] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).contiguous().cpu().numpy()
         logits = out.logits
         if not torch.isfinite(logits).all():
             bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
             raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) at the "
                                            f"final token of prompt {names[bi]!r}; try dtype: float32 or bfloat16")
-        res["next_token/entropy"] = entropy_nats(logits).cpu().numpy()
+        res[DS.NEXT_TOKEN_ENTROPY] = entropy_nats(logits).cpu().numpy()
         k = min(top_k, logits.shape[-1])
         tv, ti = logits.topk(k, dim=-1)
-        res["next_token/top_ids"] = ti.cpu().numpy()
-        res["next_token/top_logits"] = tv.cpu().numpy()
+        res[DS.NEXT_TOKEN_TOP_IDS] = ti.cpu().numpy()
+        res[DS.NEXT_TOKEN_TOP_LOGITS] = tv.cpu().numpy()
         if candidates is not None:
-            res["next_token/candidate_logprobs"] = capture.candidate_logprobs(logits, candidates).cpu().numpy()
+            res[DS.NEXT_TOKEN_CANDIDATE_LOGPROBS] = capture.candidate_logprobs(logits, candidates).cpu().numpy()
         if attention:
-            res["attention/entropy"] = attn_ent.transpose(0, 1).contiguous().cpu().numpy()  # [B, L, H]
+            res[DS.ATTENTION_ENTROPY] = attn_ent.transpose(0, 1).contiguous().cpu().numpy()  # [B, L, H]
         if token_stats:
             tb, tt = [], []
             for i, sq in enumerate(seqs):
@@ -469,9 +469,9 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
                                                    f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
             del zbuf, lbuf
             cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
-            res["tokens/margin"], res["tokens/nll"], res["tokens/entropy"] = cat(margins), cat(nlls), cat(ents)
-            res["tokens/prompt"] = np.asarray(tb, dtype=np.int64)
-            res["tokens/position"] = np.asarray(tt, dtype=np.int32)
+            res[DS.TOKENS_MARGIN], res[DS.TOKENS_NLL], res[DS.TOKENS_ENTROPY] = cat(margins), cat(nlls), cat(ents)
+            res[DS.TOKENS_PROMPT] = np.asarray(tb, dtype=np.int64)
+            res[DS.TOKENS_POSITION] = np.asarray(tt, dtype=np.int32)
     return res
 
 
@@ -670,20 +670,20 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         w.begin_batch()
         rows = np.array(idx)
         for k in per_prompt:
-            if k != "next_token/candidate_ids":
+            if k != DS.NEXT_TOKEN_CANDIDATE_IDS:
                 w.write(k, rows, r[k])
         if cands is not None:
-            w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
+            w.write(DS.NEXT_TOKEN_CANDIDATE_IDS, rows, np.array([cands[i] for i in idx], np.int64))
         if corpus:
             for bi, i in enumerate(idx):
-                sel = r["tokens/sample_prompt"] == bi
+                sel = r[DS.TOKENS_SAMPLE_PROMPT] == bi
                 sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
                 for k in per_sample:
-                    w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == "tokens/sample_prompt" else r[k][sel])
-                tsel = r["tokens/prompt"] == bi
+                    w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == DS.TOKENS_SAMPLE_PROMPT else r[k][sel])
+                tsel = r[DS.TOKENS_PROMPT] == bi
                 tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
                 for k in per_position:
-                    w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == "tokens/prompt" else r[k][tsel])
+                    w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == DS.TOKENS_PROMPT else r[k][tsel])
         lease.check()
         w.commit_batch(j)
 
@@ -716,9 +716,9 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
 
     try:
         done = set(w.verify_batches(rows_of).tolist())
-        w.write("prompts/text", slice(None), texts)
-        w.write("prompts/meta", slice(None), [json.dumps(r.get("meta", {}), sort_keys=True) for r in records])
-        w.write("prompts/n_tokens", slice(None), np.array([len(x) for x in seqs], np.int32))
+        w.write(DS.PROMPTS_TEXT, slice(None), texts)
+        w.write(DS.PROMPTS_META, slice(None), [json.dumps(r.get("meta", {}), sort_keys=True) for r in records])
+        w.write(DS.PROMPTS_N_TOKENS, slice(None), np.array([len(x) for x in seqs], np.int32))
         head = Float32Head(model)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         t0, n_tok, t_fwd, n_run = time.time(), 0, 0.0, 0
