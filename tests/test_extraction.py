@@ -787,3 +787,29 @@ def test_embedded_models_attention_entropy_equals_eager(name):
     seqs = [[2] + g.integers(100, 5000, T - 1).tolist(), [2] + g.integers(100, 5000, 20).tolist()]
     np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attention/entropy"],
                                eager_entropies(eager, seqs), atol=1e-5, rtol=0)
+
+
+def test_hook_points_buffers_and_datasets_follow_the_contract():
+    """One quantity, one declared mapping (issue 30 item 3): the hook points BatchHooks registers and the buffers
+    they fill are those CONTRACT declares (``DatasetSpec.point``); each dataset's values come from its point."""
+    from llmgeom.core.store import CONTRACT, DS
+
+    assert extraction.FINAL_TOKEN_POINTS == {"attn.hook_v": DS.LAST_TOKEN_VALUES, "attn.hook_k": DS.LAST_TOKEN_KEYS,
+                                             "attn.hook_z": DS.LAST_TOKEN_ATTN_OUTPUT}
+    declared = {spec.point for spec in CONTRACT.values() if spec.point}
+    assert declared <= set(capture.EDITABLE + capture.ATTENTION_POINTS)
+    m = tiny("llama")
+    L = arch.summarize(m.config).n_layers
+    with extraction.BatchHooks(m, attention=True) as hk:
+        want = {capture.point_name("hook_resid_pre", 0)} | {capture.point_name(p, l) for p in declared
+                                                             for l in range(L)}
+        assert set(hk.hooks) == want
+        r = extract_batch(m, [SEQ7, SEQ3], attention=True, hooks=hk)
+    # the values dataset is what the model's own attn.hook_v point gives at the final token
+    got = {}
+    capture.run(m, capture.make_batch(m, [SEQ7, SEQ3], 0),
+                hooks={capture.point_name("attn.hook_v", l): (lambda t, pt: got.__setitem__(pt.layer, t.detach().clone()))
+                       for l in range(L)})
+    for l in range(L):
+        np.testing.assert_allclose(r[DS.LAST_TOKEN_VALUES][0, l], got[l][0, len(SEQ7) - 1].float().numpy(), atol=ATOL)
+        np.testing.assert_allclose(r[DS.LAST_TOKEN_VALUES][1, l], got[l][1, len(SEQ3) - 1].float().numpy(), atol=ATOL)

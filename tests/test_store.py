@@ -888,3 +888,27 @@ def test_subprocess_stopped_by_sigusr1_exits_non_zero_and_resumes(setup, uninter
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
     assert len(seen) == 2
     same_datasets(uninterrupted, out)
+
+
+def test_no_bare_dataset_name_outside_the_store():
+    """A dataset is named once: code in src/ and workflow/ outside core/store.py names it through ``store.DS``
+    (derived from CONTRACT), never as a bare string literal (issue 30 item 3)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    names = sorted(store.CONTRACT, key=len, reverse=True)
+    pat = re.compile(r"""(["'])(%s)\1""" % "|".join(re.escape(n) for n in names))
+    files = [p for p in [*(root / "src").rglob("*.py"), *(root / "workflow").rglob("*.py"),
+                         *(root / "workflow").rglob("*.smk"), *(root / "workflow").rglob("Snakefile")]
+             if p != root / "src/llmgeom/core/store.py"]
+    assert len(files) > 50
+    bad = [f"{p.relative_to(root)}:{i}: {m.group(0)}" for p in files
+           for i, line in enumerate(p.read_text().splitlines(), 1) for m in pat.finditer(line)]
+    assert not bad, "bare dataset names (use llmgeom.core.store.DS):\n" + "\n".join(bad)
+    assert pat.search('x = f["last_token/values"]') and not pat.search("x = f[DS.LAST_TOKEN_VALUES]")
+
+
+def test_ds_constants_are_the_contract():
+    assert sorted(vars(store.DS).values()) == sorted(store.CONTRACT)
+    assert store.DS.LAST_TOKEN_VALUES == "last_token/values" and store.DS.ATTENTION_ENTROPY == "attention/entropy"
