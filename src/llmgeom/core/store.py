@@ -33,6 +33,14 @@ The names, dtypes, named axes and units above are declared once, in :data:`CONTR
 are HDF5 dimension scales at the root, named as in :data:`DIMS`, so xarray/h5netcdf and
 :func:`open_labelled` give labelled arrays).
 
+:data:`DS` holds the dataset names as constants derived from :data:`CONTRACT` (code elsewhere names a dataset
+only through them), and ``DatasetSpec.point`` declares the capture hook point each per-layer dataset is read from
+(``last_token/values`` <- ``attn.hook_v``; ``extract.forward`` registers its hooks and names its buffers by it).
+
+The store knows no workflow: what to rerun when a file cannot be trusted and which prompt file a file is checked
+against come from the installed :class:`StoreContext` (:data:`PLAIN` by default; the workflow installs
+``llmgeom.workflow.layout.CONTEXT`` in every job).
+
 Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; a
 crashed job leaves only the ``.partial`` file, which nothing reads except a resumed extraction with the
 same inputs (``ActivationWriter(resume_key=...)``: committed batches are checked against their sha256).

@@ -16,6 +16,13 @@ registered once per ``extract_to_hdf5`` call (:class:`BatchHooks`), not once per
 (issue 31): ``extract_to_hdf5`` holds the output's lease (``llmgeom.core.lease``, ``<out>.lease``) from before it
 opens the partial file until the file is committed, and checks it before every batch's write and commit.
 
+Named steps (docs/design-notes.md, issue 30 point 5): ``extract_batch`` = ``_forward`` (with the located rerun),
+``_final_token_results``, ``_next_token_results``, ``_token_stats``; ``extract_to_hdf5`` = ``_load``, ``_plan``
+(tokenize and order), ``_open_output`` (lease, partial file), ``_resume``, ``_batch_loop`` (write-behind:
+``_WriteBehind``), ``_commit``. Hook points and buffers follow the contract's declared points
+(``core.store.DatasetSpec.point``, :data:`FINAL_TOKEN_POINTS`); dataset names come from ``core.store.DS``. The
+final-query attention maths are in ``extract.attention``.
+
 Source: DESIGN.md sections 2 and 4; Paper III sec. 4 (last-token values, keys,
 attention entropy); LSM (token-level margins, residual samples); issue 18 item 3 (resume).
 """
