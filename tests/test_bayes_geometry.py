@@ -25,7 +25,8 @@ from llmgeom.models import architectures as arch
 from llmgeom.analyses import domain_restriction as bg
 from llmgeom.weights import key_orthogonality as keys
 from llmgeom.models import tiny as testing
-from llmgeom.extract.forward import attention_row_entropy, extract_batch
+from llmgeom.extract.attention import attention_row_entropy
+from llmgeom.extract.forward import extract_batch
 from llmgeom.core.store import ActivationWriter
 from llmgeom.workflow.config import ConfigError
 from llmgeom.analyses.attention_focusing import attention_focusing_tables, focusing_summary

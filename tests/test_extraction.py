@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from llmgeom.models import architectures as arch
 from llmgeom.extract import capture
-from llmgeom.extract import forward as extraction
+from llmgeom.extract import attention as attn_maths, forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.capture import last_positions, pad_batch
 from llmgeom.extract.forward import NonFiniteActivationError, extract_batch
@@ -282,23 +282,23 @@ def test_attention_rows_and_entropy(family):
 
 def test_attention_row_entropy_uniform_and_degenerate():
     for n in (1, 2, 7, 100):
-        assert float(extraction.attention_row_entropy(torch.full((n,), 1.0 / n))) == pytest.approx(math.log(n), abs=1e-5)
+        assert float(attn_maths.attention_row_entropy(torch.full((n,), 1.0 / n))) == pytest.approx(math.log(n), abs=1e-5)
     # 0 log 0 = 0: a one-hot row has entropy 0, zeros (masked keys) add nothing
-    assert float(extraction.attention_row_entropy(torch.tensor([0.0, 1.0, 0.0]))) == 0.0
+    assert float(attn_maths.attention_row_entropy(torch.tensor([0.0, 1.0, 0.0]))) == 0.0
     p = torch.tensor([0.5, 0.25, 0.25, 0.0])
-    assert float(extraction.attention_row_entropy(p)) == pytest.approx(1.5 * math.log(2), abs=1e-6)
+    assert float(attn_maths.attention_row_entropy(p)) == pytest.approx(1.5 * math.log(2), abs=1e-6)
     # batched rows, half precision input is upcast
     x = torch.full((3, 4), 0.25, dtype=torch.float16)
-    e = extraction.attention_row_entropy(x)
+    e = attn_maths.attention_row_entropy(x)
     assert e.dtype == torch.float32 and e.shape == (3,)
     torch.testing.assert_close(e, torch.full((3,), math.log(4)))
 
 
 def test_entropy_nats():
     z = torch.zeros(2, 10)
-    torch.testing.assert_close(extraction.entropy_nats(z), torch.full((2,), math.log(10)))
+    torch.testing.assert_close(attn_maths.entropy_nats(z), torch.full((2,), math.log(10)))
     z = torch.tensor([[1e4, 0.0, 0.0]], dtype=torch.bfloat16)
-    assert float(extraction.entropy_nats(z)[0]) == pytest.approx(0.0, abs=1e-6)
+    assert float(attn_maths.entropy_nats(z)[0]) == pytest.approx(0.0, abs=1e-6)
 
 
 LONG = [1] + [5 + (7 * i) % 90 for i in range(40)]  # 41 tokens: longer than the tiny Gemma-3 (4) and Mistral (16) windows
@@ -307,7 +307,7 @@ LONG = [1] + [5 + (7 * i) % 90 for i in range(40)]  # 41 tokens: longer than the
 def eager_entropies(model, seqs):
     """Reference: entropy of each prompt's final-query row of eager ``output_attentions`` [B, L, H]."""
     _, _, out = own_forward(model, seqs, output_attentions=True)
-    return np.stack([[extraction.attention_row_entropy(a[b, :, len(sq) - 1]).numpy() for a in out.attentions]
+    return np.stack([[attn_maths.attention_row_entropy(a[b, :, len(sq) - 1]).numpy() for a in out.attentions]
                      for b, sq in enumerate(seqs)])
 
 
@@ -425,15 +425,15 @@ def test_last_query_attention_known_answer():
     k = torch.tensor([0.0, 1.0, 2.0, 3.0]).reshape(1, 1, 4, 1).repeat(2, 1, 1, 1)
     last = torch.tensor([3, 1])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    p = extraction.last_query_attention(q, k, last, mask, scaling=1.0)
+    p = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0)
     torch.testing.assert_close(p[0, 0], torch.softmax(torch.tensor([0.0, 1, 2, 3]), -1))
     torch.testing.assert_close(p[0, 1], torch.softmax(torch.tensor([0.0, 2, 4, 6]), -1))
     torch.testing.assert_close(p[1, 0], torch.tensor([1, math.e, 0, 0]) / (1 + math.e))
-    pw = extraction.last_query_attention(q, k, last, mask, scaling=1.0, window=2)  # keys 2, 3 for row 0
+    pw = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, window=2)  # keys 2, 3 for row 0
     torch.testing.assert_close(pw[0, 0], torch.tensor([0, 0, 1, math.e]) / (1 + math.e))
-    pc = extraction.last_query_attention(q, k, last, mask, scaling=1.0, softcap=2.0)
+    pc = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, softcap=2.0)
     torch.testing.assert_close(pc[0, 1], torch.softmax(2.0 * torch.tanh(torch.tensor([0.0, 2, 4, 6]) / 2.0), -1))
-    pm = extraction.last_query_attention(q, k, last, mask, scaling=0.5)
+    pm = attn_maths.last_query_attention(q, k, last, mask, scaling=0.5)
     torch.testing.assert_close(pm[0, 1], p[0, 0])
 
 
@@ -453,9 +453,9 @@ def test_last_query_attention_equals_the_repeated_keys_product_bit_for_bit(H_kv,
         kr = k.repeat_interleave(rep, dim=1) if rep > 1 else k  # repeat_kv: one key head per query head
         qb = q[torch.arange(B), :, last, :]
         ref = torch.einsum("bhd,bhtd->bht", qb, kr).mul_(0.125)  # the formulation the product replaced
-        ref = torch.softmax(ref.masked_fill_(extraction.final_query_hidden_keys(last, mask, T, None, "cpu"),
+        ref = torch.softmax(ref.masked_fill_(attn_maths.final_query_hidden_keys(last, mask, T, None, "cpu"),
                                              float("-inf")), -1)
-        assert torch.equal(extraction.last_query_attention(q, k, last, mask, scaling=0.125), ref)
+        assert torch.equal(attn_maths.last_query_attention(q, k, last, mask, scaling=0.125), ref)
 
 
 def test_attention_outside_the_interface_is_refused():
@@ -787,3 +787,29 @@ def test_embedded_models_attention_entropy_equals_eager(name):
     seqs = [[2] + g.integers(100, 5000, T - 1).tolist(), [2] + g.integers(100, 5000, 20).tolist()]
     np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attention/entropy"],
                                eager_entropies(eager, seqs), atol=1e-5, rtol=0)
+
+
+def test_hook_points_buffers_and_datasets_follow_the_contract():
+    """One quantity, one declared mapping (issue 30 item 3): the hook points BatchHooks registers and the buffers
+    they fill are those CONTRACT declares (``DatasetSpec.point``); each dataset's values come from its point."""
+    from llmgeom.core.store import CONTRACT, DS
+
+    assert extraction.FINAL_TOKEN_POINTS == {"attn.hook_v": DS.LAST_TOKEN_VALUES, "attn.hook_k": DS.LAST_TOKEN_KEYS,
+                                             "attn.hook_z": DS.LAST_TOKEN_ATTN_OUTPUT}
+    declared = {spec.point for spec in CONTRACT.values() if spec.point}
+    assert declared <= set(capture.EDITABLE + capture.ATTENTION_POINTS)
+    m = tiny("llama")
+    L = arch.summarize(m.config).n_layers
+    with extraction.BatchHooks(m, attention=True) as hk:
+        want = {capture.point_name("hook_resid_pre", 0)} | {capture.point_name(p, l) for p in declared
+                                                             for l in range(L)}
+        assert set(hk.hooks) == want
+        r = extract_batch(m, [SEQ7, SEQ3], attention=True, hooks=hk)
+    # the values dataset is what the model's own attn.hook_v point gives at the final token
+    got = {}
+    capture.run(m, capture.make_batch(m, [SEQ7, SEQ3], 0),
+                hooks={capture.point_name("attn.hook_v", l): (lambda t, pt: got.__setitem__(pt.layer, t.detach().clone()))
+                       for l in range(L)})
+    for l in range(L):
+        np.testing.assert_allclose(r[DS.LAST_TOKEN_VALUES][0, l], got[l][0, len(SEQ7) - 1].float().numpy(), atol=ATOL)
+        np.testing.assert_allclose(r[DS.LAST_TOKEN_VALUES][1, l], got[l][1, len(SEQ3) - 1].float().numpy(), atol=ATOL)

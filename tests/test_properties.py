@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from llmgeom.extract.forward import attention_row_entropy, entropy_nats
+from llmgeom.extract.attention import attention_row_entropy, entropy_nats
 from llmgeom.measures import bayes as sula, margins  # plain imports: a renamed module fails loudly, never skips
 from llmgeom.measures.pca import explained_variance, participation_ratio
 

@@ -42,6 +42,16 @@ PROMPTS = [{"id": f"p{i}", "text": t, "meta": {"topic": "x"}} for i, t in enumer
      "Short one.", "Entropy is a measure of uncertainty.", "Hello, world!"])]
 
 
+@pytest.fixture(autouse=True)
+def _workflow_store_context():
+    """The analyses here run in this process as a workflow job runs them: with the workflow's store context
+    (prompt-file checks, hints naming rule extract), which ``run_logged`` installs in every job."""
+    from llmgeom.workflow import layout
+
+    with layout.installed():
+        yield
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     """A workflow-shaped tree: prepared tiny Llama, prompt files and activation files in their places."""

@@ -28,6 +28,16 @@ from conftest import same_datasets
 
 FIX = r"run rule extract"  # "rerun rule extract" contains it too
 
+
+@pytest.fixture(autouse=True)
+def _workflow_store_context():
+    """These tests check what a workflow job reports (rule extract, snakemake --forcerun): the store context that
+    ``run_logged`` installs in every job (test_store_without_workflow_* check the plain one)."""
+    from llmgeom.workflow import layout
+
+    with layout.installed():
+        yield
+
 PROMPTS = [{"id": "a", "text": "The cat sat.", "meta": {"topic": "animals", "k": 1}},
            {"id": "b", "text": "xy", "meta": {"topic": "letters", "k": 2}},
            {"id": "c", "text": "Hello, world! How are you?", "meta": {"topic": "greetings", "k": 3}},
@@ -287,6 +297,49 @@ def test_open_rejects_missing(tmp_path):
     with pytest.raises(StoreError, match=FIX) as ei:
         open_activations(tmp_path / "nope.h5")
     assert "does not exist" in str(ei.value)
+
+
+def test_store_without_workflow_names_the_extraction_function(tmp_path):
+    """A notebook call (no workflow context): the hint names the extraction function, no rule and no snakemake."""
+    prev = store.use_context(None)
+    try:
+        with pytest.raises(StoreError) as ei:
+            open_activations(tmp_path / "nope.h5")
+    finally:
+        store.use_context(prev)
+    msg = str(ei.value)
+    assert msg == (f"{tmp_path / 'nope.h5'} does not exist; extract it again with the same model and prompt set: "
+                   f"llmgeom.extract.forward.extract_to_hdf5(model_dir, prompts_path, {str(tmp_path / 'nope.h5')!r}, "
+                   "model_name=...)"), msg
+    assert "rule" not in msg and "snakemake" not in msg
+
+
+def test_store_in_a_workflow_job_names_the_rule_and_the_command(tmp_path):
+    """Inside ``run_logged`` (every workflow job) the hint names rule extract and the forcerun command; after the
+    job the previous context is back."""
+    from llmgeom.workflow.jobs import run_logged
+
+    prev = store.use_context(None)
+    try:
+        with run_logged(tmp_path / "job.log"):
+            with pytest.raises(StoreError) as ei:
+                open_activations(tmp_path / "nope.h5")
+        assert store.rerun_hint("x.h5").startswith("extract it again")  # restored on exit
+    finally:
+        store.use_context(prev)
+    assert str(ei.value) == (f"{tmp_path / 'nope.h5'} does not exist; rerun rule extract (extract_sula for SULA "
+                             f"sets) for it: snakemake --forcerun {tmp_path / 'nope.h5'} (reruns it and every "
+                             "analysis that reads it)"), str(ei.value)
+
+
+def test_store_source_knows_no_workflow():
+    """core/store.py names no rule, no snakemake command and no path of the workflow's layout (issue 30 item 3)."""
+    import inspect
+    import re
+
+    src = inspect.getsource(store)
+    for pat in (r"rule extract", r"forcerun", r"snakemake", r"results/", r"resources/", r"\bactivations/"):
+        assert not re.search(pat, src), pat
 
 
 def test_open_rejects_truncated(setup, tmp_path):
@@ -835,3 +888,27 @@ def test_subprocess_stopped_by_sigusr1_exits_non_zero_and_resumes(setup, uninter
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
     assert len(seen) == 2
     same_datasets(uninterrupted, out)
+
+
+def test_no_bare_dataset_name_outside_the_store():
+    """A dataset is named once: code in src/ and workflow/ outside core/store.py names it through ``store.DS``
+    (derived from CONTRACT), never as a bare string literal (issue 30 item 3)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    names = sorted(store.CONTRACT, key=len, reverse=True)
+    pat = re.compile(r"""(["'])(%s)\1""" % "|".join(re.escape(n) for n in names))
+    files = [p for p in [*(root / "src").rglob("*.py"), *(root / "workflow").rglob("*.py"),
+                         *(root / "workflow").rglob("*.smk"), *(root / "workflow").rglob("Snakefile")]
+             if p != root / "src/llmgeom/core/store.py"]
+    assert len(files) > 50
+    bad = [f"{p.relative_to(root)}:{i}: {m.group(0)}" for p in files
+           for i, line in enumerate(p.read_text().splitlines(), 1) for m in pat.finditer(line)]
+    assert not bad, "bare dataset names (use llmgeom.core.store.DS):\n" + "\n".join(bad)
+    assert pat.search('x = f["last_token/values"]') and not pat.search("x = f[DS.LAST_TOKEN_VALUES]")
+
+
+def test_ds_constants_are_the_contract():
+    assert sorted(vars(store.DS).values()) == sorted(store.CONTRACT)
+    assert store.DS.LAST_TOKEN_VALUES == "last_token/values" and store.DS.ATTENTION_ENTROPY == "attention/entropy"

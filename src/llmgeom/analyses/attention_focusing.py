@@ -12,7 +12,7 @@ import pandas as pd
 # ---------------------------------------------------------------------------------------------
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.stats import spearman
-from llmgeom.core.store import attrs_dict, open_activations, read_finite
+from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.core.units import nats_to_bits
 
 
@@ -73,11 +73,11 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
     """
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
-        if "attention/entropy" not in f:
+        if DS.ATTENTION_ENTROPY not in f:
             raise KeyError(f"{h5_path} has no attention/entropy (prompt set of kind corpus?); "
                            "use a mixed/domain/code set for attention focusing")
-        E = read_finite(f, "attention/entropy")  # [n, L, H]
-        ntok = f["prompts/n_tokens"][:].astype(np.float64)
+        E = read_finite(f, DS.ATTENTION_ENTROPY)  # [n, L, H]
+        ntok = f[DS.PROMPTS_N_TOKENS][:].astype(np.float64)
     ar = a.get("architecture") or {}
     n, L, nh = E.shape
     sliding = np.zeros(L, bool)

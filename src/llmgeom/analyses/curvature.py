@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.layers import relative_depth
-from llmgeom.core.store import attrs_dict, open_activations, read_finite
+from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures.curvature import local_pca_residuals
 from llmgeom.measures.neighbors import deduplicate
 
@@ -82,12 +82,12 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
     rows = []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
-        X = f["tokens/residual_sample"]
+        X = f[DS.TOKENS_RESIDUAL_SAMPLE]
         n_total, n_layers = X.shape[0], X.shape[1] - 1
         d_model = X.shape[2]
         rng = np.random.default_rng(seed)
         sel = np.sort(rng.choice(n_total, size=n_points, replace=False)) if n_points < n_total else np.arange(n_total)
-        data = read_finite(f, "tokens/residual_sample", sel if sel.size < n_total else None)
+        data = read_finite(f, DS.TOKENS_RESIDUAL_SAMPLE, sel if sel.size < n_total else None)
         for layer in range(n_layers + 1):
             if layer not in ids.index:
                 raise ValueError(f"no {id_estimator} intrinsic dimension for layer {layer} of {model}")

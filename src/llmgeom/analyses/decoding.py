@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from llmgeom.core.store import attrs_dict, open_activations, read_finite
+from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures import decoding as dec
 
 
@@ -29,7 +29,7 @@ def decoding_table(h5_path, unembedding, *, model: str, calibration_fraction: fl
         delta_nll_adaptive_vs_single, delta_ece_adaptive_vs_single with _lo / _hi (paired bootstrap over
         held-out passages, negative = adaptive better), accuracy, n_calibration, n_heldout,
         n_passages_heldout, n_boot, n_dropped_no_nll (sampled positions without a next token),
-        next_token_source ("tokens/sample_next_token").
+        next_token_source (``tokens/sample_next_token``).
 
     Raises:
         StoreError: untrusted file. KeyError: not a corpus file. ValueError: d_unembed differs from W's.
@@ -38,11 +38,11 @@ def decoding_table(h5_path, unembedding, *, model: str, calibration_fraction: fl
     """
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
-        if "tokens/final_normed_sample" not in f:
+        if DS.TOKENS_FINAL_NORMED_SAMPLE not in f:
             raise KeyError(f"{h5_path} has no tokens/final_normed_sample: rerun rule extract on a corpus set")
-        H = read_finite(f, "tokens/final_normed_sample", dtype=np.float32)
-        sp = f["tokens/sample_prompt"][:].astype(np.int64)
-        nxt = f["tokens/sample_next_token"][:].astype(np.int64)
+        H = read_finite(f, DS.TOKENS_FINAL_NORMED_SAMPLE, dtype=np.float32)
+        sp = f[DS.TOKENS_SAMPLE_PROMPT][:].astype(np.int64)
+        nxt = f[DS.TOKENS_SAMPLE_NEXT_TOKEN][:].astype(np.int64)
     W, b, cap = unembedding
     if W.shape[1] != H.shape[1]:
         raise ValueError(f"{h5_path}: final_normed_sample has d={H.shape[1]} but the unembedding has d={W.shape[1]}")
@@ -56,5 +56,5 @@ def decoding_table(h5_path, unembedding, *, model: str, calibration_fraction: fl
     rows = [dict(model=model, prompt_set=a.get("prompt_set"), scheme=s, nll=r[f"nll_{s}"], ece=r[f"ece_{s}"],
                  temperature=temps[s], margin_edges=";".join(f"{e:.4g}" for e in r["margin_edges"]), **common,
                  n_dropped_no_nll=int((~keep).sum()),
-                 next_token_source="tokens/sample_next_token") for s in dec.SCHEMES]
+                 next_token_source=DS.TOKENS_SAMPLE_NEXT_TOKEN) for s in dec.SCHEMES]
     return pd.DataFrame(rows)

@@ -31,7 +31,7 @@ import pandas as pd
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.progress import progress
 from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed
-from llmgeom.core.store import open_activations, read_finite
+from llmgeom.core.store import DS, open_activations, read_finite
 from llmgeom.measures import pca as geometry
 
 # ---------------------------------------------------------------------------------------------
@@ -201,8 +201,8 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
     ent, topics = {}, {}
     for s in order:
         with open_activations(h5_paths[s], model=model) as f:
-            ent[s] = read_finite(f, "next_token/entropy")
-            topics[s] = _topics(f["prompts/meta"])
+            ent[s] = read_finite(f, DS.NEXT_TOKEN_ENTROPY)
+            topics[s] = _topics(f[DS.PROMPTS_META])
     common = quantile_edges(np.concatenate([ent[s] for s in order]), n_quantiles) if edges == "pooled" else None
     sel, sel_rows = {}, []
     for s in order:
@@ -235,9 +235,9 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         h = ent[s][idx]
         bseed = derived_seed(seed, s + "/boot")
         with open_activations(h5_paths[s], model=model) as f:
-            vals = read_finite(f, "last_token/values", idx)      # [n, L, F]
-            attn = read_finite(f, "last_token/attn_output", idx)  # [n, L, H*hd]
-            resid = read_finite(f, "last_token/residual", idx)   # [n, L+1, d]
+            vals = read_finite(f, DS.LAST_TOKEN_VALUES, idx)      # [n, L, F]
+            attn = read_finite(f, DS.LAST_TOKEN_ATTN_OUTPUT, idx)  # [n, L, H*hd]
+            resid = read_finite(f, DS.LAST_TOKEN_RESIDUAL, idx)   # [n, L+1, d]
         L = vals.shape[1]
         keep_scores = set(select_layers(score_layers, L))
         sel_layers = select_layers(layers, L)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from llmgeom.core.store import attrs_dict, open_activations, read_finite
+from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures import fisher as fisher_mod
 
 
@@ -45,16 +45,16 @@ def fisher_tables(h5_path, unembedding, *, model: str, n_positions: int = 128, m
 
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
-        if "tokens/final_normed_sample" not in f:
+        if DS.TOKENS_FINAL_NORMED_SAMPLE not in f:
             raise KeyError(f"{h5_path} has no tokens/final_normed_sample: rerun rule extract on a corpus set")
-        n_total = f["tokens/final_normed_sample"].shape[0]
+        n_total = f[DS.TOKENS_FINAL_NORMED_SAMPLE].shape[0]
         rng = np.random.default_rng(seed)
         sel = np.sort(rng.choice(n_total, size=min(n_positions, n_total), replace=False))
-        H = read_finite(f, "tokens/final_normed_sample", sel, dtype=np.float32)
-        sp = f["tokens/sample_prompt"][sel].astype(np.int64)
-        spos = f["tokens/sample_position"][sel].astype(np.int64)
-        tok_key = f["tokens/prompt"][:].astype(np.int64) * 1_000_000 + f["tokens/position"][:]
-        tok_margin = read_finite(f, "tokens/margin", dtype=np.float32)
+        H = read_finite(f, DS.TOKENS_FINAL_NORMED_SAMPLE, sel, dtype=np.float32)
+        sp = f[DS.TOKENS_SAMPLE_PROMPT][sel].astype(np.int64)
+        spos = f[DS.TOKENS_SAMPLE_POSITION][sel].astype(np.int64)
+        tok_key = f[DS.TOKENS_PROMPT][:].astype(np.int64) * 1_000_000 + f[DS.TOKENS_POSITION][:]
+        tok_margin = read_finite(f, DS.TOKENS_MARGIN, dtype=np.float32)
     W, b, cap = unembedding
     if W.shape[1] != H.shape[1]:
         raise ValueError(f"{h5_path}: final_normed_sample has d={H.shape[1]} but the unembedding "

@@ -21,7 +21,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.published import add_published
-from llmgeom.core.store import attrs_dict, open_activations, read_finite
+from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures import intrinsic_dimension as manifold
 from llmgeom.measures.neighbors import TooFewPointsError
 from llmgeom.measures.pca import explained_variance, participation_ratio
@@ -235,11 +235,11 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn", "mle_
     rows, scale, short = [], [], []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
-        X = f["tokens/residual_sample"]
+        X = f[DS.TOKENS_RESIDUAL_SAMPLE]
         n_layers = X.shape[1] - 1
         d_model = X.shape[2]
         for layer in range(n_layers + 1):
-            pts = read_finite(f, "tokens/residual_sample", layer=layer)
+            pts = read_finite(f, DS.TOKENS_RESIDUAL_SAMPLE, layer=layer)
             base = dict(model=model, prompt_set=a.get("prompt_set"), points=POINTS_TOKENS, layer=layer,
                         relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
             r, used = _id_rows(pts, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size,
@@ -323,13 +323,13 @@ def last_token_id_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "
     rows, scale = [], []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
-        if "last_token/residual" not in f:
+        if DS.LAST_TOKEN_RESIDUAL not in f:
             raise KeyError(f"{h5_path} has no last_token/residual: the last-token ID needs a prompt set with "
                            "last-token states (rerun rule extract)")
-        n_prompts, n_layers, d_model = f["last_token/residual"].shape
+        n_prompts, n_layers, d_model = f[DS.LAST_TOKEN_RESIDUAL].shape
         n_layers -= 1
         for layer in range(n_layers + 1):
-            pts = read_finite(f, "last_token/residual", layer=layer)
+            pts = read_finite(f, DS.LAST_TOKEN_RESIDUAL, layer=layer)
             base = dict(model=model, prompt_set=a.get("prompt_set"), points=POINTS_LAST, layer=layer,
                         relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
             try:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from llmgeom.core.published import add_published
 from llmgeom.core.stats import derived_seed
-from llmgeom.core.store import attrs_dict, open_activations, read_finite
+from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures import margins
 
 #: measured column -> quantity of llmgeom/data/published.yaml
@@ -66,12 +66,12 @@ def margin_tables(h5_path, *, model: str, threshold: float = 0.5, hard_core_quan
     """
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
-        if "tokens/margin" not in f:
+        if DS.TOKENS_MARGIN not in f:
             raise KeyError(f"{h5_path} has no tokens/margin: it is not a corpus activation file")
-        m = read_finite(f, "tokens/margin")
-        nll = read_finite(f, "tokens/nll")
-        ent = read_finite(f, "tokens/entropy")
-        passage = f["tokens/prompt"][:] if "tokens/prompt" in f else None
+        m = read_finite(f, DS.TOKENS_MARGIN)
+        nll = read_finite(f, DS.TOKENS_NLL)
+        ent = read_finite(f, DS.TOKENS_ENTROPY)
+        passage = f[DS.TOKENS_PROMPT][:] if DS.TOKENS_PROMPT in f else None
     base = dict(model=model, prompt_set=a.get("prompt_set"))
     # float32 rounding can leave a tie at -0.0 or a tiny negative; the margin is >= 0 by definition
     m = np.clip(m.astype(np.float64), 0.0, None)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.layers import relative_depth
-from llmgeom.core.store import attrs_dict, open_activations, read_finite
+from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures.rate_distortion import rate_distortion_exponent
 
 #: ID estimators reported beside k_RD (columns of the same name; NaN where intrinsic_dimension.csv has none)
@@ -49,14 +49,14 @@ def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, mode
     rows = []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
-        for name in ("tokens/residual_sample", "tokens/final_normed_sample"):
+        for name in (DS.TOKENS_RESIDUAL_SAMPLE, DS.TOKENS_FINAL_NORMED_SAMPLE):
             if name not in f:
                 raise KeyError(f"{h5_path} has no {name}: rate_distortion needs a corpus set (rerun rule extract)")
-        n_layers = f["tokens/residual_sample"].shape[1] - 1
-        d_model = f["tokens/residual_sample"].shape[2]
-        jobs = [("residual", l, lambda l=l: read_finite(f, "tokens/residual_sample", layer=l, dtype=np.float32))
+        n_layers = f[DS.TOKENS_RESIDUAL_SAMPLE].shape[1] - 1
+        d_model = f[DS.TOKENS_RESIDUAL_SAMPLE].shape[2]
+        jobs = [("residual", l, lambda l=l: read_finite(f, DS.TOKENS_RESIDUAL_SAMPLE, layer=l, dtype=np.float32))
                 for l in range(n_layers + 1)]
-        jobs.append(("final_normed", n_layers, lambda: read_finite(f, "tokens/final_normed_sample", dtype=np.float32)))
+        jobs.append(("final_normed", n_layers, lambda: read_finite(f, DS.TOKENS_FINAL_NORMED_SAMPLE, dtype=np.float32)))
         for states, layer, read in jobs:
             r = rate_distortion_exponent(read(), n_boot=n_boot, ci=ci, min_fit_points=min_fit_points,
                                          r2_min=r2_min, seed=seed, **curve_kw)

@@ -11,6 +11,7 @@ import numpy as np
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
+from llmgeom.core.store import DS
 from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.bayes import model_label_entropy
 from llmgeom.measures.pca import H_MODEL_SIGN, ValueManifoldPCA
@@ -34,12 +35,12 @@ def read_sula_h5(path, *, model: str | None = None):
     from llmgeom.core.store import open_activations, read_finite
 
     with open_activations(path, model=model) as f:
-        if "next_token/candidate_logprobs" not in f:
+        if DS.NEXT_TOKEN_CANDIDATE_LOGPROBS not in f:
             raise KeyError(f"{path} has no next_token/candidate_logprobs; it is not a SULA extraction "
                            "(rerun rule extract_sula)")
-        meta = [json.loads(m) for m in f["prompts/meta"].asstr()[:]]
-        lp = read_finite(f, "next_token/candidate_logprobs")
-        hv = nats_to_bits(read_finite(f, "next_token/entropy"))
+        meta = [json.loads(m) for m in f[DS.PROMPTS_META].asstr()[:]]
+        lp = read_finite(f, DS.NEXT_TOKEN_CANDIDATE_LOGPROBS)
+        hv = nats_to_bits(read_finite(f, DS.NEXT_TOKEN_ENTROPY))
     p_model, h_model = model_label_entropy(lp[:, 0], lp[:, 1])
     df = pd.DataFrame({
         "condition": [m["condition"] for m in meta], "k": [int(m["k"]) for m in meta],
@@ -149,10 +150,10 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
         g = per_prompt[per_prompt.condition == cond]
         hb, hm, k = (g[c].to_numpy(np.float64) for c in ("h_bayes_bits", "h_model_bits", "k"))
         with open_activations(path, model=model) as f:
-            V = f["last_token/values"]
+            V = f[DS.LAST_TOKEN_VALUES]
             L = V.shape[1]
             for layer in select_layers(layers, L):
-                X = read_finite(f, "last_token/values", layer=layer)
+                X = read_finite(f, DS.LAST_TOKEN_VALUES, layer=layer)
                 if not np.any(np.ptp(X, axis=0) > 0):
                     # e.g. layer 0: the value at the final token ":" depends on that token only
                     rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=relative_depth(layer, L),

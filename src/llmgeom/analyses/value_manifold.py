@@ -15,7 +15,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.progress import progress
-from llmgeom.core.store import open_activations, read_finite
+from llmgeom.core.store import DS, open_activations, read_finite
 from llmgeom.measures import pca as geometry
 
 
@@ -47,15 +47,15 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
     rows = []
     for pset, path in h5_paths.items():
         with open_activations(path, model=model) as f:
-            ent = read_finite(f, "next_token/entropy")
-            L = f["last_token/values"].shape[1]
+            ent = read_finite(f, DS.NEXT_TOKEN_ENTROPY)
+            L = f[DS.LAST_TOKEN_VALUES].shape[1]
             sel = select_layers(layers, L)
             with progress(total=len(sel) * 3 * len(standardize), unit="bootstrap",
                           desc=f"value manifold {model} {pset} (n_boot={n_boot})") as bar:
                 for layer in sel:
-                    reps = {"values": lambda: read_finite(f, "last_token/values", layer=layer),
-                            "attn_output": lambda: read_finite(f, "last_token/attn_output", layer=layer),
-                            "residual_stream": lambda: read_finite(f, "last_token/residual", layer=layer + 1)}
+                    reps = {"values": lambda: read_finite(f, DS.LAST_TOKEN_VALUES, layer=layer),
+                            "attn_output": lambda: read_finite(f, DS.LAST_TOKEN_ATTN_OUTPUT, layer=layer),
+                            "residual_stream": lambda: read_finite(f, DS.LAST_TOKEN_RESIDUAL, layer=layer + 1)}
                     for rep, read in reps.items():
                         X = read()
                         for std in standardize:

@@ -30,6 +30,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.stats import pearson, spearman
+from llmgeom.core.store import DS
 from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.pca import SignConvention, ValueManifoldPCA
 from llmgeom.prompts.io import CANDIDATES_KEY
@@ -40,9 +41,9 @@ from llmgeom.prompts.io import CANDIDATES_KEY
 #: ``attn_output`` (the attention-weighted sum of values at the final token, the input of o_proj) is
 #: read only when the file has it (HDF5 contract with ``last_token/attn_output``).
 REPRESENTATIONS = {
-    "values": ("last_token/values", "block"),
-    "attn_output": ("last_token/attn_output", "block"),
-    "residual_stream": ("last_token/residual", "residual"),
+    "values": (DS.LAST_TOKEN_VALUES, "block"),
+    "attn_output": (DS.LAST_TOKEN_ATTN_OUTPUT, "block"),
+    "residual_stream": (DS.LAST_TOKEN_RESIDUAL, "residual"),
 }
 
 SUMMARY_COLUMNS = ["model", "task", "kind", "step", "t", "n", "mae_bits", "pearson_r", "pearson_p", "spearman_rho",
@@ -111,13 +112,13 @@ def read_wind_tunnel_h5(path, *, model: str | None = None) -> pd.DataFrame:
     from llmgeom.core.store import open_activations, read_finite
 
     with open_activations(path, model=model) as f:
-        if "next_token/candidate_logprobs" not in f:
+        if DS.NEXT_TOKEN_CANDIDATE_LOGPROBS not in f:
             raise KeyError(f"{path} has no next_token/candidate_logprobs; it was not extracted with "
                            f"candidates_key={CANDIDATES_KEY!r} (rerun rule extract_wind_tunnel)")
-        meta = [json.loads(m) for m in f["prompts/meta"].asstr()[:]]
-        lp = read_finite(f, "next_token/candidate_logprobs")
-        cid = f["next_token/candidate_ids"][:]
-        hv = nats_to_bits(read_finite(f, "next_token/entropy"))
+        meta = [json.loads(m) for m in f[DS.PROMPTS_META].asstr()[:]]
+        lp = read_finite(f, DS.NEXT_TOKEN_CANDIDATE_LOGPROBS)
+        cid = f[DS.NEXT_TOKEN_CANDIDATE_IDS][:]
+        hv = nats_to_bits(read_finite(f, DS.NEXT_TOKEN_ENTROPY))
     # the prompt id of llmgeom.prompts.wind_tunnel.prompt_records (the file keeps the meta, not the id)
     ids = [f"{m.get('task')}-s{int(m.get('sequence', -1)):04d}-t{int(m.get('t', -1)):02d}" for m in meta]
     for i, m in enumerate(meta):
@@ -286,7 +287,7 @@ def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers="all
     task = per_prompt.task.iloc[0] if len(per_prompt) else None
     rows = []
     with open_activations(h5_path, model=model) as f:
-        L = f["last_token/values"].shape[1]
+        L = f[DS.LAST_TOKEN_VALUES].shape[1]
         blocks = select_layers(layers, L)
         for rep, (ds, index) in REPRESENTATIONS.items():
             if ds not in f:
@@ -314,7 +315,7 @@ def wind_tunnel_tables(h5_path, *, model: str, n_bins: int = 10, layers="all", s
     from llmgeom.core.store import open_activations
 
     with open_activations(h5_path, model=model) as f:
-        n_cand = int(f["next_token/candidate_ids"].shape[1])
+        n_cand = int(f[DS.NEXT_TOKEN_CANDIDATE_IDS].shape[1])
     cal = calibration_bins(per.h_model_bits, per.h_exact_bits, h_max=float(np.log2(n_cand)), n_bins=n_bins)
     cal.insert(0, "step", step)
     cal.insert(0, "task", per.task.iloc[0])

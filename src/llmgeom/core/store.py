@@ -33,6 +33,14 @@ The names, dtypes, named axes and units above are declared once, in :data:`CONTR
 are HDF5 dimension scales at the root, named as in :data:`DIMS`, so xarray/h5netcdf and
 :func:`open_labelled` give labelled arrays).
 
+:data:`DS` holds the dataset names as constants derived from :data:`CONTRACT` (code elsewhere names a dataset
+only through them), and ``DatasetSpec.point`` declares the capture hook point each per-layer dataset is read from
+(``last_token/values`` <- ``attn.hook_v``; ``extract.forward`` registers its hooks and names its buffers by it).
+
+The store knows no workflow: what to rerun when a file cannot be trusted and which prompt file a file is checked
+against come from the installed :class:`StoreContext` (:data:`PLAIN` by default; the workflow installs
+``llmgeom.workflow.layout.CONTEXT`` in every job).
+
 Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; a
 crashed job leaves only the ``.partial`` file, which nothing reads except a resumed extraction with the
 same inputs (``ActivationWriter(resume_key=...)``: committed batches are checked against their sha256).
@@ -52,9 +60,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 from llmgeom.core.io import partial_path, sha256_file
 from llmgeom.core.versions import package_versions
@@ -72,13 +82,18 @@ NUMERIC_1D_CHUNK = 4096   # elements per chunk of a 1-D numeric dataset (16-32 K
 class DatasetSpec:
     """One dataset of the contract: ``dtype`` ("float32", "int32", "int64", "str"), ``dims`` (named axes,
     stored as HDF5 dimension scales; sizes in :data:`DIMS`), ``units``, ``axes`` (the human-readable
-    ``axes`` attribute) and ``when`` (``always``, ``attention``, ``candidates``, ``corpus``: which files have it)."""
+    ``axes`` attribute), ``when`` (``always``, ``attention``, ``candidates``, ``corpus``: which files have it) and
+    ``point``: the hook point of the capture API (``llmgeom.extract.capture``, ``blocks.<l>.<point>``) whose
+    output the extraction stores here, per layer, or None (computed from the logits or the final norm's
+    output). One quantity, one declared mapping: the extraction's hooks and buffers are looked up by this
+    (``extract.forward.BatchHooks``), so hook point, buffer and dataset cannot drift apart."""
 
     dtype: str
     dims: tuple[str, ...]
     units: str
     axes: str
     when: str = "always"
+    point: str | None = None
 
 
 #: Named axes of the activation file (HDF5 dimension scales at the file's root; xarray dimension names).
@@ -100,14 +115,14 @@ CONTRACT: dict[str, DatasetSpec] = {
     "prompts/meta": DatasetSpec("str", ("prompt",), "JSON object", "prompt"),
     "prompts/n_tokens": DatasetSpec("int32", ("prompt",), "tokens", "prompt"),
     "last_token/residual": DatasetSpec("float32", ("prompt", "resid_layer", "d_model"), "activation",
-                                       "prompt,layer(0=embeddings),d_model"),
+                                       "prompt,layer(0=embeddings),d_model", point="hook_resid_post"),
     "last_token/final_normed": DatasetSpec("float32", ("prompt", "d_unembed"), "activation", "prompt,d_unembed"),
     "last_token/values": DatasetSpec("float32", ("prompt", "layer", "value_feature"), "activation",
-                                     "prompt,layer,n_kv_heads*head_dim"),
+                                     "prompt,layer,n_kv_heads*head_dim", point="attn.hook_v"),
     "last_token/keys": DatasetSpec("float32", ("prompt", "layer", "kv_head", "head_dim"), "activation",
-                                   "prompt,layer,kv_head,head_dim"),
+                                   "prompt,layer,kv_head,head_dim", point="attn.hook_k"),
     "last_token/attn_output": DatasetSpec("float32", ("prompt", "layer", "attn_feature"), "activation",
-                                          "prompt,layer,n_heads*head_dim"),
+                                          "prompt,layer,n_heads*head_dim", point="attn.hook_z"),
     "next_token/entropy": DatasetSpec("float32", ("prompt",), "nats", "prompt"),
     "next_token/top_ids": DatasetSpec("int64", ("prompt", "rank"), "token id", "prompt,rank"),
     "next_token/top_logits": DatasetSpec("float32", ("prompt", "rank"), "logits", "prompt,rank"),
@@ -115,9 +130,10 @@ CONTRACT: dict[str, DatasetSpec] = {
                                                  "prompt,candidate", "candidates"),
     "next_token/candidate_ids": DatasetSpec("int64", ("prompt", "candidate"), "token id", "prompt,candidate",
                                             "candidates"),
-    "attention/entropy": DatasetSpec("float32", ("prompt", "layer", "head"), "nats", "prompt,layer,head", "attention"),
+    "attention/entropy": DatasetSpec("float32", ("prompt", "layer", "head"), "nats", "prompt,layer,head", "attention",
+                                     point="attn.hook_qk"),
     "tokens/residual_sample": DatasetSpec("float32", ("sample", "resid_layer", "d_model"), "activation",
-                                          "sample,layer(0=embeddings),d_model", "corpus"),
+                                          "sample,layer(0=embeddings),d_model", "corpus", point="hook_resid_post"),
     "tokens/final_normed_sample": DatasetSpec("float32", ("sample", "d_unembed"), "activation", "sample,d_unembed",
                                               "corpus"),
     "tokens/sample_prompt": DatasetSpec("int32", ("sample",), "index", "sample", "corpus"),
@@ -130,6 +146,11 @@ CONTRACT: dict[str, DatasetSpec] = {
     "tokens/prompt": DatasetSpec("int32", ("position",), "index", "position", "corpus"),
     "tokens/position": DatasetSpec("int32", ("position",), "token position", "position", "corpus"),
 }
+
+#: The contract's dataset names as constants, derived from :data:`CONTRACT` (the name upper-cased, "/" -> "_":
+#: ``DS.LAST_TOKEN_VALUES == "last_token/values"``). Code outside this module names a dataset only through these
+#: (tests/test_store.py fails on a bare name in src/ or workflow/), so a dataset is named in one place.
+DS = SimpleNamespace(**{name.replace("/", "_").upper(): name for name in CONTRACT})
 
 #: ``units`` and ``axes`` attribute of each dataset (read from :data:`CONTRACT`).
 UNITS = {name: (spec.units, spec.axes) for name, spec in CONTRACT.items()}
@@ -152,13 +173,51 @@ def contract_shapes(sizes: dict, *, attention: bool, candidates: bool, corpus: b
 
 
 class StoreError(ValueError):
-    """An activation file that must not be trusted; the message names the rule to rerun."""
+    """An activation file that must not be trusted; the message ends with what to rerun (:func:`rerun_hint`)."""
+
+
+@dataclass(frozen=True)
+class StoreContext:
+    """What the store cannot know itself, supplied by the layer that runs it (the store knows no workflow).
+
+    ``rerun_hint(path) -> str``: what to run when the activation file ``path`` cannot be trusted (ends every
+    :class:`StoreError`). ``prompt_file(path, prompt_set) -> Path | None``: the current prompt file of the
+    activation file ``path`` extracted from ``prompt_set`` (its ``prompt_set`` attribute), which
+    :func:`open_activations` checks the file against when no ``prompt_set_sha256`` is given; None: no check.
+
+    :data:`PLAIN` (the default: notebooks, scripts) names the extraction function and checks no prompt file;
+    the workflow installs its own with :func:`use_context` (``llmgeom.workflow.layout.install``: its rules, its
+    rerun command and its output layout).
+    """
+
+    rerun_hint: Callable[[Path], str]
+    prompt_file: Callable[[Path, str | None], Path | None]
+
+
+def _plain_rerun_hint(path) -> str:
+    return (f"extract it again with the same model and prompt set: llmgeom.extract.forward.extract_to_hdf5("
+            f"model_dir, prompts_path, {str(path)!r}, model_name=...)")
+
+
+#: The context outside a workflow: a hint naming the extraction function, no prompt file to check.
+PLAIN = StoreContext(rerun_hint=_plain_rerun_hint, prompt_file=lambda path, prompt_set: None)
+_context: StoreContext = PLAIN
+
+
+def use_context(context: StoreContext | None) -> StoreContext:
+    """Install ``context`` (None: :data:`PLAIN`) for every later store call in this process; returns the previous
+    one (to restore it)."""
+    global _context
+    if context is not None and not isinstance(context, StoreContext):
+        raise TypeError(f"use_context: expected a StoreContext or None, got {type(context).__name__}")
+    prev, _context = _context, context or PLAIN
+    return prev
 
 
 def rerun_hint(path) -> str:
-    """What to run when the activation file ``path`` cannot be trusted (part of every StoreError)."""
-    return (f"rerun rule extract (extract_sula for SULA sets) for it: snakemake --forcerun {path} "
-            "(reruns it and every analysis that reads it)")
+    """What to run when the activation file ``path`` cannot be trusted (part of every StoreError), from the
+    installed :class:`StoreContext`."""
+    return _context.rerun_hint(Path(path))
 
 
 def chunk_layout(shape: tuple, dtype) -> dict:
@@ -523,23 +582,6 @@ class ActivationWriter:
             self.tmp.unlink(missing_ok=True)
 
 
-def _workflow_prompt_file(h5_path: Path, prompt_set) -> Path | None:
-    """The prompt file a workflow activation file was extracted from, when it exists; else None:
-    ``<root>/resources/prompts/<set>.jsonl`` for ``<root>/results/<model>/activations/<set>.h5``, and
-    ``<root>/resources/prompts/sula/<model>/<cond>.jsonl`` for ``.../activations/sula_<cond>.h5``."""
-    p = Path(h5_path)
-    if not prompt_set or p.parent.name != "activations" or len(p.parents) < 4 or p.parents[2].name != "results":
-        return None
-    prompts = p.parents[3] / "resources" / "prompts"
-    if p.stem == prompt_set:
-        cand = prompts / f"{prompt_set}.jsonl"
-    elif p.stem == f"sula_{prompt_set}":
-        cand = prompts / "sula" / p.parents[1].name / f"{prompt_set}.jsonl"
-    else:
-        return None
-    return cand if cand.is_file() else None
-
-
 def open_activations(path, *, model: str | None = None, prompt_set_sha256: str | None = None) -> CheckedFile:
     """Open a committed activation file read-only and check that it can be trusted.
 
@@ -547,20 +589,21 @@ def open_activations(path, *, model: str | None = None, prompt_set_sha256: str |
     failed read raises :class:`StoreError`); string datasets are checked here against their recorded
     sha256.
 
-    Without ``prompt_set_sha256``, a file at the workflow's place
-    (``<root>/results/<model>/activations/<set>.h5``) is checked against the current prompt file
-    ``<root>/resources/prompts/<set>.jsonl`` when that exists (a copied-in or stale file is refused).
+    Without ``prompt_set_sha256``, the file is checked against its current prompt file when the installed
+    :class:`StoreContext` names one (the workflow's does, for a file at the rules' output place: a copied-in or
+    stale file is refused; :data:`PLAIN` names none).
 
     Raises:
         StoreError: missing, truncated, not an HDF5 file, incomplete, other contract
             version, other model or other prompt set, a string dataset whose content differs from
             its recorded sha256; later, a dataset read whose chunk checksum fails. The message names
-            the file (and dataset) and says to rerun rule ``extract``.
+            the file (and dataset) and ends with :func:`rerun_hint` (in the workflow: the rule and the command
+            to rerun).
     """
     path = Path(path)
     fix = rerun_hint(path)
     if not path.is_file():
-        raise StoreError(f"{path} does not exist; run rule extract")
+        raise StoreError(f"{path} does not exist; {fix}")
     try:
         f = CheckedFile(path, "r")
     except OSError as e:
@@ -576,7 +619,7 @@ def open_activations(path, *, model: str | None = None, prompt_set_sha256: str |
     if prompt_set_sha256 is not None and a.get("prompt_set_sha256") != prompt_set_sha256:
         problems.append("prompt set sha256 differs from the current prompt file")
     elif prompt_set_sha256 is None:
-        current = _workflow_prompt_file(path, a.get("prompt_set"))
+        current = _context.prompt_file(path, a.get("prompt_set"))
         if current is not None and a.get("prompt_set_sha256") != sha256_file(current):
             problems.append(f"it was extracted from another version of the prompt set (sha256 "
                             f"{str(a.get('prompt_set_sha256'))[:12]}.. != {sha256_file(current)[:12]}.. of {current})")

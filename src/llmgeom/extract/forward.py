@@ -16,6 +16,13 @@ registered once per ``extract_to_hdf5`` call (:class:`BatchHooks`), not once per
 (issue 31): ``extract_to_hdf5`` holds the output's lease (``llmgeom.core.lease``, ``<out>.lease``) from before it
 opens the partial file until the file is committed, and checks it before every batch's write and commit.
 
+Named steps (docs/design-notes.md, issue 30 point 5): ``extract_batch`` = ``_forward`` (with the located rerun),
+``_final_token_results``, ``_next_token_results``, ``_token_stats``; ``extract_to_hdf5`` = ``_load``, ``_plan``
+(tokenize and order), ``_open_output`` (lease, partial file), ``_resume``, ``_batch_loop`` (write-behind:
+``_WriteBehind``), ``_commit``. Hook points and buffers follow the contract's declared points
+(``core.store.DatasetSpec.point``, :data:`FINAL_TOKEN_POINTS`); dataset names come from ``core.store.DS``. The
+final-query attention maths are in ``extract.attention``.
+
 Source: DESIGN.md sections 2 and 4; Paper III sec. 4 (last-token values, keys,
 attention entropy); LSM (token-level margins, residual samples); issue 18 item 3 (resume).
 """
@@ -28,6 +35,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +43,11 @@ import torch
 
 from llmgeom.core.lease import LeaseLost, OutputLease
 from llmgeom.core.progress import progress
-from llmgeom.core.store import CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
+from llmgeom.core.store import DS, CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
 from llmgeom.core.versions import package_versions
 from llmgeom.extract import capture
+from llmgeom.extract.attention import (attention_row_entropy, entropy_nats, final_query_hidden_keys,
+                                       last_query_attention)
 from llmgeom.extract.capture import Float32Head, rows_at
 from llmgeom.models import architectures as arch
 
@@ -86,86 +96,12 @@ class _StopRequest:
         self._old.clear()
 
 
-def entropy_nats(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of softmax(logits) over the last axis, computed in float32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
-def attention_row_entropy(p: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of attention rows p [..., T] (0 log 0 = 0), float32."""
-    return torch.special.entr(p.float()).sum(-1)
-
-
-def final_query_hidden_keys(last: torch.Tensor, key_mask: torch.Tensor, T: int, window: int | None,
-                            device) -> torch.Tensor:
-    """Keys each prompt's final query cannot see: padding, positions after it, and (``window`` W) those
-    at or before ``last - W``.
-
-    Args:
-        last: [B] long, position of each prompt's final token. key_mask: [B, T] bool/0-1, real tokens.
-
-    Returns:
-        [B, 1, T] bool, True = hidden (broadcasts over the heads of ``last_query_attention``'s scores).
-    """
-    last = last.to(device)
-    j = torch.arange(T, device=device)
-    visible = key_mask.to(device).bool() & (j[None, :] <= last[:, None])
-    if window:
-        visible &= j[None, :] > (last[:, None] - window)
-    return ~visible[:, None, :]
-
-
-def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Tensor, key_mask: torch.Tensor, *,
-                         scaling: float, softcap: float | None = None, window: int | None = None,
-                         hidden: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention probabilities of each prompt's final query over its keys, per head, float32.
-
-    Args:
-        query: [B, H, T, hd] queries as the model's attention function receives them (after RoPE).
-        key: [B, H_kv, T, hd] keys likewise; H_kv divides H and query head h reads key head
-            h // (H / H_kv) (GQA/MQA, as ``repeat_kv``).
-        last: [B] long, position of each prompt's final token (its query row).
-        key_mask: [B, T] bool/0-1, real tokens (False = padding).
-        scaling: factor on q.k (``architectures.attention_scaling``).
-        softcap: c in c * tanh(score / c) before masking (Gemma 2), or None.
-        window: sliding window W (key j visible iff last - W < j <= last), or None (causal).
-        hidden: the [B, 1, T] mask of :func:`final_query_hidden_keys` for these arguments, when the caller
-            has it already (one per batch and window instead of one per layer).
-
-    Returns:
-        [B, H, T] float32 probabilities, zero on masked keys; rows sum to 1.
-
-    Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils``
-    (causal, padding, ``sliding_window_overlay``).
-    """
-    B, H, T, hd = query.shape
-    H_kv = key.shape[1]
-    rep = H // H_kv
-    dev = query.device
-    last = last.to(dev)
-    q = query[torch.arange(B, device=dev), :, last, :].float()  # [B, H, hd]
-    # [B*H, 1, hd] @ [B*H, hd, T] (bmm on 3-D views: the kernel the 4-D matmul dispatches to, bit for bit, without
-    # its broadcasting and reshapes): the batched product einsum("bhd,bhtd->bht") dispatches to, bit for bit
-    if rep == 1:
-        scores = torch.bmm(q.view(B * H, 1, hd), key.float().transpose(-1, -2).reshape(B * H, hd, T)).view(B, H, T)
-    else:
-        # query head h = g * rep + r reads key head g: for each r, [B*H_kv, 1, hd] @ [B*H_kv, hd, T], the same
-        # one-row products as [B, H, 1, hd] @ the keys repeated per head (repeat_kv, a contiguous copy), bit for
-        # bit on CPU (tests/test_extraction.py; not checked on CUDA, where cuBLAS picks kernels by batch count),
-        # without the [B, H, T, hd] copy (a grouped [B, H_kv, rep, hd] product differs in the last bits). The
-        # keys are made contiguous as the repeat made them: the model may pass a transposed view of
-        # [B, T, H_kv, hd], and the product over that layout takes another kernel path (other last bits)
-        kT = key.float().contiguous().transpose(-1, -2).reshape(B * H_kv, hd, T)
-        qg = q.view(B, H_kv, rep, hd)
-        scores = torch.stack([torch.bmm(qg[:, :, r].reshape(B * H_kv, 1, hd), kT).view(B, H_kv, T)
-                              for r in range(rep)], dim=2).reshape(B, H, T)
-    scores = scores.mul_(scaling)
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    if hidden is None:
-        hidden = final_query_hidden_keys(last, key_mask, T, window, dev)
-    return torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
+#: hook point -> dataset of the per-layer final-token stores (keys, values, attention output), read from the
+#: contract's declaration (``DatasetSpec.point``) in its order; each hook copies its final-token rows into the
+#: buffer of that dataset. The residual stream (two datasets, one buffer) and the attention entropy (computed in
+#: its hook) have their own hooks, at the points the contract declares for them too.
+FINAL_TOKEN_POINTS = {spec.point: name for name, spec in CONTRACT.items()
+                      if spec.point in ("attn.hook_k", "attn.hook_v", "attn.hook_z")}
 
 
 class _BatchBuffers:
@@ -195,10 +131,9 @@ class _BatchBuffers:
         # NaN-filled, so a layer that did not run is refused by the writer
         nan = (lambda *shape: torch.full(shape, float("nan"), dtype=torch.float32, device=dev))
         # layer-major [L(+1), rows, features]: each hook gathers its rows straight into a contiguous slice
-        self.resid = nan(L + 1, len(self.gb), s.d_model)
-        self.keys = nan(L, B, s.n_kv_heads * s.head_dim)
-        self.vals = nan(L, B, s.n_kv_heads * s.head_dim)
-        self.attn_out = nan(L, B, s.n_heads * s.head_dim)
+        self.resid = nan(L + 1, len(self.gb), s.d_model)  # last_token/residual, then tokens/residual_sample rows
+        # final-token stores: one buffer per dataset of FINAL_TOKEN_POINTS, named by the dataset
+        self.stored = {name: nan(L, B, hk.features[name]) for name in FINAL_TOKEN_POINTS.values()}
         self.attn_ent = nan(L, B, s.n_heads) if hk.attention else None
         self.hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see
 
@@ -243,6 +178,12 @@ class BatchHooks:
         self.dtype = next(model.parameters()).dtype
         self.summary = s = arch.summarize(model.config)
         L = s.n_layers
+        sizes = dict(value_feature=s.n_kv_heads * s.head_dim, kv_head=s.n_kv_heads, head_dim=s.head_dim,
+                     attn_feature=s.n_heads * s.head_dim)
+        #: per layer, the feature axes of each final-token store's dataset (those after prompt, layer) and their size
+        self.feature_shapes = {name: tuple(sizes[d] for d in CONTRACT[name].dims[2:])
+                               for name in FINAL_TOKEN_POINTS.values()}
+        self.features = {name: int(np.prod(shape)) for name, shape in self.feature_shapes.items()}
         if attention:  # per layer, once (not per hook call): window, and the scaling / softcap the attention
             cfg = model.config  # function applies when the module passes none
             self.windows = [arch.attention_window(cfg, l) for l in range(L)]
@@ -278,7 +219,7 @@ class BatchHooks:
                 c = self.cur
                 if c is None:  # a forward outside extract_batch while registered: nothing kept
                     return
-                c.rows_last.take(t, dev, out=getattr(c, name)[pt.layer])
+                c.rows_last.take(t, dev, out=c.stored[name][pt.layer])
             return fn
 
         def entropy(a, pt):
@@ -294,16 +235,16 @@ class BatchHooks:
                 scaling=a.scaling if a.scaling is not None else self.scalings[pt.layer], window=window, hidden=hk)
             c.attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
 
+        # the points, from the contract's declaration (store.DatasetSpec.point): one name per quantity
         P = capture.point_name
         self.hooks = {P("hook_resid_pre", 0): embeddings}
-        keys, vals, z = store("keys"), store("vals"), store("attn_out")
+        stores = {point: store(name) for point, name in FINAL_TOKEN_POINTS.items()}
         for i in range(L):
-            self.hooks[P("hook_resid_post", i)] = block_out
-            self.hooks[P("attn.hook_k", i)] = keys
-            self.hooks[P("attn.hook_v", i)] = vals
-            self.hooks[P("attn.hook_z", i)] = z
+            self.hooks[P(CONTRACT[DS.LAST_TOKEN_RESIDUAL].point, i)] = block_out
+            for point, fn in stores.items():
+                self.hooks[P(point, i)] = fn
             if attention:
-                self.hooks[P("attn.hook_qk", i)] = entropy
+                self.hooks[P(CONTRACT[DS.ATTENTION_ENTROPY].point, i)] = entropy
 
     def __enter__(self) -> "BatchHooks":
         self._cm = capture.hooked(self.model, self.hooks, final_token_only=self.final_token_only)
@@ -365,119 +306,140 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         ValueError: ``hooks`` inactive, on another model, for the other ``attention`` setting, or registered
             ``final_token_only`` for a batch with sampled positions or per-position statistics.
     """
-    if hooks is None:
+    args = dict(attention=attention, top_k=top_k, sample_positions=sample_positions, token_stats=token_stats,
+                prompt_ids=prompt_ids, head=head, pad_id=pad_id, candidates=candidates, model_name=model_name,
+                locate_non_finite=locate_non_finite)
+    if hooks is None:  # the steps themselves, not the module's name (tests and benchmarks wrap extract_batch)
         with BatchHooks(model, attention=attention,
                         final_token_only=sample_positions is None and not token_stats) as own:
-            return _extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
-                                  token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
-                                  candidates=candidates, model_name=model_name,
-                                  locate_non_finite=locate_non_finite, hooks=own)
+            return _batch_steps(model, seqs, hooks=own, **args)
+    return _batch_steps(model, seqs, hooks=hooks, **args)
+
+
+def _batch_steps(model, seqs, *, attention, top_k, sample_positions, token_stats, prompt_ids, head, pad_id,
+                 candidates, model_name, locate_non_finite, hooks: BatchHooks) -> dict:
+    """:func:`extract_batch` with its hooks: check them, then the steps forward, final-token results, next-token
+    results, per-position statistics."""
     if hooks.session is None or hooks.model is not model or hooks.attention != bool(attention):
         raise ValueError("extract_batch: hooks must be an active BatchHooks (with BatchHooks(model, attention=...)) "
                          f"on this model with attention={bool(attention)}")
     if hooks.final_token_only and (sample_positions is not None or token_stats):
         raise ValueError("extract_batch: sampled positions and per-position statistics (corpus sets) need the whole "
                          "last block; register the hooks with BatchHooks(..., final_token_only=False)")
-    dev = hooks.device
     mname = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
-    s = hooks.summary
     head = head or Float32Head(model)
     batch = capture.make_batch(model, seqs, pad_id)
-    ids = batch.ids
-    B = len(seqs)
-    names = prompt_ids or [str(i) for i in range(B)]
-    L = s.n_layers
-    c = hooks.cur = _BatchBuffers(hooks, batch, names, mname, sample_positions, locate_non_finite)
-    gb, gt, samp_b, samp_t = c.gb, c.gt, c.samp_b, c.samp_t
-    resid, keys, vals, attn_out, attn_ent = c.resid, c.keys, c.vals, c.attn_out, c.attn_ent
+    names = prompt_ids or [str(i) for i in range(len(seqs))]
+    out, c = _forward(model, batch, hooks, head, names, mname, sample_positions, locate_non_finite)
+    with torch.inference_mode():
+        res = _final_token_results(hooks, c, out, seqs, sample_positions)
+        res.update(_next_token_results(out.logits, names, mname, top_k, candidates))
+        if token_stats:
+            res.update(_token_stats(seqs, out.hidden, batch.ids, head, hooks.device, names, mname))
+    return res
+
+
+def _forward(model, batch, hooks: BatchHooks, head, names, mname, sample_positions, locate: bool):
+    """Step 1 of :func:`extract_batch`: the forward pass with this batch's buffers in ``hooks.cur``; returns
+    ``(capture.run's output, the buffers)``. A non-finite final-norm output runs the batch again with every layer
+    checked (``locate``), which raises NonFiniteActivationError naming the first layer and token."""
+    c = hooks.cur = _BatchBuffers(hooks, batch, names, mname, sample_positions, locate)
     try:
         out = capture.run(model, batch, head=head, model_name=mname, session=hooks.session)
         with torch.inference_mode():
             c.check(out.hidden[:, 0] if hooks.final_token_only else out.hidden, "final norm output")
     except NonFiniteActivationError:
-        if locate_non_finite:
+        if locate:
             raise
-        return _extract_batch(model, seqs, attention=attention, top_k=top_k, sample_positions=sample_positions,
-                              token_stats=token_stats, prompt_ids=prompt_ids, head=head, pad_id=pad_id,
-                              candidates=candidates, model_name=model_name, locate_non_finite=True, hooks=hooks)
+        return _forward(model, batch, hooks, head, names, mname, sample_positions, True)
     finally:
         hooks.cur = None
-    with torch.inference_mode():
-        hT = out.hidden
-        res: dict = {}
-        R = resid.transpose(0, 1)  # [G, L+1, d]
-        res["last_token/residual"] = R[:B].contiguous().cpu().numpy()
-        if sample_positions is not None:
-            res["tokens/residual_sample"] = R[B:].contiguous().cpu().numpy()
-            res["tokens/final_normed_sample"] = rows_at(hT, gb[B:], gt[B:], dev).cpu().numpy()
-            res["tokens/sample_prompt"] = np.asarray(samp_b, dtype=np.int64)
-            res["tokens/sample_position"] = np.asarray(samp_t, dtype=np.int32)
-            nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(samp_b, samp_t)]
-            res["tokens/sample_next_token"] = np.asarray(nxt, dtype=np.int32)
-        res["last_token/final_normed"] = (hT[:, 0].float().to(dev) if hooks.final_token_only
-                                          else c.rows_last.take(hT, dev)).cpu().numpy()
-        res["last_token/values"] = vals.transpose(0, 1).contiguous().cpu().numpy()
-        res["last_token/attn_output"] = attn_out.transpose(0, 1).contiguous().cpu().numpy()
-        res["last_token/keys"] = keys.transpose(0, 1).reshape(B, L, s.n_kv_heads, s.head_dim).contiguous().cpu().numpy()
-        logits = out.logits
-        if not torch.isfinite(logits).all():
-            bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
-            raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) at the "
-                                           f"final token of prompt {names[bi]!r}; try dtype: float32 or bfloat16")
-        res["next_token/entropy"] = entropy_nats(logits).cpu().numpy()
-        k = min(top_k, logits.shape[-1])
-        tv, ti = logits.topk(k, dim=-1)
-        res["next_token/top_ids"] = ti.cpu().numpy()
-        res["next_token/top_logits"] = tv.cpu().numpy()
-        if candidates is not None:
-            res["next_token/candidate_logprobs"] = capture.candidate_logprobs(logits, candidates).cpu().numpy()
-        if attention:
-            res["attention/entropy"] = attn_ent.transpose(0, 1).contiguous().cpu().numpy()  # [B, L, H]
-        if token_stats:
-            tb, tt = [], []
-            for i, sq in enumerate(seqs):
-                for t in range(1, len(sq) - 1):
-                    tb.append(i)
-                    tt.append(t)
-            tb_t = torch.tensor(tb, dtype=torch.long, device=dev)
-            tt_t = torch.tensor(tt, dtype=torch.long, device=dev)
-            margins, nlls, ents = [], [], []
-            # two [chunk, V] float32 buffers for all chunks (logits, then probabilities; log-probabilities):
-            # a new tensor of that size per step is a fresh mmap whose pages fault in (262k-token vocabularies)
-            m = min(head.chunk, len(tb))
-            zbuf = torch.empty((m, head.W.shape[0]), dtype=torch.float32, device=head.W.device)
-            lbuf = torch.empty_like(zbuf)
-            for j in range(0, len(tb), head.chunk):
-                bb, ttt = tb_t[j:j + head.chunk], tt_t[j:j + head.chunk]
-                z = head(rows_at(hT, bb, ttt, hT.device), out=zbuf[:len(bb)])  # [chunk, V] float32
-                top2 = z.topk(2, dim=-1).values
-                margins.append(top2[:, 0] - top2[:, 1])
-                logp = torch.log_softmax(z, -1, out=lbuf[:len(bb)])
-                bad_z = None
-                if not bool(torch.isfinite(margins[-1]).all()):  # NaN / +inf logits: top-1 is NaN or inf
-                    bad_z = ~torch.isfinite(z).all(-1)
-                nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1).to(logp.device)).squeeze(1))
-                p = torch.exp(logp, out=z)  # the logits are spent: their buffer takes the probabilities
-                ents.append(-p.mul_(logp).sum(-1))  # in place: the same products, no third buffer
-                del p, logp, z
-                # any non-finite logit makes the row's margin (NaN, +inf) or entropy (-inf: 0 * -inf) non-finite,
-                # so checking the [chunk] statistics replaces a test over the [chunk, V] logits
-                if bad_z is not None or not bool(torch.isfinite(ents[-1]).all()):
-                    rows = bad_z if bad_z is not None else ~torch.isfinite(ents[-1])
-                    bi = int(bb[rows.to(bb.device)][0])
-                    raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
-                                                   f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
-            del zbuf, lbuf
-            cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
-            res["tokens/margin"], res["tokens/nll"], res["tokens/entropy"] = cat(margins), cat(nlls), cat(ents)
-            res["tokens/prompt"] = np.asarray(tb, dtype=np.int64)
-            res["tokens/position"] = np.asarray(tt, dtype=np.int32)
+    return out, c
+
+
+def _final_token_results(hooks: BatchHooks, c: _BatchBuffers, out, seqs, sample_positions) -> dict:
+    """Step 2: the hooked buffers as dataset arrays (batch-major): residual stream, final-token stores
+    (:data:`FINAL_TOKEN_POINTS`), final norm output, attention entropy; sampled positions' rows (corpus sets)."""
+    dev, B, L = hooks.device, len(seqs), hooks.summary.n_layers
+    hT = out.hidden
+    res: dict = {}
+    R = c.resid.transpose(0, 1)  # [G, L+1, d]
+    res[DS.LAST_TOKEN_RESIDUAL] = R[:B].contiguous().cpu().numpy()
+    if sample_positions is not None:
+        res[DS.TOKENS_RESIDUAL_SAMPLE] = R[B:].contiguous().cpu().numpy()
+        res[DS.TOKENS_FINAL_NORMED_SAMPLE] = rows_at(hT, c.gb[B:], c.gt[B:], dev).cpu().numpy()
+        res[DS.TOKENS_SAMPLE_PROMPT] = np.asarray(c.samp_b, dtype=np.int64)
+        res[DS.TOKENS_SAMPLE_POSITION] = np.asarray(c.samp_t, dtype=np.int32)
+        nxt = [seqs[i][t + 1] if t + 1 < len(seqs[i]) else -1 for i, t in zip(c.samp_b, c.samp_t)]
+        res[DS.TOKENS_SAMPLE_NEXT_TOKEN] = np.asarray(nxt, dtype=np.int32)
+    res[DS.LAST_TOKEN_FINAL_NORMED] = (hT[:, 0].float().to(dev) if hooks.final_token_only
+                                       else c.rows_last.take(hT, dev)).cpu().numpy()
+    for name, buf in c.stored.items():  # [L, B, features] -> [B, L, *the dataset's feature axes]
+        res[name] = buf.transpose(0, 1).reshape((B, L) + hooks.feature_shapes[name]).contiguous().cpu().numpy()
+    if c.attn_ent is not None:
+        res[DS.ATTENTION_ENTROPY] = c.attn_ent.transpose(0, 1).contiguous().cpu().numpy()  # [B, L, H]
     return res
 
 
-#: the recursion of extract_batch (its own registration; the located rerun) calls the function itself, not
-#: whatever the module's name is bound to (tests and shims wrap extract_batch per batch)
-_extract_batch = extract_batch
+def _next_token_results(logits, names, mname, top_k: int, candidates) -> dict:
+    """Step 3: next-token entropy, top-k and candidate log-probabilities from the final tokens' float32 logits
+    [B, V]; NonFiniteActivationError on a non-finite logit."""
+    if not torch.isfinite(logits).all():
+        bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
+        raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) at the "
+                                       f"final token of prompt {names[bi]!r}; try dtype: float32 or bfloat16")
+    res = {DS.NEXT_TOKEN_ENTROPY: entropy_nats(logits).cpu().numpy()}
+    tv, ti = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
+    res[DS.NEXT_TOKEN_TOP_IDS] = ti.cpu().numpy()
+    res[DS.NEXT_TOKEN_TOP_LOGITS] = tv.cpu().numpy()
+    if candidates is not None:
+        res[DS.NEXT_TOKEN_CANDIDATE_LOGPROBS] = capture.candidate_logprobs(logits, candidates).cpu().numpy()
+    return res
+
+
+def _token_stats(seqs, hT, ids, head: Float32Head, dev, names, mname) -> dict:
+    """Step 4 (corpus sets): top-1 minus top-2 logit, NLL of the next token and entropy (nats) at positions
+    1..len-2 of every prompt, from the final norm's output ``hT`` [B, T, d] in chunks of ``head.chunk`` rows."""
+    res: dict = {}
+    tb, tt = [], []
+    for i, sq in enumerate(seqs):
+        for t in range(1, len(sq) - 1):
+            tb.append(i)
+            tt.append(t)
+    tb_t = torch.tensor(tb, dtype=torch.long, device=dev)
+    tt_t = torch.tensor(tt, dtype=torch.long, device=dev)
+    margins, nlls, ents = [], [], []
+    # two [chunk, V] float32 buffers for all chunks (logits, then probabilities; log-probabilities):
+    # a new tensor of that size per step is a fresh mmap whose pages fault in (262k-token vocabularies)
+    m = min(head.chunk, len(tb))
+    zbuf = torch.empty((m, head.W.shape[0]), dtype=torch.float32, device=head.W.device)
+    lbuf = torch.empty_like(zbuf)
+    for j in range(0, len(tb), head.chunk):
+        bb, ttt = tb_t[j:j + head.chunk], tt_t[j:j + head.chunk]
+        z = head(rows_at(hT, bb, ttt, hT.device), out=zbuf[:len(bb)])  # [chunk, V] float32
+        top2 = z.topk(2, dim=-1).values
+        margins.append(top2[:, 0] - top2[:, 1])
+        logp = torch.log_softmax(z, -1, out=lbuf[:len(bb)])
+        bad_z = None
+        if not bool(torch.isfinite(margins[-1]).all()):  # NaN / +inf logits: top-1 is NaN or inf
+            bad_z = ~torch.isfinite(z).all(-1)
+        nlls.append(-logp.gather(1, ids[bb, ttt + 1].unsqueeze(1).to(logp.device)).squeeze(1))
+        p = torch.exp(logp, out=z)  # the logits are spent: their buffer takes the probabilities
+        ents.append(-p.mul_(logp).sum(-1))  # in place: the same products, no third buffer
+        del p, logp, z
+        # any non-finite logit makes the row's margin (NaN, +inf) or entropy (-inf: 0 * -inf) non-finite,
+        # so checking the [chunk] statistics replaces a test over the [chunk, V] logits
+        if bad_z is not None or not bool(torch.isfinite(ents[-1]).all()):
+            rows = bad_z if bad_z is not None else ~torch.isfinite(ents[-1])
+            bi = int(bb[rows.to(bb.device)][0])
+            raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) "
+                                           f"in prompt {names[bi]!r}; try dtype: float32 or bfloat16")
+    del zbuf, lbuf
+    cat = (lambda xs: torch.cat([x.cpu() for x in xs]).numpy() if xs else np.zeros(0, np.float32))
+    res[DS.TOKENS_MARGIN], res[DS.TOKENS_NLL], res[DS.TOKENS_ENTROPY] = cat(margins), cat(nlls), cat(ents)
+    res[DS.TOKENS_PROMPT] = np.asarray(tb, dtype=np.int64)
+    res[DS.TOKENS_POSITION] = np.asarray(tt, dtype=np.int32)
+    return res
 
 
 def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int | None, truncate: bool,
@@ -560,15 +522,108 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             renew the lease; another writer took it over): it stopped before writing the next batch, and the
             partial file keeps the committed batches for the lease's holder.
     """
+    t_call = time.time()
+    model, tok, records, sha, manifest = _load(model_dir, prompts_path, dtype=dtype, device=device,
+                                               device_map=device_map, mem_mb=mem_mb,
+                                               attn_implementation=attn_implementation, reuse_model=reuse_model)
+    p = _plan(model, tok, records, sha, manifest, prompts_path=prompts_path, model_name=model_name,
+              batch_size=batch_size, top_k=top_k, attention=attention, corpus=corpus,
+              sample_per_prompt=sample_per_prompt, max_tokens=max_tokens, seed=seed, candidates_key=candidates_key,
+              log=log)
+    lease, w = _open_output(out_path, p, log)
+    if write_behind is None:
+        write_behind = next(model.parameters()).device.type != "cpu"
+    writer = _WriteBehind(write_behind)
+    stop = _StopRequest()
+    try:
+        done = _resume(w, p)
+        # registered once for every batch; prompt sets store final tokens only: the last block's attention
+        # output projection and MLP run there only (corpus sets sample positions of the whole last block)
+        with stop, BatchHooks(model, attention=attention, final_token_only=not corpus) as hooks:
+            stats = _batch_loop(model, tok, p, w, lease, writer, stop, hooks, done)
+            # still inside the stop handler: a signal from here on (SLURM's warning, SIGUSR1, after the last
+            # batch's check; or any during the commit) must not kill the process half way through the commit
+            return _commit(p, w, lease, writer, stop, done, stats, t_call, log)
+    except ExtractionInterrupted as e:
+        log(f"[extract] {e}")
+        raise
+    except LeaseLost as e:
+        # another writer may own the partial file now: write nothing more (no abort, which would delete it)
+        writer.drain(raise_errors=False)
+        if w.f.id.valid:
+            w.close_partial()
+        log(f"[extract] {e}")
+        raise
+    except (KeyboardInterrupt, SystemExit):
+        writer.drain(raise_errors=False)  # a batch still being written finishes (or fails) before the file is closed
+        if w.f.id.valid:
+            w.close_partial()  # keep the committed batches for a resume
+        raise
+    except BaseException:
+        writer.drain(raise_errors=False)
+        w.abort()
+        raise
+    finally:
+        writer.shutdown()
+        lease.release()
+
+
+def _load(model_dir, prompts_path, *, dtype, device, device_map, mem_mb, attn_implementation, reuse_model):
+    """Step "load" of :func:`extract_to_hdf5`: the prompt records and their sha256, the model's manifest, the
+    model and its tokenizer (``models.load_prepared``: the memory check comes before any weight is read)."""
     from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models.loading import load_prepared
     from llmgeom.models.sources import read_manifest
 
-    t_call = time.time()
     records, sha = read_prompt_set(prompts_path)
     manifest = read_manifest(model_dir)
     model, tok = load_prepared(model_dir, dtype=dtype, attn=attn_implementation,
                                device=device, device_map=device_map, mem_mb=mem_mb, reuse=reuse_model)
+    return model, tok, records, sha, manifest
+
+
+@dataclass
+class _Plan:
+    """What one extraction writes and in which order (step "tokenize and order" of :func:`extract_to_hdf5`):
+    the prompts' tokens, candidates and sampled positions, the file's shapes and attributes, the batches
+    (longest prompts first), the rows each batch writes, and the resume key."""
+
+    model_name: str
+    set_name: str
+    records: list
+    texts: list[str]
+    pids: list[str]
+    seqs: list[list[int]]
+    cands: list | None
+    samples: list | None
+    shapes: dict
+    attrs: dict
+    batches: list[list[int]]
+    tok_offsets: np.ndarray
+    samp_offsets: np.ndarray | None
+    per_prompt: list[str]
+    per_sample: list[str]
+    per_position: list[str]
+    attention: bool
+    corpus: bool
+    top_k: int
+    resume_key: str = ""
+
+    def rows_of(self, j: int) -> dict:
+        """Rows of every dataset that batch ``j`` writes."""
+        idx = np.array(self.batches[j], dtype=np.int64)
+        out = {k: idx for k in self.per_prompt}
+        if self.corpus:
+            srows = np.concatenate([np.arange(self.samp_offsets[i], self.samp_offsets[i + 1]) for i in idx])
+            trows = np.concatenate([np.arange(self.tok_offsets[i], self.tok_offsets[i + 1]) for i in idx])
+            out.update({k: srows for k in self.per_sample})
+            out.update({k: trows for k in self.per_position})
+        return out
+
+
+def _plan(model, tok, records, sha, manifest, *, prompts_path, model_name, batch_size, top_k, attention, corpus,
+          sample_per_prompt, max_tokens, seed, candidates_key, log) -> _Plan:
+    """Tokenize, check the candidates, sample the corpus positions, size the file and order the batches."""
     s = arch.summarize(model.config)
     texts = [r["text"] for r in records]
     pids = [r.get("id", str(i)) for i, r in enumerate(records)]
@@ -576,37 +631,13 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     seqs = tokenize_prompts(tok, texts, pids, max_tokens=max_tokens if corpus else None, truncate=corpus,
                             context=s.max_positions)
     n = len(seqs)
-    cands = None
-    if candidates_key:
-        cands = [r.get("meta", {}).get(candidates_key) for r in records]
-        n_c = len(cands[0]) if isinstance(cands[0], list) else 0
-        for pid, c in zip(pids, cands):
-            if (not isinstance(c, list) or len(c) != n_c or n_c == 0
-                    or not all(isinstance(x, int) and 0 <= x < s.vocab_size for x in c)):
-                raise ValueError(f"prompt {pid!r}: meta[{candidates_key!r}] must be a non-empty list of {n_c or 'C'} "
-                                 f"token ids in [0, {s.vocab_size}), got {c!r}; rebuild the prompt set for this model")
-    d_unembed = arch.unembedding(model)[0].shape[1]
-    samples = None
+    cands = _candidates(records, pids, candidates_key, s.vocab_size) if candidates_key else None
+    set_name = Path(prompts_path).stem
+    samples = short = None
     if corpus:
-        samples = []
-        for i, sq in enumerate(seqs):
-            rng = np.random.default_rng([seed, i])
-            cand = np.arange(1, len(sq))
-            m = min(sample_per_prompt, len(cand))
-            samples.append(sorted(rng.choice(cand, size=m, replace=False).tolist()) if m else [])
-        short = [pids[i] for i, x in enumerate(samples) if len(x) < sample_per_prompt]
-        if short:  # keep what there is (sampling without replacement), say so, record the count
-            import warnings
-
-            msg = (f"{model_name} {Path(prompts_path).stem}: {len(short)} of {n} passages have fewer than "
-                   f"extract.sample_per_prompt={sample_per_prompt} positions after position 0 (e.g. {short[0]!r}); "
-                   f"all their positions are kept: {sum(len(x) for x in samples)} samples instead of "
-                   f"{n * sample_per_prompt} (attrs n_short_passages, n_samples_requested)")
-            warnings.warn(msg, stacklevel=2)
-            log(f"[extract] warning: {msg}")
-        if not any(samples):
-            raise PromptTokenError(f"{model_name} {Path(prompts_path).stem}: no corpus passage has a token after "
-                                   "position 0, so there is nothing to sample; raise the prompt set's token_budget")
+        samples, short = _sample_positions(seqs, pids, seed=seed, sample_per_prompt=sample_per_prompt,
+                                           what=f"{model_name} {set_name}", log=log)
+    d_unembed = arch.unembedding(model)[0].shape[1]
     L, d = s.n_layers, s.d_model
     sizes = dict(prompt=n, layer=L, resid_layer=L + 1, d_model=d, d_unembed=int(d_unembed),
                  value_feature=s.n_kv_heads * s.head_dim, kv_head=s.n_kv_heads, head_dim=s.head_dim,
@@ -623,86 +654,139 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
                  attn_implementation=str(arch._text_config(model.config)._attn_implementation),
                  n_layers=L, d_model=d, d_unembed=int(d_unembed), n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                  head_dim=s.head_dim, vocab_size=s.vocab_size, architecture=s.as_dict(),
-                 prompt_set=Path(prompts_path).stem, prompt_set_sha256=sha, top_k=top_k, seed=seed,
+                 prompt_set=set_name, prompt_set_sha256=sha, top_k=top_k, seed=seed,
                  sample_per_prompt=sample_per_prompt if corpus else 0, kind="corpus" if corpus else "prompts")
     if corpus:
         attrs.update(n_short_passages=len(short), n_samples_requested=n * sample_per_prompt)
     order = sorted(range(n), key=lambda i: -len(seqs[i]))
-    batches = [order[j:j + batch_size] for j in range(0, n, batch_size)]
-    tok_offsets = np.concatenate([[0], np.cumsum([max(len(sq) - 2, 0) for sq in seqs])]).astype(np.int64)
-    samp_offsets = np.concatenate([[0], np.cumsum([len(x) for x in samples])]).astype(np.int64) if corpus else None
-    per_prompt = [k for k in shapes if not k.startswith(("prompts/", "tokens/"))]
-    per_sample = [k for k in shapes if k.startswith("tokens/") and CONTRACT[k].dims[0] == "sample"]
-    per_position = [k for k in shapes if k.startswith("tokens/") and CONTRACT[k].dims[0] == "position"]
-
-    def rows_of(j: int) -> dict:
-        """Rows of every dataset that batch ``j`` writes."""
-        idx = np.array(batches[j], dtype=np.int64)
-        out = {k: idx for k in per_prompt}
-        if corpus:
-            srows = np.concatenate([np.arange(samp_offsets[i], samp_offsets[i + 1]) for i in idx])
-            trows = np.concatenate([np.arange(tok_offsets[i], tok_offsets[i + 1]) for i in idx])
-            out.update({k: srows for k in per_sample})
-            out.update({k: trows for k in per_position})
-        return out
-
+    p = _Plan(model_name=model_name, set_name=set_name, records=records, texts=texts, pids=pids, seqs=seqs,
+              cands=cands, samples=samples, shapes=shapes, attrs=attrs,
+              batches=[order[j:j + batch_size] for j in range(0, n, batch_size)],
+              tok_offsets=np.concatenate([[0], np.cumsum([max(len(sq) - 2, 0) for sq in seqs])]).astype(np.int64),
+              samp_offsets=(np.concatenate([[0], np.cumsum([len(x) for x in samples])]).astype(np.int64)
+                            if corpus else None),
+              per_prompt=[k for k in shapes if not k.startswith(("prompts/", "tokens/"))],
+              per_sample=[k for k in shapes if k.startswith("tokens/") and CONTRACT[k].dims[0] == "sample"],
+              per_position=[k for k in shapes if k.startswith("tokens/") and CONTRACT[k].dims[0] == "position"],
+              attention=attention, corpus=corpus, top_k=top_k)
     # everything that determines the file's content: a partial written with the same key can be resumed
-    resume_key = hashlib.sha256(json.dumps(dict(
+    p.resume_key = hashlib.sha256(json.dumps(dict(
         attrs={k: v for k, v in attrs.items()}, shapes={k: list(v[0]) for k, v in shapes.items()},
         batch_size=batch_size, attention=attention, candidates_key=candidates_key, max_tokens=max_tokens,
         contract_version=CONTRACT_VERSION, versions={k: v for k, v in package_versions().items()
                                                      if k in ("torch", "transformers", "llmgeom")}),
         sort_keys=True, default=str).encode()).hexdigest()
-    # one writer per output (issue 31): the lease is taken before the partial file is opened, renewed while
-    # this runs and checked before every batch's write and commit (llmgeom.core.lease)
+    return p
+
+
+def _candidates(records, pids, candidates_key: str, vocab_size: int) -> list:
+    """Each prompt's candidate token ids (``meta[candidates_key]``), checked: same length C > 0, ids in the
+    vocabulary. Raises ValueError naming the prompt."""
+    cands = [r.get("meta", {}).get(candidates_key) for r in records]
+    n_c = len(cands[0]) if isinstance(cands[0], list) else 0
+    for pid, c in zip(pids, cands):
+        if (not isinstance(c, list) or len(c) != n_c or n_c == 0
+                or not all(isinstance(x, int) and 0 <= x < vocab_size for x in c)):
+            raise ValueError(f"prompt {pid!r}: meta[{candidates_key!r}] must be a non-empty list of {n_c or 'C'} "
+                             f"token ids in [0, {vocab_size}), got {c!r}; rebuild the prompt set for this model")
+    return cands
+
+
+def _sample_positions(seqs, pids, *, seed: int, sample_per_prompt: int, what: str, log):
+    """Corpus sets: per passage, ``sample_per_prompt`` positions after position 0, without replacement (seeded
+    ``[seed, passage index]``); fewer where a passage is shorter (warned and logged). Returns (samples, the ids
+    of the short passages). Raises PromptTokenError when no passage has a position to sample."""
+    samples = []
+    for i, sq in enumerate(seqs):
+        rng = np.random.default_rng([seed, i])
+        cand = np.arange(1, len(sq))
+        m = min(sample_per_prompt, len(cand))
+        samples.append(sorted(rng.choice(cand, size=m, replace=False).tolist()) if m else [])
+    short = [pids[i] for i, x in enumerate(samples) if len(x) < sample_per_prompt]
+    if short:  # keep what there is (sampling without replacement), say so, record the count
+        import warnings
+
+        n = len(seqs)
+        msg = (f"{what}: {len(short)} of {n} passages have fewer than "
+               f"extract.sample_per_prompt={sample_per_prompt} positions after position 0 (e.g. {short[0]!r}); "
+               f"all their positions are kept: {sum(len(x) for x in samples)} samples instead of "
+               f"{n * sample_per_prompt} (attrs n_short_passages, n_samples_requested)")
+        warnings.warn(msg, stacklevel=4)
+        log(f"[extract] warning: {msg}")
+    if not any(samples):
+        raise PromptTokenError(f"{what}: no corpus passage has a token after "
+                               "position 0, so there is nothing to sample; raise the prompt set's token_budget")
+    return samples, short
+
+
+def _open_output(out_path, p: _Plan, log):
+    """One writer per output (issue 31): the lease is taken before the partial file is opened (renewed while the
+    extraction runs and checked before every batch's write and commit, ``llmgeom.core.lease``); then the
+    partial file, resumable with ``p.resume_key``. Returns (lease, writer)."""
     lease = OutputLease(out_path, log=log).acquire()
     try:
-        w = ActivationWriter(out_path, attrs, shapes, resume_key=resume_key, n_batches=len(batches), log=log)
+        w = ActivationWriter(out_path, p.attrs, p.shapes, resume_key=p.resume_key, n_batches=len(p.batches), log=log)
     except BaseException:
         lease.release()
         raise
-    stop = _StopRequest()
+    return lease, w
 
-    def write_batch(j: int, idx: list[int], r: dict) -> None:
-        """Write batch ``j``'s results (``extract_batch``'s dict for prompts ``idx``) and commit it; LeaseLost,
-        before anything is written, when this writer no longer holds the output's lease."""
-        lease.check()
-        w.begin_batch()
-        rows = np.array(idx)
-        for k in per_prompt:
-            if k != "next_token/candidate_ids":
-                w.write(k, rows, r[k])
-        if cands is not None:
-            w.write("next_token/candidate_ids", rows, np.array([cands[i] for i in idx], np.int64))
-        if corpus:
-            for bi, i in enumerate(idx):
-                sel = r["tokens/sample_prompt"] == bi
-                sl = slice(int(samp_offsets[i]), int(samp_offsets[i + 1]))
-                for k in per_sample:
-                    w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == "tokens/sample_prompt" else r[k][sel])
-                tsel = r["tokens/prompt"] == bi
-                tl = slice(int(tok_offsets[i]), int(tok_offsets[i + 1]))
-                for k in per_position:
-                    w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == "tokens/prompt" else r[k][tsel])
-        lease.check()
-        w.commit_batch(j)
 
-    # write-behind: batch j is written and committed on one background thread while batch j + 1's forward runs
-    # (h5py releases the GIL in dataset writes, hashlib in sha256); at most one write is in flight, and every
-    # exit path waits for it before the file is closed, so the file holds the same bytes as a sequential write
-    if write_behind is None:
-        write_behind = next(model.parameters()).device.type != "cpu"
-    pool = ThreadPoolExecutor(1, thread_name_prefix="llmgeom-h5-writer") if write_behind else None
-    pending: list = []
+def _resume(w: ActivationWriter, p: _Plan) -> set:
+    """Step "resume": verify the batches a partial file committed before (their sha256) and write the prompt
+    datasets; returns the indices of the batches not to compute again."""
+    done = set(w.verify_batches(p.rows_of).tolist())
+    w.write(DS.PROMPTS_TEXT, slice(None), p.texts)
+    w.write(DS.PROMPTS_META, slice(None), [json.dumps(r.get("meta", {}), sort_keys=True) for r in p.records])
+    w.write(DS.PROMPTS_N_TOKENS, slice(None), np.array([len(x) for x in p.seqs], np.int32))
+    return done
 
-    def stopped():
-        """Close the partial file with the batches committed so far and raise ExtractionInterrupted."""
-        n_done = len(w.done_batches())  # before the file is closed
-        raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(batches))
 
-    def drain(raise_errors: bool = True) -> None:
+def _write_batch(w: ActivationWriter, lease, p: _Plan, j: int, idx: list[int], r: dict) -> None:
+    """Write batch ``j``'s results (``extract_batch``'s dict for prompts ``idx``) and commit it; LeaseLost,
+    before anything is written, when this writer no longer holds the output's lease."""
+    lease.check()
+    w.begin_batch()
+    rows = np.array(idx)
+    for k in p.per_prompt:
+        if k != DS.NEXT_TOKEN_CANDIDATE_IDS:
+            w.write(k, rows, r[k])
+    if p.cands is not None:
+        w.write(DS.NEXT_TOKEN_CANDIDATE_IDS, rows, np.array([p.cands[i] for i in idx], np.int64))
+    if p.corpus:
+        for bi, i in enumerate(idx):
+            sel = r[DS.TOKENS_SAMPLE_PROMPT] == bi
+            sl = slice(int(p.samp_offsets[i]), int(p.samp_offsets[i + 1]))
+            for k in p.per_sample:
+                w.write(k, sl, np.full(sel.sum(), i, np.int32) if k == DS.TOKENS_SAMPLE_PROMPT else r[k][sel])
+            tsel = r[DS.TOKENS_PROMPT] == bi
+            tl = slice(int(p.tok_offsets[i]), int(p.tok_offsets[i + 1]))
+            for k in p.per_position:
+                w.write(k, tl, np.full(tsel.sum(), i, np.int32) if k == DS.TOKENS_PROMPT else r[k][tsel])
+    lease.check()
+    w.commit_batch(j)
+
+
+class _WriteBehind:
+    """Write-behind: batch j is written and committed on one background thread while batch j + 1's forward runs
+    (h5py releases the GIL in dataset writes, hashlib in sha256); at most one write is in flight, and every exit
+    path waits for it before the file is closed, so the file holds the same bytes as a sequential write. Off
+    (``on`` False): :meth:`submit` writes in the caller's thread."""
+
+    def __init__(self, on: bool):
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="llmgeom-h5-writer") if on else None
+        self.pending: list = []
+
+    def submit(self, fn, *args) -> None:
+        if self.pool is not None:
+            self.pending.append(self.pool.submit(fn, *args))
+        else:
+            fn(*args)
+
+    def drain(self, raise_errors: bool = True) -> None:
         """Wait for the write in flight; its error is raised (``raise_errors``) or dropped. A wait that is
         itself interrupted (Ctrl-C) leaves the write pending, so the handler's drain waits for it again."""
+        pending = self.pending
         while pending:
             try:
                 pending[0].result()
@@ -714,83 +798,73 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
             else:
                 pending.pop(0)
 
-    try:
-        done = set(w.verify_batches(rows_of).tolist())
-        w.write("prompts/text", slice(None), texts)
-        w.write("prompts/meta", slice(None), [json.dumps(r.get("meta", {}), sort_keys=True) for r in records])
-        w.write("prompts/n_tokens", slice(None), np.array([len(x) for x in seqs], np.int32))
-        head = Float32Head(model)
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        t0, n_tok, t_fwd, n_run = time.time(), 0, 0.0, 0
-        bar = progress(total=n, desc=f"extract {model_name} {Path(prompts_path).stem}", unit="prompt")
-        bar.update(sum(len(batches[j]) for j in done))
-        # registered once for every batch; prompt sets store final tokens only: the last block's attention
-        # output projection and MLP run there only (corpus sets sample positions of the whole last block)
-        with stop, BatchHooks(model, attention=attention, final_token_only=not corpus) as hooks:
-            for j, idx in enumerate(batches):
-                if j in done:
-                    continue
-                if stop.signum is not None:
-                    drain()
-                    stopped()
-                tb = time.perf_counter()
-                r = extract_batch(model, [seqs[i] for i in idx], attention=attention, top_k=top_k,
-                                  sample_positions=[samples[i] for i in idx] if corpus else None,
-                                  token_stats=corpus, prompt_ids=[pids[i] for i in idx], head=head, pad_id=pad_id,
-                                  candidates=[cands[i] for i in idx] if cands is not None else None,
-                                  model_name=model_name, hooks=hooks)
-                t_fwd += time.perf_counter() - tb  # forward pass, hooks and per-token statistics on the device
-                drain()  # the previous batch's write, which ran beside this forward
-                if pool is not None:
-                    pending.append(pool.submit(write_batch, j, idx, r))
-                else:
-                    write_batch(j, idx, r)
-                del r  # written (or owned by the writer): not held through the next batch's forward pass
-                n_run += 1
-                n_tok += sum(len(seqs[i]) for i in idx)
-                bar.update(len(idx))
-                bar.set_postfix(tokens=n_tok, refresh=False)
-            drain()
-            bar.close()
-            if stop.signum == signal.SIGTERM:
-                # the job is ending (scancel, preemption, the time limit) and Snakemake removes the outputs of a
-                # failed job: keep every batch in the partial file, so that the rerun only verifies and commits
-                stopped()
-            # still inside the stop handler: a signal from here on (SLURM's warning, SIGUSR1, after the last
-            # batch's check; or any during the commit) must not kill the process half way through the commit
-            if done:
-                log(f"[extract] {model_name} {Path(prompts_path).stem}: resumed; {len(done)} of {len(batches)} "
-                    f"batches were committed before, {n_run} computed now")
-            log(f"[extract] {model_name} {Path(prompts_path).stem}: {n} prompts, {n_tok} tokens, "
-                f"{n_tok / max(time.time() - t0, 1e-9):.0f} tokens/s on {attrs['device']}; "
-                f"forward passes {t_fwd:.3f} s of {time.time() - t_call:.3f} s in extract_to_hdf5")
-            lease.check()
-            out = w.commit()
-            if stop.signum is not None:
-                log(f"[extract] {model_name} {Path(prompts_path).stem}: {signal.Signals(stop.signum).name} arrived "
-                    f"after the last batch had started (or during the commit): all {len(batches)} batches were "
-                    f"done, so the file was committed ({out}) instead of stopped")
-        return out
-    except ExtractionInterrupted as e:
-        log(f"[extract] {e}")
-        raise
-    except LeaseLost as e:
-        # another writer may own the partial file now: write nothing more (no abort, which would delete it)
-        drain(raise_errors=False)
-        if w.f.id.valid:
-            w.close_partial()
-        log(f"[extract] {e}")
-        raise
-    except (KeyboardInterrupt, SystemExit):
-        drain(raise_errors=False)  # a batch still being written finishes (or fails) before the file is closed
-        if w.f.id.valid:
-            w.close_partial()  # keep the committed batches for a resume
-        raise
-    except BaseException:
-        drain(raise_errors=False)
-        w.abort()
-        raise
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
-        lease.release()
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def _stopped(w: ActivationWriter, stop: _StopRequest, p: _Plan):
+    """Close the partial file with the batches committed so far and raise ExtractionInterrupted."""
+    n_done = len(w.done_batches())  # before the file is closed
+    raise ExtractionInterrupted(stop.signum, w.close_partial(), n_done, len(p.batches))
+
+
+def _batch_loop(model, tok, p: _Plan, w, lease, writer: _WriteBehind, stop: _StopRequest, hooks: BatchHooks,
+                done: set) -> dict:
+    """Step "the batch loop": every batch not in ``done`` through :func:`extract_batch`, its write behind the
+    next forward; a stop request (SIGUSR1/SIGTERM) between batches closes the partial file
+    (:class:`ExtractionInterrupted`). Returns the counts the log line reports."""
+    head = Float32Head(model)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    t0, n_tok, t_fwd, n_run = time.time(), 0, 0.0, 0
+    seqs, samples, cands, pids = p.seqs, p.samples, p.cands, p.pids
+    bar = progress(total=len(seqs), desc=f"extract {p.model_name} {p.set_name}", unit="prompt")
+    bar.update(sum(len(p.batches[j]) for j in done))
+    for j, idx in enumerate(p.batches):
+        if j in done:
+            continue
+        if stop.signum is not None:
+            writer.drain()
+            _stopped(w, stop, p)
+        tb = time.perf_counter()
+        r = extract_batch(model, [seqs[i] for i in idx], attention=p.attention, top_k=p.top_k,
+                          sample_positions=[samples[i] for i in idx] if p.corpus else None,
+                          token_stats=p.corpus, prompt_ids=[pids[i] for i in idx], head=head, pad_id=pad_id,
+                          candidates=[cands[i] for i in idx] if cands is not None else None,
+                          model_name=p.model_name, hooks=hooks)
+        t_fwd += time.perf_counter() - tb  # forward pass, hooks and per-token statistics on the device
+        writer.drain()  # the previous batch's write, which ran beside this forward
+        writer.submit(_write_batch, w, lease, p, j, idx, r)
+        del r  # written (or owned by the writer): not held through the next batch's forward pass
+        n_run += 1
+        n_tok += sum(len(seqs[i]) for i in idx)
+        bar.update(len(idx))
+        bar.set_postfix(tokens=n_tok, refresh=False)
+    writer.drain()
+    bar.close()
+    return dict(t0=t0, n_tok=n_tok, t_fwd=t_fwd, n_run=n_run)
+
+
+def _commit(p: _Plan, w, lease, writer, stop: _StopRequest, done: set, stats: dict, t_call: float, log) -> Path:
+    """Step "commit" (inside the stop handler): a SIGTERM that came during the loop keeps every batch in the
+    partial file (:class:`ExtractionInterrupted`); otherwise the log lines, the lease check and the atomic
+    commit of the complete file."""
+    what, n_batches = f"{p.model_name} {p.set_name}", len(p.batches)
+    if stop.signum == signal.SIGTERM:
+        # the job is ending (scancel, preemption, the time limit) and Snakemake removes the outputs of a
+        # failed job: keep every batch in the partial file, so that the rerun only verifies and commits
+        _stopped(w, stop, p)
+    if done:
+        log(f"[extract] {what}: resumed; {len(done)} of {n_batches} batches were committed before, "
+            f"{stats['n_run']} computed now")
+    n_tok = stats["n_tok"]
+    log(f"[extract] {what}: {len(p.seqs)} prompts, {n_tok} tokens, "
+        f"{n_tok / max(time.time() - stats['t0'], 1e-9):.0f} tokens/s on {p.attrs['device']}; "
+        f"forward passes {stats['t_fwd']:.3f} s of {time.time() - t_call:.3f} s in extract_to_hdf5")
+    lease.check()
+    out = w.commit()
+    if stop.signum is not None:
+        log(f"[extract] {what}: {signal.Signals(stop.signum).name} arrived after the last batch had started (or "
+            f"during the commit): all {n_batches} batches were done, so the file was committed ({out}) instead of "
+            "stopped")
+    return out

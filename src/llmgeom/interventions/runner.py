@@ -15,6 +15,7 @@ import torch
 
 from llmgeom.core.layers import select_layers
 from llmgeom.core.progress import progress
+from llmgeom.core.store import DS
 from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
 from llmgeom.interventions.edits import AXES, EDIT_NAMES, ValueEdit, value_edit_hooks
 from llmgeom.models import architectures as arch
@@ -272,8 +273,8 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
 
     records, sha = read_prompt_set(prompts_path)
     with open_activations(h5_path, model=model_name, prompt_set_sha256=sha) as f:
-        V = f["last_token/values"][:]
-        lp_fit = f["next_token/candidate_logprobs"][:].astype(np.float64)
+        V = f[DS.LAST_TOKEN_VALUES][:]
+        lp_fit = f[DS.NEXT_TOKEN_CANDIDATE_LOGPROBS][:].astype(np.float64)
     n_layers = V.shape[1]
     single = select_layers(layers, n_layers, key="interventions.layers")
     multi = select_layers(multi_layers, n_layers, key="interventions.layers") if multi_layers else []

@@ -1,4 +1,5 @@
-"""Job-side support for workflow/scripts: a log file per job (full traceback on failure) and thread limits.
+"""Job-side support for workflow/scripts: a log file per job (full traceback on failure), thread limits, and the
+workflow's store context (``llmgeom.workflow.layout``).
 
 Imported by workflow/scripts only.
 """
@@ -35,7 +36,9 @@ class run_logged:
     """Context manager for Snakemake scripts: tee stdout/stderr into the rule's log file,
     write the full traceback there when the job fails (then re-raise), and limit BLAS/OpenMP
     thread pools and torch's threads to the job's ``threads`` (oversubscribed OpenBLAS threads made the analyses
-    ~20x slower when jobs run side by side); the previous limits are restored on exit."""
+    ~20x slower when jobs run side by side), and install the workflow's store context
+    (``llmgeom.workflow.layout``: prompt-file checks, rerun hints naming the rule); the previous limits and
+    context are restored on exit."""
 
     def __init__(self, path, threads: int = 1):
         self.path = path
@@ -51,6 +54,9 @@ class run_logged:
         self._torch_threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
         self._pools = threadpool_limits(limits=self.threads)
         set_threads(self.threads)
+        from llmgeom.workflow import layout
+
+        self._store_context = layout.install()
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.path, "w")
         self._out, self._err = sys.stdout, sys.stderr
@@ -74,6 +80,9 @@ class run_logged:
                 os.environ[var] = value
         if self._torch_threads is not None:
             sys.modules["torch"].set_num_threads(self._torch_threads)
+        from llmgeom.core import store
+
+        store.use_context(self._store_context)
         return False
 
 

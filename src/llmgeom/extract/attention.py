@@ -1,0 +1,95 @@
+"""Final-query attention and entropy maths of the extraction (torch, so in the extraction layer: ``measures``
+never load torch, tests/test_layout.py): the final query's attention row per head from hooked queries and keys
+(any attention implementation, no [B, H, T, T] weights), its entropy, and next-token entropy.
+
+Used by ``extract.forward`` (the ``attn.hook_qk`` hook, ``next_token/entropy``).
+
+Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils`` (causal,
+padding, ``sliding_window_overlay``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def entropy_nats(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of softmax(logits) over the last axis, computed in float32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def attention_row_entropy(p: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of attention rows p [..., T] (0 log 0 = 0), float32."""
+    return torch.special.entr(p.float()).sum(-1)
+
+
+def final_query_hidden_keys(last: torch.Tensor, key_mask: torch.Tensor, T: int, window: int | None,
+                            device) -> torch.Tensor:
+    """Keys each prompt's final query cannot see: padding, positions after it, and (``window`` W) those
+    at or before ``last - W``.
+
+    Args:
+        last: [B] long, position of each prompt's final token. key_mask: [B, T] bool/0-1, real tokens.
+
+    Returns:
+        [B, 1, T] bool, True = hidden (broadcasts over the heads of ``last_query_attention``'s scores).
+    """
+    last = last.to(device)
+    j = torch.arange(T, device=device)
+    visible = key_mask.to(device).bool() & (j[None, :] <= last[:, None])
+    if window:
+        visible &= j[None, :] > (last[:, None] - window)
+    return ~visible[:, None, :]
+
+
+def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Tensor, key_mask: torch.Tensor, *,
+                         scaling: float, softcap: float | None = None, window: int | None = None,
+                         hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention probabilities of each prompt's final query over its keys, per head, float32.
+
+    Args:
+        query: [B, H, T, hd] queries as the model's attention function receives them (after RoPE).
+        key: [B, H_kv, T, hd] keys likewise; H_kv divides H and query head h reads key head
+            h // (H / H_kv) (GQA/MQA, as ``repeat_kv``).
+        last: [B] long, position of each prompt's final token (its query row).
+        key_mask: [B, T] bool/0-1, real tokens (False = padding).
+        scaling: factor on q.k (``architectures.attention_scaling``).
+        softcap: c in c * tanh(score / c) before masking (Gemma 2), or None.
+        window: sliding window W (key j visible iff last - W < j <= last), or None (causal).
+        hidden: the [B, 1, T] mask of :func:`final_query_hidden_keys` for these arguments, when the caller
+            has it already (one per batch and window instead of one per layer).
+
+    Returns:
+        [B, H, T] float32 probabilities, zero on masked keys; rows sum to 1.
+
+    Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils``
+    (causal, padding, ``sliding_window_overlay``).
+    """
+    B, H, T, hd = query.shape
+    H_kv = key.shape[1]
+    rep = H // H_kv
+    dev = query.device
+    last = last.to(dev)
+    q = query[torch.arange(B, device=dev), :, last, :].float()  # [B, H, hd]
+    # [B*H, 1, hd] @ [B*H, hd, T] (bmm on 3-D views: the kernel the 4-D matmul dispatches to, bit for bit, without
+    # its broadcasting and reshapes): the batched product einsum("bhd,bhtd->bht") dispatches to, bit for bit
+    if rep == 1:
+        scores = torch.bmm(q.view(B * H, 1, hd), key.float().transpose(-1, -2).reshape(B * H, hd, T)).view(B, H, T)
+    else:
+        # query head h = g * rep + r reads key head g: for each r, [B*H_kv, 1, hd] @ [B*H_kv, hd, T], the same
+        # one-row products as [B, H, 1, hd] @ the keys repeated per head (repeat_kv, a contiguous copy), bit for
+        # bit on CPU (tests/test_extraction.py; not checked on CUDA, where cuBLAS picks kernels by batch count),
+        # without the [B, H, T, hd] copy (a grouped [B, H_kv, rep, hd] product differs in the last bits). The
+        # keys are made contiguous as the repeat made them: the model may pass a transposed view of
+        # [B, T, H_kv, hd], and the product over that layout takes another kernel path (other last bits)
+        kT = key.float().contiguous().transpose(-1, -2).reshape(B * H_kv, hd, T)
+        qg = q.view(B, H_kv, rep, hd)
+        scores = torch.stack([torch.bmm(qg[:, :, r].reshape(B * H_kv, 1, hd), kT).view(B, H_kv, T)
+                              for r in range(rep)], dim=2).reshape(B, H, T)
+    scores = scores.mul_(scaling)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    if hidden is None:
+        hidden = final_query_hidden_keys(last, key_mask, T, window, dev)
+    return torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
