@@ -6,7 +6,7 @@ min_version("9.0")
 
 # Config files' text first: YAML errors with line and column, a key given twice with both lines (Snakemake's
 # own load reports neither; for --configfile it has already loaded them, for config/config.yaml not yet).
-from llmgeom.workflow.config import check_config_files
+from llmgeom.pipeline.config import check_config_files
 
 check_config_files(workflow.overwrite_configfiles or ["config/config.yaml"])
 
@@ -42,7 +42,7 @@ include: "workflow/rules/provenance.smk"
 include: "workflow/rules/sweeps.smk"
 
 
-# The GPU rules' group and priority, from their one declaration (llmgeom.workflow.cluster.GPU); refuses a rule
+# The GPU rules' group and priority, from their one declaration (llmgeom.pipeline.cluster.GPU); refuses a rule
 # that asks for a GPU without being declared there.
 declare_gpu_rules(workflow, is_corpus=get_is_corpus)
 

@@ -225,7 +225,7 @@ def server_check(model_dir: Path, prompts: Path, root: Path, dtype: str, device:
     """Three extraction jobs of one model through the model server: weight loads and seconds per job."""
     import re as _re
 
-    from llmgeom.workflow import model_server as ms
+    from llmgeom.pipeline import model_server as ms
 
     os.environ["LLMGEOM_MODEL_SERVER_DIR"] = str(root / "srv")
     os.environ["LLMGEOM_MODEL_SERVER"] = "1"

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(REPO / "tests"))
 
-from llmgeom.workflow.cluster import SERVER_RULES  # noqa: E402
+from llmgeom.pipeline.cluster import SERVER_RULES  # noqa: E402
 
 GPU_RULES = tuple(r for r in SERVER_RULES if r != "extract_wind_tunnel")  # the LLM rules the model server runs
 
@@ -148,7 +148,7 @@ def _local_run(cfg: dict, targets_fn, wd: Path, server: bool, idle_s: int = 120)
 
 
 def _stop_servers(wd: Path):
-    from llmgeom.workflow import model_server
+    from llmgeom.pipeline import model_server
 
     for d in (wd / "srv").glob("*/*"):
         conn = model_server._connect(d)

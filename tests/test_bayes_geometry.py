@@ -28,12 +28,12 @@ from llmgeom.models import tiny as testing
 from llmgeom.extract.attention import attention_row_entropy
 from llmgeom.extract.forward import extract_batch
 from llmgeom.core.store import ActivationWriter
-from llmgeom.workflow.config import ConfigError
+from llmgeom.pipeline.config import ConfigError
 from llmgeom.analyses.attention_focusing import attention_focusing_tables, focusing_summary
 from llmgeom.analyses.bayes_tables import markdown_tables_html, table1, table2, to_markdown
 from llmgeom.measures.orthogonality import gaussian_baseline, gaussian_expectation, orthogonality
 from llmgeom.measures.pca import value_manifold_stats
-from llmgeom.workflow.config import check_bayes_config
+from llmgeom.pipeline.config import check_bayes_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -416,7 +416,7 @@ def test_config_checks():
            "domain_restriction": {"mixed_set": "mixed", "restricted_sets": None, "summary_set": None},
            "attention_focusing": {"prompt_set": "mixed"}}
     check_bayes_config(cfg)
-    from llmgeom.workflow.config import resolve_domain_sets
+    from llmgeom.pipeline.config import resolve_domain_sets
 
     r = resolve_domain_sets(cfg)
     assert r["restricted"] == ["domain_mathematics", "code"] and r["summary"] == "domain_mathematics"

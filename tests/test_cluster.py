@@ -2,7 +2,7 @@
 on the GPU rules only (a stub sbatch records what the SLURM executor plugin submits), the GPU-rule
 resources per model, and the memory check that fails before a model is loaded.
 
-The GPU rules are listed once, in ``llmgeom.workflow.cluster.GPU_RULES``; the tests cover whichever of them the
+The GPU rules are listed once, in ``llmgeom.pipeline.cluster.GPU_RULES``; the tests cover whichever of them the
 workflow defines.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import slurm_stub
-from llmgeom.workflow import cluster, code_tracking
+from llmgeom.pipeline import cluster, code_tracking
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.models.loading import MEMORY_OVERHEAD_MB, ModelMemoryError, check_memory, count_parameters, estimate_model_bytes, load_prepared
 
@@ -420,7 +420,7 @@ def test_float32_loading_rules_are_sized_for_float32():
 
 
 def test_gpus_without_device_map_is_a_config_error():
-    from llmgeom.workflow.config import ConfigError, check_gpu_config
+    from llmgeom.pipeline.config import ConfigError, check_gpu_config
 
     check_gpu_config({"models": {"m": {"gpus": 2, "device_map": "auto"}}})
     with pytest.raises(ConfigError, match="device_map"):
@@ -485,12 +485,12 @@ HEAVY = ("torch", "transformers", "pandas", "scipy", "sklearn", "skdim", "matplo
 def test_modules_imported_while_building_the_dag_stay_light():
     """The no-op dry run must stay fast (<= 3 s on 20 models, benchmarks/): the package modules the
     Snakefile and rule files import may not pull in torch, pandas, scipy, scikit-learn or matplotlib
-    (each costs 0.5-2.5 s). Config checks live in llmgeom.workflow.config for this reason."""
+    (each costs 0.5-2.5 s). Config checks live in llmgeom.pipeline.config for this reason."""
     mods = set()
     for f in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
         mods |= set(re.findall(r"^\s*from (llmgeom(?:\.\w+)*) import", f.read_text(), re.M))
         mods |= set(re.findall(r"^\s*import (llmgeom(?:\.\w+)*)", f.read_text(), re.M))
-    assert {"llmgeom.workflow.config", "llmgeom.workflow.cluster"} <= mods
+    assert {"llmgeom.pipeline.config", "llmgeom.pipeline.cluster"} <= mods
     code = ("import sys\n" + "".join(f"import {m}\n" for m in sorted(mods))
             + "import llmgeom.models.sources\n"  # check_models (workflow.config) imports it while the DAG is built
             + f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
@@ -504,7 +504,7 @@ def test_modules_imported_while_building_the_dag_stay_light():
 def test_checkpoint_steps_and_trajectory_table():
     import pandas as pd
 
-    from llmgeom.workflow import sweeps
+    from llmgeom.pipeline import sweeps
 
     models_cfg = {"p-0": {"repo_id": "E/p", "revision": "step0"}, "p-1k": {"repo_id": "E/p", "revision": "step1000"},
                   "other": {"repo_id": "E/q", "revision": "main"}}
@@ -525,7 +525,7 @@ def test_checkpoint_steps_and_trajectory_table():
 
 
 def test_pythia_sweep_config_is_a_checkpoint_series():
-    from llmgeom.workflow import sweeps
+    from llmgeom.pipeline import sweeps
 
     cfg = yaml.safe_load((REPO / "config" / "pythia_checkpoints.yaml").read_text())
     steps = sweeps.checkpoint_steps(cfg["models"])
@@ -559,7 +559,7 @@ def test_gpu_rules_are_declared_once_and_applied():
     assert by_name["extract"].priority(NS(promptset="mixed")) == 60
     assert (by_name["value_manifold"].group, by_name["value_manifold"].priority) == ("analysis", 20)
     assert set(cluster.SERVER_RULES) == {n for n, d in cluster.GPU.items() if d.server_task}
-    from llmgeom.workflow import model_server
+    from llmgeom.pipeline import model_server
 
     assert {d.server_task for d in cluster.GPU.values()} - {None} <= set(model_server.TASKS)
     for kwargs, words in [({"extra": ["my_gpu_rule"]}, "not declared: my_gpu_rule"),

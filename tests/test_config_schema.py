@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgeom.workflow.config import ConfigError, apply_defaults, config_markdown, read_schema
+from llmgeom.pipeline.config import ConfigError, apply_defaults, config_markdown, read_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = read_schema(REPO / "workflow/schemas/config.schema.yaml")
@@ -171,10 +171,10 @@ def _leaf_names() -> set[str]:
 
 
 def _package_params():
-    """(module:function, parameter, has default) for every module-level function outside llmgeom.workflow."""
+    """(module:function, parameter, has default) for every module-level function outside llmgeom.pipeline."""
     for f in sorted(PACKAGE.rglob("*.py")):
         mod = ".".join(f.relative_to(PACKAGE).with_suffix("").parts)
-        if mod.startswith("workflow"):
+        if mod.startswith("pipeline"):
             continue
         for node in ast.parse(f.read_text()).body:
             if isinstance(node, ast.FunctionDef):
@@ -239,11 +239,11 @@ def _rows(schema, path):
 def test_config_readme_is_generated_from_the_schema():
     committed = (REPO / "config" / "README.md").read_text()
     assert committed == config_markdown(SCHEMA), ("config/README.md differs from the schema; regenerate it: "
-                                                  "python -m llmgeom.workflow.config --markdown > config/README.md")
+                                                  "python -m llmgeom.pipeline.config --markdown > config/README.md")
     # every key, its default and its description are in it
     assert "| `intrinsic_dimension.min_points` | an integer >= 10 | `50` |" in committed
     assert "| `models.<name>.source` (required) |" in committed
-    r = subprocess.run([sys.executable, "-m", "llmgeom.workflow.config", "--markdown"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "llmgeom.pipeline.config", "--markdown"], capture_output=True,
                        text=True, cwd=REPO)
     assert r.returncode == 0 and r.stdout == committed, r.stderr
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgeom.workflow import code_tracking
+from llmgeom.pipeline import code_tracking
 
 PKG = code_tracking.PACKAGE_DIR
 
@@ -21,7 +21,7 @@ PKG = code_tracking.PACKAGE_DIR
 # prompts (model-independent) sit between models and extract: extraction, interventions, the wind tunnel and the
 # workflow read prompt sets; prompts themselves import only core and measures (DESIGN.md sec. 1).
 RANK = {"core": 0, "measures": 1, "models": 1, "prompts": 2, "extract": 3, "weights": 3, "interventions": 4,
-        "wind_tunnel": 4, "analyses": 4, "plots": 5, "workflow": 6}
+        "wind_tunnel": 4, "analyses": 4, "plots": 5, "pipeline": 6}
 ALLOWED_EXTRA = {("measures", "models"): False}  # measures import nothing of the package but core
 TORCH_FREE = ("core", "measures", "prompts", "analyses", "plots")
 

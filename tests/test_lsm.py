@@ -23,7 +23,7 @@ from llmgeom.core.store import ActivationWriter
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.curvature import curvature_table
 from llmgeom.analyses.margins import margin_tables, margin_vs_perplexity_table
-from llmgeom.workflow.config import ConfigError, check_lsm_config
+from llmgeom.pipeline.config import ConfigError, check_lsm_config
 
 
 def _embed(Y, D, rng):

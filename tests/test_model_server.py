@@ -10,7 +10,7 @@ import pytest
 
 from llmgeom.prompts.io import write_prompt_set
 from llmgeom.models import sources as models, tiny as testing
-from llmgeom.workflow import model_server as ms
+from llmgeom.pipeline import model_server as ms
 
 RECS = [{"id": "a", "text": "abc", "meta": {}}, {"id": "b", "text": "hello world", "meta": {}},
         {"id": "c", "text": "xyzzy plugh", "meta": {}}]
@@ -160,7 +160,7 @@ def test_a_job_killed_mid_task_never_gets_its_output(setup, monkeypatch):
     write_prompt_set([{"id": f"p{i}", "text": "hello world " * 8 + str(i), "meta": {}} for i in range(400)], many)
     out, log = tmp / "killed.h5", tmp / "killed.log"
     kw = dict(_kw(prepared, many, out), batch_size=1)
-    code = ("import json, sys\nfrom llmgeom.workflow import model_server as ms\n"
+    code = ("import json, sys\nfrom llmgeom.pipeline import model_server as ms\n"
             f"ms.run_task('extract', json.loads(sys.argv[1]), load=json.loads(sys.argv[2]), log={str(log)!r})\n")
     job = subprocess.Popen([sys.executable, "-c", code, json.dumps(kw), json.dumps(load)])
     t0 = time.time()
@@ -255,7 +255,7 @@ def test_server_rules_are_the_rules_whose_scripts_use_the_server():
     """SERVER_RULES (the jobs a run's plan lists) are exactly the rules whose script calls run_task."""
     import re
 
-    from llmgeom.workflow.cluster import GPU_RULES
+    from llmgeom.pipeline.cluster import GPU_RULES
 
     repo = Path(__file__).resolve().parents[1]
     found = set()

@@ -67,7 +67,7 @@ def test_a_config_without_a_causal_lm_initializer_is_refused_with_the_reason():
 
 
 def test_null_entries_of_a_config():
-    from llmgeom.workflow.config import ConfigError, null_entries, null_of_models
+    from llmgeom.pipeline.config import ConfigError, null_entries, null_of_models
 
     cfg = {"models": {"a": {}, "b": {}}, "wind_tunnel": {"models": {"wt": {"training": {"steps": 10}, "task": "t",
                                                                           "checkpoints": [5]}}}}

@@ -201,7 +201,7 @@ def test_per_model_entries_and_malformed_files(tmp_path):
 def test_rules_showing_published_values_rerun_when_the_data_file_changes():
     from pathlib import Path
 
-    from llmgeom.workflow import code_tracking
+    from llmgeom.pipeline import code_tracking
 
     repo = Path(__file__).resolve().parents[1]
     for script in ("bayes_tables", "margins", "intrinsic_dimension", "margin_vs_perplexity"):

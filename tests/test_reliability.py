@@ -46,7 +46,7 @@ PROMPTS = [{"id": f"p{i}", "text": t, "meta": {"topic": "x"}} for i, t in enumer
 def _workflow_store_context():
     """The analyses here run in this process as a workflow job runs them: with the workflow's store context
     (prompt-file checks, hints naming rule extract), which ``run_logged`` installs in every job."""
-    from llmgeom.workflow import layout
+    from llmgeom.pipeline import layout
 
     with layout.installed():
         yield
@@ -315,7 +315,7 @@ def test_figure_writer_is_atomic(tmp_path, monkeypatch):
 
 
 def test_provenance_writer_is_atomic(tmp_path, monkeypatch):
-    from llmgeom.workflow import provenance
+    from llmgeom.pipeline import provenance
 
     calls = []
     orig = os.replace
@@ -345,8 +345,8 @@ def test_outputs_follow_the_umask(ws, tmp_path, umask):
     from llmgeom.core.store import ActivationWriter
     from llmgeom.interventions.runner import save_axes
     from llmgeom.plots.base import plt, save_figure
-    from llmgeom.workflow import provenance
-    from llmgeom.workflow.config import wiki_pool
+    from llmgeom.pipeline import provenance
+    from llmgeom.pipeline.config import wiki_pool
 
     old = os.umask(umask)
     try:
@@ -473,7 +473,7 @@ def test_hdf5_file_locking_disabled_before_h5py_is_imported():
                     seen["at_import"] = os.environ.get("HDF5_USE_FILE_LOCKING")
                 return None
         sys.meta_path.insert(0, Spy())
-        import llmgeom.workflow.config  # what the Snakefile imports before common.smk
+        import llmgeom.pipeline.config  # what the Snakefile imports before common.smk
         assert "h5py" not in sys.modules, "workflow_support must not import h5py"
         import llmgeom
         for m in sorted(pkgutil.walk_packages(llmgeom.__path__, "llmgeom."), key=lambda m: m.name):

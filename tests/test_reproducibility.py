@@ -215,7 +215,7 @@ def test_seeded_tables_are_not_trivially_equal(runs):
 def test_provenance_records_versions_revisions_and_hashes(runs):
     """What the ``provenance`` rule writes (results/provenance.json / .md, in the report), collected
     on run A; equal between the runs apart from the time stamp."""
-    from llmgeom.workflow import provenance
+    from llmgeom.pipeline import provenance
 
     a, b, _ = runs
     recs = []

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 import slurm_stub
-from llmgeom.workflow import cluster, code_tracking
+from llmgeom.pipeline import cluster, code_tracking
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

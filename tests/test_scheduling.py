@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import slurm_stub
-from llmgeom.workflow import cluster, jobs
+from llmgeom.pipeline import cluster, jobs
 from test_cluster import RETRY_CONFIGS, workflow_rules
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ import slurm_stub
 from conftest import same_datasets
 from test_model_server import committed_batches
 from llmgeom.models import tiny as testing
-from llmgeom.workflow import cluster
+from llmgeom.pipeline import cluster
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny-gpt2"

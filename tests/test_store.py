@@ -33,7 +33,7 @@ FIX = r"run rule extract"  # "rerun rule extract" contains it too
 def _workflow_store_context():
     """These tests check what a workflow job reports (rule extract, snakemake --forcerun): the store context that
     ``run_logged`` installs in every job (test_store_without_workflow_* check the plain one)."""
-    from llmgeom.workflow import layout
+    from llmgeom.pipeline import layout
 
     with layout.installed():
         yield
@@ -317,7 +317,7 @@ def test_store_without_workflow_names_the_extraction_function(tmp_path):
 def test_store_in_a_workflow_job_names_the_rule_and_the_command(tmp_path):
     """Inside ``run_logged`` (every workflow job) the hint names rule extract and the forcerun command; after the
     job the previous context is back."""
-    from llmgeom.workflow.jobs import run_logged
+    from llmgeom.pipeline.jobs import run_logged
 
     prev = store.use_context(None)
     try:

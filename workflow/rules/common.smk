@@ -12,7 +12,7 @@ from llmgeom.core.claims_data import claims_file
 
 from llmgeom.prompts.io import CANDIDATES_KEY  # meta key of candidate tokens (SULA labels, wind-tunnel answers)
 
-from llmgeom.workflow.config import (
+from llmgeom.pipeline.config import (
     apply_defaults,
     check_config,
     dry_run_requested,
@@ -25,9 +25,9 @@ from llmgeom.workflow.config import (
     wind_tunnel_cuts,
     wind_tunnel_entries,
 )
-from llmgeom.workflow.code_tracking import package_files  # standard library only
-from llmgeom.workflow.model_server import write_plan  # standard library only (fast DAG)
-from llmgeom.workflow.cluster import (
+from llmgeom.pipeline.code_tracking import package_files  # standard library only
+from llmgeom.pipeline.model_server import write_plan  # standard library only (fast DAG)
+from llmgeom.pipeline.cluster import (
     SERVER_RULES,
     check_site_profile,
     declare_gpu_rules,
@@ -40,7 +40,7 @@ from llmgeom.workflow.cluster import (
     scaled_runtime,
 )
 
-# The config, loaded and checked once (llmgeom.workflow.config; tests/test_config_errors.py runs the same calls):
+# The config, loaded and checked once (llmgeom.pipeline.config; tests/test_config_errors.py runs the same calls):
 # every schema problem at once in plain words, the schema's defaults (also inside models.<name> and
 # wind_tunnel.models.<name>), Snakemake's validate, then every cross-key, model, prompt-data, wind-tunnel and
 # device check. CUDA devices are looked up only where the jobs run here: the main process of a local run.
@@ -54,7 +54,7 @@ WT_TASKS = check_config(config, here=workflow.is_main_process and workflow.resou
 
 MODELS = sorted(config["models"])
 
-# Null models (issue 28; llmgeom.workflow.config.null_entries): each model's random-init twin <model>-randinit
+# Null models (issue 28; llmgeom.pipeline.config.null_entries): each model's random-init twin <model>-randinit
 # (an entry of config["models"] like any other, with the trained model's resources; kept out of MODELS) and each
 # wind-tunnel model's step-0 checkpoint <model>-step0 (a checkpoint entry of WT below). They run only the prompt
 # sets and analyses that the claims read (NULL_TABLES below); the scorecard sets every verdict beside its null's.
@@ -237,7 +237,7 @@ def get_wt_step(wildcards):
 LOCAL_CORES = workflow.resource_settings.cores if workflow.resource_settings.nodes is None else None
 GPU_THREADS = gpu_rule_threads(config["extract"]["threads"], LOCAL_CORES)
 
-# Resources of the GPU rules (declared in llmgeom.workflow.cluster.GPU), per model entry: `resources: **GPU_RESOURCES`
+# Resources of the GPU rules (declared in llmgeom.pipeline.cluster.GPU), per model entry: `resources: **GPU_RESOURCES`
 # (mem_mb and runtime grow x1.5 per retry). Every other rule declares mem_mb=scaled_mem(MB) (x1.5 per retry;
 # tests/test_cluster.py checks every rule), a runtime and, if small, group "analysis" or "summary".
 # Wind-tunnel entries (train_wind_tunnel, extract_wind_tunnel) take theirs from wind_tunnel.models.<name> (WT).
@@ -261,7 +261,7 @@ resource_scopes:
 # `priority:` of the CPU rules (higher first; Snakemake's scheduler picks the ready jobs with the highest sum; others
 # 0): the longest chains first (issue 21). Model preparation and prompts head every chain; the GPU rules' own
 # priorities (corpus extraction first, then the SULA conditions and the interventions, the wind-tunnel training
-# before the analyses) are declared with them in llmgeom.workflow.cluster.GPU and set by declare_gpu_rules at the
+# before the analyses) are declared with them in llmgeom.pipeline.cluster.GPU and set by declare_gpu_rules at the
 # end of the Snakefile; the analyses fill the remaining gaps (the longest ones first).
 PRIORITY = {"prepare_model": 100, "build_prompts": 90, "build_sula": 90, "build_wind_tunnel_prompts": 90,
             "wind_tunnel_checkpoint": 40,
@@ -279,14 +279,14 @@ onstart:  # profiles/slurm placeholders left unfilled: refused after the DAG, be
 
 def model_mem(wildcards):
     """Host memory of the CPU rules that load a whole model, in float32 (scaled_mem(model_mem)): the entry's
-    mem_mb, at least the float32 size when it gives params_b (llmgeom.workflow.cluster.float32_mem_mb)."""
+    mem_mb, at least the float32 size when it gives params_b (llmgeom.pipeline.cluster.float32_mem_mb)."""
     return float32_mem_mb(config["models"].get(wildcards.model) or WT[wildcards.model])
 
 
 def code(script):
     """Package source files that workflow/scripts/<script>.py runs (the llmgeom modules it imports,
     transitively), as a named input `code=code("value_manifold")`: editing that code reruns the rule
-    (README "Rerunning only what changed"); llmgeom.workflow (checks, logging) is not tracked."""
+    (README "Rerunning only what changed"); llmgeom.pipeline (checks, logging) is not tracked."""
     return package_files(script=workflow.source_path(f"../scripts/{script}.py"))
 
 

@@ -1,6 +1,6 @@
 # Domain restriction (Paper III sec. 4): entropy-stratified mixed vs single-topic selections and the
 # value-manifold statistics of each. Code: llmgeom.analyses.domain_restriction. Definitions: DESIGN.md sec. 3.
-from llmgeom.workflow.config import resolve_domain_sets  # light: no numpy/pandas at DAG time
+from llmgeom.pipeline.config import resolve_domain_sets  # light: no numpy/pandas at DAG time
 
 DR = resolve_domain_sets(config)  # checked in common.smk (check_bayes_config)
 DR_SETS = [DR["mixed"], *DR["restricted"]]

@@ -1,7 +1,7 @@
 # Provenance of the run (issue 6): package versions, model revisions, config and prompt-set hashes.
 # Its input is every other final target (an input function, evaluated once all rule files are included),
 # so provenance is written last and reflects the finished run.
-from llmgeom.workflow.provenance import config_sha256
+from llmgeom.pipeline.provenance import config_sha256
 
 TARGETS += ["results/provenance.json", "results/provenance.md"]
 

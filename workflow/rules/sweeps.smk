@@ -2,7 +2,7 @@
 # checkpoints of one run (config/pythia_checkpoints.yaml). Their cross-model summaries (one row per model)
 # are joined by step, so geometry can be traced over training. Adding a checkpoint later reruns only its
 # own jobs, the summaries and this table. Included last: it reads the summary targets of the other files.
-from llmgeom.workflow.sweeps import checkpoint_series, checkpoint_steps
+from llmgeom.pipeline.sweeps import checkpoint_series, checkpoint_steps
 
 CHECKPOINT_STEPS = checkpoint_steps(config["models"])
 TRAJECTORY_TABLES = [

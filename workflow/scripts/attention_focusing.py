@@ -1,5 +1,5 @@
 """Rule attention_focusing: final-query attention entropy per head and layer, focusing summary."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     from llmgeom.analyses.attention_focusing import attention_focusing_tables

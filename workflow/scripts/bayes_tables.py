@@ -1,5 +1,5 @@
 """Rule bayes_tables: Table-1 / Table-2 analogues (CSV, Markdown, HTML) from the cross-model tables."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd

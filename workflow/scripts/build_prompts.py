@@ -1,4 +1,4 @@
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 from llmgeom.prompts.builders import build_prompt_set
 from llmgeom.prompts.io import write_prompt_set
 from llmgeom.prompts.sources import wiki_cleaning_report

@@ -1,6 +1,6 @@
 """Rule build_wind_tunnel_prompts: held-out sequences of one task cut at the answer positions, with the exact
 posterior entropy (bits), the exact posterior and the candidate token ids in each prompt's meta."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     from llmgeom.prompts.io import write_prompt_set

@@ -1,5 +1,5 @@
 """Rule claims: the claims scorecard (issue 19) from the cross-model tables; published.csv."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd

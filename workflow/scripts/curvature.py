@@ -5,7 +5,7 @@ import pandas as pd
 
 from llmgeom.analyses.curvature import curvature_table
 from llmgeom.core.io import write_table
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params

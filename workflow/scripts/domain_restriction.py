@@ -1,5 +1,5 @@
 """Rule domain_restriction: entropy-stratified selections and their value-manifold statistics."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     from llmgeom.analyses.domain_restriction import domain_restriction_tables

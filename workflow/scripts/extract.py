@@ -3,7 +3,7 @@
 # with LLMGEOM_MODEL_SERVER=0.
 from typing import TYPE_CHECKING
 
-from llmgeom.workflow.model_server import run_task
+from llmgeom.pipeline.model_server import run_task
 
 if TYPE_CHECKING:  # the code this job runs (in the server), named for code tracking (common.smk code())
     import llmgeom.extract.forward  # noqa: F401

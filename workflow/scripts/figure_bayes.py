@@ -1,5 +1,5 @@
 """Rule figure_bayes: the Bayesian-geometry figures (Paper III) from the cross-model tables."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd

@@ -2,7 +2,7 @@
 import pandas as pd
 
 from llmgeom.plots import lsm as lsm_plots
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 inp, out = snakemake.input, snakemake.output
 

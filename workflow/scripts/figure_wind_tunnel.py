@@ -1,5 +1,5 @@
 """Rule figure_wind_tunnel: calibration and PC1 geometry of the wind-tunnel models."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd

@@ -1,5 +1,5 @@
 """Rule findings: the front page results/index.html with the verdict matrix and the forest plots (issue 28)."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd

@@ -4,7 +4,7 @@ import time
 from llmgeom.analyses.fisher import fisher_tables
 from llmgeom.core.io import write_table
 from llmgeom.weights.unembedding import load_unembedding
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params

@@ -2,7 +2,7 @@
 # model's server process (weights loaded once per allocation; issue 13), or here with LLMGEOM_MODEL_SERVER=0.
 from typing import TYPE_CHECKING
 
-from llmgeom.workflow.model_server import run_task
+from llmgeom.pipeline.model_server import run_task
 
 if TYPE_CHECKING:  # the code this job runs (in the server), named for code tracking (common.smk code())
     import llmgeom.interventions.runner  # noqa: F401

@@ -8,7 +8,7 @@ from llmgeom.analyses.intrinsic_dimension import id_profile_table
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.intrinsic_dimension import last_token_id_table
 from llmgeom.core.io import write_table
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params

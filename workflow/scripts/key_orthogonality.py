@@ -1,5 +1,5 @@
 """Rule key_orthogonality: W_K column orthogonality per layer and key head, with baselines."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     from llmgeom.weights.key_orthogonality import key_orthogonality_from_dir

@@ -1,4 +1,4 @@
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 from llmgeom.models.sources import prepare_model
 
 with run_logged(snakemake.log[0]):

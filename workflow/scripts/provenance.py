@@ -1,9 +1,9 @@
 from pathlib import Path
 
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
-    from llmgeom.workflow import provenance
+    from llmgeom.pipeline import provenance
 
     p = snakemake.params
     rec = provenance.collect(snakemake.config, models=p.models, prompt_sets=p.prompt_sets, root=".",

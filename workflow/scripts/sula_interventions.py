@@ -1,4 +1,4 @@
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import pandas as pd

@@ -1,6 +1,6 @@
 """Rule train_wind_tunnel: one wind-tunnel model -> resources/models/{model} (+ checkpoints under
 resources/wind_tunnel/{model}/, copied into place as model entries by rule wind_tunnel_checkpoint)."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     import os

@@ -1,4 +1,4 @@
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 from llmgeom.analyses.value_manifold import value_manifold_table
 from llmgeom.core.io import write_table
 

@@ -1,5 +1,5 @@
 """Rule wind_tunnel: entropy calibration against the exact posterior and value-manifold geometry per layer."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     from llmgeom.analyses.wind_tunnel import best_geometry, wind_tunnel_tables

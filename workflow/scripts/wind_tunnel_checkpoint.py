@@ -1,5 +1,5 @@
 """Rule wind_tunnel_checkpoint: a training checkpoint -> its model entry resources/models/{model}-step{k}."""
-from llmgeom.workflow.jobs import run_logged
+from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):
     import shutil

@@ -39,7 +39,7 @@ only through them), and ``DatasetSpec.point`` declares the capture hook point ea
 
 The store knows no workflow: what to rerun when a file cannot be trusted and which prompt file a file is checked
 against come from the installed :class:`StoreContext` (:data:`PLAIN` by default; the workflow installs
-``llmgeom.workflow.layout.CONTEXT`` in every job).
+``llmgeom.pipeline.layout.CONTEXT`` in every job).
 
 Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; a
 crashed job leaves only the ``.partial`` file, which nothing reads except a resumed extraction with the
@@ -186,7 +186,7 @@ class StoreContext:
     :func:`open_activations` checks the file against when no ``prompt_set_sha256`` is given; None: no check.
 
     :data:`PLAIN` (the default: notebooks, scripts) names the extraction function and checks no prompt file;
-    the workflow installs its own with :func:`use_context` (``llmgeom.workflow.layout.install``: its rules, its
+    the workflow installs its own with :func:`use_context` (``llmgeom.pipeline.layout.install``: its rules, its
     rerun command and its output layout).
     """
 

@@ -2,7 +2,7 @@
 workflow user runs when an activation file cannot be trusted.
 
 ``core.store`` knows no workflow (issue 30 item 3); :func:`install` gives it this module's
-:data:`CONTEXT` (``store.use_context``). :class:`llmgeom.workflow.jobs.run_logged` installs it in every
+:data:`CONTEXT` (``store.use_context``). :class:`llmgeom.pipeline.jobs.run_logged` installs it in every
 workflow job (the scripts and the model server run through it), so an analysis run by the workflow checks its
 activation file against the current prompt file and its errors name the rule and the ``snakemake --forcerun``
 command; a notebook call without the workflow gets ``store.PLAIN``'s hint (the extraction function).

@@ -8,7 +8,7 @@ per-name maps ``models.<name>`` and ``wind_tunnel.models.<name>`` that Snakemake
 checks). :func:`check_config_files` checks the YAML text first (Snakefile). Every problem is a
 :class:`ConfigError` naming the key, the value and what is valid. Defaults live only in
 workflow/schemas/config.schema.yaml; config/README.md is generated from it (``python -m
-llmgeom.workflow.config --markdown > config/README.md``).
+llmgeom.pipeline.config --markdown > config/README.md``).
 
 Pure Python on the config dict: this module imports nothing heavy at import time (no torch, numpy,
 pandas, scipy, scikit-learn), so that a no-op ``snakemake -n`` stays fast (issue 7: <= 3 s on 20 models);
@@ -162,8 +162,8 @@ def apply_defaults(config: dict, schema: dict) -> dict:
     """Fill in every default of the schema, also inside per-name maps (``models.<name>``,
     ``wind_tunnel.models.<name>``, their ``arch`` / ``training``) that Snakemake's ``validate`` does not
     descend into. A model entry with ``params_b`` first gets ``mem_mb`` / ``runtime`` from its size
-    (``llmgeom.workflow.cluster.apply_size_defaults``) unless given. Mutates and returns ``config``."""
-    from llmgeom.workflow.cluster import apply_size_defaults
+    (``llmgeom.pipeline.cluster.apply_size_defaults``) unless given. Mutates and returns ``config``."""
+    from llmgeom.pipeline.cluster import apply_size_defaults
 
     apply_size_defaults(config)
     _fill(config, schema)
@@ -848,7 +848,7 @@ def config_markdown(schema: dict) -> str:
         raise ConfigError(f"schema keys without a description: {', '.join(missing)}; add a description: to each "
                           "in workflow/schemas/config.schema.yaml")
     out = ["# Configuration reference", "",
-           "<!-- Generated from workflow/schemas/config.schema.yaml by `python -m llmgeom.workflow.config "
+           "<!-- Generated from workflow/schemas/config.schema.yaml by `python -m llmgeom.pipeline.config "
            "--markdown > config/README.md`; do not edit by hand (tests/test_config_schema.py compares). -->", "",
            _md(schema.get("description", "")), "",
            "Every default below is filled in before the workflow runs; a key you do not set takes it. Required "
@@ -878,5 +878,5 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--markdown"]:
-        sys.exit("usage: python -m llmgeom.workflow.config --markdown > config/README.md")
+        sys.exit("usage: python -m llmgeom.pipeline.config --markdown > config/README.md")
     print(config_markdown(read_schema()), end="")

@@ -14,7 +14,7 @@ with the retry attempt, and tracking of the package code a rule runs (issue 7).
   cores in a local run (issue 21).
 * ``apply_size_defaults(config)``: a model entry that gives ``params_b`` (parameters, billions) but not
   ``mem_mb`` / ``runtime`` gets them derived from its size and dtype (see ``size_resources``).
-* The code a rule runs is tracked by ``llmgeom.workflow.code_tracking`` (the package's import graph).
+* The code a rule runs is tracked by ``llmgeom.pipeline.code_tracking`` (the package's import graph).
 * ``check_site_profile(workflow)`` (the workflow's ``onstart``): a SLURM run is refused before the first
   submission when the profile still holds a placeholder, or a GPU job is too short for the profile's warning
   signal (``early_warnings``; issue 18).
@@ -84,7 +84,7 @@ def declare_gpu_rules(workflow, is_corpus) -> None:
     no_gpu = [name for name in GPU if name in defined and "gpu" not in (defined[name].resources or {})]
     if missing or undeclared or no_gpu:
         raise _workflow_error(
-            "the GPU rules and llmgeom.workflow.cluster.GPU disagree: "
+            "the GPU rules and llmgeom.pipeline.cluster.GPU disagree: "
             + "; ".join(filter(None, [
                 missing and f"declared but not defined: {', '.join(missing)}",
                 undeclared and f"ask for a GPU but are not declared: {', '.join(undeclared)} (add them to GPU)",

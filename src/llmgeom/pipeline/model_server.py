@@ -62,8 +62,8 @@ TASKS = {
 START_TIMEOUT_S = 300.0
 
 #: the rules whose jobs hand their work to the model server (their scripts call :func:`run_task`): declared with
-#: the other GPU rules in :data:`llmgeom.workflow.cluster.GPU` (``server_task``)
-from llmgeom.workflow.cluster import SERVER_RULES  # noqa: E402  (standard library only)
+#: the other GPU rules in :data:`llmgeom.pipeline.cluster.GPU` (``server_task``)
+from llmgeom.pipeline.cluster import SERVER_RULES  # noqa: E402  (standard library only)
 
 #: environment variable naming the run's plan file (:func:`write_plan`), inherited by the run's jobs
 PLAN_ENV = "LLMGEOM_MODEL_SERVER_PLAN"
@@ -200,7 +200,7 @@ def _start(d: Path, load: dict):
             env = {k: v for k, v in env.items() if not (k.startswith(("SRUN_", "SBATCH_")) or (
                 k.startswith("SLURM_") and k not in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME")))}
         owner = "" if prefix else str(owner_pid())
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "llmgeom.workflow.model_server", str(d),
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "llmgeom.pipeline.model_server", str(d),
                                  json.dumps(load), owner], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         t0 = time.time()
@@ -237,7 +237,7 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1)
     if task not in TASKS:
         raise ValueError(f"unknown model-server task {task!r}; valid: {', '.join(TASKS)}")
     if not enabled():
-        from llmgeom.workflow.jobs import run_logged
+        from llmgeom.pipeline.jobs import run_logged
 
         from llmgeom.models import loading
 
@@ -501,7 +501,7 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
         threading.Thread(target=_exit_when_gone, args=(owner, "the owner", d), daemon=True).start()
     print(f"[model server] pid {os.getpid()} serving {load} at {d / 'sock'} (owner pid {owner})", flush=True)
     from llmgeom.models import loading
-    from llmgeom.workflow.jobs import run_logged, set_threads
+    from llmgeom.pipeline.jobs import run_logged, set_threads
 
     while True:
         try:
@@ -569,5 +569,5 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
             activity.set()
 
 
-if __name__ == "__main__":  # started by run_task: python -m llmgeom.workflow.model_server <dir> <load json> <owner pid>
+if __name__ == "__main__":  # started by run_task: python -m llmgeom.pipeline.model_server <dir> <load json> <owner pid>
     serve(Path(sys.argv[1]), json.loads(sys.argv[2]), owner=int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None)

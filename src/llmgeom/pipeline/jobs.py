@@ -1,5 +1,5 @@
 """Job-side support for workflow/scripts: a log file per job (full traceback on failure), thread limits, and the
-workflow's store context (``llmgeom.workflow.layout``).
+workflow's store context (``llmgeom.pipeline.layout``).
 
 Imported by workflow/scripts only.
 """
@@ -37,7 +37,7 @@ class run_logged:
     write the full traceback there when the job fails (then re-raise), and limit BLAS/OpenMP
     thread pools and torch's threads to the job's ``threads`` (oversubscribed OpenBLAS threads made the analyses
     ~20x slower when jobs run side by side), and install the workflow's store context
-    (``llmgeom.workflow.layout``: prompt-file checks, rerun hints naming the rule); the previous limits and
+    (``llmgeom.pipeline.layout``: prompt-file checks, rerun hints naming the rule); the previous limits and
     context are restored on exit."""
 
     def __init__(self, path, threads: int = 1):
@@ -54,7 +54,7 @@ class run_logged:
         self._torch_threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
         self._pools = threadpool_limits(limits=self.threads)
         set_threads(self.threads)
-        from llmgeom.workflow import layout
+        from llmgeom.pipeline import layout
 
         self._store_context = layout.install()
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@
 * ``package_files(*modules)`` lists the source files of ``llmgeom`` modules and of every ``llmgeom``
   module they import, transitively. A rule lists them as a named input, ``code=code("value_manifold")`` (the
   modules its script imports), so that editing that code reruns the rule (Snakemake compares input mtimes and,
-  for files under 1 MB, checksums: touching a file without changing it reruns nothing). ``llmgeom.workflow``
+  for files under 1 MB, checksums: touching a file without changing it reruns nothing). ``llmgeom.pipeline``
   (config checks, logging, cluster) and ``models.tiny`` are not tracked.
 
 Standard library only (imported while Snakemake builds the DAG). Source: DESIGN.md section 1; issue 7.
@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/llmgeom
-UNTRACKED_PACKAGES = frozenset({"workflow"})  # config checks, logging, cluster: never change a stored value
+UNTRACKED_PACKAGES = frozenset({"pipeline"})  # config checks, logging, cluster: never change a stored value
 UNTRACKED_MODULES = frozenset({"models.tiny"})
 
 
