@@ -104,6 +104,14 @@ FINAL_TOKEN_POINTS = {spec.point: name for name, spec in CONTRACT.items()
                       if spec.point in ("attn.hook_k", "attn.hook_v", "attn.hook_z")}
 
 
+def model_axis_sizes(s) -> dict:
+    """Sizes of the contract's per-model feature axes (``core.store.DIMS``) from an ``architectures.summarize``
+    result: value_feature = kv_head x head_dim (the stored values and keys), attn_feature = head x head_dim (the
+    attention output). One home for both the file's shapes and the per-batch buffers."""
+    return dict(value_feature=s.n_kv_heads * s.head_dim, kv_head=s.n_kv_heads, head_dim=s.head_dim,
+                head=s.n_heads, attn_feature=s.n_heads * s.head_dim)
+
+
 class _BatchBuffers:
     """One batch's state for :class:`BatchHooks`: output buffers, gather indices, what the checks name."""
 
@@ -178,8 +186,7 @@ class BatchHooks:
         self.dtype = next(model.parameters()).dtype
         self.summary = s = arch.summarize(model.config)
         L = s.n_layers
-        sizes = dict(value_feature=s.n_kv_heads * s.head_dim, kv_head=s.n_kv_heads, head_dim=s.head_dim,
-                     attn_feature=s.n_heads * s.head_dim)
+        sizes = model_axis_sizes(s)
         #: per layer, the feature axes of each final-token store's dataset (those after prompt, layer) and their size
         self.feature_shapes = {name: tuple(sizes[d] for d in CONTRACT[name].dims[2:])
                                for name in FINAL_TOKEN_POINTS.values()}
@@ -640,8 +647,7 @@ def _plan(model, tok, records, sha, manifest, *, prompts_path, model_name, batch
     d_unembed = arch.unembedding(model)[0].shape[1]
     L, d = s.n_layers, s.d_model
     sizes = dict(prompt=n, layer=L, resid_layer=L + 1, d_model=d, d_unembed=int(d_unembed),
-                 value_feature=s.n_kv_heads * s.head_dim, kv_head=s.n_kv_heads, head_dim=s.head_dim,
-                 head=s.n_heads, attn_feature=s.n_heads * s.head_dim, rank=min(top_k, s.vocab_size))
+                 rank=min(top_k, s.vocab_size), **model_axis_sizes(s))
     if cands is not None:
         sizes["candidate"] = len(cands[0])
     if corpus:
