@@ -6,7 +6,7 @@ min_version("9.0")
 
 # Config files' text first: YAML errors with line and column, a key given twice with both lines (Snakemake's
 # own load reports neither; for --configfile it has already loaded them, for config/config.yaml not yet).
-from llmgeom.pipeline.config import check_config_files
+from llmgeom.pipeline.checks import check_config_files
 
 check_config_files(workflow.overwrite_configfiles or ["config/config.yaml"])
 

@@ -59,7 +59,7 @@ def write(out: Path, a) -> list[Path]:
                                                          batch_size=4)))
     paths = []
     for name, model, p, kw in jobs:
-        kw = {"batch_size": 16, **kw}
+        kw = {"batch_size": 16, "top_k": 10, "sample_per_prompt": 30, "device_map": None, **kw}
         h5 = out / f"{name}.h5"
         h5.unlink(missing_ok=True)
         extract_to_hdf5(model, p, h5, model_name=name.split("-")[0], dtype="float32", device="cpu",

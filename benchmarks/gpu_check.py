@@ -140,7 +140,7 @@ def full_extraction(model_dir: Path, prompts: Path, out: Path, batch: int, dtype
     logs = []
     t = time.perf_counter()
     extract_to_hdf5(model_dir, prompts, out, model_name=model_dir.name, dtype=dtype, device=device,
-                    batch_size=batch, attention=not corpus, corpus=corpus, device_map=device_map, log=logs.append)
+                    batch_size=batch, attention=not corpus, corpus=corpus, device_map=device_map, log=logs.append, top_k=10, sample_per_prompt=30)
     dt = time.perf_counter() - t
     line = logs[-1] if logs else ""
     tps = float(line.split(" tokens/s")[0].rsplit(" ", 1)[-1]) if " tokens/s" in line else None
@@ -204,7 +204,7 @@ def entropy_vs_eager(model_dir: Path, prompts: Path, dtype: str, device: str, n:
     seqs = tokenize_prompts(tok, [r["text"] for r in recs[:n]], [str(i) for i in range(n)], max_tokens=None,
                             truncate=False, context=None)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    got = extract_batch(sd, seqs, attention=True, pad_id=pad)["attention/entropy"]
+    got = extract_batch(sd, seqs, attention=True, top_k=10, pad_id=pad)["attention/entropy"]
     del sd
     ea, _ = load_prepared(model_dir, dtype=dtype, attn="eager", device=device)
     dev = next(ea.parameters()).device
@@ -270,7 +270,7 @@ def issue13(name: str, mdir: Path, tok, root: Path, dtype: str, device: str, res
 
             logs = []
             extract_to_hdf5(mdir, PROMPTS, root / f"{name}-fa2.h5", model_name=name, dtype=dtype, device=device,
-                            batch_size=64, attn_implementation="flash_attention_2", log=logs.append)
+                            batch_size=64, attn_implementation="flash_attention_2", log=logs.append, top_k=10, sample_per_prompt=30, device_map=None)
             r["flash_attention_2"] = {"log": logs[-1], "entropy_max_abs_diff_vs_sdpa": compare_h5(
                 root / f"{name}-i13.h5", root / f"{name}-fa2.h5").get("attention/entropy")}
         except Exception as e:  # noqa: BLE001 - reported, not fatal

@@ -128,7 +128,7 @@ def child(args) -> dict:
         if args.variant == "full":  # the whole call: tokenization, forwards, statistics, HDF5 (model cached)
             extract_to_hdf5(args.model_dir, args.prompts, out, model_name="bench", dtype=args.dtype, device="cpu",
                             batch_size=args.batch, attention=not args.corpus, corpus=args.corpus,
-                            reuse_model=True, log=logs.append)
+                            reuse_model=True, log=logs.append, top_k=10, sample_per_prompt=30, device_map=None)
         else:
             _forward_pass(model, batches, pad_id, body=args.variant == "body")
         passes.append(time.perf_counter() - t)
@@ -187,7 +187,7 @@ def child_pairs(args) -> dict:
     def full():
         out.unlink(missing_ok=True)  # as in the workflow, where Snakemake removes a job's outputs before it runs
         extract_to_hdf5(args.model_dir, args.prompts, out, model_name="bench", dtype=args.dtype, device="cpu",
-                        batch_size=args.batch, attention=True, reuse_model=True, log=lambda *x: None)
+                        batch_size=args.batch, attention=True, reuse_model=True, log=lambda *x: None, top_k=10, sample_per_prompt=30, device_map=None)
 
     run = {"bare": lambda: _forward_pass(model, batches, pad_id, body=False),
            "body": lambda: _forward_pass(model, batches, pad_id, body=True),
@@ -506,7 +506,7 @@ def bench_growth(a) -> dict:
             t = time.perf_counter()
             c = time.process_time()
             extract_to_hdf5(prepared, prompts, out, model_name="tiny", dtype="float32", device="cpu",
-                            batch_size=16, log=lambda *x: None)
+                            batch_size=16, log=lambda *x: None, top_k=10, sample_per_prompt=30, device_map=None)
             dt, cpu = time.perf_counter() - t, time.process_time() - c
             rows.append({"n_prompts": n, "seconds": dt, "cpu_seconds": cpu, "prompts_per_s": n / dt,
                          "h5_bytes": out.stat().st_size})

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from llmgeom.pipeline.config import NULL_SUFFIX  # noqa: E402  (the twins' name: one home)
+from llmgeom.pipeline.derived import NULL_SUFFIX  # noqa: E402  (the twins' name: one home)
 
 _STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 _RULE = re.compile(r"^(?:local)?(?:checkpoint|rule) (\S+):$")
@@ -241,7 +241,7 @@ def critical_path(jobs: dict[int, Job], deps: dict[int, list[int]], slack: float
 
 def is_null_job(job: "Job") -> bool:
     """A job of a null model (issue 28): its ``model`` wildcard is a random-init twin (``<model>-randinit``,
-    :data:`llmgeom.pipeline.config.NULL_SUFFIX`) or a wind-tunnel step-0 checkpoint (``<model>-step0``)."""
+    :data:`llmgeom.pipeline.derived.NULL_SUFFIX`) or a wind-tunnel step-0 checkpoint (``<model>-step0``)."""
     m = re.search(r"(?:^|, )model=([^,]+)", job.wildcards or "")
     return bool(m) and (m.group(1).endswith(NULL_SUFFIX) or m.group(1).endswith("-step0"))
 

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         for steps in args.steps:
             out = pathlib.Path(d) / f"wt-{steps}"
             t0 = time.perf_counter()
-            res = train_wind_tunnel(task, out, steps=steps, arch=arch, log=(lambda s: None) if args.quiet else
+            res = train_wind_tunnel(task, out, steps=steps, arch=arch, checkpoints=(), log=(lambda s: None) if args.quiet else
                                     (lambda s: print("  " + s, flush=True)), **tr)
             total = time.perf_counter() - t0
             m = res["manifest"]

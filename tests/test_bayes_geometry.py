@@ -28,12 +28,12 @@ from llmgeom.models import tiny as testing
 from llmgeom.extract.attention import attention_row_entropy
 from llmgeom.extract.forward import extract_batch
 from llmgeom.core.store import ActivationWriter
-from llmgeom.pipeline.config import ConfigError
+from llmgeom.pipeline.schema import ConfigError
 from llmgeom.analyses.attention_focusing import attention_focusing_tables, focusing_summary
 from llmgeom.analyses.bayes_tables import markdown_tables_html, table1, table2, to_markdown
 from llmgeom.measures.orthogonality import gaussian_baseline, gaussian_expectation, orthogonality
 from llmgeom.measures.pca import value_manifold_stats
-from llmgeom.pipeline.config import check_bayes_config
+from llmgeom.pipeline.checks import check_bayes_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def test_key_orthogonality_table_known_answers_every_family(family):
                 else:
                     new, _ = np.linalg.qr(rng.standard_normal(tuple(W.shape)))
                 W.copy_(torch.tensor(new, dtype=W.dtype))  # W is a view into the model's parameter
-    df = keys.key_orthogonality_table(m, model_name=family, seed=0)
+    df = keys.key_orthogonality_table(m, model_name=family, seed=0, random_init=True)
     assert len(df) == s.n_layers * s.n_kv_heads
     assert list(df.columns[:4]) == ["model", "layer", "relative_depth", "kv_head"]
     assert (df.n_query_heads_sharing == _share(family)).all()
@@ -108,7 +108,7 @@ def test_key_orthogonality_table_known_answers_every_family(family):
     assert set(df.sliding) == ({True, False} if family == "gemma3" else {family == "mistral"})
     # baselines: finite, in (0, 1), reproducible
     assert df.baseline_gaussian.between(0, 1).all() and df.baseline_random_init.between(0, 1).all()
-    df2 = keys.key_orthogonality_table(m, model_name=family, seed=0)
+    df2 = keys.key_orthogonality_table(m, model_name=family, seed=0, random_init=True)
     pd.testing.assert_frame_equal(df, df2)
 
 
@@ -163,7 +163,7 @@ def test_zero_queries_give_uniform_attention_log_n_keys(family):
                     qkv.bias[sl].zero_()
             else:
                 blk.self_attn.q_proj.weight.zero_()
-    r = extract_batch(m, [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21]], attention=True)
+    r = extract_batch(m, [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21]], attention=True, top_k=10)
     E = r["attention/entropy"]  # [B, L, H]
     for b, n in enumerate((8, 3)):
         for layer in range(s.n_layers):
@@ -259,7 +259,7 @@ def test_domain_restriction_rank1_known_answers(tmp_path):
              "domain_x": _write_h5(tmp_path / "domain_x.h5", prompt_set="domain_x", entropy=h_dom, values=vals_dom,
                                    topics=["x"] * n, attn_output=att_dom)}
     out = bg.domain_restriction_tables(paths, model="m", mixed_set="mixed", labels={"domain_x": "X"}, n_quantiles=5,
-                                       per_quantile=3, n_boot=20, seed=0)
+                                       per_quantile=3, n_boot=20, seed=0, edges="per_set", ci=0.95, layers="all", data_reps=0)
     st, sel, sc = out["stats"], out["selection"], out["scores"]
     assert len(st) == 2 * L * 3 * 2  # sets x layers x representations (values, attn_output, residual) x variants
     a = st[(st.prompt_set == "domain_x") & (st.representation == "attn_output")].set_index(["layer", "standardized"])
@@ -286,7 +286,7 @@ def test_domain_restriction_rank1_known_answers(tmp_path):
     assert len(sel) == 2 * n
     assert sel[sel.selected].groupby(["prompt_set", "entropy_quantile"]).size().tolist() == [3] * 10
     again = bg.domain_restriction_tables(paths, model="m", mixed_set="mixed", n_quantiles=5, per_quantile=3,
-                                         n_boot=20, seed=0)["selection"]
+                                         n_boot=20, seed=0, labels=None, edges="per_set", ci=0.95, layers="all", data_reps=0)["selection"]
     assert sel.selected.tolist() == again.selected.tolist()
     # per-prompt scores at the last layer: PC1 of the rank-1 set is an increasing function of entropy
     s = sc[(sc.prompt_set == "domain_x") & (sc.representation == "values")]
@@ -302,14 +302,14 @@ def test_domain_restriction_pooled_edges_record_shortfall(tmp_path):
                                values=rng.standard_normal((n, L, F)))}
     with pytest.warns(UserWarning, match="took all"):
         out = bg.domain_restriction_tables(paths, model="m", mixed_set="mixed", edges="pooled", n_quantiles=2,
-                                           per_quantile=20, n_boot=5, seed=0, log=lambda *a: None)
+                                           per_quantile=20, n_boot=5, seed=0, log=lambda *a: None, labels=None, ci=0.95, layers="all", data_reps=0)
     sel = out["selection"]
     assert (sel.edges == "pooled").all()
     # the pooled median splits the two pools apart: each pool fills only one bin
     assert sel.groupby("prompt_set").entropy_quantile.nunique().tolist() == [1, 1]
     assert (out["stats"].n == 20).all()
     with pytest.raises(ValueError, match="edges"):
-        bg.domain_restriction_tables(paths, model="m", mixed_set="mixed", edges="nope")
+        bg.domain_restriction_tables(paths, model="m", mixed_set="mixed", edges="nope", labels=None, n_quantiles=5, per_quantile=15, n_boot=100, ci=0.95, seed=0, layers="all", data_reps=0)
 
 
 # ------------------------------------------------------------------ attention focusing
@@ -416,7 +416,7 @@ def test_config_checks():
            "domain_restriction": {"mixed_set": "mixed", "restricted_sets": None, "summary_set": None},
            "attention_focusing": {"prompt_set": "mixed"}}
     check_bayes_config(cfg)
-    from llmgeom.pipeline.config import resolve_domain_sets
+    from llmgeom.pipeline.derived import resolve_domain_sets
 
     r = resolve_domain_sets(cfg)
     assert r["restricted"] == ["domain_mathematics", "code"] and r["summary"] == "domain_mathematics"
@@ -474,7 +474,7 @@ def test_value_manifold_table_reads_attn_output(tmp_path):
     att = rng.standard_normal((n, L, 5))
     att[:, 1, :] = h[:, None] * rng.standard_normal(5) + 1.0
     p = _write_h5(tmp_path / "mixed.h5", entropy=h, values=rng.standard_normal((n, L, 3)), attn_output=att)
-    vm = value_manifold_table({"mixed": p}, model="m", n_boot=10, seed=0)
+    vm = value_manifold_table({"mixed": p}, model="m", n_boot=10, seed=0, ci=0.95, layers="all")
     assert sorted(vm.representation.unique()) == ["attn_output", "residual_stream", "values"]
     a = vm[vm.representation == "attn_output"].set_index(["layer", "standardized"])
     np.testing.assert_allclose(a.loc[1].pc1, 1.0, atol=1e-9)

@@ -420,7 +420,8 @@ def test_float32_loading_rules_are_sized_for_float32():
 
 
 def test_gpus_without_device_map_is_a_config_error():
-    from llmgeom.pipeline.config import ConfigError, check_gpu_config
+    from llmgeom.pipeline.checks import check_gpu_config
+    from llmgeom.pipeline.schema import ConfigError
 
     check_gpu_config({"models": {"m": {"gpus": 2, "device_map": "auto"}}})
     with pytest.raises(ConfigError, match="device_map"):
@@ -485,14 +486,15 @@ HEAVY = ("torch", "transformers", "pandas", "scipy", "sklearn", "skdim", "matplo
 def test_modules_imported_while_building_the_dag_stay_light():
     """The no-op dry run must stay fast (<= 3 s on 20 models, benchmarks/): the package modules the
     Snakefile and rule files import may not pull in torch, pandas, scipy, scikit-learn or matplotlib
-    (each costs 0.5-2.5 s). Config checks live in llmgeom.pipeline.config for this reason."""
+    (each costs 0.5-2.5 s). Config checks live in llmgeom.pipeline.schema / .checks / .derived for this reason."""
     mods = set()
     for f in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
         mods |= set(re.findall(r"^\s*from (llmgeom(?:\.\w+)*) import", f.read_text(), re.M))
         mods |= set(re.findall(r"^\s*import (llmgeom(?:\.\w+)*)", f.read_text(), re.M))
-    assert {"llmgeom.pipeline.config", "llmgeom.pipeline.cluster"} <= mods
+    assert {"llmgeom.pipeline.schema", "llmgeom.pipeline.checks", "llmgeom.pipeline.derived",
+            "llmgeom.pipeline.cluster"} <= mods
     code = ("import sys\n" + "".join(f"import {m}\n" for m in sorted(mods))
-            + "import llmgeom.models.sources\n"  # check_models (workflow.config) imports it while the DAG is built
+            + "import llmgeom.models.sources\n"  # check_models (pipeline.checks) imports it while the DAG is built
             + f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]", f"heavy modules imported at DAG time: {r.stdout.strip()} (via {sorted(mods)})"

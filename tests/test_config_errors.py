@@ -20,11 +20,11 @@ from snakemake.utils import validate
 
 from llmgeom.models import tiny as testing
 from llmgeom.models.sources import ModelSourceError
-from llmgeom.pipeline.config import (ConfigError, apply_defaults, check_config, check_config_files, check_models,
-                                     describe_schema, validate_config, wind_tunnel_cuts, wind_tunnel_entries)
+from llmgeom.pipeline.checks import check_config, check_config_files, check_models
+from llmgeom.pipeline.derived import wind_tunnel_cuts, wind_tunnel_entries
+from llmgeom.pipeline.schema import SCHEMA_PATH, ConfigError, apply_defaults, describe_schema, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA_PATH = REPO / "workflow/schemas/config.schema.yaml"
 SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
 
 
@@ -577,7 +577,7 @@ def test_gguf_name_not_shipped_refused_even_when_prepared(good, tmp_path):
 
 
 def test_dry_run_requested_reads_the_command_line():
-    from llmgeom.pipeline.config import dry_run_requested
+    from llmgeom.pipeline.checks import dry_run_requested
 
     for argv in (["snakemake", "-n"], ["snakemake", "-np", "--cores", "1"], ["x", "--dry-run"], ["x", "--list-rules"],
                  ["x", "--lint"], ["x", "--dag"], ["x", "--report=r.html"]):

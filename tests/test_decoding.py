@@ -87,7 +87,7 @@ def test_sample_next_token_agrees_with_the_nll_identity(tmp_path):
     write_prompt_set([{"id": f"c{i}", "text": t, "meta": {}} for i, t in enumerate(texts)], tmp_path / "corpus.jsonl")
     out = tmp_path / "corpus.h5"
     extract_to_hdf5(prepared, tmp_path / "corpus.jsonl", out, model_name="tiny", dtype="float32", device="cpu",
-                    batch_size=3, corpus=True, attention=False, sample_per_prompt=6, log=lambda *a: None)
+                    batch_size=3, corpus=True, attention=False, sample_per_prompt=6, log=lambda *a: None, top_k=10, device_map=None)
     tok = AutoTokenizer.from_pretrained(src)
     with open_activations(out, model="tiny") as f:
         sp, spos = f["tokens/sample_prompt"][:], f["tokens/sample_position"][:]
@@ -104,7 +104,7 @@ def test_sample_next_token_agrees_with_the_nll_identity(tmp_path):
     assert all((int(p), int(t)) in key for p, t in zip(sp[has], spos[has]))
     nll = np.array([key[(int(p), int(t))] for p, t in zip(sp[has], spos[has])])
     np.testing.assert_allclose(logsumexp(z[has], axis=1) - nll, z[has, nxt[has]], atol=1e-4)
-    df = decoding_table(out, (W, b, None), model="tiny", n_boot=10, n_bins=16)
+    df = decoding_table(out, (W, b, None), model="tiny", n_boot=10, n_bins=16, calibration_fraction=0.5, n_margin_bins=4, ece_bins=10, ci=0.95, seed=0)
     assert (df.n_dropped_no_nll == int((~has).sum())).all()
     assert (df.next_token_source == "tokens/sample_next_token").all()
 

@@ -151,7 +151,7 @@ def test_values_and_keys_are_the_projections_at_the_last_token(family):
     finally:
         for h in handles:
             h.remove()
-    r = extract_batch(m, seqs, attention=False)
+    r = extract_batch(m, seqs, attention=False, top_k=10)
     for i in range(s.n_layers):
         if fam.qkv == "separate":
             k, v = got[("k", i)], got[("v", i)]
@@ -170,9 +170,9 @@ def test_values_and_keys_are_the_projections_at_the_last_token(family):
 def test_padding_invariance(family):
     m = tiny(family)
     keys = ("last_token/residual", "last_token/final_normed", "last_token/values", "last_token/keys", "last_token/attn_output", "attention/entropy", "next_token/entropy", "next_token/top_logits")
-    both = extract_batch(m, [SEQ3, SEQ7], attention=True)
-    both_rev = extract_batch(m, [SEQ7, SEQ3], attention=True)
-    alone = [extract_batch(m, [SEQ3], attention=True), extract_batch(m, [SEQ7], attention=True)]
+    both = extract_batch(m, [SEQ3, SEQ7], attention=True, top_k=10)
+    both_rev = extract_batch(m, [SEQ7, SEQ3], attention=True, top_k=10)
+    alone = [extract_batch(m, [SEQ3], attention=True, top_k=10), extract_batch(m, [SEQ7], attention=True)]
     for b in range(2):
         for k in keys:
             np.testing.assert_allclose(both[k][b], alone[b][k][0], atol=ATOL, rtol=0, err_msg=k)
@@ -221,7 +221,7 @@ def test_hdf5_independent_of_padding_side_and_batch_size(family, tmp_path):
         assert AutoTokenizer.from_pretrained(src).padding_side == side
         out = tmp_path / f"{side}_{bs}_{corpus}.h5"
         extraction.extract_to_hdf5(prepared, prompts, out, model_name="tiny", dtype="float32", device="cpu",
-                                   batch_size=bs, corpus=corpus, sample_per_prompt=3, log=lambda *a: None)
+                                   batch_size=bs, corpus=corpus, sample_per_prompt=3, log=lambda *a: None, top_k=10, device_map=None)
         runs[(side, bs, corpus)] = _read_all(out)
     for corpus in (False, True):
         ref = runs[("right", 3, corpus)]
@@ -255,7 +255,7 @@ def test_attention_rows_and_entropy(family):
     ids, mask, out = own_forward(m, seqs, output_attentions=True)
     att = out.attentions
     assert len(att) == s.n_layers
-    r = extract_batch(m, seqs, attention=True)
+    r = extract_batch(m, seqs, attention=True, top_k=10)
     T = ids.shape[1]
     for layer, a in enumerate(att):
         assert a.shape == (len(seqs), s.n_heads, T, T)
@@ -327,11 +327,11 @@ def test_attention_entropy_from_hooked_queries_equals_eager(family):
     ref = eager_entropies(tiny(family), seqs)
     m = sdpa_twin(family)
     before = n_hooks(m)
-    r = extract_batch(m, seqs, attention=True)
+    r = extract_batch(m, seqs, attention=True, top_k=10)
     assert n_hooks(m) == before
     np.testing.assert_allclose(r["attention/entropy"], ref, atol=1e-5, rtol=0)
     # the same path on an eager model
-    np.testing.assert_allclose(extract_batch(tiny(family), seqs, attention=True)["attention/entropy"], ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(extract_batch(tiny(family), seqs, attention=True, top_k=10)["attention/entropy"], ref, atol=1e-5, rtol=0)
     # heads and layers differ (the comparison is not between constants)
     assert np.ptp(ref[0]) > 1e-4
 
@@ -344,7 +344,7 @@ def test_sliding_window_is_applied(family, monkeypatch):
     s = arch.summarize(m.config)
     assert s.sliding_layers and s.sliding_window < len(LONG)
     monkeypatch.setattr(arch, "attention_window", lambda config, layer: None)
-    wrong = extract_batch(m, [LONG], attention=True)["attention/entropy"]
+    wrong = extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"]
     assert np.abs(wrong - ref)[0, list(s.sliding_layers)].max() > 1e-2
 
 
@@ -359,7 +359,7 @@ def test_gemma3_query_pre_attn_scalar():
     sdpa.load_state_dict(eager.state_dict())
     assert arch.attention_scaling(cfg, 0) == pytest.approx(32 ** -0.5)
     seqs = [LONG, SEQ7]
-    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attention/entropy"],
+    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True, top_k=10)["attention/entropy"],
                                eager_entropies(eager, seqs), atol=1e-5, rtol=0)
 
 
@@ -384,14 +384,14 @@ def test_hooks_registered_once_give_the_values_of_one_registration_per_batch(fam
             # another batch's length: a hook that still held this batch's buffers would refuse its activations
             capture.run(m, capture.make_batch(m, batches[(i + 1) % 3]), session=hk.session)
         with pytest.raises(ValueError, match="attention=False"):
-            extract_batch(m, [SEQ3], attention=False, hooks=hk)
+            extract_batch(m, [SEQ3], attention=False, top_k=10, hooks=hk)
         with pytest.raises(ValueError, match="not both"):  # a session's hooks and another set in one pass
             capture.run(m, capture.make_batch(m, [SEQ3]), {capture.point_name("hook_resid_post", 0): lambda t, pt: None},
                         session=hk.session)
         session = hk.session
     assert n_hooks(m) == before
     with pytest.raises(ValueError, match="active BatchHooks"):
-        extract_batch(m, [SEQ3], attention=True, hooks=hk)
+        extract_batch(m, [SEQ3], attention=True, top_k=10, hooks=hk)
     with pytest.raises(ValueError, match="active hooked"):
         capture.run(m, capture.make_batch(m, [SEQ3]), session=session)
     for a, b in zip(alone, shared):
@@ -466,9 +466,9 @@ def test_attention_outside_the_interface_is_refused():
         blk.attn.reorder_and_upcast_attn = True
     before = n_hooks(m)
     with pytest.raises(arch.UnsupportedArchitectureError, match=r"layers \[0, 1\].*sdpa"):
-        extract_batch(m, [SEQ3], attention=True)
+        extract_batch(m, [SEQ3], attention=True, top_k=10)
     assert n_hooks(m) == before
-    assert extract_batch(testing.tiny_model("llama", attn="sdpa"), [SEQ3], attention=False)["last_token/residual"].shape == (1, 3, 32)
+    assert extract_batch(testing.tiny_model("llama", attn="sdpa"), [SEQ3], attention=False, top_k=10)["last_token/residual"].shape == (1, 3, 32)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -492,7 +492,7 @@ def test_attn_output_is_the_o_proj_input(family):
     finally:
         for h in handles:
             h.remove()
-    r = extract_batch(m, seqs, attention=False)
+    r = extract_batch(m, seqs, attention=False, top_k=10)
     assert r["last_token/attn_output"].shape == (3, s.n_layers, s.n_heads * s.head_dim)
     for i in range(s.n_layers):
         for b, sq in enumerate(seqs):
@@ -546,9 +546,9 @@ def test_final_token_only_cuts_the_last_block_and_keeps_the_values(family):
             np.testing.assert_allclose(cut[k], full[k], atol=1e-5, rtol=0, err_msg=k)
     with BatchHooks(m, attention=False, final_token_only=True) as hk:
         with pytest.raises(ValueError, match="corpus sets"):
-            extract_batch(m, seqs, attention=False, sample_positions=[[1], [1], [1]], hooks=hk)
+            extract_batch(m, seqs, attention=False, top_k=10, sample_positions=[[1], [1], [1]], hooks=hk)
         with pytest.raises(ValueError, match="corpus sets"):
-            extract_batch(m, seqs, attention=False, token_stats=True, hooks=hk)
+            extract_batch(m, seqs, attention=False, top_k=10, token_stats=True, hooks=hk)
 
 
 def test_extract_to_hdf5_cuts_the_last_block_for_prompt_sets_only(tmp_path, monkeypatch):
@@ -569,7 +569,7 @@ def test_extract_to_hdf5_cuts_the_last_block_for_prompt_sets_only(tmp_path, monk
     for corpus in (False, True):
         out = tmp_path / f"{corpus}.h5"
         extraction.extract_to_hdf5(prepared, prompts, out, model_name="tiny", dtype="float32", device="cpu",
-                                   batch_size=3, corpus=corpus, sample_per_prompt=3, log=lambda *a: None)
+                                   batch_size=3, corpus=corpus, sample_per_prompt=3, log=lambda *a: None, top_k=10, device_map=None)
         with h5py.File(out) as f:
             assert f.attrs["complete"]
     assert seen == [True, False]
@@ -624,12 +624,12 @@ def test_final_token_only_names_the_non_finite_final_token():
     try:
         at["t"] = len(SEQ3) - 1  # its final token
         with pytest.raises(NonFiniteActivationError, match=rf"block {L - 1}.*'second' token {len(SEQ3) - 1}"):
-            extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"])
+            extract_batch(m, [SEQ7, SEQ3], attention=False, top_k=10, prompt_ids=["first", "second"])
         at["t"] = 1  # a non-final real token
-        r = extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"])
+        r = extract_batch(m, [SEQ7, SEQ3], attention=False, top_k=10, prompt_ids=["first", "second"])
         assert np.isfinite(r["last_token/residual"]).all()
         with pytest.raises(NonFiniteActivationError, match=rf"block {L - 1}.*'second' token 1"):
-            extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"], token_stats=True)
+            extract_batch(m, [SEQ7, SEQ3], attention=False, top_k=10, prompt_ids=["first", "second"], token_stats=True)
     finally:
         h.remove()
 
@@ -653,7 +653,7 @@ def test_non_finite_names_block_and_prompt(family, layer):
     try:
         with_ours = n_hooks(m)
         with pytest.raises(NonFiniteActivationError) as ei:
-            extract_batch(m, [SEQ7, SEQ3], attention=True, prompt_ids=["prompt-seven", "prompt-three"])
+            extract_batch(m, [SEQ7, SEQ3], attention=True, top_k=10, prompt_ids=["prompt-seven", "prompt-three"])
         assert n_hooks(m) == with_ours  # every extraction hook removed despite the error
     finally:
         h.remove()
@@ -662,7 +662,7 @@ def test_non_finite_names_block_and_prompt(family, layer):
     assert f"block {layer}" in msg
     assert "'prompt-seven'" in msg
     # a later clean run works and is finite
-    r = extract_batch(m, [SEQ3], attention=True)
+    r = extract_batch(m, [SEQ3], attention=True, top_k=10)
     assert np.isfinite(r["last_token/residual"]).all()
 
 
@@ -679,7 +679,7 @@ def test_non_finite_in_second_prompt_names_it():
     h = blk.register_forward_hook(poison)
     try:
         with pytest.raises(NonFiniteActivationError, match=r"block 0.*'second' token 1"):
-            extract_batch(m, [SEQ7, SEQ3], attention=False, prompt_ids=["first", "second"])
+            extract_batch(m, [SEQ7, SEQ3], attention=False, top_k=10, prompt_ids=["first", "second"])
     finally:
         h.remove()
 
@@ -693,7 +693,7 @@ def test_corpus_token_stats(family):
     s = arch.summarize(m.config)
     seqs = [SEQ9, SEQ3, SEQ7]
     samples = [[1, 4, 8], [2], [0, 3, 6]]
-    r = extract_batch(m, seqs, attention=False, sample_positions=samples, token_stats=True)
+    r = extract_batch(m, seqs, attention=False, top_k=10, sample_positions=samples, token_stats=True)
     ids, mask, out = own_forward(m, seqs, output_hidden_states=True)
     logits = out.logits.float()
     want_b, want_t = [], []
@@ -728,15 +728,15 @@ def test_corpus_token_stats(family):
         # hidden_states[-1] is what the unembedding sees (after the final norm / project_out)
         np.testing.assert_allclose(post.numpy(), hs[-1][b, t].numpy(), atol=1e-5, rtol=0)
     # last-token outputs are the same as without corpus extras
-    plain = extract_batch(m, seqs, attention=False)
+    plain = extract_batch(m, seqs, attention=False, top_k=10)
     for k in ("last_token/residual", "last_token/values", "last_token/keys", "next_token/top_logits"):
         np.testing.assert_allclose(r[k], plain[k], atol=1e-6, rtol=0)
 
 
 def test_corpus_token_stats_padding_invariant():
     m = tiny("mistral")
-    together = extract_batch(m, [SEQ9, SEQ3], attention=False, sample_positions=[[2, 5], [1]], token_stats=True)
-    alone = extract_batch(m, [SEQ9], attention=False, sample_positions=[[2, 5]], token_stats=True)
+    together = extract_batch(m, [SEQ9, SEQ3], attention=False, top_k=10, sample_positions=[[2, 5], [1]], token_stats=True)
+    alone = extract_batch(m, [SEQ9], attention=False, top_k=10, sample_positions=[[2, 5]], token_stats=True)
     sel = together["tokens/prompt"] == 0
     for k in ("tokens/margin", "tokens/nll", "tokens/entropy"):
         np.testing.assert_allclose(together[k][sel], alone[k], atol=ATOL, rtol=0)
@@ -785,7 +785,7 @@ def test_embedded_models_attention_entropy_equals_eager(name):
     assert not s.sliding_window or T > s.sliding_window
     g = np.random.default_rng(0)
     seqs = [[2] + g.integers(100, 5000, T - 1).tolist(), [2] + g.integers(100, 5000, 20).tolist()]
-    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True)["attention/entropy"],
+    np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True, top_k=10)["attention/entropy"],
                                eager_entropies(eager, seqs), atol=1e-5, rtol=0)
 
 
@@ -804,7 +804,7 @@ def test_hook_points_buffers_and_datasets_follow_the_contract():
         want = {capture.point_name("hook_resid_pre", 0)} | {capture.point_name(p, l) for p in declared
                                                              for l in range(L)}
         assert set(hk.hooks) == want
-        r = extract_batch(m, [SEQ7, SEQ3], attention=True, hooks=hk)
+        r = extract_batch(m, [SEQ7, SEQ3], attention=True, top_k=10, hooks=hk)
     # the values dataset is what the model's own attn.hook_v point gives at the final token
     got = {}
     capture.run(m, capture.make_batch(m, [SEQ7, SEQ3], 0),

@@ -76,7 +76,7 @@ def test_intervention_deltas_carry_basic_intervals_and_bias_corrected_changes():
                              label_mass=0.5, proj_L1=hm[i] + rng.normal(0, 0.1)))
     per = pd.DataFrame(rows)
     axes = pd.DataFrame({"layer": [1], "sigma": [0.3]})
-    s = intervention_summary(per, axes, n_boot=300, seed=0).set_index("edit")
+    s = intervention_summary(per, axes, n_boot=300, seed=0, ci=0.95).set_index("edit")
     e = s.loc["edit"]
     for k in ("mae_bits", "pearson_r", "axis_corr_final"):
         assert e[f"delta_{k}_lo"] <= e[f"delta_{k}_bc"] <= e[f"delta_{k}_hi"]

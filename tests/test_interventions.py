@@ -269,15 +269,15 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
     testing.tiny_tokenizer().save_pretrained(src)
     prepared = tmp_path / "prepared"
     models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
-    sets, _ = sula.build_sula_sets(testing.tiny_tokenizer(), label_pairs=[("x", "y")], prefix="",
-                                   conditions=("main",), ks=[0, 1, 2, 4], n_per_k=6, seed=0)
+    sets, _ = sula.build_sula_sets(testing.tiny_tokenizer(), label_pairs=[("x", "y")], label_prefix="",
+                                   conditions=("main",), ks=[0, 1, 2, 4], n_per_k=6, seed=0, n_per_k_controls=25, alpha=0.9, mask="[MASK]")
     write_prompt_set(sets["main"], tmp_path / "main.jsonl")
     extraction.extract_to_hdf5(prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny",
                                dtype="float32", device="cpu", attention=False, candidates_key="candidate_token_ids",
-                               log=lambda *a: None)
+                               log=lambda *a: None, batch_size=8, top_k=10, sample_per_prompt=30, device_map=None)
     per, axes, arrays = intervention_experiment(
         prepared, tmp_path / "main.jsonl", tmp_path / "main.h5", model_name="tiny", layers=["middle", "last"],
-        multi_layers=["middle", "last"], n_per_k=4, batch_size=16, dtype="float32", device="cpu", log=lambda *a: None)
+        multi_layers=["middle", "last"], n_per_k=4, batch_size=16, dtype="float32", device="cpu", log=lambda *a: None, edits=("axis_cut", "axis_only", "axis_shift_plus", "axis_shift_minus"), shift_scale=1.0, positions="all", seed=0, device_map=None)
     assert per.condition.nunique() == 1 + 3 * 2 * 4 and (per.groupby("condition").size() == 16).all()
     base = per[per.condition == "baseline"].set_index("prompt")
     # the baseline reproduces the extraction's candidate log-probs
@@ -297,7 +297,7 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
         entropy_axis(np.ones((5, 4)), np.arange(5.0), layer=0)
     assert (axes.random_dot_u.dropna() < 1e-10).all() and np.allclose(axes.random_norm.dropna(), 1)
     assert set(arrays) == {"u_L1", "u_L2", "random_L1", "random_L2"}
-    summ = intervention_summary(per, axes, n_boot=20, seed=0)
+    summ = intervention_summary(per, axes, n_boot=20, seed=0, ci=0.95)
     assert len(summ) == 25
     b = summ[summ.run == "baseline"].iloc[0]
     assert b.delta_mae_bits == 0 and b.delta_mae_bits_lo == 0
@@ -309,7 +309,7 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
     assert (ok.delta_mae_bits_lo <= ok.delta_mae_bits_hi).all()
     # the summary can be recomputed from the CSV written by the rule
     per.to_csv(tmp_path / "p.csv", index=False)
-    again = intervention_summary(pd.read_csv(tmp_path / "p.csv"), axes, n_boot=20, seed=0)
+    again = intervention_summary(pd.read_csv(tmp_path / "p.csv"), axes, n_boot=20, seed=0, ci=0.95)
     np.testing.assert_allclose(again.delta_mae_bits, summ.delta_mae_bits)
 
 
@@ -324,9 +324,9 @@ def test_skipping_unaffected_blocks_is_exact(family):
     rnd = {l: random_axis(axes[l].u, 0, l) for l in (0, 1)}
     conds = intervention_conditions([1], [0, 1], ["axis_cut", "axis_shift_plus"])
     cands = [[5, 6]] * len(SEQS)
-    kw = dict(probe_layers=[0, 1], batch_size=3, log=lambda *a: None)
-    fast = run_interventions(m, SEQS, cands, conds, axes, rnd, skip=True, **kw)
-    full = run_interventions(m, SEQS, cands, conds, axes, rnd, skip=False, **kw)
+    kw = dict(probe_layers=[0, 1], batch_size=3, shift_scale=1.0, log=lambda *a: None)
+    fast = run_interventions(m, SEQS, cands, conds, axes, rnd, skip=True, positions="all", **kw)
+    full = run_interventions(m, SEQS, cands, conds, axes, rnd, skip=False, positions="all", **kw)
     for c in conds:
         a, b = fast[c["condition"]], full[c["condition"]]
         np.testing.assert_allclose(a["logp"], b["logp"], atol=1e-6, rtol=0, err_msg=c["condition"])

@@ -96,7 +96,7 @@ def test_key_orthogonality_runs_on_generic_types():
 
     m = mtypes.build("olmo2", "sdpa")
     assert arch.family_for(m.config) is arch.GENERIC
-    df = key_orthogonality_table(m, model_name="olmo2", seed=0)
+    df = key_orthogonality_table(m, model_name="olmo2", seed=0, random_init=True)
     assert list(zip(df.layer, df.kv_head)) == [(l, h) for l in range(3) for h in range(2)]
     assert (df.n_query_heads_sharing == 2).all() and (df.attention_type == "GQA").all()
     for col in ("orthogonality", "baseline_random_init", "baseline_gaussian"):

@@ -67,7 +67,8 @@ def test_a_config_without_a_causal_lm_initializer_is_refused_with_the_reason():
 
 
 def test_null_entries_of_a_config():
-    from llmgeom.pipeline.config import ConfigError, null_entries, null_of_models
+    from llmgeom.pipeline.derived import null_entries, null_of_models
+    from llmgeom.pipeline.schema import ConfigError
 
     cfg = {"models": {"a": {}, "b": {}}, "wind_tunnel": {"models": {"wt": {"training": {"steps": 10}, "task": "t",
                                                                           "checkpoints": [5]}}}}
@@ -89,6 +90,7 @@ def test_wind_tunnel_step0_checkpoint_is_the_initialization_and_training_is_unch
 
     task = {"kind": "bijection", "V": 4, "n_pairs": 3}
     kw = dict(steps=6, batch_size=8, lr=3e-3, warmup_steps=2, weight_decay=0.01, clip_norm=1.0, threads=1, n_val=16,
+              schedule="cosine", min_lr_ratio=0.1,
               arch={"family": "llama", "n_layers": 1, "d_model": 16, "n_heads": 2})
     a = train_wind_tunnel(task, tmp_path / "a" / "w", seed=0, checkpoints=[0, 3], log=lambda s: None, **kw)
     b = train_wind_tunnel(task, tmp_path / "b" / "w", seed=0, checkpoints=[], log=lambda s: None, **kw)

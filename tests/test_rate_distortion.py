@@ -83,7 +83,7 @@ def test_table_takes_the_token_position_ids_beside_k_rd(tmp_path):
     ids = pd.DataFrame([dict(model="toy", points=pts, estimator=e, layer=l, id_mean=v + l)
                         for pts, v in (("token positions", 3.0), ("last token", 90.0))
                         for e in ("twonn", "gride") for l in range(L + 1)])
-    df = rate_distortion_table(path, ids, model="toy", n_boot=20)
+    df = rate_distortion_table(path, ids, model="toy", n_boot=20, seed=0, ci=0.95, agree_tol=0.15, min_fit_points=4, r2_min=0.98, n_min=8, max_fraction=0.25, n_points=6, train_fraction=0.5, max_iter=30, init="random")
     res = df[df.states == "residual"]
     np.testing.assert_array_equal(res.gride, 3.0 + res.layer)
     np.testing.assert_array_equal(res.twonn, 3.0 + res.layer)

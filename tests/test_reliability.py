@@ -63,7 +63,7 @@ def ws(tmp_path_factory):
     write_prompt_set(PROMPTS, prompts)
     h5 = root / "results/tiny/activations/mixed.h5"
     extraction.extract_to_hdf5(prepared, prompts, h5, model_name="tiny", dtype="float32", device="cpu",
-                               batch_size=3, log=lambda *a: None)
+                               batch_size=3, log=lambda *a: None, top_k=10, sample_per_prompt=30, device_map=None)
     return dict(root=root, src=src, prepared=prepared, prompts=prompts, h5=h5)
 
 
@@ -248,7 +248,7 @@ def test_passages_shorter_than_sample_per_prompt_warn_and_record(ws, tmp_path):
                                          r"positions are kept"):
         extraction.extract_to_hdf5(ws["prepared"], ws["prompts"], out, model_name="tiny", dtype="float32",
                                    device="cpu", corpus=True, sample_per_prompt=40, max_tokens=64,
-                                   log=lambda *a: None)
+                                   log=lambda *a: None, batch_size=8, top_k=10, device_map=None)
     with h5py.File(out, "r") as f:
         n_tok = f["prompts/n_tokens"][:]
         assert 0 < f.attrs["n_short_passages"] == int((n_tok - 1 < 40).sum()) < len(PROMPTS)
@@ -269,7 +269,7 @@ def test_id_subsample_larger_than_points_warns_and_records(tmp_path):
     w.write("tokens/residual_sample", slice(None), rng.normal(size=(60, 2, 8)).astype(np.float32))
     w.commit()
     with pytest.warns(UserWarning, match=r"only 60 distinct points, fewer than intrinsic_dimension.subsample_size=500"):
-        df = intrinsic_dimension_table(p, model="m", n_subsamples=2, subsample_size=500, seed=0, min_points=20)
+        df = intrinsic_dimension_table(p, model="m", n_subsamples=2, subsample_size=500, seed=0, min_points=20, estimators=("twonn", "mle_mg", "mle_lb", "gride"), mle_k=20, disagreement_factor=1.5, gride_max_rank=64, gride_plateau_tol=0.1)
     assert (df.subsample_size == 500).all() and (df.subsample_size_used == 60).all() and (df.id_std == 0).all()
 
 
@@ -346,7 +346,7 @@ def test_outputs_follow_the_umask(ws, tmp_path, umask):
     from llmgeom.interventions.runner import save_axes
     from llmgeom.plots.base import plt, save_figure
     from llmgeom.pipeline import provenance
-    from llmgeom.pipeline.config import wiki_pool
+    from llmgeom.pipeline.checks import wiki_pool
 
     old = os.umask(umask)
     try:
@@ -373,7 +373,7 @@ def test_outputs_follow_the_umask(ws, tmp_path, umask):
     files = [p for p in root.rglob("*") if p.is_file()]
     dirs = [p for p in root.rglob("*") if p.is_dir()]
     assert len(files) == 11 and (root / "resources/models/m/manifest.json") in files
-    assert (root / ".snakemake/llmgeom/wiki_topic_pool.json") in files
+    assert (root / "resources/cache/wiki_topic_pool.json") in files
     want_f, want_d = 0o666 & ~umask, 0o777 & ~umask
     assert {str(p.relative_to(root)): oct(p.stat().st_mode & 0o777) for p in files if p.stat().st_mode & 0o777 != want_f} == {}
     assert {str(p.relative_to(root)): oct(p.stat().st_mode & 0o777) for p in dirs if p.stat().st_mode & 0o777 != want_d} == {}
@@ -412,7 +412,7 @@ def _copy_to(ws, model, mutate=None, truncate=False):
 def _value_manifold(ws, model, h5):
     from llmgeom.analyses.value_manifold import value_manifold_table
 
-    return value_manifold_table({"mixed": h5}, model=model, n_boot=2, seed=0)
+    return value_manifold_table({"mixed": h5}, model=model, n_boot=2, seed=0, ci=0.95, layers="all")
 
 
 def _attention_focusing(ws, model, h5):
@@ -473,7 +473,7 @@ def test_hdf5_file_locking_disabled_before_h5py_is_imported():
                     seen["at_import"] = os.environ.get("HDF5_USE_FILE_LOCKING")
                 return None
         sys.meta_path.insert(0, Spy())
-        import llmgeom.pipeline.config  # what the Snakefile imports before common.smk
+        import llmgeom.pipeline.checks  # what the Snakefile imports before common.smk
         assert "h5py" not in sys.modules, "workflow_support must not import h5py"
         import llmgeom
         for m in sorted(pkgutil.walk_packages(llmgeom.__path__, "llmgeom."), key=lambda m: m.name):
@@ -511,7 +511,7 @@ def test_non_finite_activation_names_model_layer_and_prompt():
     h = blk.register_forward_hook(poison)
     try:
         with pytest.raises(NonFiniteActivationError) as ei:
-            extract_batch(m, [[1, 5, 6, 7], [1, 8, 9, 10, 11]], attention=False, prompt_ids=["p-a", "p-b"],
+            extract_batch(m, [[1, 5, 6, 7], [1, 8, 9, 10, 11]], attention=False, top_k=10, prompt_ids=["p-a", "p-b"],
                           model_name="my-model")
     finally:
         h.remove()
@@ -525,9 +525,9 @@ def test_non_finite_logits_name_model_and_prompt():
     with torch.no_grad():
         m.lm_head.weight[7] = float("inf")
     with pytest.raises(NonFiniteActivationError, match=r"model 'tiny-x': non-finite logits .* prompt 'q0'"):
-        extract_batch(m, [[1, 5, 6]], attention=False, prompt_ids=["q0"], model_name="tiny-x")
+        extract_batch(m, [[1, 5, 6]], attention=False, top_k=10, prompt_ids=["q0"], model_name="tiny-x")
     with pytest.raises(NonFiniteActivationError, match=r"model 'tiny-x': non-finite logits .* prompt 'q0'"):
-        extract_batch(m, [[1, 5, 6, 9]], attention=False, prompt_ids=["q0"], model_name="tiny-x",
+        extract_batch(m, [[1, 5, 6, 9]], attention=False, top_k=10, prompt_ids=["q0"], model_name="tiny-x",
                       token_stats=True, sample_positions=[[1]])
 
 

@@ -61,11 +61,11 @@ def setup(tmp_path_factory):
     _write_prompts(prompts, PROMPTS)
     h5 = d / "acts" / "mixed.h5"
     extraction.extract_to_hdf5(prepared, prompts, h5, model_name="tiny-llama", dtype="float32", device="cpu",
-                               batch_size=2, top_k=7, log=lambda *a: None)
+                               batch_size=2, top_k=7, log=lambda *a: None, sample_per_prompt=30, device_map=None)
     corpus = d / "acts" / "corpus.h5"
     extraction.extract_to_hdf5(prepared, prompts, corpus, model_name="tiny-llama", dtype="float32", device="cpu",
                                batch_size=3, top_k=7, corpus=True, sample_per_prompt=4, seed=3,
-                               log=lambda *a: None)
+                               log=lambda *a: None, device_map=None)
     return dict(dir=d, src=src, prepared=prepared, manifest=manifest, prompts=prompts, h5=h5, corpus=corpus,
                 sha=hashlib.sha256(prompts.read_bytes()).hexdigest())
 
@@ -183,7 +183,7 @@ def test_no_partial_left_after_success_and_failure(setup, monkeypatch, tmp_path)
     out = tmp_path / "fail.h5"
     with pytest.raises(extraction.NonFiniteActivationError):
         extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, model_name="tiny-llama",
-                                   dtype="float32", device="cpu", log=lambda *a: None)
+                                   dtype="float32", device="cpu", log=lambda *a: None, batch_size=8, top_k=10, sample_per_prompt=30, device_map=None)
     assert not out.exists()
     assert not out.with_name("fail.h5.partial").exists()
 
@@ -196,7 +196,7 @@ def test_write_behind_writes_the_same_file(setup, tmp_path, corpus, monkeypatch)
     real_pool = extraction.ThreadPoolExecutor
     monkeypatch.setattr(extraction, "ThreadPoolExecutor", lambda *a, **k: pools.append(1) or real_pool(*a, **k))
     kw = dict(model_name="tiny-llama", dtype="float32", device="cpu", batch_size=2, top_k=7, corpus=corpus,
-              sample_per_prompt=4, seed=3, log=lambda *a: None)
+              sample_per_prompt=4, seed=3, device_map=None, log=lambda *a: None)
     seq = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "seq.h5", write_behind=False, **kw)
     behind = extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], tmp_path / "behind.h5", write_behind=True,
                                         **kw)
@@ -223,7 +223,7 @@ def test_write_behind_error_is_raised_and_the_partial_removed(setup, monkeypatch
     out = tmp_path / "w.h5"
     with pytest.raises(ValueError, match="simulated"):
         extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, model_name="tiny-llama",
-                                   dtype="float32", device="cpu", batch_size=1, write_behind=True, log=lambda *a: None)
+                                   dtype="float32", device="cpu", batch_size=1, write_behind=True, log=lambda *a: None, top_k=10, sample_per_prompt=30, device_map=None)
     assert not out.exists() and not out.with_name("w.h5.partial").exists()
 
 
@@ -277,7 +277,7 @@ def test_killed_write_leaves_only_partial(setup, tmp_path):
         open_activations(partial)
     # a rerun replaces the stale partial and commits
     extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, model_name="tiny-llama", dtype="float32",
-                               device="cpu", log=lambda *a: None)
+                               device="cpu", log=lambda *a: None, batch_size=8, top_k=10, sample_per_prompt=30, device_map=None)
     assert out.exists() and not partial.exists()
     open_activations(out, model="tiny-llama", prompt_set_sha256=setup["sha"]).close()
 
@@ -463,13 +463,13 @@ def sula_h5(setup):
 
     d = setup["dir"] / "sula"
     d.mkdir()
-    sets, _ = sula.build_sula_sets(testing.tiny_tokenizer(), label_pairs=[("x", "y"), ("p", "q")], prefix="",
-                                   ks=[0, 1, 2, 4], n_per_k=5, n_per_k_controls=4, seed=0, conditions=["main"])
+    sets, _ = sula.build_sula_sets(testing.tiny_tokenizer(), label_pairs=[("x", "y"), ("p", "q")], label_prefix="",
+                                   ks=[0, 1, 2, 4], n_per_k=5, n_per_k_controls=4, seed=0, conditions=["main"], alpha=0.9, mask="[MASK]")
     _write_prompts(d / "main.jsonl", sets["main"])
     out = d / "sula_main.h5"
     extraction.extract_to_hdf5(setup["prepared"], d / "main.jsonl", out, model_name="tiny-llama", dtype="float32",
                                device="cpu", batch_size=3, attention=False, candidates_key=sula.CANDIDATES_KEY,
-                               log=lambda *a: None)
+                               log=lambda *a: None, top_k=10, sample_per_prompt=30, device_map=None)
     return out
 
 
@@ -487,20 +487,21 @@ def _analyses(setup, sula_h5):
 
     m = "tiny-llama"
     unemb = load_unembedding(setup["prepared"])
-    id_kw = dict(model=m, estimators=("twonn",), n_subsamples=1, subsample_size=20, seed=0, min_points=10)
+    id_kw = dict(model=m, estimators=("twonn",), n_subsamples=1, subsample_size=20, seed=0, min_points=10, mle_k=20,
+                 disagreement_factor=1.5, gride_max_rank=64, gride_plateau_tol=0.1)
     id_clean = intrinsic_dimension_table(setup["corpus"], **id_kw)
     return {
-        "value_manifold": (setup["h5"], lambda p: value_manifold_table({"mixed": p}, model=m, n_boot=2, seed=0)),
+        "value_manifold": (setup["h5"], lambda p: value_manifold_table({"mixed": p}, model=m, n_boot=2, seed=0, ci=0.95, layers="all")),
         "domain_restriction": (setup["h5"], lambda p: domain_restriction_tables(
             {"mixed": p, "dom": p}, model=m, mixed_set="mixed", n_quantiles=1, per_quantile=4, n_boot=2,
-            log=lambda *a: None)),
+            log=lambda *a: None, labels=None, edges="per_set", ci=0.95, seed=0, layers="all", data_reps=0)),
         "attention_focusing": (setup["h5"], lambda p: attention_focusing_tables(p, model=m)),
         "intrinsic_dimension": (setup["corpus"], lambda p: intrinsic_dimension_table(p, **id_kw)),
         "curvature": (setup["corpus"], lambda p: curvature_table(p, id_clean, model=m, k=5, n_points=20,
-                                                                 min_points=10)),
-        "margins": (setup["corpus"], lambda p: margin_tables(p, model=m, n_boot=2, min_count=1)),
-        "fisher": (setup["corpus"], lambda p: fisher_tables(p, unemb, model=m, n_positions=8, max_tokens=16)),
-        "sula": (sula_h5, lambda p: sula_tables({"main": p}, model=m, n_bins=2)),
+                                                                 min_points=10, id_estimator="twonn", seed=0)),
+        "margins": (setup["corpus"], lambda p: margin_tables(p, model=m, n_boot=2, min_count=1, threshold=0.5, hard_core_quantile=0.05, hard_core_thresholds=(0.05, 0.1), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, ci=0.95, seed=0, hist_bins=60)),
+        "fisher": (setup["corpus"], lambda p: fisher_tables(p, unemb, model=m, n_positions=8, max_tokens=16, tail_mass=1e-6, seed=0, batch=32)),
+        "sula": (sula_h5, lambda p: sula_tables({"main": p}, model=m, calibration_bins=2, layers="all")),
     }
 
 
@@ -616,7 +617,7 @@ def test_corruption_as_reported_in_the_issue(setup, tmp_path):
             np.asarray(f["last_token"]["values"])  # through a group and numpy as well
     with pytest.raises(StoreError, match=rf"{bad}: dataset 'last_token/values' cannot be read.*"
                                          rf"snakemake --forcerun {bad}"):
-        value_manifold_table({"mixed": bad}, model="tiny-llama", n_boot=2, seed=0)
+        value_manifold_table({"mixed": bad}, model="tiny-llama", n_boot=2, seed=0, ci=0.95, layers="all")
 
 
 # --------------------------------------------------------------------------- labelled arrays (notebook use)
@@ -671,7 +672,7 @@ def test_labelled_view_refuses_an_untrusted_file(setup, tmp_path):
 
 _REAL_EXTRACT_BATCH = extraction.extract_batch
 RESUME_KW = dict(model_name="tiny-llama", dtype="float32", device="cpu", batch_size=1, top_k=7, corpus=True,
-                 sample_per_prompt=4, seed=3)
+                 sample_per_prompt=4, seed=3, device_map=None)
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,7 @@ PAIRS = [{"labels": ["pim", "dop"], "token_ids": [11, 12]}, {"labels": ["bif", "
 
 
 def test_generate_sula_structure_and_posteriors():
-    sets = sula.generate_sula(PAIRS, ks=[0, 1, 2, 4, 8], n_per_k=6, n_per_k_controls=3, alpha=0.9, seed=1)
+    sets = sula.generate_sula(PAIRS, ks=[0, 1, 2, 4, 8], n_per_k=6, n_per_k_controls=3, alpha=0.9, seed=1, mask="[MASK]", label_prefix=" ", conditions=("main", "remap", "shuffled", "ablation"))
     assert set(sets) == set(sula.CONDITIONS)
     assert len(sets["main"]) == 30 and all(len(sets[c]) == 15 for c in ("remap", "shuffled", "ablation"))
     for cond, recs in sets.items():
@@ -124,7 +124,7 @@ def test_generate_sula_structure_and_posteriors():
 
 
 def test_generate_sula_labels_follow_alpha_and_are_seeded():
-    sets = sula.generate_sula(PAIRS, ks=[8], n_per_k=400, conditions=("main", "shuffled"), alpha=0.9, seed=3)
+    sets = sula.generate_sula(PAIRS, ks=[8], n_per_k=400, conditions=("main", "shuffled"), alpha=0.9, seed=3, n_per_k_controls=25, mask="[MASK]", label_prefix=" ")
     agree = [np.mean([e == ("L1", "L2").index(r["meta"]["y"]) for e in r["meta"]["example_labels"]])
              for r in sets["main"]]
     assert np.mean(agree) == pytest.approx(0.9, abs=0.02)
@@ -133,19 +133,19 @@ def test_generate_sula_labels_follow_alpha_and_are_seeded():
     sh = np.concatenate([r["meta"]["example_labels"] for r in sets["shuffled"]])
     assert np.mean(sh) == pytest.approx(0.5, abs=0.03)
     # seeded; more prompts per k keep the earlier ones unchanged
-    again = sula.generate_sula(PAIRS, ks=[8], n_per_k=10, conditions=("main",), alpha=0.9, seed=3)
+    again = sula.generate_sula(PAIRS, ks=[8], n_per_k=10, conditions=("main",), alpha=0.9, seed=3, n_per_k_controls=25, mask="[MASK]", label_prefix=" ")
     assert [r["text"] for r in again["main"]] == [r["text"] for r in sets["main"][:10]]
-    other = sula.generate_sula(PAIRS, ks=[8], n_per_k=10, conditions=("main",), alpha=0.9, seed=4)
+    other = sula.generate_sula(PAIRS, ks=[8], n_per_k=10, conditions=("main",), alpha=0.9, seed=4, n_per_k_controls=25, mask="[MASK]", label_prefix=" ")
     assert [r["text"] for r in other["main"]] != [r["text"] for r in again["main"]]
 
 
 def test_generate_sula_errors():
     with pytest.raises(ValueError, match="main"):
-        sula.generate_sula(PAIRS, conditions=("remap",))
+        sula.generate_sula(PAIRS, conditions=("remap",), ks=(0, 1, 2, 4, 8), n_per_k=50, n_per_k_controls=25, alpha=0.9, seed=0, mask="[MASK]", label_prefix=" ")
     with pytest.raises(ValueError, match="label pairs"):
-        sula.generate_sula(PAIRS[:1], conditions=("main", "remap"))
+        sula.generate_sula(PAIRS[:1], conditions=("main", "remap"), ks=(0, 1, 2, 4, 8), n_per_k=50, n_per_k_controls=25, alpha=0.9, seed=0, mask="[MASK]", label_prefix=" ")
     with pytest.raises(ValueError, match="ks"):
-        sula.generate_sula(PAIRS, ks=[-1])
+        sula.generate_sula(PAIRS, ks=[-1], n_per_k=50, n_per_k_controls=25, alpha=0.9, seed=0, mask="[MASK]", label_prefix=" ", conditions=("main", "remap", "shuffled", "ablation"))
 
 
 class _FakeTok:
@@ -198,15 +198,15 @@ def sula_run(tmp_path_factory):
     prepared = d / "prepared"
     models.prepare_model("tiny", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
     tok = testing.tiny_tokenizer()
-    sets, pairs = sula.build_sula_sets(tok, label_pairs=[("x", "y"), ("p", "q")], prefix="", ks=[0, 1, 2, 4],
-                                       n_per_k=5, n_per_k_controls=4, seed=0)
+    sets, pairs = sula.build_sula_sets(tok, label_pairs=[("x", "y"), ("p", "q")], label_prefix="", ks=[0, 1, 2, 4],
+                                       n_per_k=5, n_per_k_controls=4, seed=0, alpha=0.9, mask="[MASK]", conditions=("main", "remap", "shuffled", "ablation"))
     paths = {}
     for cond, recs in sets.items():
         write_prompt_set(recs, d / f"{cond}.jsonl")
         paths[cond] = d / f"sula_{cond}.h5"
         extraction.extract_to_hdf5(prepared, d / f"{cond}.jsonl", paths[cond], model_name="tiny", dtype="float32",
                                    device="cpu", batch_size=3, attention=False, candidates_key=sula.CANDIDATES_KEY,
-                                   log=lambda *a: None)
+                                   log=lambda *a: None, top_k=10, sample_per_prompt=30, device_map=None)
     return dict(dir=d, prepared=prepared, sets=sets, pairs=pairs, paths=paths)
 
 
@@ -235,10 +235,10 @@ def test_candidate_logprobs_match_the_models_own_softmax(sula_run):
 def test_candidates_batch_invariant():
     m = testing.tiny_model("gemma3", attn="sdpa")
     seqs = [[1, 40, 41], [1, 10, 11, 12, 13, 14, 15]]
-    both = extraction.extract_batch(m, seqs, attention=False, candidates=[[5, 6], [7, 8]])
-    alone = extraction.extract_batch(m, seqs[1:], attention=False, candidates=[[7, 8]])
+    both = extraction.extract_batch(m, seqs, attention=False, top_k=10, candidates=[[5, 6], [7, 8]])
+    alone = extraction.extract_batch(m, seqs[1:], attention=False, top_k=10, candidates=[[7, 8]])
     np.testing.assert_allclose(both["next_token/candidate_logprobs"][1], alone["next_token/candidate_logprobs"][0], atol=1e-5)
-    assert "next_token/candidate_logprobs" not in extraction.extract_batch(m, seqs, attention=False)
+    assert "next_token/candidate_logprobs" not in extraction.extract_batch(m, seqs, attention=False, top_k=10)
 
 
 def test_bad_candidates_fail_clearly(tmp_path, sula_run):
@@ -248,12 +248,12 @@ def test_bad_candidates_fail_clearly(tmp_path, sula_run):
     with pytest.raises(ValueError, match="'b'.*candidate_token_ids"):
         extraction.extract_to_hdf5(sula_run["prepared"], tmp_path / "bad.jsonl", tmp_path / "bad.h5", model_name="tiny",
                                    dtype="float32", device="cpu", attention=False, candidates_key="candidate_token_ids",
-                                   log=lambda *a: None)
+                                   log=lambda *a: None, batch_size=8, top_k=10, sample_per_prompt=30, device_map=None)
     assert not (tmp_path / "bad.h5").exists()
 
 
 def test_tables(sula_run):
-    t = sula_tables(sula_run["paths"], model="tiny", n_bins=5, layers="all")
+    t = sula_tables(sula_run["paths"], model="tiny", calibration_bins=5, layers="all")
     per = t["prompts"]
     assert len(per) == 20 + 3 * 16
     assert ((per.h_model_bits >= 0) & (per.h_model_bits <= 1)).all()
@@ -287,7 +287,7 @@ def test_read_sula_h5_refuses_non_sula_file(tmp_path, sula_run):
     recs = [{"id": "a", "text": "ab"}, {"id": "b", "text": "cde"}]
     write_prompt_set(recs, tmp_path / "p.jsonl")
     extraction.extract_to_hdf5(sula_run["prepared"], tmp_path / "p.jsonl", tmp_path / "p.h5", model_name="tiny",
-                               dtype="float32", device="cpu", attention=False, log=lambda *a: None)
+                               dtype="float32", device="cpu", attention=False, log=lambda *a: None, batch_size=8, top_k=10, sample_per_prompt=30, device_map=None)
     with pytest.raises(KeyError, match="extract_sula"):
         read_sula_h5(tmp_path / "p.h5")
 
@@ -323,7 +323,7 @@ def test_ties_give_average_ranks_and_constant_input_nan():
 
 
 def test_official_prompt_set_has_one_h_bayes_per_abs_difference():
-    sets = sula.generate_sula(PAIRS)  # the defaults of the study: ks 0, 1, 2, 4, 8; 50 per k; seed 0
+    sets = sula.generate_sula(PAIRS, ks=(0, 1, 2, 4, 8), n_per_k=50, n_per_k_controls=25, alpha=0.9, seed=0, mask="[MASK]", label_prefix=" ", conditions=("main", "remap", "shuffled", "ablation"))  # the defaults of the study: ks 0, 1, 2, 4, 8; 50 per k; seed 0
     for cond in ("main", "remap", "ablation"):
         meta = [r["meta"] for r in sets[cond]]
         diffs = {abs(m["n_L1"] - m["n_L2"]) for m in meta}

@@ -59,10 +59,10 @@ def test_every_analysis_refuses_a_planted_nan_with_the_message(h5, tmp_path):
 
     bad = _plant_nan(h5, tmp_path / "copied.h5", "last_token/residual", (3, 2, 0))
     with pytest.raises(NonFiniteDataError, match=r"'last_token/residual', layer 2, prompt row 3"):
-        value_manifold_table({"mixed": bad}, model="m", n_boot=5, seed=0)
+        value_manifold_table({"mixed": bad}, model="m", n_boot=5, seed=0, ci=0.95, layers="all")
     with pytest.raises(NonFiniteDataError, match=r"'last_token/residual', layer 2, prompt row 3"):
         domain_restriction_tables({"mixed": bad}, model="m", mixed_set="mixed", n_quantiles=2, per_quantile=6,
-                                  n_boot=5)
+                                  n_boot=5, labels=None, edges="per_set", ci=0.95, seed=0, layers="all", data_reps=0)
     ent = _plant_nan(h5, tmp_path / "ent.h5", "next_token/entropy", 5)
     with pytest.raises(NonFiniteDataError, match=r"'next_token/entropy', no layer axis, prompt row 5"):
-        value_manifold_table({"mixed": ent}, model="m", n_boot=5, seed=0)
+        value_manifold_table({"mixed": ent}, model="m", n_boot=5, seed=0, ci=0.95, layers="all")

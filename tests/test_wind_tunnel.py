@@ -208,7 +208,8 @@ def test_prompt_records_round_trip_and_exact_meta(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 TINY = dict(steps=150, batch_size=32, lr=3e-3, warmup_steps=15, weight_decay=0.01, clip_norm=1.0,
-            arch={"family": "llama", "n_layers": 2, "d_model": 32, "n_heads": 2}, threads=1, n_val=256)
+            arch={"family": "llama", "n_layers": 2, "d_model": 32, "n_heads": 2}, threads=1, n_val=256,
+            schedule="cosine", min_lr_ratio=0.1)
 TINY_TASK = {"kind": "bijection", "V": 4, "n_pairs": 4}
 
 
@@ -222,7 +223,7 @@ def tiny_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("wt")
     lines: list[str] = []
     a = train_wind_tunnel(TINY_TASK, d / "a" / "wt_tiny", seed=0, checkpoints=[50], log=lines.append, **TINY)
-    b = train_wind_tunnel(TINY_TASK, d / "b" / "wt_tiny", seed=0, log=lambda s: None, **TINY)
+    b = train_wind_tunnel(TINY_TASK, d / "b" / "wt_tiny", seed=0, checkpoints=[], log=lambda s: None, **TINY)
     return a, b, lines
 
 
@@ -298,9 +299,9 @@ def test_gpt2_family_and_bad_training_settings(tmp_path):
         train_wind_tunnel(TINY_TASK, tmp_path / "m", seed=0, checkpoints=[6], log=lambda s: None, **kw)
     with pytest.raises(ValueError, match="wind_tunnel.tasks.bad.n_pairs"):
         train_wind_tunnel({"kind": "bijection", "V": 3, "n_pairs": 4}, tmp_path / "m", seed=0, name="bad",
-                          log=lambda s: None, **kw)
+                          checkpoints=[], log=lambda s: None, **kw)
     assert not (tmp_path / "m").exists()
     # a short HMM run on GPT-2 trains and saves
-    res = train_wind_tunnel(HMM, tmp_path / "h", seed=1, log=lambda s: None,
+    res = train_wind_tunnel(HMM, tmp_path / "h", seed=1, checkpoints=[], log=lambda s: None,
                             **dict(kw, arch={"family": "gpt2", "n_layers": 1, "d_model": 16, "n_heads": 2}))
     assert res["manifest"]["architecture"]["family"] == "gpt2" and (tmp_path / "h" / "manifest.json").is_file()

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmgeom.analyses.wind_tunnel import (GEOMETRY_COLUMNS, SUMMARY_COLUMNS, best_geometry, calibration_bins,
+from llmgeom.analyses.wind_tunnel import (GEOMETRY_COLUMNS, SUMMARY_COLUMNS, best_geometry, entropy_bins,
                                           calibration_stats, calibration_summary, candidate_entropy, manifold_stats)
 
 
@@ -87,7 +87,7 @@ def test_calibration_summary_rows_per_t_and_overall():
 def test_calibration_bins_edges_last_bin_closed_and_empty_bins_omitted():
     he = np.array([0.0, 0.4, 1.0, 2.0, 2.5])
     hm = he + np.array([0.1, -0.1, 0.0, 0.2, 0.0])
-    b = calibration_bins(hm, he, h_max=2.0, n_bins=4)
+    b = entropy_bins(hm, he, h_max=2.0, n_bins=4)
     # bins [0, .5) [.5, 1) [1, 1.5) [1.5, 2]; 2.0 (closed edge) and 2.5 (above h_max) go to the last bin
     assert list(b["bin"]) == [0, 2, 3]
     assert list(b.n) == [2, 1, 2]
@@ -95,9 +95,9 @@ def test_calibration_bins_edges_last_bin_closed_and_empty_bins_omitted():
     np.testing.assert_allclose(b.mean_abs_error_bits, [0.1, 0.0, 0.1])
     np.testing.assert_allclose(b.mean_h_exact_bits, [0.2, 1.0, 2.25])
     assert math.isnan(b.sd_h_model_bits.iloc[1])  # a single prompt
-    for kw, msg in ((dict(h_max=2.0, n_bins=0), "n_bins"), (dict(h_max=0.0), "h_max")):
+    for kw, msg in ((dict(h_max=2.0, n_bins=0), "n_bins"), (dict(h_max=0.0, n_bins=4), "h_max")):
         with pytest.raises(ValueError, match=msg):
-            calibration_bins(hm, he, **kw)
+            entropy_bins(hm, he, **kw)
 
 
 # --------------------------------------------------------------------------- geometry
@@ -228,14 +228,14 @@ def test_tiny_model_trained_extracted_and_tabulated(tmp_path, spec, cuts):
     model = tmp_path / "models" / "wt"
     train_wind_tunnel(spec, model, seed=0, steps=60, batch_size=16, lr=3e-3, warmup_steps=5, weight_decay=0.0,
                       clip_norm=1.0, arch={"n_layers": 2, "d_model": 32, "n_heads": 4}, threads=1, n_val=32,
-                      log=lambda s: None)
+                      log=lambda s: None, checkpoints=(), schedule="cosine", min_lr_ratio=0.1)
     prompts = tmp_path / "prompts.jsonl"
     records = prompt_records(spec, n_sequences=8, cut_positions=cuts, seed=0, name="task")
     write_prompt_set(records, prompts)
     h5 = tmp_path / "wt.h5"
     extract_to_hdf5(model, prompts, h5, model_name="wt", dtype="float32", device="cpu", batch_size=8, top_k=3,
-                    attention=True, candidates_key=CANDIDATES_KEY)
-    t = wind_tunnel_tables(h5, model="wt", n_bins=4, step=60)
+                    attention=True, candidates_key=CANDIDATES_KEY, sample_per_prompt=30, device_map=None)
+    t = wind_tunnel_tables(h5, model="wt", calibration_bins=4, step=60, layers="all")
     s = t["summary"]
     assert list(s.columns) == SUMMARY_COLUMNS and list(s.t) == [*cuts, "all"]
     assert np.isfinite(s.mae_bits).all() and (s.n.iloc[-1] == 24)

@@ -12,16 +12,13 @@ from llmgeom.core.claims_data import claims_file
 
 from llmgeom.prompts.io import CANDIDATES_KEY  # meta key of candidate tokens (SULA labels, wind-tunnel answers)
 
-from llmgeom.pipeline.config import (
-    apply_defaults,
-    check_config,
-    dry_run_requested,
+from llmgeom.pipeline.schema import SCHEMA_PATH, apply_defaults, read_schema, section_config, validate_config
+from llmgeom.pipeline.checks import check_config, dry_run_requested
+from llmgeom.pipeline.derived import (
     model_source_params,
     null_entries,
     null_of_models,
-    read_schema,
     token_budgets,
-    validate_config,
     wind_tunnel_cuts,
     wind_tunnel_entries,
 )
@@ -40,21 +37,21 @@ from llmgeom.pipeline.cluster import (
     scaled_runtime,
 )
 
-# The config, loaded and checked once (llmgeom.pipeline.config; tests/test_config_errors.py runs the same calls):
+# The config, loaded and checked once (llmgeom.pipeline.schema and .checks; tests/test_config_errors.py runs the
+# same calls):
 # every schema problem at once in plain words, the schema's defaults (also inside models.<name> and
 # wind_tunnel.models.<name>), Snakemake's validate, then every cross-key, model, prompt-data, wind-tunnel and
 # device check. CUDA devices are looked up only where the jobs run here: the main process of a local run.
-SCHEMA_PATH = workflow.source_path("../schemas/config.schema.yaml")
-SCHEMA = read_schema(SCHEMA_PATH)
+SCHEMA = read_schema(SCHEMA_PATH)  # workflow/schemas/config.schema.yaml, found one way (llmgeom.pipeline.schema)
 validate_config(config, SCHEMA)
 apply_defaults(config, SCHEMA)
-validate(config, SCHEMA_PATH)
+validate(config, str(SCHEMA_PATH))
 WT_TASKS = check_config(config, here=workflow.is_main_process and workflow.resource_settings.nodes is None,
                         dry_run=dry_run_requested(sys.argv, workflow.dryrun))  # prepares nothing: uncached Hub ids ok
 
 MODELS = sorted(config["models"])
 
-# Null models (issue 28; llmgeom.pipeline.config.null_entries): each model's random-init twin <model>-randinit
+# Null models (issue 28; llmgeom.pipeline.derived.null_entries): each model's random-init twin <model>-randinit
 # (an entry of config["models"] like any other, with the trained model's resources; kept out of MODELS) and each
 # wind-tunnel model's step-0 checkpoint <model>-step0 (a checkpoint entry of WT below). They run only the prompt
 # sets and analyses that the claims read (NULL_TABLES below); the scorecard sets every verdict beside its null's.
@@ -64,6 +61,13 @@ LLM_NULLS = [n for n, e in NULLS.items() if e["kind"] == "random_init"]
 for _n in LLM_NULLS:
     config["models"][_n] = dict(config["models"][NULLS[_n]["null_of"]], source="random_init",
                                 base=NULLS[_n]["null_of"], seed=NULLS[_n]["seed"])
+
+
+def section_cfg(section, function=None):
+    """params.cfg of a rule: its config section less the keys the rules read themselves; with function
+    ("module:function"), only the keys it takes (a section that two rules read). The job script calls its
+    function with it (llmgeom.pipeline.schema.call_with_config): the schema is the only source of a default."""
+    return section_config(config, section, SCHEMA, function)
 
 
 def is_null(wildcards):

@@ -12,11 +12,7 @@ rule curvature:
     output:
         "results/{model}/tables/curvature.csv",
     params:
-        k=config["curvature"]["k"],
-        id_estimator=config["curvature"]["id_estimator"],
-        n_points=config["curvature"]["n_points"],
-        min_points=config["curvature"]["min_points"],
-        seed=config["curvature"]["seed"],
+        cfg=section_cfg("curvature"),
     threads: 1
     priority: PRIORITY["curvature"]
     resources:

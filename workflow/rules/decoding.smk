@@ -15,8 +15,7 @@ rule decoding:
     output:
         "results/{model}/tables/decoding.csv",
     params:
-        opts={k: config["decoding"][k] for k in ("calibration_fraction", "n_margin_bins", "ece_bins", "n_bins",
-                                                 "n_boot", "seed")},
+        cfg=section_cfg("decoding"),
     threads: config["decoding"]["threads"]
     resources:
         mem_mb=scaled_mem(model_mem),

@@ -1,6 +1,6 @@
 # Domain restriction (Paper III sec. 4): entropy-stratified mixed vs single-topic selections and the
 # value-manifold statistics of each. Code: llmgeom.analyses.domain_restriction. Definitions: DESIGN.md sec. 3.
-from llmgeom.pipeline.config import resolve_domain_sets  # light: no numpy/pandas at DAG time
+from llmgeom.pipeline.derived import resolve_domain_sets  # light: no numpy/pandas at DAG time
 
 DR = resolve_domain_sets(config)  # checked in common.smk (check_bayes_config)
 DR_SETS = [DR["mixed"], *DR["restricted"]]
@@ -18,17 +18,12 @@ rule domain_restriction:
         selection="results/{model}/tables/domain_selection.csv",
         scores="results/{model}/tables/pc_scores.csv",
     params:
+        cfg=section_cfg("domain_restriction"),
         prompt_sets=get_dr_sets,
         mixed_set=DR["mixed"],
         labels=DR["labels"],
-        n_quantiles=config["domain_restriction"]["n_quantiles"],
-        per_quantile=config["domain_restriction"]["per_quantile"],
-        edges=config["domain_restriction"]["edges"],
         n_boot=get_dr_n_boot,
         data_reps=config["nulls"]["data_reps"],
-        ci=config["domain_restriction"]["ci"],
-        seed=config["domain_restriction"]["seed"],
-        layers=config["domain_restriction"]["layers"],
     threads: 1
     priority: PRIORITY["domain_restriction"]
     resources:

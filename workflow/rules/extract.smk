@@ -7,15 +7,13 @@ rule extract:
     output:
         "results/{model}/activations/{promptset}.h5",
     params:
+        cfg=section_cfg("extract"),
         dtype=get_dtype,
         batch_size=get_batch_size,
         device_map=get_device_map,
-        device=config["extract"]["device"],
-        top_k=config["extract"]["top_k"],
         corpus=get_is_corpus,
         attention=get_attention,
         candidates_key=None,
-        sample_per_prompt=config["extract"]["sample_per_prompt"],
         max_tokens=get_max_tokens,
         seed=config["prompts"]["seed"],
     threads: GPU_THREADS

@@ -15,7 +15,7 @@ rule fisher:
         fisher="results/{model}/tables/fisher.csv",
         fisher_summary="results/{model}/tables/fisher_summary.csv",
     params:
-        opts={k: config["fisher"][k] for k in ("n_positions", "max_tokens", "tail_mass", "seed", "batch")},
+        cfg=section_cfg("fisher"),
     threads: config["fisher"]["threads"]
     priority: PRIORITY["fisher"]
     resources:

@@ -20,14 +20,8 @@ rule intervene:
         axes="results/{model}/interventions/entropy_axes.csv",
         vectors="results/{model}/interventions/entropy_axes.npz",
     params:
-        layers=IV["layers"],
-        multi_layers=IV["multi_layers"],
+        cfg=section_cfg("interventions", "llmgeom.interventions.runner:intervention_experiment"),
         edits=get_iv_edits,
-        shift_scale=IV["shift_scale"],
-        positions=IV["positions"],
-        n_per_k=IV["n_per_k"],
-        batch_size=IV["batch_size"],
-        seed=IV["seed"],
         dtype=get_dtype,
         device_map=get_device_map,
         device=config["extract"]["device"],
@@ -54,9 +48,8 @@ rule sula_interventions:
     output:
         "results/{model}/interventions/sula_interventions.csv",
     params:
+        cfg=section_cfg("interventions", "llmgeom.analyses.interventions:intervention_summary"),
         n_boot=get_iv_n_boot,
-        ci=IV["ci"],
-        seed=IV["seed"],
     resources:
         mem_mb=scaled_mem(2000),
         runtime=10,

@@ -23,18 +23,7 @@ rule intrinsic_dimension:
         scale="results/{model}/tables/gride_scale.csv",
         profile="results/{model}/tables/id_profile.csv",
     params:
-        estimators=config["intrinsic_dimension"]["estimators"],
-        n_subsamples=config["intrinsic_dimension"]["n_subsamples"],
-        subsample_size=config["intrinsic_dimension"]["subsample_size"],
-        min_points=config["intrinsic_dimension"]["min_points"],
-        mle_k=config["intrinsic_dimension"]["mle_k"],
-        seed=config["intrinsic_dimension"]["seed"],
-        disagreement_factor=config["intrinsic_dimension"]["disagreement_factor"],
-        shape_tol=config["intrinsic_dimension"]["shape_tol"],
-        profile_layers=config["intrinsic_dimension"]["profile_layers"],
-        gride_max_rank=config["intrinsic_dimension"]["gride_max_rank"],
-        gride_plateau_tol=config["intrinsic_dimension"]["gride_plateau_tol"],
-        peak_depth_tol=config["intrinsic_dimension"]["peak_depth_tol"],
+        cfg=section_cfg("intrinsic_dimension"),
     threads: 1
     priority: PRIORITY["intrinsic_dimension"]
     resources:

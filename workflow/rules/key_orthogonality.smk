@@ -11,8 +11,7 @@ rule key_orthogonality:
     output:
         "results/{model}/tables/key_orthogonality.csv",
     params:
-        seed=config["key_orthogonality"]["seed"],
-        random_init=config["key_orthogonality"]["random_init"],
+        cfg=section_cfg("key_orthogonality"),
         dtype=get_dtype,
     threads: 1
     resources:

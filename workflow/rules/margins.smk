@@ -19,7 +19,7 @@ rule margins:
         expressibility_gap="results/{model}/tables/expressibility_gap.csv",
         margin_histogram="results/{model}/tables/margin_histogram.csv",
     params:
-        opts={k: v for k, v in config["margins"].items() if k != "prompt_set"},
+        cfg=section_cfg("margins"),
     threads: 1
     resources:
         mem_mb=scaled_mem(2000),

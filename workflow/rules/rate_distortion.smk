@@ -14,7 +14,7 @@ rule rate_distortion:
     output:
         "results/{model}/tables/rate_distortion.csv",
     params:
-        opts=lambda w: dict(config["rate_distortion"]),
+        cfg=section_cfg("rate_distortion"),
     threads: 1
     resources:
         mem_mb=scaled_mem(4000),

@@ -18,15 +18,8 @@ rule build_sula:
     output:
         expand("resources/prompts/sula/{{model}}/{condition}.jsonl", condition=SULA_CONDITIONS),
     params:
+        cfg=section_cfg("sula", "llmgeom.prompts.sula:build_sula_sets"),
         conditions=SULA_CONDITIONS,
-        ks=SULA["ks"],
-        n_per_k=SULA["n_per_k"],
-        n_per_k_controls=SULA["n_per_k_controls"],
-        alpha=SULA["alpha"],
-        seed=SULA["seed"],
-        mask=SULA["mask"],
-        prefix=SULA["label_prefix"],
-        label_pairs=SULA["label_pairs"],
     priority: PRIORITY["build_sula"]
     resources:
         mem_mb=scaled_mem(2000),
@@ -52,11 +45,10 @@ rule extract_sula:
     wildcard_constraints:
         condition="|".join(SULA_CONDITIONS),
     params:
+        cfg=section_cfg("extract"),
         dtype=get_dtype,
         batch_size=get_sula_batch_size,
         device_map=get_device_map,
-        device=config["extract"]["device"],
-        top_k=config["extract"]["top_k"],
         attention=False,  # SULA needs no attention weights: sdpa
         corpus=False,
         candidates_key=CANDIDATES_KEY,
@@ -85,9 +77,8 @@ rule sula:
         geometry="results/{model}/tables/sula_geometry.csv",
         prompts="results/{model}/tables/sula_prompts.csv",
     params:
+        cfg=section_cfg("sula", "llmgeom.analyses.sula:sula_tables"),
         conditions=get_sula_conditions,
-        n_bins=SULA["calibration_bins"],
-        layers=SULA["layers"],
     resources:
         mem_mb=scaled_mem(2000),
         runtime=10,

@@ -13,11 +13,8 @@ rule value_manifold:
     output:
         "results/{model}/tables/value_manifold.csv",
     params:
+        cfg=section_cfg("value_manifold"),
         prompt_sets=VM_SETS,
-        n_boot=config["value_manifold"]["n_boot"],
-        ci=config["value_manifold"]["ci"],
-        seed=config["value_manifold"]["seed"],
-        layers=config["value_manifold"]["layers"],
     priority: PRIORITY["value_manifold"]
     resources:
         mem_mb=scaled_mem(4000),

@@ -76,10 +76,9 @@ rule build_wind_tunnel_prompts:
     wildcard_constraints:
         task=_re(WT_TASKS),
     params:
+        cfg=section_cfg("wind_tunnel.prompts"),
         task=get_task_spec,
-        n_sequences=WT_CFG["prompts"]["n_sequences"],
         cut_positions=get_wt_cuts,
-        seed=WT_CFG["prompts"]["seed"],
     priority: PRIORITY["build_wind_tunnel_prompts"]
     resources:
         mem_mb=scaled_mem(1000),
@@ -105,11 +104,10 @@ rule extract_wind_tunnel:
     wildcard_constraints:
         model=WT_ALL_RE,
     params:
+        cfg=section_cfg("extract"),
         dtype="float32",
         batch_size=get_batch_size,
         device_map=None,
-        device=config["extract"]["device"],
-        top_k=config["extract"]["top_k"],
         attention=True,  # attention entropies for attention focusing
         corpus=False,
         candidates_key=CANDIDATES_KEY,
@@ -140,8 +138,7 @@ rule wind_tunnel:
     wildcard_constraints:
         model=WT_ALL_RE,
     params:
-        n_bins=WT_CFG["calibration_bins"],
-        layers=WT_CFG["layers"],
+        cfg=section_cfg("wind_tunnel"),
         step=get_wt_step,
     threads: 1
     resources:

@@ -5,9 +5,10 @@ from llmgeom.pipeline.jobs import run_logged
 with run_logged(snakemake.log[0]):
     from llmgeom.prompts.io import write_prompt_set
     from llmgeom.prompts.wind_tunnel import prompt_records
+    from llmgeom.pipeline.schema import call_with_config
 
     p = snakemake.params
-    records = prompt_records(dict(p.task), n_sequences=p.n_sequences, cut_positions=p.cut_positions, seed=p.seed,
-                             name=snakemake.wildcards.task)
+    records = call_with_config(prompt_records, p.cfg, dict(p.task), cut_positions=p.cut_positions,
+                               name=snakemake.wildcards.task)
     sha = write_prompt_set(records, snakemake.output[0])
-    print(f"{len(records)} prompts ({p.n_sequences} sequences x {len(p.cut_positions)} cuts), sha256 {sha}")
+    print(f"{len(records)} prompts ({p.cfg['n_sequences']} sequences x {len(p.cut_positions)} cuts), sha256 {sha}")

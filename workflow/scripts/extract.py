@@ -9,23 +9,21 @@ if TYPE_CHECKING:  # the code this job runs (in the server), named for code trac
     import llmgeom.extract.forward  # noqa: F401
 
 p = snakemake.params
-load = dict(model_dir=snakemake.input.model, dtype=p.dtype, device=p.device, device_map=p.device_map)
+load = dict(model_dir=snakemake.input.model, dtype=p.dtype, device=p.cfg["device"], device_map=p.device_map)
 run_task(
     "extract",
     dict(
+        cfg=p.cfg,  # the config section extract (top_k, sample_per_prompt, device); the rest is derived per model
         model_dir=snakemake.input.model,
         prompts_path=snakemake.input.prompts,
         out_path=snakemake.output[0],
         model_name=snakemake.wildcards.model,
         dtype=p.dtype,
-        device=p.device,
         device_map=p.device_map,
         batch_size=p.batch_size,
-        top_k=p.top_k,
         attention=p.attention,
         corpus=p.corpus,
         candidates_key=p.candidates_key,
-        sample_per_prompt=p.get("sample_per_prompt", 0),
         max_tokens=p.get("max_tokens"),
         seed=p.get("seed", 0),
         mem_mb=getattr(snakemake.resources, "mem_mb", None),  # checked against the model's size before loading

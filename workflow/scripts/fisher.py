@@ -5,12 +5,13 @@ from llmgeom.analyses.fisher import fisher_tables
 from llmgeom.core.io import write_table
 from llmgeom.weights.unembedding import load_unembedding
 from llmgeom.pipeline.jobs import run_logged
+from llmgeom.pipeline.schema import call_with_config
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params
     t0 = time.time()
     unembedding = load_unembedding(snakemake.input.model)  # the only step that reads weights
-    tabs = fisher_tables(snakemake.input.h5, unembedding, model=snakemake.wildcards.model, **p.opts)
+    tabs = call_with_config(fisher_tables, p.cfg, snakemake.input.h5, unembedding, model=snakemake.wildcards.model)
     for name, df in tabs.items():
         write_table(df, snakemake.output[name])
     s = tabs["fisher_summary"].iloc[0]

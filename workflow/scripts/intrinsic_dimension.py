@@ -9,28 +9,24 @@ from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.intrinsic_dimension import last_token_id_table
 from llmgeom.core.io import write_table
 from llmgeom.pipeline.jobs import run_logged
+from llmgeom.pipeline.schema import call_with_config
 
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     p = snakemake.params
     model = snakemake.wildcards.model
     t0 = time.time()
-    common = dict(model=model, estimators=p.estimators, min_points=p.min_points, mle_k=p.mle_k,
-                  disagreement_factor=p.disagreement_factor, gride_max_rank=p.gride_max_rank,
-                  gride_plateau_tol=p.gride_plateau_tol)
-    df, scale = intrinsic_dimension_table(snakemake.input.h5, n_subsamples=p.n_subsamples,
-                                          subsample_size=p.subsample_size, seed=p.seed, return_scale=True, **common)
+    df, scale = call_with_config(intrinsic_dimension_table, p.cfg, snakemake.input.h5, model=model, return_scale=True)
     write_table(df, snakemake.output.ids)
     t1 = time.time()
     if getattr(snakemake.input, "last_token", None):
-        last, last_scale = last_token_id_table(snakemake.input.last_token, seed=p.seed, **common)
+        last, last_scale = call_with_config(last_token_id_table, p.cfg, snakemake.input.last_token, model=model)
     else:
         print("[intrinsic_dimension] no last-token set (intrinsic_dimension.last_token_set not among prompts.sets):"
               " id_last_token.csv is empty")
         last, last_scale = df.head(0), scale.head(0)
     write_table(last, snakemake.output.last_token)
     write_table(pd.concat([scale, last_scale], ignore_index=True), snakemake.output.scale)
-    prof = id_profile_table(pd.concat([df, last], ignore_index=True), shape_tol=p.shape_tol,
-                            layers=p.profile_layers, peak_depth_tol=p.peak_depth_tol)
+    prof = call_with_config(id_profile_table, p.cfg, pd.concat([df, last], ignore_index=True))
     write_table(prof, snakemake.output.profile)
     for r in prof.itertuples():
         print(f"[intrinsic_dimension] {r.model} {r.points} {r.estimator}: peak {r.peak_id:.2f} at layer "

@@ -4,10 +4,10 @@ from llmgeom.pipeline.jobs import run_logged
 with run_logged(snakemake.log[0], threads=snakemake.threads):
     from llmgeom.analyses.wind_tunnel import best_geometry, wind_tunnel_tables
     from llmgeom.core.io import write_table
+    from llmgeom.pipeline.schema import call_with_config
 
     p = snakemake.params
-    t = wind_tunnel_tables(snakemake.input.h5, model=snakemake.wildcards.model, n_bins=p.n_bins, layers=p.layers,
-                           step=p.step)
+    t = call_with_config(wind_tunnel_tables, p.cfg, snakemake.input.h5, model=snakemake.wildcards.model, step=p.step)
     o = snakemake.output
     for key, path in (("summary", o.summary), ("calibration", o.calibration), ("geometry", o.geometry),
                       ("prompts", o.prompts)):

@@ -47,8 +47,8 @@ def known_geometry_references(n: int, d: int, m: int, k: int, *, seed: int = 0) 
             for name, X in (("flat", flat), ("sphere", sphere), ("iso", iso))}
 
 
-def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_estimator: str = "twonn",
-                    n_points: int = 1000, seed: int = 0, min_points: int = 50) -> pd.DataFrame:
+def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_estimator: str, n_points: int,
+                    seed: int, min_points: int) -> pd.DataFrame:
     """Curvature proxy (local PCA residual variance) of the residual stream per layer.
 
     Points: ``tokens/residual_sample[:, layer]`` (float64, duplicates removed), a seeded subset

@@ -13,9 +13,8 @@ from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures import decoding as dec
 
 
-def decoding_table(h5_path, unembedding, *, model: str, calibration_fraction: float = 0.5,
-                   n_margin_bins: int = 4, ece_bins: int = 10, n_bins: int = 2048, n_boot: int = 200,
-                   ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
+def decoding_table(h5_path, unembedding, *, model: str, calibration_fraction: float, n_margin_bins: int,
+                   ece_bins: int, n_bins: int, n_boot: int, seed: int, ci: float) -> pd.DataFrame:
     """NLL and top-1 ECE of T = 1, a single fitted T and a margin-binned T(m) on held-out corpus passages.
 
     Logits at the sampled positions: ``tokens/final_normed_sample`` @ W^T + b (soft-capped where the model

@@ -133,11 +133,9 @@ def _topics(meta_ds) -> list[str]:
 _NULL_NAN = dict(pc1_iso=np.nan, pc12_iso=np.nan, pc1_shuffled=np.nan, pc12_shuffled=np.nan, null_reps=0)
 
 
-def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, labels: dict | None = None,
-                              n_quantiles: int = 5, per_quantile: int = 15, edges: str = "per_set",
-                              n_boot: int = 100, ci: float = 0.95, seed: int = 0, layers="all",
-                              standardize=(True, False), score_layers="last", data_reps: int = 0,
-                              log=print) -> dict:
+def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, labels: dict | None, n_quantiles: int,
+                              per_quantile: int, edges: str, n_boot: int, ci: float, seed: int, layers,
+                              data_reps: int, standardize=(True, False), score_layers="last", log=print) -> dict:
     """Domain restriction (Paper III sec. 4, Table 1): value-manifold statistics of entropy-stratified
     selections from the mixed pool and from each single-topic pool, and their change vs mixed.
 

@@ -13,8 +13,8 @@ from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures import fisher as fisher_mod
 
 
-def fisher_tables(h5_path, unembedding, *, model: str, n_positions: int = 128, max_tokens: int = 1024,
-                  tail_mass: float = 1e-6, seed: int = 0, batch: int = 32) -> dict[str, pd.DataFrame]:
+def fisher_tables(h5_path, unembedding, *, model: str, n_positions: int, max_tokens: int, tail_mass: float, seed: int,
+                  batch: int) -> dict[str, pd.DataFrame]:
     """Fisher information metric G(h) at a seeded subset of sampled corpus positions.
 
     h = ``tokens/final_normed_sample`` (the unembedding input at the sampled positions); W, bias and

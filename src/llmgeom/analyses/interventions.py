@@ -38,7 +38,7 @@ def _cond_stats(hm, hb, proj_e, proj_f, sig_e, sig_f, pc1_f=None) -> dict:
             "mean_h_model_bits": st["mean_h_model_bits"]}
 
 
-def intervention_summary(per_prompt, axes, *, n_boot: int = 200, ci: float = 0.95, seed: int = 0):
+def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int):
     """One row per condition: SULA MAE / r and the axis-entropy correlation after the edit, their changes
     against the unedited baseline, and paired basic (reverse-percentile) bootstrap CIs over prompts for the
     changes with the bias-corrected change they are centred on.

@@ -74,15 +74,15 @@ def _agreement(prof: pd.DataFrame, peak_depth_tol: float) -> pd.DataFrame:
     return prof
 
 
-def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: str = "blocks",
-                     peak_depth_tol: float = 0.1) -> pd.DataFrame:
+def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers: str,
+                     peak_depth_tol: float) -> pd.DataFrame:
     """Shape of the intrinsic-dimension profile over depth, per model, prompt set, points and estimator.
 
     Args:
         id_table: rows of ``intrinsic_dimension.csv`` and ``id_last_token.csv`` (columns model, prompt_set,
             points (absent = "token positions"), estimator, layer, relative_depth, d_model, id_mean, ...).
         shape_tol: see :func:`llmgeom.measures.intrinsic_dimension.id_profile_shape`.
-        layers: "blocks" (default): the outputs of blocks 1..L; "all": also layer 0, the token
+        profile_layers: "blocks": the outputs of blocks 1..L; "all": also layer 0, the token
             embeddings, whose points are a discrete set (one per vocabulary entry seen, many exact
             duplicates) and whose ID often exceeds every hidden layer's, which would hide the shape
             of the hidden-layer profile.
@@ -110,8 +110,8 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
     Source: LSM (universal ID profile over relative depth); Cheng, Vaidya & Antonello (ICML 2026);
     DESIGN.md sec. 3; issue 20 item 3.
     """
-    if layers not in ("blocks", "all"):
-        raise ValueError(f"layers must be 'blocks' or 'all', got {layers!r}")
+    if profile_layers not in ("blocks", "all"):
+        raise ValueError(f"profile_layers must be 'blocks' or 'all', got {profile_layers!r}")
     if "points" not in id_table.columns:
         id_table = id_table.assign(points=POINTS_TOKENS)
     rows = []
@@ -119,7 +119,7 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float = 0.1, layers: 
         g = g.sort_values("layer")
         emb = g[g.layer == 0].id_mean
         n_layers = int(g.layer.max())
-        if layers == "blocks" and n_layers >= 2:
+        if profile_layers == "blocks" and n_layers >= 2:
             g = g[g.layer > 0]
         d_model = int(g.d_model.iloc[0])
         key = dict(model=model, prompt_set=pset, points=pts, estimator=est, n_layers=n_layers, d_model=d_model)
@@ -199,10 +199,9 @@ def _flag_disagreement(df: pd.DataFrame, disagreement_factor: float) -> pd.DataF
     return df
 
 
-def intrinsic_dimension_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "mle_lb", "gride"),
-                              n_subsamples: int, subsample_size: int, seed: int, min_points: int = 50,
-                              mle_k: int = 20, disagreement_factor: float = 1.5, gride_max_rank: int = 64,
-                              gride_plateau_tol: float = 0.1, return_scale: bool = False):
+def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: int, subsample_size: int, seed: int,
+                              min_points: int, mle_k: int, disagreement_factor: float, gride_max_rank: int,
+                              gride_plateau_tol: float, return_scale: bool = False):
     """Intrinsic dimension of the residual stream per layer at sampled corpus tokens.
 
     Points: ``tokens/residual_sample`` [n_sample, L+1, d_model] (position 0 excluded at
@@ -301,9 +300,8 @@ def gride_scale_columns() -> list:
             "in_plateau", "plateau_n1_min", "plateau_n1_max", "plateau_id", "plateau_tol", "max_rank"]
 
 
-def last_token_id_table(h5_path, *, model: str, estimators=("twonn", "mle_mg", "mle_lb", "gride"),
-                        min_points: int = 50, mle_k: int = 20, disagreement_factor: float = 1.5, gride_max_rank: int = 64, gride_plateau_tol: float = 0.1,
-                        seed: int = 0):
+def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle_k: int, disagreement_factor: float,
+                        gride_max_rank: int, gride_plateau_tol: float, seed: int):
     """Intrinsic dimension of the last-token residual states over prompts, per layer (Cheng et al.'s points).
 
     Points: ``last_token/residual`` [n_prompts, L+1, d_model] of a prompt set (the default study: ``mixed``),

@@ -25,11 +25,9 @@ GAP_PUBLISHED = {"beta": "eta_slope", "r2": "eta_r2"}
 # --------------------------------------------------------------------------------------------
 
 
-def margin_tables(h5_path, *, model: str, threshold: float = 0.5, hard_core_quantile: float = 0.05,
-                  hard_core_thresholds=margins.HARD_CORE_THRESHOLDS,
-                  eps_min: float = 1e-3, eps_max: float = 10.0, n_eps: int = 41, fit_eps_max: float = 0.5,
-                  min_count: int = 10, n_boot: int = 200, ci: float = 0.95, seed: int = 0,
-                  hist_bins: int = 60) -> dict[str, pd.DataFrame]:
+def margin_tables(h5_path, *, model: str, threshold: float, hard_core_quantile: float, hard_core_thresholds,
+                  eps_min: float, eps_max: float, n_eps: int, fit_eps_max: float, min_count: int, n_boot: int,
+                  ci: float, seed: int, hist_bins: int) -> dict[str, pd.DataFrame]:
     """Voronoi margins, the expressibility gap and perplexity of one model on a corpus set.
 
     Reads ``tokens/margin`` (logits, float32, top-1 minus top-2 of the final layer, computed at

@@ -18,9 +18,9 @@ from llmgeom.measures.rate_distortion import rate_distortion_exponent
 ID_COLUMNS = ("twonn", "mle_mg", "mle_lb", "gride")
 
 
-def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, model: str, seed: int = 0,
-                          n_boot: int = 200, ci: float = 0.95, agree_tol: float = 0.15, min_fit_points: int = 4,
-                          r2_min: float = 0.98, **curve_kw) -> pd.DataFrame:
+def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, model: str, seed: int, n_boot: int,
+                          agree_tol: float, min_fit_points: int, r2_min: float, n_min: int, max_fraction: float,
+                          n_points: int, train_fraction: float, max_iter: int, init: str, ci: float) -> pd.DataFrame:
     """k_RD per residual-stream layer and for the final normed states, beside TwoNN / MLE of the same layer.
 
     Args:
@@ -28,8 +28,9 @@ def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, mode
             ``tokens/final_normed_sample`` [n_sample, d_unembed]).
         id_table: rows of ``intrinsic_dimension.csv`` (model, estimator, layer, id_mean) or None.
         model: model name (checked against the file).
-        seed, n_boot, ci, min_fit_points, r2_min, **curve_kw: see
-            :func:`llmgeom.measures.rate_distortion.rate_distortion_exponent`.
+        seed, n_boot, ci, min_fit_points, r2_min, n_min, max_fraction, n_points, train_fraction, max_iter, init:
+            see :func:`llmgeom.measures.rate_distortion.rate_distortion_exponent` (the config section
+            ``rate_distortion``; notebooks: ``llmgeom.defaults("rate_distortion")``).
         agree_tol: ``agrees_twonn`` is True when TwoNN lies inside [k_rd_lo, k_rd_hi] or within
             ``agree_tol`` * TwoNN of k_rd.
 
@@ -59,7 +60,9 @@ def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, mode
         jobs.append(("final_normed", n_layers, lambda: read_finite(f, DS.TOKENS_FINAL_NORMED_SAMPLE, dtype=np.float32)))
         for states, layer, read in jobs:
             r = rate_distortion_exponent(read(), n_boot=n_boot, ci=ci, min_fit_points=min_fit_points,
-                                         r2_min=r2_min, seed=seed, **curve_kw)
+                                         r2_min=r2_min, seed=seed, n_min=n_min, max_fraction=max_fraction,
+                                         n_points=n_points, train_fraction=train_fraction, max_iter=max_iter,
+                                         init=init)
             grid, dist = r.pop("n_grid"), r.pop("distortion_grid")
             for k in ("fit_lo", "fit_hi"):
                 r.pop(k)

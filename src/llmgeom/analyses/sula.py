@@ -96,7 +96,7 @@ def sula_table(per_prompt, *, model: str):
     return pd.DataFrame(rows)
 
 
-def calibration_table(per_prompt, *, model: str, n_bins: int = 10):
+def calibration_table(per_prompt, *, model: str, n_bins: int):
     """Calibration: prompts binned by H_Bayes (equal-width bins on [0, 1] bit, last bin closed), per
     condition: bin, bin_lo, bin_hi, n, mean_h_bayes_bits, mean_h_model_bits, sd_h_model_bits,
     mean_abs_error_bits. Empty bins are omitted. A calibrated model has mean_h_model ~ mean_h_bayes.
@@ -125,7 +125,7 @@ def calibration_table(per_prompt, *, model: str, n_bins: int = 10):
     return pd.DataFrame(rows)
 
 
-def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
+def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers):
     """SULA geometry per condition and layer: PC1 of the standardized last-token values
     (``last_token/values`` [n, L, n_kv*head_dim]) by :class:`llmgeom.measures.pca.ValueManifoldPCA`; its sign
     is fixed so that Pearson corr(PC1, H_model) >= 0 (:data:`llmgeom.measures.pca.H_MODEL_SIGN`).
@@ -177,7 +177,7 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers="all"):
     return pd.DataFrame(rows), last_scores
 
 
-def sula_tables(h5_paths: dict, *, model: str, n_bins: int = 10, layers="all") -> dict:
+def sula_tables(h5_paths: dict, *, model: str, calibration_bins: int, layers) -> dict:
     """All SULA tables for one model: {"sula", "calibration", "geometry", "prompts"} DataFrames.
 
     Args:
@@ -197,5 +197,5 @@ def sula_tables(h5_paths: dict, *, model: str, n_bins: int = 10, layers="all") -
     for cond, s in scores.items():
         per.loc[per.condition == cond, "pc1_last"] = s
     per.insert(0, "model", model)
-    return {"sula": sula_table(per, model=model), "calibration": calibration_table(per, model=model, n_bins=n_bins),
+    return {"sula": sula_table(per, model=model), "calibration": calibration_table(per, model=model, n_bins=calibration_bins),
             "geometry": geo, "prompts": per}

@@ -19,8 +19,8 @@ from llmgeom.core.store import DS, open_activations, read_finite
 from llmgeom.measures import pca as geometry
 
 
-def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, ci: float = 0.95,
-                         layers="all", standardize=(True, False)) -> pd.DataFrame:
+def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, ci: float, layers,
+                         standardize=(True, False)) -> pd.DataFrame:
     """Value-manifold statistics per prompt set, representation, layer and variant.
 
     Args:

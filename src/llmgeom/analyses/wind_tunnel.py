@@ -12,7 +12,7 @@ Tables:
 * ``wind_tunnel.csv`` (:func:`calibration_summary`): per answer position t and overall (t = "all"):
   n, mae_bits, pearson_r / p, spearman_rho / p, mean_h_model_bits, mean_h_exact_bits, mean_kl_bits,
   mean_answer_mass.
-* ``wind_tunnel_calibration.csv`` (:func:`calibration_bins`): prompts binned by exact entropy.
+* ``wind_tunnel_calibration.csv`` (:func:`entropy_bins`): prompts binned by exact entropy.
 * ``wind_tunnel_geometry.csv`` (:func:`geometry_table`): per representation (``values``,
   ``attn_output`` when the file has it, ``residual_stream``) and layer: PC1 share, PC1+PC2 share,
   participation ratio, Spearman rho(PC1, exact entropy), pc1_sign.
@@ -188,7 +188,7 @@ def calibration_summary(per_prompt: pd.DataFrame, *, model: str, step=None) -> p
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
-def calibration_bins(h_model, h_exact, *, h_max: float, n_bins: int = 10) -> pd.DataFrame:
+def entropy_bins(h_model, h_exact, *, h_max: float, n_bins: int) -> pd.DataFrame:
     """Calibration bins: prompts binned by exact entropy, equal-width bins on [0, h_max] bits (last bin
     closed; values above h_max go to the last bin), as :func:`llmgeom.analyses.sula.calibration_table`
     does on [0, 1] bit. Empty bins are omitted.
@@ -264,7 +264,7 @@ def manifold_stats(X, h_exact, *, standardize: bool = True) -> dict:
     return out
 
 
-def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers="all", step=None,
+def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers, step=None,
                    standardize: bool = True) -> pd.DataFrame:
     """``wind_tunnel_geometry.csv``: :func:`manifold_stats` per representation (:data:`REPRESENTATIONS`:
     values, attn_output when the file has ``last_token/attn_output``, residual_stream) and layer.
@@ -302,7 +302,7 @@ def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers="all
     return pd.DataFrame(rows, columns=GEOMETRY_COLUMNS)
 
 
-def wind_tunnel_tables(h5_path, *, model: str, n_bins: int = 10, layers="all", step=None) -> dict:
+def wind_tunnel_tables(h5_path, *, model: str, calibration_bins: int, layers, step=None) -> dict:
     """All wind-tunnel tables of one model: {"summary", "calibration", "geometry", "prompts"}.
 
     ``calibration`` bins span [0, log2 C] bits (C = number of candidate tokens, the largest possible
@@ -316,7 +316,7 @@ def wind_tunnel_tables(h5_path, *, model: str, n_bins: int = 10, layers="all", s
 
     with open_activations(h5_path, model=model) as f:
         n_cand = int(f[DS.NEXT_TOKEN_CANDIDATE_IDS].shape[1])
-    cal = calibration_bins(per.h_model_bits, per.h_exact_bits, h_max=float(np.log2(n_cand)), n_bins=n_bins)
+    cal = entropy_bins(per.h_model_bits, per.h_exact_bits, h_max=float(np.log2(n_cand)), n_bins=calibration_bins)
     cal.insert(0, "step", step)
     cal.insert(0, "task", per.task.iloc[0])
     cal.insert(0, "model", model)

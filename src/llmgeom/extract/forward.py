@@ -263,7 +263,7 @@ class BatchHooks:
         return cm.__exit__(*exc)
 
 
-def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int = 10,
+def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int,
                   sample_positions: list[list[int]] | None = None, token_stats: bool = False,
                   prompt_ids: list[str] | None = None, head: Float32Head | None = None,
                   pad_id: int = 0, candidates: list[list[int]] | None = None,
@@ -474,10 +474,10 @@ def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int |
     return out
 
 
-def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype: str = "auto",
-                    device: str = "auto", batch_size: int = 8, top_k: int = 10, attention: bool = True,
-                    corpus: bool = False, sample_per_prompt: int = 30, max_tokens: int | None = None,
-                    seed: int = 0, device_map: str | None = None, candidates_key: str | None = None,
+def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype: str, device: str, batch_size: int,
+                    top_k: int, sample_per_prompt: int, device_map: str | None, attention: bool = True,
+                    corpus: bool = False, max_tokens: int | None = None, seed: int = 0,
+                    candidates_key: str | None = None,
                     mem_mb: int | None = None, attn_implementation: str = "sdpa", reuse_model: bool = False,
                     write_behind: bool | None = None, log=print) -> Path:
     """Extract every dataset of the HDF5 contract for one model and one prompt set.

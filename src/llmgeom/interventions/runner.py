@@ -137,8 +137,8 @@ def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, 
 
 def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]], conditions: list[dict],
                       axes: Mapping[int, EntropyAxis], random_axes: Mapping[int, np.ndarray], *,
-                      probe_layers: Sequence[int], shift_scale: float = 1.0, positions: str = "all",
-                      batch_size: int = 64, pad_id: int = 0, skip: bool = True, log=print) -> dict:
+                      probe_layers: Sequence[int], shift_scale: float, positions: str, batch_size: int,
+                      pad_id: int = 0, skip: bool = True, log=print) -> dict:
     """Run every condition over the prompts and collect per-prompt outputs.
 
     Prompts are batched by length (:func:`length_batches`, at most ``batch_size``). Per batch, the unedited
@@ -233,11 +233,9 @@ def recomputed_pc1(values, h_model, layer: int) -> np.ndarray:
     return np.asarray(values, np.float64) @ ax.u
 
 
-def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str, layers=("middle", "last"),
-                            multi_layers=("middle", "last"), edits=tuple(EDIT_NAMES), shift_scale: float = 1.0,
-                            positions: str = "all", n_per_k: int | None = 15, batch_size: int = 64,
-                            seed: int = 0, dtype: str = "auto", device: str = "auto",
-                            device_map: str | None = None, reuse_model: bool = False, log=print):
+def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str, layers, multi_layers, edits,
+                            shift_scale: float, positions: str, n_per_k: int | None, batch_size: int, seed: int,
+                            dtype: str, device: str, device_map: str | None, reuse_model: bool = False, log=print):
     """Fit entropy axes on the SULA main activations, then run the baseline and every edit.
 
     ``reuse_model``: take / keep the model in this process's cache (``load_prepared(reuse=True)``).

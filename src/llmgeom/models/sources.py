@@ -429,7 +429,7 @@ def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None)
     """Context length (tokens) of a model entry WITHOUT loading weights or importing transformers,
     and where it was read (see :func:`model_facts`). ``(None, reason)`` when it cannot be known cheaply.
 
-    Also a cheap source check for the DAG (see ``llmgeom.pipeline.config.check_models``).
+    Also a cheap source check for the DAG (see ``llmgeom.pipeline.checks.check_models``).
 
     Raises:
         ModelSourceError: see :func:`model_facts`.

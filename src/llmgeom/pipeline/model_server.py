@@ -64,6 +64,7 @@ START_TIMEOUT_S = 300.0
 #: the rules whose jobs hand their work to the model server (their scripts call :func:`run_task`): declared with
 #: the other GPU rules in :data:`llmgeom.pipeline.cluster.GPU` (``server_task``)
 from llmgeom.pipeline.cluster import SERVER_RULES  # noqa: E402  (standard library only)
+from llmgeom.pipeline.schema import call_with_config  # noqa: E402  (standard library only)
 
 #: environment variable naming the run's plan file (:func:`write_plan`), inherited by the run's jobs
 PLAN_ENV = "LLMGEOM_MODEL_SERVER_PLAN"
@@ -219,7 +220,8 @@ def _start(d: Path, load: dict):
 def _call(task: str, kwargs: dict, reuse: bool):
     mod, fn = TASKS[task].split(":")
     f = getattr(importlib.import_module(mod), fn)
-    return f(**kwargs, reuse_model=reuse)
+    kwargs = dict(kwargs)
+    return call_with_config(f, kwargs.pop("cfg", {}), **kwargs, reuse_model=reuse)
 
 
 def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1):

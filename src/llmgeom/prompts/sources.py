@@ -159,7 +159,7 @@ def wiki_topic_pool(records: list[dict] | None = None) -> dict[str, dict]:
 
     An upper bound for a prompt set's ``n``: a mixed/domain set takes at most one prompt per summary of
     its topics, a corpus set at most ``words // max_words`` passages. Used by the workflow's config
-    check before any job (``llmgeom.pipeline.config.check_prompt_sources``), which caches it.
+    check before any job (``llmgeom.pipeline.checks.check_prompt_sources``), which caches it.
     """
     if records is None:
         records = load_wiki_summaries()

@@ -4,7 +4,7 @@ Paper III ("Geometric Scaling of Bayesian Inference in LLMs") sec. 4.3 and 5.2; 
 
 Task. A latent label y in {L1, L2} is drawn with a uniform prior. The prompt shows k examples
 ``"<carrier word>: <label>"``, one per line; each example's label equals y with probability
-``alpha`` (default 0.9), independently. Carrier words are drawn from a positive and a negative
+``alpha`` (config key ``sula.alpha``), independently. Carrier words are drawn from a positive and a negative
 word list independently of y and of the labels, so they carry no information. The prompt ends with
 a query line ``"<carrier word>:"``; the next token is the label (with the leading space that the
 format ``": "`` implies, ``label_prefix``). Labels are nonsense words that are a single token for the
@@ -52,8 +52,6 @@ from llmgeom.measures.bayes import (
 from llmgeom.prompts.io import CANDIDATES_KEY
 
 CONDITIONS = ("main", "remap", "shuffled", "ablation")
-DEFAULT_KS = (0, 1, 2, 4, 8)
-DEFAULT_MASK = "[MASK]"
 
 # Carrier words: sentiment-laden on purpose (a model might be tempted to use them), but drawn
 # independently of the latent label, so they carry no information about it.
@@ -167,10 +165,9 @@ def _draw(seed: int, k: int, i: int, alpha: float) -> dict:
             "carrier_sentiments": [words[j][1] for j in pick[:k]], "shuffled": shuffled.tolist()}
 
 
-def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_per_k: int = 50,
-                  n_per_k_controls: int | None = 25, alpha: float = 0.9, seed: int = 0,
-                  mask: str = DEFAULT_MASK, prefix: str = " ",
-                  conditions: Sequence[str] = CONDITIONS) -> dict[str, list[dict]]:
+def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int], n_per_k: int, n_per_k_controls: int | None,
+                  alpha: float, seed: int, mask: str, label_prefix: str,
+                  conditions: Sequence[str]) -> dict[str, list[dict]]:
     """Build the SULA prompt sets (main and controls) for one tokenizer's label pairs.
 
     Args:
@@ -183,7 +180,9 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
         seed: prompt i at k uses ``numpy.random.default_rng([seed, k, i])``; changing n_per_k keeps
             the earlier prompts unchanged.
         mask: string replacing every carrier word in the ablation control.
-        prefix: text between ":" and the label.
+        label_prefix: text between ":" and the label.
+        conditions: the conditions built (``main`` and any of :data:`CONDITIONS`).
+        (The workflow passes the config section ``sula``; notebooks: ``llmgeom.defaults("sula", generate_sula)``.)
 
     Returns:
         condition -> list of records {"id", "text", "meta"}; meta has condition, k, i, y ("L1"/"L2", None
@@ -228,7 +227,7 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
                 n2 = k - n1
                 carriers = [mask] * k if cond == "ablation" else d["carriers"]
                 query = mask if cond == "ablation" else d["query"]
-                text = format_prompt(carriers, [pair["labels"][e] for e in ex], query, prefix)
+                text = format_prompt(carriers, [pair["labels"][e] for e in ex], query, label_prefix)
                 h_counts = float(h_bayes_bits(n1, n2, alpha))
                 if cond == "shuffled":
                     p, h, y = 0.5, 1.0, None
@@ -241,7 +240,7 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
                     "text": text,
                     "meta": {"condition": cond, "k": k, "i": i, "y": y, "n_L1": n1, "n_L2": n2,
                              "labels": list(pair["labels"]), CANDIDATES_KEY: list(pair["token_ids"]),
-                             "label_prefix": prefix, "alpha": alpha, "p_bayes": p, "h_bayes_bits": h,
+                             "label_prefix": label_prefix, "alpha": alpha, "p_bayes": p, "h_bayes_bits": h,
                              "p_pred": p_pred, "h_pred_bits": float(binary_entropy_bits(p_pred)),
                              "h_counts_bits": h_counts, "query_word": query,
                              "query_sentiment": None if cond == "ablation" else d["query_sentiment"],
@@ -250,13 +249,16 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int] = DEFAULT_KS, n_pe
     return out
 
 
-def build_sula_sets(tok, *, label_pairs=None, **kw) -> tuple[dict[str, list[dict]], list[dict]]:
-    """:func:`choose_label_pairs` for ``tok`` then :func:`generate_sula`; returns (sets, pairs used).
+def build_sula_sets(tok, *, label_pairs, ks: Sequence[int], n_per_k: int, n_per_k_controls: int | None, alpha: float,
+                    seed: int, mask: str, label_prefix: str,
+                    conditions: Sequence[str]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """:func:`choose_label_pairs` for ``tok`` (``label_pairs``: candidate pairs, None: the built-in list) then
+    :func:`generate_sula` with the other arguments (the keys of the config section ``sula``); returns
+    (sets, pairs used).
 
     Raises:
         LabelTokenError: not enough single-token label pairs for this tokenizer.
     """
-    conditions = kw.get("conditions", CONDITIONS)
-    prefix = kw.get("prefix", " ")
-    pairs = choose_label_pairs(tok, 2 if "remap" in conditions else 1, label_pairs, prefix)
-    return generate_sula(pairs, **kw), pairs
+    pairs = choose_label_pairs(tok, 2 if "remap" in conditions else 1, label_pairs, label_prefix)
+    return generate_sula(pairs, ks=ks, n_per_k=n_per_k, n_per_k_controls=n_per_k_controls, alpha=alpha, seed=seed,
+                         mask=mask, label_prefix=label_prefix, conditions=conditions), pairs

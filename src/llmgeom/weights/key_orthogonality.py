@@ -75,7 +75,7 @@ def _random_init_layer_heads(skeleton, layer: int, seed: int):
     return arch.w_k_heads(skeleton, layer)
 
 
-def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: bool = True) -> pd.DataFrame:
+def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: bool) -> pd.DataFrame:
     """Key orthogonality per layer and key head with both baselines (Paper III sec. 4.2).
 
     Args:
@@ -123,8 +123,8 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
     return pd.DataFrame(rows, columns=cols)
 
 
-def key_orthogonality_from_dir(model_dir: str | Path, *, model_name: str, seed: int, dtype: str = "auto",
-                               random_init: bool = True) -> pd.DataFrame:
+def key_orthogonality_from_dir(model_dir: str | Path, *, model_name: str, seed: int, dtype: str,
+                               random_init: bool) -> pd.DataFrame:
     """Load a prepared model on the CPU (``models.load_prepared``) and run :func:`key_orthogonality_table`.
 
     ``dtype`` as in the model's config entry ("auto" = float32 on CPU); the statistic itself is

@@ -285,10 +285,9 @@ def _commit(tmp: Path, final: Path) -> None:
 
 def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_size: int, lr: float,
                       warmup_steps: int, weight_decay: float, clip_norm: float, arch: Mapping,
-                      checkpoints: Sequence[int] = (), threads: int = 1, log: Callable[[str], None] = print,
-                      name: str | None = None, eval_every: int | None = None, log_every: int | None = None,
-                      n_val: int = 1024, schedule: str = "cosine", min_lr_ratio: float = 0.1,
-                      betas: tuple[float, float] = (0.9, 0.98)) -> dict:
+                      checkpoints: Sequence[int], threads: int, n_val: int, schedule: str, min_lr_ratio: float,
+                      log: Callable[[str], None] = print, name: str | None = None, eval_every: int | None = None,
+                      log_every: int | None = None, betas: tuple[float, float] = (0.9, 0.98)) -> dict:
     """Train a small causal transformer on a task with an exact posterior (Paper I; recipe in the module doc).
 
     Args:

@@ -1,188 +1,22 @@
-"""The workflow's one config loader: schema check in plain words, defaults, and every check that runs
-while Snakemake builds the DAG (called once, from workflow/rules/common.smk).
+"""Every config check that runs while Snakemake builds the DAG, before any job (issue 7; issue 29 point 3).
 
-Order (common.smk; ``tests/test_config_errors.py`` runs the same calls): :func:`validate_config` (every
-schema problem at once, in plain words) -> :func:`apply_defaults` (the schema's defaults, also inside the
-per-name maps ``models.<name>`` and ``wind_tunnel.models.<name>`` that Snakemake's ``validate`` does not fill)
--> Snakemake's ``validate`` -> :func:`check_config` (cross-key, model, prompt-data, wind-tunnel and device
-checks). :func:`check_config_files` checks the YAML text first (Snakefile). Every problem is a
-:class:`ConfigError` naming the key, the value and what is valid. Defaults live only in
-workflow/schemas/config.schema.yaml; config/README.md is generated from it (``python -m
-llmgeom.pipeline.config --markdown > config/README.md``).
+:func:`check_config_files` reads the YAML text first (duplicate keys; the Snakefile), then common.smk runs
+``schema.validate_config`` -> ``schema.apply_defaults`` -> Snakemake's ``validate`` -> :func:`check_config`
+(cross-key, model sources, prompt data, wind tunnel, device, the two studies' keys). Each problem is a
+``ConfigError`` naming the key, the value and what is valid. The Wikipedia topic pool that the prompt check
+counts is cached in ``resources/cache/`` (:data:`WIKI_POOL_CACHE`).
 
-Pure Python on the config dict: this module imports nothing heavy at import time (no torch, numpy,
-pandas, scipy, scikit-learn), so that a no-op ``snakemake -n`` stays fast (issue 7: <= 3 s on 20 models);
-``tests/test_cluster.py`` checks that every module a rule file imports stays light.
+Pure Python on the config dict: nothing heavy at import time (no torch, numpy, pandas, scipy, scikit-learn), so
+that a no-op ``snakemake -n`` stays fast; ``tests/test_cluster.py`` checks that every module a rule file imports
+stays light.
 """
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
-#: The workflow's config schema (workflow/schemas/config.schema.yaml in the source tree).
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
-
-SOURCE_KEYS = ("source", "package", "gguf_file", "path", "repo_id", "revision")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work (schema or cross-key); the message names key, value and fix."""
-
-
-_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
-               "array": "a list", "object": "a mapping (key: value)", "null": "null"}
-
-
-def _show(value, limit: int = 70) -> str:
-    import json
-
-    try:
-        s = json.dumps(value, default=str, sort_keys=True)
-    except (TypeError, ValueError):
-        s = repr(value)
-    return s if len(s) <= limit else s[:limit - 3] + "..."
-
-
-def describe_schema(s: dict) -> str:
-    """Plain-English description of what a JSON-schema node accepts ("an integer >= 1", "one of a, b")."""
-    if "const" in s:
-        return _show(s["const"])
-    if "enum" in s:
-        return "one of " + ", ".join(_show(v) for v in s["enum"])
-    for comb in ("oneOf", "anyOf"):
-        if comb in s:
-            return ", or ".join(describe_schema(x) for x in s[comb])
-    types = s.get("type")
-    types = [types] if isinstance(types, str) else list(types or [])
-    words = " or ".join(_TYPE_WORDS.get(t, t) for t in types) or "a value"
-    bounds = []
-    for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<")):
-        if key in s:
-            bounds.append(f"{op} {s[key]}")
-    if bounds:
-        words += " " + " and ".join(bounds)
-    if "array" in types and isinstance(s.get("items"), dict):
-        words += " of " + describe_schema(s["items"]).replace("an integer", "integers").replace(
-            "a string", "strings").replace("a number", "numbers")
-    if "minItems" in s:
-        words += f" (at least {s['minItems']} item{'s' if s['minItems'] != 1 else ''})"
-    if "minProperties" in s:
-        words += f" with at least {s['minProperties']} entr{'ies' if s['minProperties'] != 1 else 'y'}"
-    return words
-
-
-def _key_path(path) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
-
-
-def _schema_error_message(err) -> str:
-    import difflib
-
-    path, v, s, inst = _key_path(err.absolute_path), err.validator, err.schema, err.instance
-    hint = f" ({s['description']})" if isinstance(s, dict) and s.get("description") else ""
-    if "propertyNames" in err.schema_path:
-        return (f"{path}: the name {inst!r} is not allowed; valid names match {s.get('pattern')} "
-                "(letters, digits and, after the first character, . _ -)")
-    if v == "additionalProperties" and isinstance(inst, dict):
-        known = sorted(s.get("properties", {}))
-        unknown = sorted(k for k in inst if k not in s.get("properties", {}))
-        msgs = []
-        for k in unknown:
-            close = difflib.get_close_matches(str(k), known, n=1)
-            msgs.append(f"{_key_path([*err.absolute_path, k])}: unknown key {k!r}"
-                        + (f" (did you mean {close[0]!r}?)" if close else "")
-                        + f"; valid keys{' of ' + path if err.absolute_path else ''}: {', '.join(known)}")
-        return "\n  - ".join(msgs)
-    if v == "required":
-        missing = [k for k in err.validator_value if not (isinstance(inst, dict) and k in inst)]
-        props = s.get("properties", {}) if isinstance(s, dict) else {}
-        why = ""
-        if "then" in err.schema_path and isinstance(inst, dict) and "source" in inst:
-            why = f" (needed for source {inst['source']})"
-        descs = "; ".join(f"{k}: {props[k]['description']}" for k in missing
-                          if isinstance(props.get(k), dict) and props[k].get("description"))
-        where = "the config" if not err.absolute_path else path
-        return (f"{where} is missing the required key{'s' if len(missing) > 1 else ''} "
-                f"{', '.join(repr(k) for k in missing)}{why}" + (f" ({descs})" if descs else ""))
-    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        return f"{path} = {_show(inst)} is out of range; valid: {describe_schema(s)}{hint}"
-    if v == "type":
-        return f"{path} = {_show(inst)} has the wrong type; valid: {describe_schema(s)}{hint}"
-    if v in ("enum", "const", "oneOf", "anyOf"):
-        return f"{path} = {_show(inst)} is not allowed; valid: {describe_schema(s)}{hint}"
-    if v == "minProperties":
-        what = "at least one model, e.g. {my-model: {source: hf_hub, repo_id: EleutherAI/pythia-160m}}" \
-            if path == "models" else f"at least {err.validator_value} entr{'ies' if err.validator_value > 1 else 'y'}"
-        return f"{path} = {_show(inst)} is empty; valid: a mapping with {what}"
-    if v == "minItems":
-        return f"{path} = {_show(inst)} is empty; valid: {describe_schema(s)}{hint}"
-    return f"{path} = {_show(inst)}: {err.message}; valid: {describe_schema(s)}{hint}"
-
-
-def validate_config(config: dict, schema: dict) -> None:
-    """Check ``config`` against the JSON schema and report EVERY problem in plain words.
-
-    Runs before Snakemake's own ``validate`` (whose jsonschema messages print the whole schema).
-    Each line names the key (dotted path), the value given and what would be valid; unknown keys
-    get a "did you mean" suggestion.
-
-    Raises:
-        ConfigError: listing all problems, one per line.
-    """
-    from jsonschema.validators import validator_for
-
-    cls = validator_for(schema)
-    errors = sorted(cls(schema).iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
-    msgs: list[str] = []
-    for e in errors:
-        m = _schema_error_message(e)
-        if m not in msgs:
-            msgs.append(m)
-    if msgs:
-        raise ConfigError(f"invalid config ({len(msgs)} problem{'s' if len(msgs) > 1 else ''}; all keys, "
-                          "defaults and valid values: workflow/schemas/config.schema.yaml):\n  - "
-                          + "\n  - ".join(msgs))
-
-
-
-
-def read_schema(path=None) -> dict:
-    """The config schema as a dict (``path`` default: :data:`SCHEMA_PATH`)."""
-    import yaml
-
-    with open(path or SCHEMA_PATH) as fh:
-        return yaml.safe_load(fh)
-
-
-def apply_defaults(config: dict, schema: dict) -> dict:
-    """Fill in every default of the schema, also inside per-name maps (``models.<name>``,
-    ``wind_tunnel.models.<name>``, their ``arch`` / ``training``) that Snakemake's ``validate`` does not
-    descend into. A model entry with ``params_b`` first gets ``mem_mb`` / ``runtime`` from its size
-    (``llmgeom.pipeline.cluster.apply_size_defaults``) unless given. Mutates and returns ``config``."""
-    from llmgeom.pipeline.cluster import apply_size_defaults
-
-    apply_size_defaults(config)
-    _fill(config, schema)
-    return config
-
-
-def _fill(node, schema: dict) -> None:
-    if not isinstance(node, dict) or not isinstance(schema, dict):
-        return
-    for key, sub in (schema.get("properties") or {}).items():
-        if key not in node and isinstance(sub, dict) and "default" in sub:
-            node[key] = copy.deepcopy(sub["default"])
-        if key in node:
-            _fill(node[key], sub)
-    extra = schema.get("additionalProperties")
-    if isinstance(extra, dict):
-        for key, value in node.items():
-            if key not in (schema.get("properties") or {}):
-                _fill(value, extra)
+from llmgeom.pipeline.derived import WIND_TUNNEL_SET, resolve_domain_sets, token_budgets
+from llmgeom.pipeline.schema import ConfigError, _show
 
 
 def check_config(config: dict, *, here: bool = True, root=".", dry_run: bool = False) -> dict:
@@ -210,6 +44,7 @@ def check_config(config: dict, *, here: bool = True, root=".", dry_run: bool = F
     check_lsm_config(config)
     check_bayes_config(config)
     return tasks
+
 
 #: Snakemake options under which no job runs (the DAG is only shown, listed, linted or reported).
 NO_JOB_OPTIONS = ("--dry-run", "--dryrun", "--just-print", "--list-rules", "--list", "-l", "--list-target-rules",
@@ -338,12 +173,6 @@ def check_gpu_config(config: dict) -> None:
                               "(without it the model runs on one GPU); valid: gpus: 1, or add device_map: auto")
 
 
-def token_budgets(config: dict) -> dict:
-    """Prompt set -> its token budget (the set's own ``token_budget`` or ``prompts.token_budget``)."""
-    default = config["prompts"].get("token_budget", 48)
-    return {s: spec.get("token_budget", default) for s, spec in config["prompts"]["sets"].items()}
-
-
 #: Config keys that name layers (resolved by llmgeom.core.layers.select_layers against each model's layers).
 LAYER_KEYS = ("value_manifold.layers", "domain_restriction.layers", "sula.layers", "interventions.layers",
               "interventions.multi_layers")
@@ -410,14 +239,14 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
     return contexts
 
 
-# --- prompt data sources (Wikipedia topics and pool sizes, corpus files) ---
-
-WIKI_POOL_CACHE = ".snakemake/llmgeom/wiki_topic_pool.json"
+#: Where the topic-pool counts are cached (beside the prepared models: resources/ holds what the workflow derives
+#: from installed data, and is not committed).
+WIKI_POOL_CACHE = "resources/cache/wiki_topic_pool.json"
 
 
 def wiki_pool(root=".") -> dict:
     """``llmgeom.prompts.sources.wiki_topic_pool()`` of the installed summaries file, cached in
-    ``<root>/.snakemake/llmgeom/wiki_topic_pool.json`` keyed by the file's path, size and mtime (reading
+    ``<root>/resources/cache/wiki_topic_pool.json`` (:data:`WIKI_POOL_CACHE`) keyed by the file's path, size and mtime (reading
     and counting the ~10k summaries takes ~0.2 s; the cache ~1 ms). An unwritable cache is skipped.
 
     Raises:
@@ -528,8 +357,6 @@ def _topic_words(topics, pool) -> str:
     return "all topics" if len(topics) == len(pool) else "topic " + ", ".join(map(repr, topics))
 
 
-# --- device ---
-
 _DEVICE = r"auto|cpu|mps|cuda(:[0-9]+)?"
 
 
@@ -561,9 +388,6 @@ def check_device(config: dict, *, here: bool = True) -> None:
                           f"{'no CUDA device' if n == 0 else f'{n} CUDA device' + ('s' if n > 1 else '')}; "
                           f"devices that exist: {have}; valid: one of them or \"auto\" (CUDA when present, "
                           "else CPU)")
-
-
-# --- config files: duplicate keys and YAML syntax, with line numbers ---
 
 
 def check_config_files(paths) -> None:
@@ -629,48 +453,6 @@ def _duplicate_keys(node, path) -> list[str]:
         for i, v in enumerate(node.value):
             out += _duplicate_keys(v, path[:-1] + [f"{path[-1]}[{i}]"] if path else [f"[{i}]"])
     return out
-
-
-def model_source_params(spec: dict) -> dict:
-    """Only the keys that determine the prepared model (so batch size changes don't re-prepare)."""
-    return {k: spec[k] for k in SOURCE_KEYS if spec.get(k) is not None}
-
-
-def prompt_set_label(spec: dict) -> str:
-    """Human label of a prompt-set config entry: its topics (domain), "mixed (all topics)", "code"."""
-    kind = spec.get("kind")
-    if kind == "domain" or spec.get("topics"):
-        return ", ".join(spec.get("topics") or [])
-    if kind == "mixed":
-        return "mixed (all topics)"
-    return str(kind)
-
-
-def resolve_domain_sets(config: dict) -> dict:
-    """The domain-restriction sets of a validated config.
-
-    Returns dict with ``mixed`` (set name), ``restricted`` (list of set names: ``restricted_sets``, or
-    every set of kind domain or code when it is null, in config order), ``summary`` (the restricted set
-    of Table 1/2: ``summary_set`` or the first restricted set of kind domain, else the first one) and
-    ``labels`` (set -> :func:`prompt_set_label`).
-    """
-    dr = config["domain_restriction"]
-    sets = config["prompts"]["sets"]
-    restricted = dr.get("restricted_sets")
-    if restricted is None:
-        restricted = [s for s, v in sets.items() if v["kind"] in ("domain", "code")]
-    restricted = [s for s in restricted if s != dr["mixed_set"]]
-    summary = dr.get("summary_set")
-    if summary is None:
-        doms = [s for s in restricted if sets.get(s, {}).get("kind") == "domain"]
-        summary = (doms or restricted or [None])[0]
-    labels = {s: prompt_set_label(sets[s]) for s in [dr["mixed_set"], *restricted] if s in sets}
-    return {"mixed": dr["mixed_set"], "restricted": list(restricted), "summary": summary, "labels": labels}
-
-
-# --- wind tunnel (llmgeom.wind_tunnel; README "Wind tunnel") ---
-
-WIND_TUNNEL_SET = "wind_tunnel"  # reserved: results/{model}/activations/wind_tunnel.h5
 
 
 def _wt_cut_range(spec: dict) -> tuple[int, int]:
@@ -742,141 +524,3 @@ def check_wind_tunnel(config: dict) -> dict:
                 raise ConfigError(f"wind_tunnel.prompts.cut_positions = {cuts}: {bad[0]} is not an answer position "
                                   f"of task {tname!r}; valid: {lo}..{hi}")
     return tasks
-
-
-NULL_SUFFIX = "-randinit"  # name of an LLM's random-init twin: <model>-randinit
-
-
-def null_entries(config: dict) -> dict:
-    """The null models of a checked config (issue 28): name -> {"null_of": trained model, "kind", "seed"}.
-
-    Every model of ``models`` gets a random-init twin ``<model>-randinit`` (kind ``random_init``: built by
-    :func:`llmgeom.models.random_init.prepare_random_init` from the prepared model's config and tokenizer
-    with seed ``nulls.seed``); every wind-tunnel model its step-0 checkpoint ``<model>-step0`` (kind
-    ``step0``: the initialization its training started from), the null of the model and of its checkpoints.
-    Empty when ``nulls.random_init`` is false.
-
-    Raises:
-        ConfigError: a configured model already has a twin's name.
-    """
-    nl = config.get("nulls") or {}
-    if not nl.get("random_init", True):
-        return {}
-    out = {}
-    for m in config.get("models") or {}:
-        name = m + NULL_SUFFIX
-        if name in config["models"]:
-            raise ConfigError(f"models.{name}: this name is the random-init twin of models.{m} (nulls.random_init); "
-                              "rename the model, or set nulls.random_init: false")
-        out[name] = dict(null_of=m, kind="random_init", seed=int(nl.get("seed", 0)))
-    for m in ((config.get("wind_tunnel") or {}).get("models") or {}):
-        out[f"{m}-step0"] = dict(null_of=m, kind="step0", seed=None)
-    return out
-
-
-def null_of_models(config: dict) -> dict:
-    """trained model -> its null model (wind-tunnel checkpoints -> their model's step-0 checkpoint); see
-    :func:`null_entries`."""
-    nulls = null_entries(config)
-    out = {e["null_of"]: n for n, e in nulls.items()}
-    for name, e in wind_tunnel_entries(config).items():
-        if e["checkpoint"] and e["step"] != 0 and e["base"] in out:
-            out[name] = out[e["base"]]
-    return out
-
-
-def wind_tunnel_entries(config: dict) -> dict:
-    """Every wind-tunnel model entry (final models and their checkpoints) of a checked config.
-
-    Returns:
-        name -> {"base": final model name, "step": training step (the final model: training.steps),
-        "checkpoint": bool, "task": task name, plus the final model's resources (mem_mb, runtime, gpus,
-        gpu_model, batch_size, threads) and dtype "float32", device_map None}; finals first, in config order, each followed by its checkpoints.
-    """
-    out = {}
-    for name, spec in ((config.get("wind_tunnel") or {}).get("models") or {}).items():
-        res = {k: spec.get(k) for k in ("mem_mb", "runtime", "gpus", "gpu_model", "batch_size", "threads")}
-        res.update(dtype="float32", device_map=None)  # trained and analysed in float32, one device
-        out[name] = dict(base=name, step=spec["training"]["steps"], checkpoint=False, task=spec["task"], **res)
-        steps0 = [0] if (config.get("nulls") or {}).get("random_init", True) else []  # the null (issue 28)
-        for k in sorted(set(spec.get("checkpoints", [])) | set(steps0)):
-            out[f"{name}-step{k}"] = dict(base=name, step=k, checkpoint=True, task=spec["task"], **res)
-    return out
-
-
-def wind_tunnel_cuts(config: dict, task: str) -> list[int]:
-    """The answer positions t of the prompt set of ``task`` (``wind_tunnel.prompts.cut_positions``; all =
-    every answer position of the task)."""
-    cuts = config["wind_tunnel"]["prompts"]["cut_positions"]
-    if cuts != "all":
-        return [int(t) for t in cuts]
-    spec = config["wind_tunnel"]["tasks"][task]
-    if spec["kind"] == "bijection":
-        return list(range(spec["n_pairs"]))
-    return list(range(1, spec["length"]))
-
-
-# --- config/README.md, generated from the schema's descriptions ---
-
-
-def _md(text) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
-def _rows(schema: dict, path: str):
-    for key, sub in (schema.get("properties") or {}).items():
-        dotted = f"{path}.{key}" if path else key
-        yield dotted, sub
-        if isinstance(sub, dict):
-            yield from _rows(sub, dotted)
-    extra = schema.get("additionalProperties")
-    if isinstance(extra, dict) and extra.get("properties"):
-        yield from _rows(extra, f"{path}.<name>")
-
-
-def config_markdown(schema: dict) -> str:
-    """config/README.md: every key of the schema (dotted path, ``<name>`` for a user-chosen name), what it
-    accepts (:func:`describe_schema`), its default and its description; one table per top-level section.
-
-    Raises:
-        ConfigError: a key without a description (every key documents itself in the schema).
-    """
-    import json
-
-    missing = [k for k, sub in _rows(schema, "") if not (isinstance(sub, dict) and sub.get("description"))]
-    if missing:
-        raise ConfigError(f"schema keys without a description: {', '.join(missing)}; add a description: to each "
-                          "in workflow/schemas/config.schema.yaml")
-    out = ["# Configuration reference", "",
-           "<!-- Generated from workflow/schemas/config.schema.yaml by `python -m llmgeom.pipeline.config "
-           "--markdown > config/README.md`; do not edit by hand (tests/test_config_schema.py compares). -->", "",
-           _md(schema.get("description", "")), "",
-           "Every default below is filled in before the workflow runs; a key you do not set takes it. Required "
-           "top-level keys: " + ", ".join(f"`{k}`" for k in schema.get("required", [])) + ". `<name>` stands for a "
-           "name you choose (a model, a prompt set, a task).", ""]
-    for top, sub in (schema.get("properties") or {}).items():
-        out += [f"## `{top}`", "", _md(sub.get("description", "")), ""]
-        rows = list(_rows(sub, top))
-        if rows:
-            out += ["| key | valid | default | description |", "|---|---|---|---|"]
-            for dotted, node in rows:
-                default = f"`{json.dumps(node['default'])}`" if "default" in node else ""
-                req = " (required)" if dotted.rsplit(".", 1)[-1] in _parent(schema, dotted).get("required", []) else ""
-                out.append(f"| `{dotted}`{req} | {_md(describe_schema(node))} | {default} | {_md(node['description'])} |")
-            out.append("")
-    return "\n".join(out)
-
-
-def _parent(schema: dict, dotted: str) -> dict:
-    node = schema
-    for part in dotted.split(".")[:-1]:
-        node = node["additionalProperties"] if part == "<name>" else node["properties"][part]
-    return node
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] != ["--markdown"]:
-        sys.exit("usage: python -m llmgeom.pipeline.config --markdown > config/README.md")
-    print(config_markdown(read_schema()), end="")
