@@ -273,21 +273,21 @@ def test_fisher_truncated_spectrum_bounds_and_peaked_trace():
     V, d = 400, 16
     W = rng.standard_normal((V, d)).astype(np.float32)
     H = (rng.standard_normal((4, d)) * 3).astype(np.float32)
-    full = fisher.fisher_metrics(H, W, max_tokens=V, tail_mass=0.0)
-    part = fisher.fisher_metrics(H, W, max_tokens=10, tail_mass=0.0)
+    full = fisher.fisher_metrics(H, W, max_tokens=V, tail_mass=0.0, batch=32)
+    part = fisher.fisher_metrics(H, W, max_tokens=10, tail_mass=0.0, batch=32)
     np.testing.assert_allclose(part["trace"], full["trace"], rtol=1e-9)  # the trace always uses all tokens
     assert np.all(part["trace_topk"] <= full["trace"] * (1 + 1e-9)) and np.all(part["n_tokens"] == 10)
     assert np.all((part["mass_topk"] > 0) & (part["mass_topk"] <= 1 + 1e-12))
     # nearly one-hot distribution: tiny trace, still non-negative and accurate (float64)
     Hp = (W[0] * 20).reshape(1, d)
-    r = fisher.fisher_metrics(Hp, W, max_tokens=V, tail_mass=0.0)
+    r = fisher.fisher_metrics(Hp, W, max_tokens=V, tail_mass=0.0, batch=32)
     G = fisher.fisher_matrix_bruteforce(Hp[0], W)
     assert r["trace"][0] >= 0 and r["trace"][0] == pytest.approx(np.trace(G), rel=1e-3, abs=1e-12)
 
 
 def test_fisher_shape_errors():
     with pytest.raises(ValueError, match="share d"):
-        fisher.fisher_metrics(np.zeros((2, 3)), np.zeros((5, 4)))
+        fisher.fisher_metrics(np.zeros((2, 3)), np.zeros((5, 4)), max_tokens=1024, tail_mass=1e-6, batch=32)
 
 
 # --- tables from a synthetic activation file ---------------------------------------------------
