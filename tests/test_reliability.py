@@ -544,7 +544,7 @@ def _estimators():
         ("mle", lambda: manifold.mle_id(_dup(), k=5)),
         ("curvature", lambda: curvature.local_pca_residuals(_dup(), k=5, m=1)),
         ("id_subsamples", lambda: manifold.id_subsamples(_dup(), estimator="mle", n_subsamples=2,
-                                                         subsample_size=20, seed=0)),
+                                                         subsample_size=20, seed=0, k=20)),
         ("participation_ratio", lambda: geometry.participation_ratio([0.0, 0.0, 0.0])),
         ("pca_identical_rows", lambda: geometry.explained_variance(np.ones((10, 4)))),
         ("value_manifold_2_prompts", lambda: geometry.value_manifold_stats(np.eye(2, 4), np.array([1.0, 2.0]),
