@@ -159,7 +159,7 @@ def test_id_profile_shape(ids, shape):
 def test_eta_uniform_margins_beta_alpha_one():
     m = np.random.default_rng(16).uniform(0, 1, 100_000)
     curve, fit = margins.expressibility_gap(m, eps_min=1e-3, eps_max=10, n_eps=41, fit_eps_max=0.5,
-                                            min_count=10, n_boot=50, seed=0)
+                                            min_count=10, n_boot=50, seed=0, ci=0.95)
     assert fit["beta"] == pytest.approx(1.0, rel=0.05)
     assert fit["alpha"] == pytest.approx(1.0, rel=0.05)
     assert fit["r2"] > 0.99 and fit["beta_lo"] <= fit["beta"] <= fit["beta_hi"]
@@ -177,7 +177,8 @@ def test_eta_counts_strictly_below():
 
 def test_expressibility_gap_needs_three_points():
     with pytest.raises(ValueError, match="a fit needs 3"):
-        margins.expressibility_gap(np.full(50, 3.0), n_boot=0)
+        margins.expressibility_gap(np.full(50, 3.0), n_boot=0, eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5,
+                                   min_count=10, ci=0.95)
     with pytest.raises(ValueError, match=">= 0"):
         margins.eta_curve([-1.0, 1.0], [0.5])
 
@@ -462,7 +463,7 @@ def test_margin_tables_on_uniform_margins(corpus_h5):
 
 def test_fraction_below_known_answers_and_intervals():
     m = np.r_[np.zeros(5), np.full(45, 0.07), np.ones(50)]  # 5% below 0.05, 50% below 0.1
-    out = margins.fraction_below(m, (0.05, 0.1), n_boot=400, seed=0)
+    out = margins.fraction_below(m, (0.05, 0.1), n_boot=400, seed=0, ci=0.95)
     assert out["hard_core_frac_lt_0.05"] == 0.05 and out["hard_core_frac_lt_0.05_count"] == 5
     assert out["hard_core_frac_lt_0.1"] == 0.5
     lo, hi = out["hard_core_frac_lt_0.1_lo"], out["hard_core_frac_lt_0.1_hi"]
@@ -470,16 +471,16 @@ def test_fraction_below_known_answers_and_intervals():
     # clustered positions: resampling whole passages widens the interval when passages differ
     groups = np.repeat(np.arange(10), 10)
     m2 = np.where(groups < 5, 0.0, 1.0)  # half the passages entirely in the hard core
-    iid = margins.fraction_below(m2, (0.05,), n_boot=400, seed=0)
-    clu = margins.fraction_below(m2, (0.05,), groups=groups, n_boot=400, seed=0)
+    iid = margins.fraction_below(m2, (0.05,), n_boot=400, seed=0, ci=0.95)
+    clu = margins.fraction_below(m2, (0.05,), groups=groups, n_boot=400, seed=0, ci=0.95)
     w = lambda o: o["hard_core_frac_lt_0.05_hi"] - o["hard_core_frac_lt_0.05_lo"]  # noqa: E731
     assert w(clu) > 2 * w(iid) and clu["hard_core_boot"] == "passages"
-    none = margins.fraction_below(m, (0.05,), n_boot=0)
+    none = margins.fraction_below(m, (0.05,), n_boot=0, ci=0.95)
     assert np.isnan(none["hard_core_frac_lt_0.05_lo"]) and none["hard_core_frac_lt_0.05"] == 0.05
     with pytest.raises(ValueError, match="thresholds"):
-        margins.fraction_below(m, (0.0,))
+        margins.fraction_below(m, (0.0,), n_boot=200, ci=0.95)
     with pytest.raises(ValueError, match="per position"):
-        margins.fraction_below(m, (0.05,), groups=np.arange(3))
+        margins.fraction_below(m, (0.05,), groups=np.arange(3), n_boot=200, ci=0.95)
 
 
 def test_check_lsm_config():
