@@ -24,7 +24,7 @@ def test_value_manifold_reports_bias_corrected_shares_below_a_biased_estimate():
     rng = np.random.default_rng(3)
     X = rng.standard_normal((30, 120)) * np.sqrt(0.9 ** np.arange(120))  # n < d: shares biased upward
     st, boot = value_manifold_stats(X, rng.standard_normal(30), n_boot=300, seed=1, standardize=False,
-                                    return_boot=True)
+                                    return_boot=True, ci=0.95)
     for k, j in (("pc1", 0), ("pc2", 1), ("pc12", 2)):
         assert st[f"{k}_bc"] == pytest.approx(np.clip(2 * st[k] - boot[:, j].mean(), 0, 1))
         assert st[f"{k}_lo"] <= st[f"{k}_bc"] <= st[f"{k}_hi"]
@@ -49,7 +49,7 @@ def test_basic_interval_covers_the_population_share():
         for i in range(draws):
             X = rng.standard_normal((n, d)) * np.sqrt(lam)
             st, boot = value_manifold_stats(X, rng.standard_normal(n), n_boot=200, seed=i, standardize=False,
-                                            return_boot=True)
+                                            return_boot=True, ci=0.95)
             basic += st["pc12_lo"] <= true <= st["pc12_hi"]
             lo, hi = bootstrap_interval(st["pc12"], boot[:, 2], method="percentile")
             perc += lo <= true <= hi

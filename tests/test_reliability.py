@@ -548,7 +548,7 @@ def _estimators():
         ("participation_ratio", lambda: geometry.participation_ratio([0.0, 0.0, 0.0])),
         ("pca_identical_rows", lambda: geometry.explained_variance(np.ones((10, 4)))),
         ("value_manifold_2_prompts", lambda: geometry.value_manifold_stats(np.eye(2, 4), np.array([1.0, 2.0]),
-                                                                           n_boot=2, seed=0)),
+                                                                           n_boot=2, seed=0, ci=0.95)),
         ("power_law_1_point", lambda: margins.fit_power_law([0.1], [0.2])),
         ("expressibility_gap_1_position", lambda: margins.expressibility_gap(
             np.array([0.3]), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, min_count=10, n_boot=200,
