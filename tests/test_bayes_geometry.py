@@ -231,14 +231,14 @@ def test_value_manifold_bootstrap_replicates_known_answers():
     h = rng.random(30)
     X = np.c_[np.outer(h, rng.standard_normal(11)) + 5.0, np.full(30, 2.0)]
     for std in (True, False):
-        st, boot = value_manifold_stats(X, h, n_boot=40, seed=5, standardize=std, return_boot=True)
+        st, boot = value_manifold_stats(X, h, n_boot=40, seed=5, standardize=std, return_boot=True, ci=0.95)
         assert boot.shape == (40, 3) and np.isfinite(boot).all()
         np.testing.assert_allclose(boot, np.tile([1.0, 0.0, 1.0], (40, 1)), atol=1e-9)
         assert st["pc1"] == pytest.approx(1.0, abs=1e-12) and st["spearman_rho"] == pytest.approx(1.0)
     a = rng.standard_normal(200)
     X2 = np.c_[a, 0.6 * a + 0.8 * rng.standard_normal(200)]
     r = np.corrcoef(X2.T)[0, 1]
-    st, boot = value_manifold_stats(X2, a, n_boot=40, seed=5, standardize=True, return_boot=True)
+    st, boot = value_manifold_stats(X2, a, n_boot=40, seed=5, standardize=True, return_boot=True, ci=0.95)
     assert st["pc1"] == pytest.approx((1 + abs(r)) / 2, abs=1e-12)
     np.testing.assert_allclose(boot[:, 2], 1.0, atol=1e-12)
     assert (boot[:, 0] >= 0.5).all() and boot[:, 0].std() > 0  # replicates of real resamples, not copies

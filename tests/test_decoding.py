@@ -29,7 +29,7 @@ def synthetic():
 def test_position_stats_known_answers(synthetic):
     """Next-token logit, top-1 / top-2, the histogram and correctness of each position, against the logits."""
     u, y, _, _ = synthetic
-    st = dec.position_stats(u[:300], np.eye(u.shape[1]), next_ids=y[:300], batch=7)
+    st = dec.position_stats(u[:300], np.eye(u.shape[1]), next_ids=y[:300], batch=7, n_bins=2048)
     s = np.sort(u[:300], axis=1)
     np.testing.assert_allclose(st["z_next"], u[np.arange(300), y[:300]], rtol=1e-6)
     np.testing.assert_allclose(st["z_max"], s[:, -1], rtol=1e-6)
@@ -38,13 +38,13 @@ def test_position_stats_known_answers(synthetic):
     assert (st["hist_count"].sum(1) == u.shape[1]).all()
     for bad in (y[:2], y[:3] - 100, y[:3].astype(float)):
         with pytest.raises(ValueError, match="next_ids"):
-            dec.position_stats(u[:3], np.eye(u.shape[1]), next_ids=bad)
+            dec.position_stats(u[:3], np.eye(u.shape[1]), next_ids=bad, n_bins=2048)
 
 
 def test_histogram_log_partition_matches_exact():
     rng = np.random.default_rng(1)
     u = (rng.standard_normal((100, 5000)) * 3).astype(np.float32)
-    st = dec.position_stats(u, np.eye(5000), next_ids=np.zeros(100, int))
+    st = dec.position_stats(u, np.eye(5000), next_ids=np.zeros(100, int), n_bins=2048)
     for beta in (0.25, 1.0, 4.0):
         np.testing.assert_allclose(dec.log_partition(st, beta), logsumexp(beta * u.astype(np.float32), axis=1),
                                    atol=1e-3)
@@ -59,10 +59,11 @@ def test_ece_known_answers():
 
 def test_margin_temperatures_recover_the_true_ones(synthetic):
     u, y, edges, passages = synthetic
-    st = dec.position_stats(u, np.eye(u.shape[1]), next_ids=y)
-    fit = dec.fit_margin_temperatures(st, np.arange(len(y)), edges=edges)
+    st = dec.position_stats(u, np.eye(u.shape[1]), next_ids=y, n_bins=2048)
+    fit = dec.fit_margin_temperatures(st, np.arange(len(y)), edges=edges, n_margin_bins=4)
     np.testing.assert_allclose(fit["temperatures"], T_TRUE, rtol=0.1)
-    r = dec.compare_schemes(st, passages, edges=edges, n_boot=100)
+    r = dec.compare_schemes(st, passages, edges=edges, n_boot=100, calibration_fraction=0.5, n_margin_bins=4,
+                            ece_bins=10, ci=0.95)
     assert r["delta_nll_adaptive_vs_single_hi"] < 0 < r["nll_t1"] - r["nll_adaptive"]
     assert r["delta_nll_adaptive_vs_single_lo"] <= r["delta_nll_adaptive_vs_single"]
 

@@ -94,7 +94,7 @@ def test_pr_top10_is_the_published_definition():
     with pytest.raises(ValueError, match="top"):
         participation_ratio_top(lam, top=0)
     rng = np.random.default_rng(0)
-    st = value_manifold_stats(rng.standard_normal((50, 80)), rng.standard_normal(50), n_boot=5, seed=0)
+    st = value_manifold_stats(rng.standard_normal((50, 80)), rng.standard_normal(50), n_boot=5, seed=0, ci=0.95)
     assert 1 <= st["participation_ratio_top10"] <= 10 < st["participation_ratio"]
 
 
@@ -163,7 +163,7 @@ def _planted(d=20, seed=0):
 def test_planted_rank1_direction_known_shares_and_rho(sign):
     X, t = _planted()
     for Xs, ref in ((X, 2 * t + 5), (-X, 2 * t + 5), (X, -t)):  # entropy-like references affine in t
-        e = ValueManifoldPCA(standardize=False, n_components=2, sign=sign, n_boot=30, seed=0).fit(Xs, ref)
+        e = ValueManifoldPCA(standardize=False, n_components=2, sign=sign, n_boot=30, seed=0, ci=0.95).fit(Xs, ref)
         assert e.pc1_ == pytest.approx(168 / 176, abs=1e-12) and e.pc2_ == pytest.approx(8 / 176, abs=1e-12)
         assert e.participation_ratio_ == pytest.approx(176 ** 2 / (168 ** 2 + 8 ** 2), rel=1e-10)
         # PC1 is +-t itself: after the sign fix its Spearman and Pearson correlation with the reference is 1
@@ -183,8 +183,8 @@ def test_planted_rank1_direction_known_shares_and_rho(sign):
 def test_sign_convention_is_invariant_to_negating_x():
     X, lat = _latent_cloud()
     entropy = np.exp(lat)
-    a = value_manifold_stats(X, entropy, n_boot=20, seed=0)
-    b = value_manifold_stats(-X, entropy, n_boot=20, seed=0)
+    a = value_manifold_stats(X, entropy, n_boot=20, seed=0, ci=0.95)
+    b = value_manifold_stats(-X, entropy, n_boot=20, seed=0, ci=0.95)
     assert a["spearman_rho"] == pytest.approx(0.986, abs=0.01)  # latent + noise 0.5 in 30 coordinates
     assert b["spearman_rho"] == pytest.approx(a["spearman_rho"], abs=1e-12)
     assert b["spearman_p"] == pytest.approx(a["spearman_p"], rel=1e-9)
@@ -202,7 +202,8 @@ def test_fast_bootstrap_equals_sklearn_on_the_same_resample(shape, standardize):
     X = rng.standard_normal((n, d)) @ rng.standard_normal((d, d)) + 2.0
     X[:, 0] = 1.5  # constant: dropped
     X[:, 1] = np.where(np.arange(n) < 2, 1.0, 0.0)  # tied: constant in resamples that miss rows 0 and 1
-    st, boot = value_manifold_stats(X, rng.random(n), n_boot=40, seed=9, standardize=standardize, return_boot=True)
+    st, boot = value_manifold_stats(X, rng.random(n), n_boot=40, seed=9, ci=0.95, standardize=standardize,
+                                    return_boot=True)
     idx = np.random.default_rng(9).integers(0, n, size=(40, n))  # the estimator's documented draw
     for b in range(40):
         ref = explained_variance(X[idx[b]], standardize)
@@ -218,7 +219,7 @@ def test_bootstrap_resample_of_one_distinct_row_is_nan(d, standardize):
     X = rng.standard_normal((3, d))
     X[2] = X[1]
     st, boot = value_manifold_stats(X, np.array([0.1, 0.5, 0.9]), n_boot=60, seed=3, standardize=standardize,
-                                    return_boot=True)
+                                    return_boot=True, ci=0.95)
     idx = np.random.default_rng(3).integers(0, 3, size=(60, 3))
     single = np.array([len(set(map(tuple, X[r]))) == 1 for r in idx])
     assert single.any() and (~single).any()
@@ -233,7 +234,7 @@ def test_constant_entropy_gives_nan_rho_no_flip():
     X, _ = _latent_cloud(n=30)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # NaN is documented; no ConstantInputWarning leaks out
-        r = value_manifold_stats(X, np.ones(30), n_boot=5, seed=0)
+        r = value_manifold_stats(X, np.ones(30), n_boot=5, seed=0, ci=0.95)
     assert np.isnan(r["spearman_rho"]) and r["pc1_sign_flipped"] is False
 
 
@@ -242,7 +243,7 @@ def test_constant_entropy_gives_nan_rho_no_flip():
 
 def test_bootstrap_ci_contains_estimate_and_is_reproducible():
     X, lat = _latent_cloud()
-    a = value_manifold_stats(X, lat, n_boot=200, seed=7)
+    a = value_manifold_stats(X, lat, n_boot=200, seed=7, ci=0.95)
     assert set(a) >= {
         "n", "n_features", "pc1", "pc2", "pc12", "pc1_lo", "pc1_hi", "pc12_lo", "pc12_hi",
         "pc2_lo", "pc2_hi", "participation_ratio", "spearman_rho", "spearman_p",
@@ -254,14 +255,14 @@ def test_bootstrap_ci_contains_estimate_and_is_reproducible():
     assert 0 < a["pc1_lo"] < a["pc1_hi"] < 1 and a["pc2_lo"] <= a["pc2_hi"]
     assert a["pc12"] == pytest.approx(a["pc1"] + a["pc2"])
     assert 1.0 <= a["participation_ratio"] <= 30
-    assert a == value_manifold_stats(X, lat, n_boot=200, seed=7)
-    c = value_manifold_stats(X, lat, n_boot=200, seed=8)
+    assert a == value_manifold_stats(X, lat, n_boot=200, seed=7, ci=0.95)
+    c = value_manifold_stats(X, lat, n_boot=200, seed=8, ci=0.95)
     assert (c["pc1_lo"], c["pc1_hi"]) != (a["pc1_lo"], a["pc1_hi"])
     assert c["pc1"] == a["pc1"]  # the point estimate does not depend on the seed
 
 
 def test_bootstrap_tiny_n_skips_degenerate_resamples():
-    r = value_manifold_stats(np.eye(3), [1.0, 2.0, 3.0], n_boot=50, seed=0)
+    r = value_manifold_stats(np.eye(3), [1.0, 2.0, 3.0], n_boot=50, seed=0, ci=0.95)
     assert 0 < r["n_boot_valid"] < 50
     assert np.isfinite(r["pc1_lo"]) and np.isfinite(r["pc1_hi"])
 
@@ -269,17 +270,17 @@ def test_bootstrap_tiny_n_skips_degenerate_resamples():
 def test_value_manifold_errors():
     X, lat = _latent_cloud(n=20)
     with pytest.raises(ValueError, match="at least 3"):
-        value_manifold_stats(X[:2], lat[:2], n_boot=10, seed=0)
+        value_manifold_stats(X[:2], lat[:2], n_boot=10, seed=0, ci=0.95)
     bad = X.copy()
     bad[0, 0] = np.inf
     with pytest.raises(ValueError, match="non-finite"):
-        value_manifold_stats(bad, lat, n_boot=10, seed=0)
+        value_manifold_stats(bad, lat, n_boot=10, seed=0, ci=0.95)
     with pytest.raises(ValueError, match="shape"):
-        value_manifold_stats(X, lat[:-1], n_boot=10, seed=0)
+        value_manifold_stats(X, lat[:-1], n_boot=10, seed=0, ci=0.95)
     with pytest.raises(ValueError, match="n_boot"):
-        value_manifold_stats(X, lat, n_boot=0, seed=0)
+        value_manifold_stats(X, lat, n_boot=0, seed=0, ci=0.95)
     with pytest.raises(ValueError, match="non-finite"):
-        value_manifold_stats(X, np.r_[lat[:-1], np.nan], n_boot=10, seed=0)
+        value_manifold_stats(X, np.r_[lat[:-1], np.nan], n_boot=10, seed=0, ci=0.95)
 
 
 def test_duplicate_prompts_get_bit_identical_scores_and_tied_ranks():

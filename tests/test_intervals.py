@@ -16,7 +16,7 @@ def test_bias_corrected_known_answers():
     assert bias_corrected(0.1, [0.4, np.nan, 0.4], bounds=(0.0, 1.0)) == 0.0  # -0.2 clipped; NaN ignored
     assert np.isnan(bias_corrected(0.5, [np.nan, np.inf]))
     # the basic interval is centred on it: [2t - q_hi, 2t - q_lo] reflects the replicates around t
-    lo, hi = bootstrap_interval(0.5, np.linspace(0.6, 0.8, 101), method="basic")
+    lo, hi = bootstrap_interval(0.5, np.linspace(0.6, 0.8, 101), method="basic", ci=0.95)
     assert (lo + hi) / 2 == pytest.approx(bias_corrected(0.5, np.linspace(0.6, 0.8, 101)))
 
 
@@ -24,7 +24,7 @@ def test_value_manifold_reports_bias_corrected_shares_below_a_biased_estimate():
     rng = np.random.default_rng(3)
     X = rng.standard_normal((30, 120)) * np.sqrt(0.9 ** np.arange(120))  # n < d: shares biased upward
     st, boot = value_manifold_stats(X, rng.standard_normal(30), n_boot=300, seed=1, standardize=False,
-                                    return_boot=True)
+                                    return_boot=True, ci=0.95)
     for k, j in (("pc1", 0), ("pc2", 1), ("pc12", 2)):
         assert st[f"{k}_bc"] == pytest.approx(np.clip(2 * st[k] - boot[:, j].mean(), 0, 1))
         assert st[f"{k}_lo"] <= st[f"{k}_bc"] <= st[f"{k}_hi"]
@@ -49,9 +49,9 @@ def test_basic_interval_covers_the_population_share():
         for i in range(draws):
             X = rng.standard_normal((n, d)) * np.sqrt(lam)
             st, boot = value_manifold_stats(X, rng.standard_normal(n), n_boot=200, seed=i, standardize=False,
-                                            return_boot=True)
+                                            return_boot=True, ci=0.95)
             basic += st["pc12_lo"] <= true <= st["pc12_hi"]
-            lo, hi = bootstrap_interval(st["pc12"], boot[:, 2], method="percentile")
+            lo, hi = bootstrap_interval(st["pc12"], boot[:, 2], method="percentile", ci=0.95)
             perc += lo <= true <= hi
             est.append(st["pc12"])
             bc.append(st["pc12_bc"])

@@ -76,13 +76,13 @@ def test_twonn_with_duplicates(linear5_dup):
 
 
 def test_mle_linear_manifold(linear5, linear5_dup):
-    r = mle_id(linear5)
+    r = mle_id(linear5, k=20)
     assert r["id"] == pytest.approx(5.0, rel=0.10)
     assert r["id"] == pytest.approx(
         skdim.id.MLE().fit(linear5, n_neighbors=20).dimension_, rel=1e-8
     )
     X, n_dup = linear5_dup
-    rd = mle_id(X)
+    rd = mle_id(X, k=20)
     assert rd["id"] == pytest.approx(5.0, rel=0.10)
     assert rd["n_duplicates_removed"] == n_dup
     # the trap this guards against: raw skdim MLE collapses on duplicate rows
@@ -103,11 +103,11 @@ def test_zero_distance_after_exact_dedup_is_dropped():
     near[:, -1] = 1e-200  # distinct row, but |x - y|^2 = 1e-400 underflows to 0
     Xz = np.vstack([X, near])
     assert deduplicate(Xz)[1] == 0
-    for fn in (twonn, mle_id):
-        r = fn(Xz)
+    for fn, kw in ((twonn, {}), (mle_id, {"k": 20})):
+        r = fn(Xz, **kw)
         assert r["n_zero_distance_removed"] == 3 and r["n_duplicates_removed"] == 3
         assert r["n_points"] == 300
-        assert np.isfinite(r["id"]) and r["id"] == pytest.approx(fn(X)["id"], rel=1e-9)
+        assert np.isfinite(r["id"]) and r["id"] == pytest.approx(fn(X, **kw)["id"], rel=1e-9)
 
 
 def test_too_few_points():
@@ -190,7 +190,7 @@ def test_gride_recovers_manifold_dimension_within_15pct(shape, k):
     X = _embed({"cube": _cube, "torus": _torus, "gauss": _gauss, "sphere": _sphere}[shape](2000, k, rng), 40, rng)
     for n1 in (1, 2):
         assert abs(gride(X, n1=n1)["id"] - k) <= 0.15 * k
-    r = gride_scaling(X, max_rank=16)
+    r = gride_scaling(X, max_rank=16, plateau_tol=0.1)
     assert r["n1"] == [1, 2, 4, 8] and len(r["ids"]) == 4
     assert abs(r["ids"][0] - k) <= 0.15 * k and r["ids"][0] == pytest.approx(gride(X, n1=1)["id"], rel=1e-12)
 
@@ -236,13 +236,14 @@ def test_gride_errors():
 def test_id_estimates_share_one_neighbour_graph_and_equal_the_single_estimators(linear5_dup):
     X, _ = linear5_dup
     X = X[:800]
-    r = id_estimates(X, ["twonn", "mle", "mle_lb", "gride"], mle_k=10, gride_max_rank=32)
+    r = id_estimates(X, ["twonn", "mle", "mle_lb", "gride"], mle_k=10, gride_max_rank=32, plateau_tol=0.1)
     assert r["twonn"]["id"] == twonn(X)["id"]
     assert r["mle_mg"]["id"] == mle_id(X, k=10)["id"] and r["mle_lb"]["id"] == mle_id(X, k=10, comb="mean")["id"]
-    g = gride_scaling(X, max_rank=32)
+    g = gride_scaling(X, max_rank=32, plateau_tol=0.1)
     assert r["gride"]["ids"] == g["ids"] and r["gride"]["id"] == g["id"] and g["n1"] == [1, 2, 4, 8, 16]
     assert r["gride"]["n_duplicates_removed"] == twonn(X)["n_duplicates_removed"] > 0
-    multi = id_subsamples(X, estimator=["twonn", "gride"], n_subsamples=2, subsample_size=400, seed=3)
+    multi = id_subsamples(X, estimator=["twonn", "gride"], n_subsamples=2, subsample_size=400, seed=3, mle_k=20,
+                          gride_max_rank=64, plateau_tol=0.1)
     assert multi["twonn"]["ids"] == id_subsamples(X, estimator="twonn", n_subsamples=2, subsample_size=400,
                                                   seed=3)["ids"]
     assert multi["gride"]["id_mean"] == pytest.approx(5.0, rel=0.15)

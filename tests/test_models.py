@@ -166,15 +166,15 @@ def test_prepare_replaces_existing_and_failure_leaves_nothing(tiny_dir, tmp_path
 
 def test_load_prepared_needs_manifest(tiny_dir):
     with pytest.raises(FileNotFoundError, match="rerun rule prepare_model"):
-        load_prepared(tiny_dir)
+        load_prepared(tiny_dir, dtype="float32", device="cpu")
 
 
 def test_resolve_dtype_and_device():
     assert resolve_dtype("auto", "cpu") == torch.float32
     assert resolve_dtype("auto", "cuda:0") == torch.bfloat16
     assert resolve_dtype("float16", "cpu") == torch.float16
-    assert resolve_device("cpu") == "cpu"
-    assert resolve_device("auto") in ("cpu", "cuda")
+    assert resolve_device(device="cpu") == "cpu"
+    assert resolve_device(device="auto") in ("cpu", "cuda")
 
 
 # --------------------------------------------------------------------------- GGUF packages

@@ -70,8 +70,8 @@ alphas = st.floats(0.5, 0.999, allow_nan=False)
 @SETTINGS
 @given(counts, counts, alphas)
 def test_posterior_in_unit_interval_and_symmetric_under_label_swap(n1, n2, alpha):
-    p = float(sula.bayes_posterior(n1, n2, alpha))
-    q = float(sula.bayes_posterior(n2, n1, alpha))
+    p = float(sula.bayes_posterior(n1, n2, alpha=alpha))
+    q = float(sula.bayes_posterior(n2, n1, alpha=alpha))
     assert 0.0 <= p <= 1.0
     assert p + q == pytest.approx(1.0, abs=1e-12)  # swapping the labels swaps the posterior
     if n1 == n2:
@@ -83,11 +83,11 @@ def test_posterior_in_unit_interval_and_symmetric_under_label_swap(n1, n2, alpha
 @SETTINGS
 @given(counts, counts, alphas)
 def test_bayes_entropy_in_0_1_bits_and_swap_invariant(n1, n2, alpha):
-    h = float(sula.h_bayes_bits(n1, n2, alpha))
+    h = float(sula.h_bayes_bits(n1, n2, alpha=alpha))
     assert 0.0 <= h <= 1.0
-    assert h == float(sula.h_bayes_bits(n2, n1, alpha))  # bit-identical (issue 11)
-    p = float(sula.bayes_posterior(n1, n2, alpha))
-    q = float(sula.bayes_posterior(n2, n1, alpha))
+    assert h == float(sula.h_bayes_bits(n2, n1, alpha=alpha))  # bit-identical (issue 11)
+    p = float(sula.bayes_posterior(n1, n2, alpha=alpha))
+    q = float(sula.bayes_posterior(n2, n1, alpha=alpha))
     assert max(p, q) == 1.0 - min(p, q)  # the larger is 1 - the smaller, bit for bit (issue 11)
     if 1e-12 < p < 1 - 1e-12:
         assert h == pytest.approx(float(sula.binary_entropy_bits(p)), abs=1e-9)

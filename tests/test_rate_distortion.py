@@ -9,6 +9,9 @@ import pytest
 from llmgeom.measures.neighbors import TooFewPointsError
 from llmgeom.measures.rate_distortion import fit_range, n_grid, rate_distortion_exponent
 
+# the curve parameters of distortion_curve: the schema defaults rate_distortion.n_min ... rate_distortion.init
+RD_CURVE = dict(n_min=8, max_fraction=0.25, n_points=6, train_fraction=0.5, max_iter=30, init="random")
+
 
 def _embed(Y, D, rng):
     B, _ = np.linalg.qr(rng.standard_normal((D, Y.shape[1])))
@@ -40,7 +43,7 @@ def _cap(n, k, rng, angle=0.8):  # intrinsically curved: a geodesic cap of the u
 def test_k_rd_recovers_manifold_dimension_within_15pct(shape, k):
     rng = np.random.default_rng(k)
     X = _embed({"cube": _cube, "arcs": _arcs, "cap": _cap}[shape](2000, k, rng), 40, rng)
-    r = rate_distortion_exponent(X, n_boot=50, seed=0)
+    r = rate_distortion_exponent(X, n_boot=50, ci=0.95, min_fit_points=4, r2_min=0.98, seed=0, **RD_CURVE)
     assert abs(r["k_rd"] - k) <= 0.15 * k, r
     assert r["k_rd_lo"] < r["k_rd_hi"] and r["r2"] > 0.9
     assert r["n_grid"][0] == 8 and r["n_grid"][-1] == 250  # 1000 training points x max_fraction 0.25
@@ -57,9 +60,10 @@ def test_fit_range_picks_the_straight_part():
 
 def test_too_few_points_and_bad_input():
     with pytest.raises(TooFewPointsError, match="octaves"):
-        n_grid(40, n_min=8, max_fraction=0.25)
+        n_grid(40, n_min=8, max_fraction=0.25, n_points=6)
     with pytest.raises(ValueError, match="train_fraction"):
-        rate_distortion_exponent(np.zeros((10, 2)), train_fraction=1.0)
+        rate_distortion_exponent(np.zeros((10, 2)), n_boot=200, ci=0.95, min_fit_points=4, r2_min=0.98,
+                                 **dict(RD_CURVE, train_fraction=1.0))
 
 
 def test_table_takes_the_token_position_ids_beside_k_rd(tmp_path):
@@ -83,7 +87,8 @@ def test_table_takes_the_token_position_ids_beside_k_rd(tmp_path):
     ids = pd.DataFrame([dict(model="toy", points=pts, estimator=e, layer=l, id_mean=v + l)
                         for pts, v in (("token positions", 3.0), ("last token", 90.0))
                         for e in ("twonn", "gride") for l in range(L + 1)])
-    df = rate_distortion_table(path, ids, model="toy", n_boot=20, seed=0, ci=0.95, agree_tol=0.15, min_fit_points=4, r2_min=0.98, n_min=8, max_fraction=0.25, n_points=6, train_fraction=0.5, max_iter=30, init="random")
+    df = rate_distortion_table(path, ids, model="toy", n_boot=20, seed=0, ci=0.95, agree_tol=0.15, min_fit_points=4,
+                               r2_min=0.98, **RD_CURVE)
     res = df[df.states == "residual"]
     np.testing.assert_array_equal(res.gride, 3.0 + res.layer)
     np.testing.assert_array_equal(res.twonn, 3.0 + res.layer)

@@ -544,13 +544,15 @@ def _estimators():
         ("mle", lambda: manifold.mle_id(_dup(), k=5)),
         ("curvature", lambda: curvature.local_pca_residuals(_dup(), k=5, m=1)),
         ("id_subsamples", lambda: manifold.id_subsamples(_dup(), estimator="mle", n_subsamples=2,
-                                                         subsample_size=20, seed=0)),
+                                                         subsample_size=20, seed=0, k=20)),
         ("participation_ratio", lambda: geometry.participation_ratio([0.0, 0.0, 0.0])),
         ("pca_identical_rows", lambda: geometry.explained_variance(np.ones((10, 4)))),
         ("value_manifold_2_prompts", lambda: geometry.value_manifold_stats(np.eye(2, 4), np.array([1.0, 2.0]),
-                                                                           n_boot=2, seed=0)),
+                                                                           n_boot=2, seed=0, ci=0.95)),
         ("power_law_1_point", lambda: margins.fit_power_law([0.1], [0.2])),
-        ("expressibility_gap_1_position", lambda: margins.expressibility_gap(np.array([0.3]))),
+        ("expressibility_gap_1_position", lambda: margins.expressibility_gap(
+            np.array([0.3]), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, min_count=10, n_boot=200,
+            ci=0.95)),
         ("key_orthogonality_1_column", lambda: orthogonality.orthogonality(np.ones((8, 1)))),
         ("focusing_1_layer", lambda: attention_focusing.focusing_summary(np.array([1.0]))),
     ]

@@ -20,44 +20,44 @@ from llmgeom.measures.bayes import bayes_posterior, binary_entropy_bits, h_bayes
 
 
 def test_k0_gives_one_bit():
-    assert float(bayes_posterior(0, 0)) == 0.5
-    assert float(h_bayes_bits(0, 0, 0.9)) == pytest.approx(1.0, abs=1e-12)
+    assert float(bayes_posterior(0, 0, alpha=0.9)) == 0.5
+    assert float(h_bayes_bits(0, 0, alpha=0.9)) == pytest.approx(1.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8, 20])
 def test_all_agreeing_gives_closed_form(k):
     want = 1.0 / (1.0 + 9.0 ** -k)
     q = 9.0 ** -k / (1.0 + 9.0 ** -k)  # 1 - want without cancellation
-    assert float(bayes_posterior(k, 0, 0.9)) == pytest.approx(want, rel=1e-12)
-    assert float(bayes_posterior(0, k, 0.9)) == pytest.approx(q, rel=1e-9)
+    assert float(bayes_posterior(k, 0, alpha=0.9)) == pytest.approx(want, rel=1e-12)
+    assert float(bayes_posterior(0, k, alpha=0.9)) == pytest.approx(q, rel=1e-9)
     h = -(want * math.log2(want) + q * math.log2(q))
-    assert float(h_bayes_bits(k, 0, 0.9)) == pytest.approx(h, rel=1e-9)
-    assert float(h_bayes_bits(0, k, 0.9)) == pytest.approx(h, rel=1e-9)
+    assert float(h_bayes_bits(k, 0, alpha=0.9)) == pytest.approx(h, rel=1e-9)
+    assert float(h_bayes_bits(0, k, alpha=0.9)) == pytest.approx(h, rel=1e-9)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_equal_counts_give_one_bit(n):
-    assert float(h_bayes_bits(n, n, 0.9)) == pytest.approx(1.0, abs=1e-12)
-    assert float(bayes_posterior(n, n, 0.7)) == 0.5
+    assert float(h_bayes_bits(n, n, alpha=0.9)) == pytest.approx(1.0, abs=1e-12)
+    assert float(bayes_posterior(n, n, alpha=0.7)) == 0.5
 
 
 def test_posterior_vectorized_stable_and_monotone():
     n1 = np.array([0, 1, 2, 5, 8, 400])
     n2 = np.array([0, 0, 1, 3, 0, 0])
-    p = bayes_posterior(n1, n2, 0.9)
+    p = bayes_posterior(n1, n2, alpha=0.9)
     assert p.shape == (6,)
-    assert np.all(np.diff(bayes_posterior(np.arange(10), 0)) > 0)
-    h = h_bayes_bits(n1, n2)
+    assert np.all(np.diff(bayes_posterior(np.arange(10), 0, alpha=0.9)) > 0)
+    h = h_bayes_bits(n1, n2, alpha=0.9)
     assert np.all((h >= 0) & (h <= 1)) and np.isfinite(h).all()
     assert h[-1] == pytest.approx(0.0, abs=1e-12)  # 9^-400 underflows: no NaN
     # only the difference matters
-    assert float(h_bayes_bits(5, 3)) == pytest.approx(float(h_bayes_bits(2, 0)), rel=1e-12)
+    assert float(h_bayes_bits(5, 3, alpha=0.9)) == pytest.approx(float(h_bayes_bits(2, 0, alpha=0.9)), rel=1e-12)
     # alpha = 0.5: labels carry no evidence
-    assert float(h_bayes_bits(8, 0, 0.5)) == pytest.approx(1.0)
+    assert float(h_bayes_bits(8, 0, alpha=0.5)) == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        bayes_posterior(1, 0, 1.0)
+        bayes_posterior(1, 0, alpha=1.0)
     with pytest.raises(ValueError):
-        bayes_posterior(-1, 0, 0.9)
+        bayes_posterior(-1, 0, alpha=0.9)
 
 
 def test_binary_entropy_and_model_renormalization():
@@ -98,10 +98,10 @@ def test_generate_sula_structure_and_posteriors():
                 assert line.endswith(": " + m["labels"][e])
             if cond == "shuffled":
                 assert m["h_bayes_bits"] == 1.0 and m["p_bayes"] == 0.5 and m["y"] is None
-                assert m["h_counts_bits"] == pytest.approx(float(h_bayes_bits(m["n_L1"], m["n_L2"])))
+                assert m["h_counts_bits"] == pytest.approx(float(h_bayes_bits(m["n_L1"], m["n_L2"], alpha=0.9)))
             else:
-                assert m["h_bayes_bits"] == pytest.approx(float(h_bayes_bits(m["n_L1"], m["n_L2"], 0.9)))
-                assert m["p_bayes"] == pytest.approx(float(bayes_posterior(m["n_L1"], m["n_L2"], 0.9)))
+                assert m["h_bayes_bits"] == pytest.approx(float(h_bayes_bits(m["n_L1"], m["n_L2"], alpha=0.9)))
+                assert m["p_bayes"] == pytest.approx(float(bayes_posterior(m["n_L1"], m["n_L2"], alpha=0.9)))
             if m["k"] == 0:
                 assert m["h_bayes_bits"] == 1.0
             want = 0.9 * m["p_bayes"] + 0.1 * (1 - m["p_bayes"])
@@ -304,18 +304,18 @@ def test_calibration_bins_known_answer():
 
 
 def test_symmetric_evidence_is_bit_identical():
-    h = lambda a, b: float(h_bayes_bits(a, b))  # noqa: E731
+    h = lambda a, b: float(h_bayes_bits(a, b, alpha=0.9))  # noqa: E731
     assert h(1, 0) == h(0, 1)  # exactly: was 3.3e-16 apart
     for a, b in [(2, 0), (3, 1), (8, 0), (5, 2), (40, 0)]:
         assert h(a, b) == h(b, a) == h(a - b, 0)
-        assert float(bayes_posterior(a, b)) == 1.0 - float(bayes_posterior(b, a))
-    assert float(bayes_posterior(1, 0)) == pytest.approx(0.9, abs=1e-15)
+        assert float(bayes_posterior(a, b, alpha=0.9)) == 1.0 - float(bayes_posterior(b, a, alpha=0.9))
+    assert float(bayes_posterior(1, 0, alpha=0.9)) == pytest.approx(0.9, abs=1e-15)
 
 
 def test_ties_give_average_ranks_and_constant_input_nan():
     from llmgeom.core.stats import pearson, spearman
 
-    h = lambda a, b: float(h_bayes_bits(a, b))  # noqa: E731
+    h = lambda a, b: float(h_bayes_bits(a, b, alpha=0.9))  # noqa: E731
     rho, _ = spearman([0, 1, 2, 3, 4], [h(1, 0), h(0, 1), h(1, 0), h(0, 1), h(2, 0)])
     assert round(rho, 4) == -0.7071
     r, p = pearson(np.arange(50.0), [h(1, 0), h(0, 1)] * 25)
@@ -342,9 +342,9 @@ def test_k1_rows_have_undefined_correlation():
         for k in (0, 1, 2):
             for i in range(20):
                 n1 = int(rng.integers(0, k + 1))
-                hb = 1.0 if cond == "shuffled" else float(h_bayes_bits(n1, k - n1))
+                hb = 1.0 if cond == "shuffled" else float(h_bayes_bits(n1, k - n1, alpha=0.9))
                 rows.append(dict(condition=cond, k=k, i=i, n_L1=n1, n_L2=k - n1, labels="pim/dop", alpha=0.9,
-                                 p_bayes=float(bayes_posterior(n1, k - n1)), h_bayes_bits=hb,
+                                 p_bayes=float(bayes_posterior(n1, k - n1, alpha=0.9)), h_bayes_bits=hb,
                                  h_counts_bits=hb, h_pred_bits=0.5, p_model=rng.uniform(),
                                  h_model_bits=rng.uniform(), label_mass=0.5, h_vocab_bits=3.0))
     per = pd.DataFrame(rows)

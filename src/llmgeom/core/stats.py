@@ -79,7 +79,7 @@ def derived_seed(seed: int, name: str) -> int:
     return int(np.random.SeedSequence([int(seed), zlib.crc32(name.encode())]).generate_state(1)[0])
 
 
-def bootstrap_interval(estimate: float, replicates, *, ci: float = 0.95, method: str = "basic",
+def bootstrap_interval(estimate: float, replicates, *, ci: float, method: str = "basic",
                        bounds: tuple[float, float] | None = None) -> tuple[float, float]:
     """Bootstrap confidence interval from replicates of a statistic.
 
@@ -89,7 +89,8 @@ def bootstrap_interval(estimate: float, replicates, *, ci: float = 0.95, method:
     ``method="basic"`` (reverse percentile): [2 t - q_hi, 2 t - q_lo], which corrects a shift of
     the replicates against the estimate t (Davison & Hinkley 1997, sec. 5.2). Optional ``bounds``
     clip the interval (e.g. (0, 1) for explained-variance fractions). Non-finite replicates are
-    ignored; none left gives (nan, nan).
+    ignored; none left gives (nan, nan). ``ci``, the central coverage in (0, 1), is required: each caller
+    passes its own (e.g. schema key ``margins.ci``).
 
     Raises:
         ValueError: unknown method or ci outside (0, 1).

@@ -91,19 +91,19 @@ def _abs_logit(n_l1, n_l2, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     return np.abs(diff) * np.log(alpha / (1.0 - alpha)), np.sign(diff)
 
 
-def bayes_posterior(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
+def bayes_posterior(n_l1, n_l2, *, alpha: float) -> np.ndarray:
     """Exact posterior p(y = L1 | examples) = 1 / (1 + (alpha/(1-alpha))^-(n_L1 - n_L2)).
 
     Args:
         n_l1, n_l2: counts of examples labelled L1 / L2 (array-like, broadcastable).
-        alpha: probability that an example's label equals the latent label, in [0.5, 1).
-            alpha = 0.5 means labels carry no evidence (p = 0.5 for any counts).
+        alpha: probability that an example's label equals the latent label, in [0.5, 1) (the workflow's
+            is schema key ``sula.alpha``). alpha = 0.5 means labels carry no evidence (p = 0.5 for any counts).
 
     Returns:
         float64 array p(L1) in [0, 1]; k = 0 or equal counts give 0.5; all k examples agreeing on L1
         give 1 / (1 + 9^-k) at alpha = 0.9. Computed from |n_L1 - n_L2| only: q = sigmoid(-|z|) is the
         smaller of the two posteriors, and p(L1) = q or 1 - q by the sign of n_L1 - n_L2, so for a > b
-        ``bayes_posterior(a, b) == 1 - bayes_posterior(b, a)`` holds bit for bit (both from the same q).
+        ``bayes_posterior(a, b, alpha=c) == 1 - bayes_posterior(b, a, alpha=c)`` holds bit for bit (both from the same q).
 
     Raises:
         ValueError: alpha outside [0.5, 1) or negative counts.
@@ -115,11 +115,13 @@ def bayes_posterior(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
     return np.where(sgn > 0, 1.0 - q, np.where(sgn < 0, q, 0.5))
 
 
-def h_bayes_bits(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
+def h_bayes_bits(n_l1, n_l2, *, alpha: float) -> np.ndarray:
     """Binary entropy (bits) of the exact posterior :func:`bayes_posterior`; 1 bit at k = 0 or equal counts.
 
+    ``alpha`` as in :func:`bayes_posterior` (required; schema key ``sula.alpha``).
+
     Computed from |n_L1 - n_L2| only (the entropy of sigmoid(|z|)), so symmetric evidence gives
-    bit-identical values: ``h_bayes_bits(1, 0) == h_bayes_bits(0, 1)`` exactly, and a set of prompts that
+    bit-identical values: ``h_bayes_bits(1, 0, alpha=a) == h_bayes_bits(0, 1, alpha=a)`` exactly, and a set of prompts that
     is constant in exact arithmetic (e.g. every k = 1 prompt) is constant in float64 too.
 
     Raises:
@@ -131,12 +133,13 @@ def h_bayes_bits(n_l1, n_l2, alpha: float = 0.9) -> np.ndarray:
     return binary_entropy_from_logit(np.atleast_1d(az)).reshape(np.shape(az))
 
 
-def posterior_predictive(p_l1, alpha: float = 0.9) -> np.ndarray:
+def posterior_predictive(p_l1, *, alpha: float) -> np.ndarray:
     """Probability that the NEXT example's label is L1: alpha p + (1 - alpha)(1 - p), p = p(y = L1 | data).
 
     Its binary entropy is >= H(alpha) (0.469 bits at alpha = 0.9) however many examples are seen; the
     headline comparison (DESIGN.md, Paper III) uses the posterior entropy H_Bayes instead, and this one is
-    reported alongside (``h_pred_bits``).
+    reported alongside (``h_pred_bits``). ``alpha`` as in :func:`bayes_posterior` (required; schema key
+    ``sula.alpha``).
     """
     alpha = check_alpha(alpha)
     p = np.asarray(p_l1, np.float64)

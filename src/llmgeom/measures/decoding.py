@@ -57,7 +57,7 @@ def unembed_logits(H, W, b=None, softcap=None, *, return_slope: bool = False):
     return (u, slope) if return_slope else u
 
 
-def position_stats(H, W, b=None, softcap=None, *, next_ids, n_bins: int = 2048, tol: float = 1e-3,
+def position_stats(H, W, b=None, softcap=None, *, next_ids, n_bins: int, tol: float = 1e-3,
                    batch: int = 64) -> dict:
     """Per-position sufficient statistics for NLL / confidence under any temperature.
 
@@ -67,7 +67,8 @@ def position_stats(H, W, b=None, softcap=None, *, next_ids, n_bins: int = 2048, 
     Args:
         H, W, b, softcap: see :func:`unembed_logits`.
         next_ids: int [n] next-token ids (``tokens/sample_next_token``), each in [0, V).
-        n_bins: logit histogram bins per position (at most V); tol: logits, for the top-1 correctness test.
+        n_bins: logit histogram bins per position (at most V; schema key ``decoding.n_bins``); tol: logits, for
+            the top-1 correctness test.
         batch: positions per logit block (memory: batch x V float32; not a result).
 
     Returns:
@@ -145,8 +146,9 @@ def confidence_at(stats: dict, T, rows) -> np.ndarray:
     return np.exp(stats["z_max"][rows] * beta - log_partition(stats, beta, rows))
 
 
-def ece(confidence, correct, *, n_bins: int = 10) -> float:
-    """Top-1 expected calibration error with equal-mass bins: sum_b (n_b / n) |acc_b - conf_b| (in [0, 1])."""
+def ece(confidence, correct, *, n_bins: int) -> float:
+    """Top-1 expected calibration error with ``n_bins`` equal-mass bins: sum_b (n_b / n) |acc_b - conf_b| (in
+    [0, 1]); the workflow's bins are schema key ``decoding.ece_bins`` (through :func:`compare_schemes`)."""
     conf = np.asarray(confidence, np.float64)
     ok = np.asarray(correct, np.float64)
     o = np.argsort(conf, kind="stable")
@@ -163,10 +165,11 @@ def fit_temperature(stats: dict, rows, *, t_min: float = 0.05, t_max: float = 20
     return float(np.exp(r.x))
 
 
-def fit_margin_temperatures(stats: dict, rows, *, n_margin_bins: int = 4, edges=None, **kw) -> dict:
+def fit_margin_temperatures(stats: dict, rows, *, n_margin_bins: int, edges=None, **kw) -> dict:
     """T(m): one temperature per margin bin, fitted on ``rows``.
 
     Args:
+        n_margin_bins: margin bins (schema key ``decoding.n_margin_bins``); used only for ``edges=None``.
         edges: inner bin edges in logits (increasing, [n_margin_bins - 1]); None: equal-mass bins of the
             margins at ``rows``.
 
@@ -188,13 +191,17 @@ def margin_temperature(fit: dict, margin) -> np.ndarray:
     return fit["temperatures"][np.searchsorted(fit["edges"], np.asarray(margin, np.float64), side="right")]
 
 
-def compare_schemes(stats: dict, passages, *, calibration_fraction: float = 0.5, n_margin_bins: int = 4,
-                    ece_bins: int = 10, n_boot: int = 200, ci: float = 0.95, seed: int = 0, edges=None) -> dict:
+def compare_schemes(stats: dict, passages, *, calibration_fraction: float, n_margin_bins: int, ece_bins: int,
+                    n_boot: int, ci: float, seed: int = 0, edges=None) -> dict:
     """NLL and ECE of the three temperature schemes on held-out passages, with paired bootstrap intervals.
 
     Args:
         stats: :func:`position_stats`. passages: [n] passage (prompt) id of each position; passages are split
             at random into a calibration part (``calibration_fraction``) and a held-out part.
+        calibration_fraction, n_margin_bins, ece_bins, n_boot: schema keys ``decoding.calibration_fraction``,
+            ``decoding.n_margin_bins``, ``decoding.ece_bins`` (:func:`ece`), ``decoding.n_boot`` (resamples of
+            the paired bootstrap); ci: its central coverage (the decoding section has no ci key: the caller
+            passes 0.95). edges: see :func:`fit_margin_temperatures`.
 
     Returns:
         dict: ``nll_<scheme>``, ``ece_<scheme>`` (held-out means; nats, [0, 1]), ``t_single``, ``t_margin``

@@ -80,8 +80,8 @@ def _topk_desc(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(vals, order, -1), np.take_along_axis(idx, order, -1)
 
 
-def fisher_metrics(H, W, b=None, softcap=None, *, max_tokens: int = 1024, tail_mass: float = 1e-6,
-                   batch: int = 32, vocab_chunk: int = 32768) -> dict:
+def fisher_metrics(H, W, b=None, softcap=None, *, max_tokens: int, tail_mass: float, batch: int,
+                   vocab_chunk: int = 32768) -> dict:
     """Trace and effective rank of the Fisher metric G(h) at each row of ``H``.
 
     Args:
@@ -89,10 +89,11 @@ def fisher_metrics(H, W, b=None, softcap=None, *, max_tokens: int = 1024, tail_m
         W: array [V, d], the unembedding (output head) weight.
         b: [V] output bias or None.
         softcap: final-logit soft-capping constant c or None (see module docstring).
-        max_tokens: K, the most probable tokens used for the spectrum (>= 1).
-        tail_mass: stop adding tokens once the top tokens carry 1 - tail_mass of p.
-        batch: positions per batch (memory ~ batch * V * 40 bytes, plus V * d * 8 bytes for a
-            float64 copy of W when that is below 2 GiB).
+        max_tokens: K, the most probable tokens used for the spectrum (>= 1; schema key ``fisher.max_tokens``).
+        tail_mass: stop adding tokens once the top tokens carry 1 - tail_mass of p (schema key
+            ``fisher.tail_mass``).
+        batch: positions per batch (schema key ``fisher.batch``; memory ~ batch * V * 40 bytes, plus V * d * 8
+            bytes for a float64 copy of W when that is below 2 GiB).
         vocab_chunk: vocabulary rows per float64 chunk when forming mu = J^T p.
 
     Returns:

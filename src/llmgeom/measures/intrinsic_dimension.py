@@ -81,7 +81,7 @@ def _twonn_knn(dist, discard_fraction=0.1, method="linear") -> float:
     return est.fit(np.ascontiguousarray(dist[:, :2])).dimension_
 
 
-def mle_id(X, *, k: int = 20, min_points=None, comb: str = "mle") -> dict:
+def mle_id(X, *, k: int, min_points=None, comb: str = "mle") -> dict:
     """Maximum-likelihood intrinsic dimension (Levina & Bickel 2004 pointwise estimates) via ``skdim.id.MLE``.
 
     Each point's estimate uses its ``k`` nearest neighbours,
@@ -101,7 +101,8 @@ def mle_id(X, *, k: int = 20, min_points=None, comb: str = "mle") -> dict:
     ----------
     X : array [n_points, n_features] (cast to float64; finite).
     k : neighbours per point (skdim's ``n_neighbors``; skdim's ``K`` is only used by its
-        non-neighbourhood variant and is not used here). Must be >= 2.
+        non-neighbourhood variant and is not used here). Must be >= 2. The workflow's is schema key
+        ``intrinsic_dimension.mle_k`` (through :func:`id_estimates`).
     min_points : minimum number of distinct points; default max(20, k + 1).
     comb : how pointwise estimates are combined ('mle', 'mean', 'median').
 
@@ -137,13 +138,13 @@ def _mle_knn(X, dist, idx, k: int, comb: str) -> float:
 MLE_COMBS = ("mle", "mean", "median")
 
 
-def mle_mg(X, *, k: int = 20, min_points=None) -> dict:
+def mle_mg(X, *, k: int, min_points=None) -> dict:
     """MLE intrinsic dimension aggregated by the harmonic mean of the pointwise Levina-Bickel estimates
     (MacKay & Ghahramani 2005; skdim's default ``comb="mle"``). Arguments and result as :func:`mle_id`."""
     return mle_id(X, k=k, min_points=min_points, comb="mle")
 
 
-def mle_lb(X, *, k: int = 20, min_points=None) -> dict:
+def mle_lb(X, *, k: int, min_points=None) -> dict:
     """MLE intrinsic dimension aggregated by the arithmetic mean of the pointwise estimates (Levina &
     Bickel 2004, their eq. 9; skdim ``comb="mean"``). Arguments and result as :func:`mle_id`."""
     return mle_id(X, k=k, min_points=min_points, comb="mean")
@@ -242,13 +243,14 @@ def gride(X, *, n1: int = 1, n2: int | None = None, min_points: int = 20) -> dic
     return dict(_id_result(d, X, n_exact, n_zero, "GRIDE"), n1=n1, n2=n2)
 
 
-def gride_plateau(ids, *, tol: float = 0.1) -> tuple[int, int, float]:
+def gride_plateau(ids, *, tol: float) -> tuple[int, int, float]:
     """The plateau of a GRIDE scale curve: the longest run of consecutive scales whose IDs all lie within
     ``tol`` (relative) of the run's median; ties go to the run at the smallest scales.
 
     Parameters
     ----------
-    ids : array [n_scales] of IDs ordered by scale (n1 = 1, 2, 4, ...). tol : relative half-width (> 0).
+    ids : array [n_scales] of IDs ordered by scale (n1 = 1, 2, 4, ...). tol : relative half-width (> 0;
+        the workflow's is schema key ``intrinsic_dimension.gride_plateau_tol``).
 
     Returns
     -------
@@ -275,7 +277,7 @@ def gride_plateau(ids, *, tol: float = 0.1) -> tuple[int, int, float]:
     return best
 
 
-def gride_scaling(X, *, max_rank: int = 64, plateau_tol: float = 0.1, min_points: int = 20) -> dict:
+def gride_scaling(X, *, max_rank: int, plateau_tol: float, min_points: int = 20) -> dict:
     """GRIDE scale curve: ID at n1 = 1, 2, 4, ... (n2 = 2 n1 <= ``max_rank``) and its plateau.
 
     As DADApy's ``return_id_scaling_gride(range_max=max_rank)``: the neighbour order doubles from scale to
@@ -285,8 +287,9 @@ def gride_scaling(X, *, max_rank: int = 64, plateau_tol: float = 0.1, min_points
     Parameters
     ----------
     X : array [n_points, n_features] (float64, duplicates removed as in :func:`twonn`).
-    max_rank : largest neighbour order n2 used (>= 2); capped at the distinct points - 1.
-    plateau_tol : see :func:`gride_plateau`.
+    max_rank : largest neighbour order n2 used (>= 2); capped at the distinct points - 1 (the workflow's is
+        schema key ``intrinsic_dimension.gride_max_rank``).
+    plateau_tol : see :func:`gride_plateau` (schema key ``intrinsic_dimension.gride_plateau_tol``).
     min_points : minimum number of distinct points.
 
     Returns
@@ -320,8 +323,8 @@ def _gride_knn(dist, max_rank: int, plateau_tol: float) -> dict:
     return dict(id=val, n1=scales, ids=[float(v) for v in ids], plateau_n1_min=scales[i], plateau_n1_max=scales[j])
 
 
-def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int = 20, gride_max_rank: int = 64,
-                 plateau_tol: float = 0.1, distinct: bool = False) -> dict:
+def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int, gride_max_rank: int, plateau_tol: float,
+                 distinct: bool = False) -> dict:
     """Several intrinsic-dimension estimators on ONE exact neighbour graph of the same points.
 
     Equal to calling :func:`twonn`, :func:`mle_mg` / :func:`mle_lb` (``k = mle_k``) and
@@ -333,7 +336,9 @@ def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int = 20, gride_
     X : array [n_points, n_features] (float64, duplicates removed as in :func:`twonn`).
     estimators : names (see :func:`canonical_estimator`).
     min_points : minimum number of distinct points (raised to mle_k + 1 when an MLE is asked for).
-    mle_k : neighbours of the MLEs. gride_max_rank, plateau_tol : see :func:`gride_scaling`.
+    mle_k : neighbours of the MLEs (schema key ``intrinsic_dimension.mle_k``). gride_max_rank, plateau_tol :
+        see :func:`gride_scaling` (schema keys ``intrinsic_dimension.gride_max_rank`` and ``.gride_plateau_tol``).
+        All three are required, also when the estimators do not use them.
     distinct : the rows of X are already distinct (e.g. a subset of deduplicated points): skip deduplication.
 
     Returns
@@ -410,8 +415,9 @@ def id_subsamples(
     subsample_size : points per subset, drawn without replacement from the distinct points; if
         fewer distinct points exist, every subset is all of them (then id_std = 0).
     seed : seed for ``numpy.random.default_rng``; the same seed gives the same subsets.
-    **kw : passed to the estimator (e.g. ``k``, ``min_points``, ``discard_fraction``), or to
-        :func:`id_estimates` (``min_points``, ``mle_k``, ``gride_max_rank``, ``plateau_tol``) for a sequence.
+    **kw : passed to the estimator (e.g. ``k`` for the MLEs and ``max_rank``, ``plateau_tol`` for GRIDE, which
+        they require; ``min_points``, ``discard_fraction``), or to :func:`id_estimates` (``mle_k``,
+        ``gride_max_rank``, ``plateau_tol``, required; ``min_points``) for a sequence.
 
     Returns
     -------
@@ -467,7 +473,7 @@ def _subsample_summary(results, n_subsamples, size, n, n_exact, name) -> dict:
     }
 
 
-def id_profile_shape(depth, ids, *, tol: float = 0.1) -> dict:
+def id_profile_shape(depth, ids, *, tol: float) -> dict:
     """Summarize an intrinsic-dimension profile over depth: peak, trough and a shape label.
 
     Parameters
@@ -476,7 +482,7 @@ def id_profile_shape(depth, ids, *, tol: float = 0.1) -> dict:
     ids : array [n_layers] of intrinsic-dimension estimates (dimensionless) at those depths.
     tol : a bump counts when the interior extreme differs from BOTH end points by more than
         ``tol`` times the profile's range (max - min); a profile whose range is below
-        ``tol`` * its maximum is "flat".
+        ``tol`` * its maximum is "flat" (the workflow's is schema key ``intrinsic_dimension.shape_tol``).
 
     Returns
     -------

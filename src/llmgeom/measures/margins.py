@@ -103,20 +103,21 @@ def fit_power_law(eps, eta) -> dict:
     return {"beta": float(beta), "intercept": float(c), "r2": r2, "alpha": alpha}
 
 
-def expressibility_gap(margins, *, eps_min: float = 1e-3, eps_max: float = 10.0, n_eps: int = 41,
-                       fit_eps_max: float = 0.5, min_count: int = 10, n_boot: int = 200,
-                       ci: float = 0.95, seed: int = 0) -> tuple[dict, dict]:
+def expressibility_gap(margins, *, eps_min: float, eps_max: float, n_eps: int, fit_eps_max: float,
+                       min_count: int, n_boot: int, ci: float, seed: int = 0) -> tuple[dict, dict]:
     """eta(eps) on a log grid, its power-law fit on the small-eps range, and a bootstrap CI of beta.
 
     Args:
         margins: array [n_positions] of margins (logits, >= 0).
-        eps_min, eps_max, n_eps: the log-spaced grid (logits), see :func:`log_eps_grid`.
-        fit_eps_max: largest eps (logits) of the fit range ("small eps").
+        eps_min, eps_max, n_eps: the log-spaced grid (logits), see :func:`log_eps_grid` (schema keys
+            ``margins.eps_min``, ``margins.eps_max``, ``margins.n_eps``).
+        fit_eps_max: largest eps (logits) of the fit range ("small eps"; schema key ``margins.fit_eps_max``).
         min_count: a grid point enters the fit only if at least this many positions have
-            margin < eps (eta is too noisy, or 0, below that).
+            margin < eps (eta is too noisy, or 0, below that; schema key ``margins.min_count``).
         n_boot: bootstrap resamples of the token positions (with replacement; 0 = no CI). Each
-            resample is refitted on the same eps range (points with eta = 0 dropped).
-        ci: central interval level of the percentile bootstrap CI.
+            resample is refitted on the same eps range (points with eta = 0 dropped). Schema key
+            ``margins.n_boot``.
+        ci: central interval level of the percentile bootstrap CI (schema key ``margins.ci``).
         seed: seed of ``numpy.random.default_rng``.
 
     Returns:
@@ -171,8 +172,8 @@ def expressibility_gap(margins, *, eps_min: float = 1e-3, eps_max: float = 10.0,
     return curve, fit
 
 
-def margin_summary(margins, nll=None, entropy=None, *, quantiles=QUANTILES, threshold: float = 0.5,
-                   hard_core_quantile: float = 0.05) -> dict:
+def margin_summary(margins, nll=None, entropy=None, *, quantiles=QUANTILES, threshold: float,
+                   hard_core_quantile: float) -> dict:
     """Distribution of Voronoi margins, perplexity, and their rank correlations per position.
 
     Args:
@@ -181,9 +182,10 @@ def margin_summary(margins, nll=None, entropy=None, *, quantiles=QUANTILES, thre
             positions, or None.
         entropy: array [n_positions] of next-token entropies (nats) at the same positions, or None.
         quantiles: margin quantiles to report (fractions).
-        threshold: report Pr(m < threshold) (logits; LSM uses 0.5).
+        threshold: report Pr(m < threshold) (logits; LSM uses 0.5; schema key ``margins.threshold``).
         hard_core_quantile: the hard core is the set of positions with margin at or below the
-            ``hard_core_quantile`` quantile of m (DESIGN.md: the 5% quantile).
+            ``hard_core_quantile`` quantile of m (DESIGN.md: the 5% quantile; schema key
+            ``margins.hard_core_quantile``).
 
     Returns:
         dict: ``n_positions``; ``margin_mean``; ``margin_q05`` .. ``margin_q95`` (logits; keys
@@ -240,8 +242,7 @@ def threshold_key(t: float) -> str:
     return f"hard_core_frac_lt_{float(t):g}"
 
 
-def fraction_below(margins, thresholds=HARD_CORE_THRESHOLDS, *, groups=None, n_boot: int = 200,
-                   ci: float = 0.95, seed: int = 0) -> dict:
+def fraction_below(margins, thresholds, *, groups=None, n_boot: int, ci: float, seed: int = 0) -> dict:
     """Fraction of positions whose margin lies below fixed thresholds, with bootstrap intervals.
 
     This is what tests a claim such as "about 5% of positions have a very small margin": the 5% margin
@@ -249,13 +250,14 @@ def fraction_below(margins, thresholds=HARD_CORE_THRESHOLDS, *, groups=None, n_b
 
     Args:
         margins: array [n_positions] (logits, >= 0, finite).
-        thresholds: margin thresholds in logits (each > 0); strict m < t.
+        thresholds: margin thresholds in logits (each > 0); strict m < t (schema key
+            ``margins.hard_core_thresholds``).
         groups: optional array [n_positions] of cluster labels (e.g. the passage of each position,
             ``tokens/prompt``): then whole groups are resampled (positions of one passage are not
             independent). None: positions are resampled independently (the resampled count is then
             Binomial(n, fraction), drawn directly).
-        n_boot: bootstrap resamples (0 = no interval: NaN bounds).
-        ci: central coverage of the interval, in (0, 1).
+        n_boot: bootstrap resamples (0 = no interval: NaN bounds; schema key ``margins.n_boot``).
+        ci: central coverage of the interval, in (0, 1) (schema key ``margins.ci``).
         seed: ``numpy.random.default_rng(seed)``.
 
     Returns:
@@ -304,9 +306,9 @@ def fraction_below(margins, thresholds=HARD_CORE_THRESHOLDS, *, groups=None, n_b
     return out
 
 
-def margin_histogram(margins, *, n_bins: int = 60, upper_quantile: float = 0.995) -> dict:
-    """Histogram of margins on [0, q] with ``n_bins`` equal bins, q = the ``upper_quantile``
-    quantile (positions above q are counted in ``n_above``).
+def margin_histogram(margins, *, n_bins: int, upper_quantile: float = 0.995) -> dict:
+    """Histogram of margins on [0, q] with ``n_bins`` equal bins (schema key ``margins.hist_bins``), q = the
+    ``upper_quantile`` quantile (positions above q are counted in ``n_above``).
 
     Returns:
         dict of arrays [n_bins]: ``bin_lo``, ``bin_hi`` (logits), ``count``, ``density``

@@ -367,7 +367,8 @@ class ValueManifoldPCA:
         ``numpy.random.default_rng(seed).integers(0, n, (n_boot, n))``, and the whole statistic
         (standardization included) is recomputed on each resample.
     seed : bootstrap seed (required when n_boot > 0); the same seed reproduces the intervals exactly.
-    ci : central coverage of the bootstrap interval, in (0, 1).
+    ci : central coverage of the bootstrap interval, in (0, 1); required when n_boot > 0 (the workflow's is
+        schema key ``value_manifold.ci``), unused (None) without a bootstrap.
     ci_method : ``"basic"`` (reverse percentile, [2t - q_hi, 2t - q_lo] clipped to [0, 1]; default) or
         ``"percentile"`` (:func:`llmgeom.core.stats.bootstrap_interval`). Resampling duplicates ~37% of
         the rows, which inflates the top shares when n < d: the percentile interval then lies above the
@@ -403,15 +404,17 @@ class ValueManifoldPCA:
     """
 
     def __init__(self, *, standardize: bool = True, n_components: int = 2, sign: SignConvention | None = None,
-                 n_boot: int = 0, seed: int | None = None, ci: float = 0.95, ci_method: str = "basic",
+                 n_boot: int = 0, seed: int | None = None, ci: float | None = None, ci_method: str = "basic",
                  pr_top: int = PR_TOP):
         if int(n_boot) != n_boot or n_boot < 0:
             raise ValueError(f"n_boot must be an integer >= 0, got {n_boot!r}")
         if n_boot and seed is None:
             raise ValueError("a bootstrap (n_boot > 0) needs a seed")
+        if n_boot and ci is None:
+            raise ValueError("a bootstrap (n_boot > 0) needs ci (its interval's coverage)")
         if ci_method not in ("basic", "percentile"):
             raise ValueError(f"ci_method must be 'basic' or 'percentile', got {ci_method!r}")
-        if not 0.0 < ci < 1.0:
+        if ci is not None and not 0.0 < ci < 1.0:
             raise ValueError(f"ci must be in (0, 1), got {ci!r}")
         if int(n_components) < 1:
             raise ValueError(f"n_components must be >= 1, got {n_components!r}")
@@ -503,7 +506,8 @@ class ValueManifoldPCA:
             "pc2_lo": float(iv["pc2"][0]), "pc2_hi": float(iv["pc2"][1]),
             "pc12_lo": float(iv["pc12"][0]), "pc12_hi": float(iv["pc12"][1]),
             "pc1_bc": bc["pc1"], "pc2_bc": bc["pc2"], "pc12_bc": bc["pc12"],
-            "n_boot": self.n_boot, "n_boot_valid": self.n_boot_valid_, "ci": float(self.ci),
+            "n_boot": self.n_boot, "n_boot_valid": self.n_boot_valid_,
+            "ci": float(self.ci) if self.ci is not None else float("nan"),
             "ci_method": self.ci_method, "seed": self.seed, "standardized": self.standardize,
             "participation_ratio": self.participation_ratio_,
             "participation_ratio_top10": self.participation_ratio_top_,
@@ -559,8 +563,8 @@ def pc_scores(X, standardize: bool = True, n_components: int = 2, *, sign: SignC
     return ValueManifoldPCA(standardize=standardize, n_components=n_components, sign=sign).fit(X, reference).scores_
 
 
-def value_manifold_stats(X, next_token_entropy, *, n_boot: int, seed: int, standardize: bool = True,
-                         ci: float = 0.95, ci_method: str = "basic", sign: SignConvention = ENTROPY_SIGN,
+def value_manifold_stats(X, next_token_entropy, *, n_boot: int, seed: int, ci: float, standardize: bool = True,
+                         ci_method: str = "basic", sign: SignConvention = ENTROPY_SIGN,
                          return_boot: bool = False) -> dict:
     """Value-manifold summary of :class:`ValueManifoldPCA`: PC shares with bootstrap CIs, PR, signed rho.
 
@@ -570,7 +574,8 @@ def value_manifold_stats(X, next_token_entropy, *, n_boot: int, seed: int, stand
     next_token_entropy : array [n_prompts], the sign reference (next-token entropy in nats by default;
         any monotone transform gives the same Spearman rho).
     n_boot : bootstrap resamples (>= 1). seed : their ``numpy.random.default_rng`` seed.
-    standardize, ci, ci_method : as :class:`ValueManifoldPCA`.
+    ci : central coverage of the bootstrap intervals, in (0, 1) (schema key ``value_manifold.ci``).
+    standardize, ci_method : as :class:`ValueManifoldPCA`.
     sign : the sign convention (default :data:`ENTROPY_SIGN`, Spearman with next-token entropy).
     return_boot : also return the replicates, float64 [n_boot, 3]: ``(stats, boot)``.
 

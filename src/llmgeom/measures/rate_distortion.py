@@ -31,8 +31,11 @@ from llmgeom.core.stats import bootstrap_interval
 from llmgeom.measures.neighbors import TooFewPointsError, as_points, deduplicate
 
 
-def n_grid(n_train: int, *, n_min: int = 8, max_fraction: float = 0.25, n_points: int = 6) -> np.ndarray:
+def n_grid(n_train: int, *, n_min: int, max_fraction: float, n_points: int) -> np.ndarray:
     """Log-spaced codebook sizes from ``n_min`` to ``max_fraction * n_train`` (distinct integers).
+
+    ``n_min``, ``max_fraction``, ``n_points``: schema keys ``rate_distortion.n_min``, ``.max_fraction``,
+    ``.n_points``.
 
     Returns:
         int64 array [<= n_points], increasing.
@@ -58,8 +61,8 @@ def _sq_dist_to_nearest(X: np.ndarray, C: np.ndarray) -> np.ndarray:
     return np.einsum("nd,nd->n", diff, diff)
 
 
-def distortion_curve(X, *, n_min: int = 8, max_fraction: float = 0.25, n_points: int = 6,
-                     train_fraction: float = 0.5, max_iter: int = 30, init: str = "random", seed: int = 0) -> dict:
+def distortion_curve(X, *, n_min: int, max_fraction: float, n_points: int, train_fraction: float, max_iter: int,
+                     init: str, seed: int = 0) -> dict:
     """Held-out mean squared k-means distortion D(N) on a log grid of codebook sizes N.
 
     Parameters
@@ -68,8 +71,10 @@ def distortion_curve(X, *, n_min: int = 8, max_fraction: float = 0.25, n_points:
     n_min, max_fraction, n_points : the grid, see :func:`n_grid` (N <= max_fraction * n_train).
     train_fraction : share of the distinct points used to learn the codebooks (rest: held out).
     max_iter : Lloyd iterations of ``sklearn.cluster.KMeans`` (one initialisation).
-    init : "random" (N distinct training points; default: the k-means++ seeding costs ~10x more on 600 x 576
-        points and changes the fitted exponent little, see docs/lsm-predictions.md) or "k-means++" (one local trial).
+    init : "random" (N distinct training points; the schema's default: the k-means++ seeding costs ~10x more on
+        600 x 576 points and changes the fitted exponent little, see docs/lsm-predictions.md) or "k-means++" (one
+        local trial).
+    All six are required: schema keys ``rate_distortion.n_min`` ... ``rate_distortion.init``.
     seed : seed of the split and of the initialisations.
 
     Returns
@@ -115,12 +120,12 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return float(slope), float(icpt), r2
 
 
-def fit_range(n, distortion, *, min_fit_points: int = 4, r2_min: float = 0.98) -> dict:
+def fit_range(n, distortion, *, min_fit_points: int, r2_min: float) -> dict:
     """Choose the straight range of log D(N) vs log N and fit log D = a - (2/k) log N on it.
 
     Rule: among windows of >= ``min_fit_points`` consecutive grid points, the longest with R^2 >= ``r2_min``
     (ties: higher R^2); if none qualifies, the window of ``min_fit_points`` points with the highest R^2 and
-    ``straight`` = False.
+    ``straight`` = False. Schema keys ``rate_distortion.min_fit_points`` and ``rate_distortion.r2_min``.
 
     Returns:
         dict ``k_rd`` (-2 / slope; NaN when the slope is >= 0), ``slope``, ``intercept`` (a, natural log),
@@ -152,18 +157,20 @@ def fit_range(n, distortion, *, min_fit_points: int = 4, r2_min: float = 0.98) -
             "fit_points": hi - lo + 1, "straight": bool(ok)}
 
 
-def rate_distortion_exponent(X, *, n_boot: int = 200, ci: float = 0.95, min_fit_points: int = 4,
-                             r2_min: float = 0.98, seed: int = 0, **curve_kw) -> dict:
+def rate_distortion_exponent(X, *, n_boot: int, ci: float, min_fit_points: int, r2_min: float, seed: int = 0,
+                             **curve_kw) -> dict:
     """Rate-distortion dimension k_RD of a point cloud with a bootstrap interval.
 
     Parameters
     ----------
     X : array [n_points, n_features], e.g. residual-stream states of one layer at sampled corpus tokens.
-    n_boot : bootstrap resamples of the held-out points (0: no interval, NaN bounds).
-    ci : central coverage of the interval.
+    n_boot : bootstrap resamples of the held-out points (0: no interval, NaN bounds; schema key
+        ``rate_distortion.n_boot``).
+    ci : central coverage of the interval (the rate_distortion section has no ci key: the caller passes 0.95).
     min_fit_points, r2_min : the fit-range rule of :func:`fit_range`.
     seed : seed of the split, the k-means initialisations and the bootstrap.
-    **curve_kw : passed to :func:`distortion_curve` (n_min, max_fraction, n_points, train_fraction, max_iter).
+    **curve_kw : passed to :func:`distortion_curve` (n_min, max_fraction, n_points, train_fraction, max_iter,
+        init: all required there).
 
     Returns
     -------

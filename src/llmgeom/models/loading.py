@@ -12,8 +12,9 @@ from llmgeom.models import architectures as arch
 from llmgeom.models.sources import read_manifest
 
 
-def resolve_device(device: str = "auto") -> str:
-    """"auto" -> "cuda" when available, else "cpu"."""
+def resolve_device(*, device: str) -> str:
+    """"auto" -> "cuda" when available, else "cpu"; any other device is returned as it is (the workflow's is
+    schema key ``extract.device``)."""
     import torch
 
     if device == "auto":
@@ -100,9 +101,12 @@ def estimate_model_bytes(config, dtype) -> int:
     return count_parameters(config) * torch.empty((), dtype=td).element_size()
 
 
-def check_memory(model_dir: str | Path, *, dtype: str = "auto", device: str = "auto", device_map=None,
+def check_memory(model_dir: str | Path, *, dtype: str, device: str, device_map=None,
                  mem_mb: int | None = None, name: str | None = None) -> dict:
     """Check, before loading, that the weights fit where they will live.
+
+    ``dtype`` and ``device`` as in :func:`load_prepared` (required: schema keys ``models.<name>.dtype`` and
+    ``extract.device``).
 
     CPU: weights + ``MEMORY_OVERHEAD_MB`` against the job's declared ``mem_mb`` (skipped when None).
     CUDA: 1.1 x weights + ``MEMORY_OVERHEAD_MB`` against the total memory of the GPU in use, or of
@@ -121,7 +125,7 @@ def check_memory(model_dir: str | Path, *, dtype: str = "auto", device: str = "a
 
     model_dir = Path(model_dir)
     name = name or model_dir.name
-    dev = resolve_device(device)
+    dev = resolve_device(device=device)
     td = resolve_dtype(dtype, dev)
     cfg = AutoConfig.from_pretrained(resolve_weights_path(model_dir))
     n = count_parameters(cfg)
@@ -171,7 +175,7 @@ def clear_model_cache() -> None:
         pass
 
 
-def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sdpa", device: str = "auto",
+def load_prepared(model_dir: str | Path, *, dtype: str, attn: str = "sdpa", device: str,
                   device_map: str | None = None, mem_mb: int | None = None, reuse: bool = False):
     """Load (model, tokenizer) from a prepared directory, in eval mode.
 
@@ -182,7 +186,10 @@ def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sd
     the returned model (extraction and interventions only add hooks that they remove).
 
     Args:
-        dtype: "float32" | "bfloat16" | "float16" | "auto" (bf16 on CUDA, fp32 on CPU).
+        dtype: "float32" | "bfloat16" | "float16" | "auto" (bf16 on CUDA, fp32 on CPU); required (the workflow's
+            is schema key ``models.<name>.dtype``).
+        device: "cpu", "cuda", "cuda:<i>" or "auto" (:func:`resolve_device`); required (schema key
+            ``extract.device``).
         attn: attention implementation (extraction needs no eager weights: attention entropies come from
             hooked queries and keys, ``architectures.capture_attention``).
         device_map: e.g. "auto" to spread a large model over the GPUs of a node. Without it, a model
@@ -212,7 +219,7 @@ def load_prepared(model_dir: str | Path, *, dtype: str = "auto", attn: str = "sd
         if key in _CACHE:
             return _CACHE[key]
         clear_model_cache()
-    dev = resolve_device(device)
+    dev = resolve_device(device=device)
     td = resolve_dtype(dtype, dev)
     if td == torch.float16:
         td = _fp16_guard(wp, dev, model_dir)

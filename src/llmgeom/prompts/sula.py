@@ -228,13 +228,13 @@ def generate_sula(pairs: Sequence[dict], *, ks: Sequence[int], n_per_k: int, n_p
                 carriers = [mask] * k if cond == "ablation" else d["carriers"]
                 query = mask if cond == "ablation" else d["query"]
                 text = format_prompt(carriers, [pair["labels"][e] for e in ex], query, label_prefix)
-                h_counts = float(h_bayes_bits(n1, n2, alpha))
+                h_counts = float(h_bayes_bits(n1, n2, alpha=alpha))
                 if cond == "shuffled":
                     p, h, y = 0.5, 1.0, None
                 else:
-                    p = float(bayes_posterior(n1, n2, alpha))
+                    p = float(bayes_posterior(n1, n2, alpha=alpha))
                     h, y = h_counts, ("L1", "L2")[d["y"]]
-                p_pred = float(posterior_predictive(p, alpha))
+                p_pred = float(posterior_predictive(p, alpha=alpha))
                 out[cond].append({
                     "id": f"sula-{cond}-k{k}-{i:03d}",
                     "text": text,

@@ -204,9 +204,11 @@ def _arch_summary(config) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def lr_at(step: int, *, lr: float, steps: int, warmup_steps: int, schedule: str = "cosine",
-          min_lr_ratio: float = 0.1) -> float:
+def lr_at(step: int, *, lr: float, steps: int, warmup_steps: int, schedule: str, min_lr_ratio: float) -> float:
     """Learning rate used for optimizer step ``step`` (1-based).
+
+    ``schedule`` and ``min_lr_ratio`` are required (schema keys ``wind_tunnel.models.<name>.training.schedule``
+    and ``.min_lr_ratio``).
 
     Linear warm-up ``lr * step / warmup_steps`` for step <= warmup_steps, then ``constant`` (lr) or
     ``cosine``: ``lr * (r + (1 - r) * (1 + cos(pi * u)) / 2)`` with u = (step - warmup) / (steps - warmup)
