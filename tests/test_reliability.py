@@ -367,13 +367,13 @@ def test_outputs_follow_the_umask(ws, tmp_path, umask):
         save_axes({"u_L0": np.ones(4)}, root / "results/m/interventions/axes.npz")
         models.prepare_model("m", {"source": "hf_local", "path": str(ws["src"]), "dtype": "float32"},
                              root / "resources/models/m")
-        wiki_pool(root)  # the DAG-time cache of the Wikipedia topic pools
+        wiki_pool(root / "cache/wiki_topic_pool.json")  # the DAG-time cache of the Wikipedia topic pools
     finally:
         os.umask(old)
     files = [p for p in root.rglob("*") if p.is_file()]
     dirs = [p for p in root.rglob("*") if p.is_dir()]
     assert len(files) == 11 and (root / "resources/models/m/manifest.json") in files
-    assert (root / "resources/cache/wiki_topic_pool.json") in files
+    assert (root / "cache/wiki_topic_pool.json") in files
     want_f, want_d = 0o666 & ~umask, 0o777 & ~umask
     assert {str(p.relative_to(root)): oct(p.stat().st_mode & 0o777) for p in files if p.stat().st_mode & 0o777 != want_f} == {}
     assert {str(p.relative_to(root)): oct(p.stat().st_mode & 0o777) for p in dirs if p.stat().st_mode & 0o777 != want_d} == {}

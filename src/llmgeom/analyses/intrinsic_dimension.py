@@ -126,7 +126,7 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
         g = g[np.isfinite(g.id_mean)]  # layers with too few distinct points (their rows say why in `note`)
         if len(g) < 2:  # no profile without two measured layers: a row that says so
             rows.append(dict(key, embedding_id=float(emb.iloc[0]) if len(emb) else np.nan, shape_tol=shape_tol,
-                             note=f"no profile: {len(g)} measured layer(s) ({'blocks' if layers == 'blocks' else 'all'}"
+                             note=f"no profile: {len(g)} measured layer(s) ({'blocks' if profile_layers == 'blocks' else 'all'}"
                                   " with a finite id_mean), at least 2 needed"))
             continue
         s = manifold.id_profile_shape(g.relative_depth.to_numpy(), g.id_mean.to_numpy(), tol=shape_tol)

@@ -233,10 +233,6 @@ def margin_summary(margins, nll=None, entropy=None, *, quantiles=QUANTILES, thre
     return out
 
 
-#: Default fixed margin thresholds (logits) of the hard-core fractions (config ``margins.hard_core_thresholds``).
-HARD_CORE_THRESHOLDS = (0.05, 0.1)
-
-
 def threshold_key(t: float) -> str:
     """Column stem of threshold ``t`` (logits): ``hard_core_frac_lt_0.05`` etc."""
     return f"hard_core_frac_lt_{float(t):g}"

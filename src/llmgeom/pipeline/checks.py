@@ -4,7 +4,7 @@
 ``schema.validate_config`` -> ``schema.apply_defaults`` -> Snakemake's ``validate`` -> :func:`check_config`
 (cross-key, model sources, prompt data, wind tunnel, device, the two studies' keys). Each problem is a
 ``ConfigError`` naming the key, the value and what is valid. The Wikipedia topic pool that the prompt check
-counts is cached in ``resources/cache/`` (:data:`WIKI_POOL_CACHE`).
+counts is cached in the user's cache directory (:func:`cache_dir`).
 
 Pure Python on the config dict: nothing heavy at import time (no torch, numpy, pandas, scipy, scikit-learn), so
 that a no-op ``snakemake -n`` stays fast; ``tests/test_cluster.py`` checks that every module a rule file imports
@@ -239,28 +239,33 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
     return contexts
 
 
-#: Where the topic-pool counts are cached (beside the prepared models: resources/ holds what the workflow derives
-#: from installed data, and is not committed).
-WIKI_POOL_CACHE = "resources/cache/wiki_topic_pool.json"
+def cache_dir() -> Path:
+    """Where llmgeom caches what it derives from installed data at DAG time: ``$LLMGEOM_CACHE_DIR``, else the
+    user's cache directory (XDG: ``$XDG_CACHE_HOME/llmgeom``, default ``~/.cache/llmgeom``). Outside the working
+    directory, so a config check (also a failing one) changes nothing in the study's folder."""
+    import os
+
+    if os.environ.get("LLMGEOM_CACHE_DIR"):
+        return Path(os.environ["LLMGEOM_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmgeom"
 
 
-def wiki_pool(root=".") -> dict:
-    """``llmgeom.prompts.sources.wiki_topic_pool()`` of the installed summaries file, cached in
-    ``<root>/resources/cache/wiki_topic_pool.json`` (:data:`WIKI_POOL_CACHE`) keyed by the file's path, size and mtime (reading
-    and counting the ~10k summaries takes ~0.2 s; the cache ~1 ms). An unwritable cache is skipped.
+def wiki_pool(cache=None) -> dict:
+    """``llmgeom.prompts.sources.wiki_topic_pool()`` of the installed summaries file, cached in ``cache``
+    (default ``cache_dir() / "wiki_topic_pool.json"``) keyed by the file's path, size and mtime (reading and
+    counting the ~10k summaries takes ~0.2 s; the cache ~1 ms). An unwritable cache is skipped.
 
     Raises:
         llmgeom.prompts.io.PromptDataError: the Wikipedia package is not installed (names the fix).
     """
     import json
-    from pathlib import Path
 
     from llmgeom.prompts.sources import wiki_summaries_path
 
     src = wiki_summaries_path()
     st = src.stat()
     key = f"{src}:{st.st_size}:{st.st_mtime_ns}"
-    cache = Path(root) / WIKI_POOL_CACHE
+    cache = Path(cache) if cache is not None else cache_dir() / "wiki_topic_pool.json"
     try:
         data = json.loads(cache.read_text())
         if data.get("key") == key:
@@ -318,7 +323,7 @@ def check_prompt_sources(config: dict, root=".") -> None:
         if spec["kind"] == "code":
             continue
         if pool is None:
-            pool = wiki_pool(root)
+            pool = wiki_pool()
         topics = list(pool)
         if spec.get("topics"):
             try:
