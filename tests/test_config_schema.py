@@ -136,6 +136,11 @@ def test_defaults_are_the_schema_defaults_as_keyword_arguments():
     assert schema_node("margins.hard_core_thresholds")["default"] == [0.05, 0.1]
     with pytest.raises(KeyError, match="no config section 'margin'"):
         llmgeom.defaults("margin")
+    # torch-free (a notebook's first call; the DAG reads the same module)
+    r = subprocess.run([sys.executable, "-c", "import sys, llmgeom; llmgeom.defaults('margins'); "
+                        "print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))"],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
 
 
 def test_call_with_config_passes_the_keys_a_function_takes_and_derived_values_win():
