@@ -172,7 +172,7 @@ def test_padding_invariance(family):
     keys = ("last_token/residual", "last_token/final_normed", "last_token/values", "last_token/keys", "last_token/attn_output", "attention/entropy", "next_token/entropy", "next_token/top_logits")
     both = extract_batch(m, [SEQ3, SEQ7], attention=True, top_k=10)
     both_rev = extract_batch(m, [SEQ7, SEQ3], attention=True, top_k=10)
-    alone = [extract_batch(m, [SEQ3], attention=True, top_k=10), extract_batch(m, [SEQ7], attention=True)]
+    alone = [extract_batch(m, [SEQ3], attention=True, top_k=10), extract_batch(m, [SEQ7], attention=True, top_k=10)]
     for b in range(2):
         for k in keys:
             np.testing.assert_allclose(both[k][b], alone[b][k][0], atol=ATOL, rtol=0, err_msg=k)

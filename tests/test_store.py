@@ -237,7 +237,8 @@ _CHILD = textwrap.dedent("""
 
     E.extract_batch = slow
     E.extract_to_hdf5(sys.argv[1], sys.argv[2], sys.argv[3], model_name="tiny-llama", dtype="float32",
-                      device="cpu", batch_size=1, log=lambda *a: None)
+                      device="cpu", batch_size=1, top_k=10, sample_per_prompt=30, device_map=None,
+                      log=lambda *a: None)
 """)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmgeom.pipeline.derived import WIND_TUNNEL_SET, resolve_domain_sets, token_budgets
-from llmgeom.pipeline.schema import ConfigError, _show
+from llmgeom.pipeline.schema import ConfigError, show_value
 
 
 def check_config(config: dict, *, here: bool = True, root=".", dry_run: bool = False) -> dict:
@@ -230,7 +230,7 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
             try:
                 select_layers(spec_l, n_layers, key=key)
             except ValueError as e:
-                layer_problems.append(f"{key} = {_show(spec_l)}: {str(e).split(': ', 1)[1]} (model {name!r}, "
+                layer_problems.append(f"{key} = {show_value(spec_l)}: {str(e).split(': ', 1)[1]} (model {name!r}, "
                                       f"{n_layers} layers read from {where})")
     if problems:
         raise ConfigError("token budget larger than a model's context:\n  - " + "\n  - ".join(problems))
@@ -313,10 +313,10 @@ def check_prompt_sources(config: dict, root=".") -> None:
             p = Path(spec["path"])
             full = p if p.is_absolute() else Path(root) / p
             if spec["kind"] != "corpus":
-                problems.append(f"{key}.path = {_show(spec['path'])} is only valid for kind corpus (this set is "
+                problems.append(f"{key}.path = {show_value(spec['path'])} is only valid for kind corpus (this set is "
                                 f"{spec['kind']!r}); valid: remove 'path' or set kind: corpus")
             elif not full.is_file():
-                problems.append(f"{key}.path = {_show(spec['path'])}: no such file ({full.resolve()}); valid: an "
+                problems.append(f"{key}.path = {show_value(spec['path'])}: no such file ({full.resolve()}); valid: an "
                                 "existing UTF-8 text file (e.g. WikiText-103 wiki.valid.tokens), or no 'path' "
                                 "(the Wikipedia summaries)")
             continue
@@ -330,7 +330,7 @@ def check_prompt_sources(config: dict, root=".") -> None:
                 topics = resolve_topics(spec["topics"], pool)
             except PromptDataError:
                 bad = [t for t in spec["topics"] if _unresolved(t, pool, resolve_topics)]
-                problems.append(f"{key}.topics = {_show(spec['topics'])}: {', '.join(map(repr, bad))} "
+                problems.append(f"{key}.topics = {show_value(spec['topics'])}: {', '.join(map(repr, bad))} "
                                 f"{'is not a topic' if len(bad) == 1 else 'are not topics'} of the Wikipedia "
                                 f"summaries; valid topics: {', '.join(pool)}")
                 continue
@@ -379,7 +379,7 @@ def check_device(config: dict, *, here: bool = True) -> None:
 
     dev = (config.get("extract") or {}).get("device", "auto")
     if not re.fullmatch(_DEVICE, str(dev)):
-        raise ConfigError(f"extract.device = {_show(dev)} is not a device; valid: \"auto\" (CUDA when present, "
+        raise ConfigError(f"extract.device = {show_value(dev)} is not a device; valid: \"auto\" (CUDA when present, "
                           "else CPU), \"cpu\", \"cuda\", \"cuda:<index>\" or \"mps\"")
     if not here or not dev.startswith("cuda"):
         return
@@ -389,7 +389,7 @@ def check_device(config: dict, *, here: bool = True) -> None:
     idx = int(dev.split(":")[1]) if ":" in dev else 0
     if idx >= n:
         have = ", ".join(["cpu"] + [f"cuda:{i}" for i in range(n)])
-        raise ConfigError(f"extract.device = {_show(dev)}, but this machine has "
+        raise ConfigError(f"extract.device = {show_value(dev)}, but this machine has "
                           f"{'no CUDA device' if n == 0 else f'{n} CUDA device' + ('s' if n > 1 else '')}; "
                           f"devices that exist: {have}; valid: one of them or \"auto\" (CUDA when present, "
                           "else CPU)")

@@ -32,7 +32,8 @@ _TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a strin
                "array": "a list", "object": "a mapping (key: value)", "null": "null"}
 
 
-def _show(value, limit: int = 70) -> str:
+def show_value(value, limit: int = 70) -> str:
+    """A config value as JSON, cut to ``limit`` characters (error messages name the value the user gave)."""
     import json
 
     try:
@@ -45,9 +46,9 @@ def _show(value, limit: int = 70) -> str:
 def describe_schema(s: dict) -> str:
     """Plain-English description of what a JSON-schema node accepts ("an integer >= 1", "one of a, b")."""
     if "const" in s:
-        return _show(s["const"])
+        return show_value(s["const"])
     if "enum" in s:
-        return "one of " + ", ".join(_show(v) for v in s["enum"])
+        return "one of " + ", ".join(show_value(v) for v in s["enum"])
     for comb in ("oneOf", "anyOf"):
         if comb in s:
             return ", or ".join(describe_schema(x) for x in s[comb])
@@ -107,18 +108,18 @@ def _schema_error_message(err) -> str:
         return (f"{where} is missing the required key{'s' if len(missing) > 1 else ''} "
                 f"{', '.join(repr(k) for k in missing)}{why}" + (f" ({descs})" if descs else ""))
     if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        return f"{path} = {_show(inst)} is out of range; valid: {describe_schema(s)}{hint}"
+        return f"{path} = {show_value(inst)} is out of range; valid: {describe_schema(s)}{hint}"
     if v == "type":
-        return f"{path} = {_show(inst)} has the wrong type; valid: {describe_schema(s)}{hint}"
+        return f"{path} = {show_value(inst)} has the wrong type; valid: {describe_schema(s)}{hint}"
     if v in ("enum", "const", "oneOf", "anyOf"):
-        return f"{path} = {_show(inst)} is not allowed; valid: {describe_schema(s)}{hint}"
+        return f"{path} = {show_value(inst)} is not allowed; valid: {describe_schema(s)}{hint}"
     if v == "minProperties":
         what = "at least one model, e.g. {my-model: {source: hf_hub, repo_id: EleutherAI/pythia-160m}}" \
             if path == "models" else f"at least {err.validator_value} entr{'ies' if err.validator_value > 1 else 'y'}"
-        return f"{path} = {_show(inst)} is empty; valid: a mapping with {what}"
+        return f"{path} = {show_value(inst)} is empty; valid: a mapping with {what}"
     if v == "minItems":
-        return f"{path} = {_show(inst)} is empty; valid: {describe_schema(s)}{hint}"
-    return f"{path} = {_show(inst)}: {err.message}; valid: {describe_schema(s)}{hint}"
+        return f"{path} = {show_value(inst)} is empty; valid: {describe_schema(s)}{hint}"
+    return f"{path} = {show_value(inst)}: {err.message}; valid: {describe_schema(s)}{hint}"
 
 
 def validate_config(config: dict, schema: dict) -> None:
