@@ -9,6 +9,7 @@ the same rows and fails when the committed file differs (regenerate with ``LLMGE
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import model_types as mtypes
@@ -39,7 +40,9 @@ def test_refusal_is_what_the_family_table_says():
     assert arch.refusal_of_json({"model_type": "bart", "is_encoder_decoder": True}).startswith("an encoder-decoder")
     assert "encoder" in arch.refusal_of_json({"model_type": "bert", "is_decoder": False})
     assert arch.refusal_of_json({"model_type": "olmo2"}) is None
-    assert "latent attention" in arch.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512})
+    assert arch.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512}) is None  # read (MLA)
+    assert arch.refusal_of_json({"model_type": "deepseek_v32", "kv_lora_rank": 512,
+                                 "layer_types": ["indexed_attention"]}).startswith("sparse attention")
     assert "attention-free" in arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "mamba"]})
 
 
@@ -106,6 +109,62 @@ def test_key_orthogonality_runs_on_generic_types():
 
     W = arch.parts(m).k_proj[0].weight.T[:, 16:32]
     assert df.orthogonality[1] == orthogonality(W)
+
+
+def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_applicable(tmp_path):
+    """Multi-head latent attention (deepseek_v3, tiny: 4 heads, qk_nope 16 + qk_rope 8 = 24 key coordinates, 12 value
+    coordinates): the stored shapes follow the contract's axes (values n_heads*v_head_dim, keys [n_heads, 24]); the
+    key coordinates 16: are the pre-RoPE k_rope of kv_a_proj_with_mqa, the same for every head; hook_v is read-only;
+    key orthogonality rows say "not applicable" with the reason, and the claim on it is not testable here."""
+    import numpy as np
+    import torch
+    import yaml
+
+    from llmgeom.analyses.bayes_tables import table2
+    from llmgeom.analyses.claims import claims_table
+    from llmgeom.core.store import CONTRACT, contract_shapes
+    from llmgeom.extract import capture, forward
+    from llmgeom.models import architectures as arch
+    from llmgeom.weights.key_orthogonality import key_orthogonality_table
+
+    m = mtypes.build("deepseek_v3", "sdpa")
+    s = arch.summarize(m.config)
+    assert (s.latent_attention, s.n_heads, s.n_kv_heads, s.head_dim, s.value_head_dim) == (True, 4, 4, 24, 12)
+    shapes = contract_shapes(dict(forward.model_axis_sizes(s), prompt=2, layer=3, resid_layer=4, d_model=64,
+                                  d_unembed=64, rank=3), attention=True, candidates=False, corpus=False)
+    res = forward.extract_batch(m, mtypes.SEQS, attention=True, top_k=3)
+    for name in ("last_token/values", "last_token/keys", "last_token/attn_output"):
+        assert res[name].shape == (2,) + shapes[name][0][1:] and np.isfinite(res[name]).all(), name
+    assert res["last_token/values"].shape == (2, 3, 48) and res["last_token/keys"].shape == (2, 3, 4, 24)
+    K = res["last_token/keys"]
+    assert np.array_equal(K[:, :, :1, 16:].repeat(4, axis=2), K[:, :, :, 16:])  # k_rope shared by the heads
+    assert not np.allclose(K[:, :, 0, :16], K[:, :, 1, :16])  # k_nope per head
+    # k_rope: pre-RoPE columns kv_lora_rank: of kv_a_proj_with_mqa at the final token of prompt 0 (layer 0)
+    with torch.no_grad():
+        hs = m(input_ids=torch.tensor([mtypes.SEQS[0]]), output_hidden_states=True).hidden_states[0]
+        x = arch.input_norm(m, 0)(hs)[0, -1]
+        want = arch.kv_module(m, 0)(x)[32:40]
+    assert np.allclose(K[0, 0, 0, 16:], want.numpy(), atol=1e-5)
+    b = capture.make_batch(m, mtypes.SEQS)
+    with pytest.raises(ValueError, match="read-only under multi-head latent attention"):
+        capture.run(m, b, {"blocks.0.attn.hook_v": lambda v, pt: v * 0})
+    assert CONTRACT["last_token/values"].point == "attn.hook_v"
+    ko = key_orthogonality_table(m, model_name="ds", seed=0)
+    assert len(ko) == 3 * 4 and ko.orthogonality.isna().all()
+    assert ko.not_applicable.str.startswith("key orthogonality not applicable: multi-head latent attention").all()
+    ok = key_orthogonality_table(mtypes.build("olmo2", "sdpa"), model_name="ok", seed=0)
+    assert (ok.not_applicable == "").all() and list(ok.columns) == list(ko.columns)
+    # table2 carries the reason; the claim on key orthogonality is not testable for that model, decided for the other
+    both = pd.concat([ko, ok])
+    both.to_csv(tmp_path / "ko.csv", index=False)
+    t2 = table2(pd.DataFrame(columns=["model", "prompt_set", "role", "representation", "standardized", "layer"]),
+                pd.read_csv(tmp_path / "ko.csv"), pd.DataFrame(columns=["model"]), restricted_set="x")
+    t2 = t2[t2.source == "llm"].set_index("model")
+    assert t2.loc["ds", "orth_not_applicable"] == ko.not_applicable[0] and t2.loc["ok", "orth_not_applicable"] == ""
+    card = claims_table({"table2": t2.reset_index()}, models=["ds", "ok"])
+    c = card[card.claim_id == "keys_more_orthogonal_than_random_init"].set_index("model")
+    assert c.loc["ds", "verdict"] == "not testable here" and c.loc["ds", "reason"] == ko.not_applicable[0]
+    assert c.loc["ok", "verdict"] in ("supported", "not supported")
 
 
 def test_families_sweep_dry_run_plans_every_model(tmp_path):

@@ -13,7 +13,11 @@ final norm's output (``last_hidden_state``), ``get_output_embeddings()``, the at
 calls it) and the separate key/value projections of the attention module (``k_proj``/``v_proj`` Linear,
 found by name and checked against n_kv_heads*head_dim). A ``Family`` entry holds only what those seams
 cannot tell (a fused or Conv1D layout, a pre-scaled query, a soft-cap), with its reason; ``REFUSED``
-names the model types that cannot be read and why (:func:`refusal`). ``tests/test_model_types.py``
+names the model types that cannot be read and why (:func:`refusal`). Multi-head latent attention
+(DeepSeek-V2/V3 MLA, ``kv_lora_rank``; :class:`LatentDims`) is read on the generic path too: its values and keys
+exist per head only inside the attention module, so ``extract.capture`` reads them at the attention interface
+(value heads of ``v_head_dim``, key heads [k_nope | k_rope] of qk_nope + qk_rope, n_kv_heads = n_heads), and its
+keys have no W_K (:func:`no_key_projection`: key orthogonality does not apply). ``tests/test_model_types.py``
 builds a tiny random model of every installed causal-LM type, checks the capture against the model's
 own outputs and writes the coverage table ``docs/models.md``.
 
@@ -34,6 +38,47 @@ if TYPE_CHECKING:  # torch is imported where it is used: the workflow reads conf
 
 class UnsupportedArchitectureError(ValueError):
     """A model family that the architectures module does not describe."""
+
+
+class KeyProjectionNotApplicable(UnsupportedArchitectureError):
+    """A model whose keys have no linear projection W_K of the residual stream (multi-head latent attention):
+    key orthogonality does not apply; the message is the reason (:func:`no_key_projection`)."""
+
+
+@dataclass(frozen=True)
+class LatentDims:
+    """Sizes of multi-head latent attention (DeepSeek-V2/V3 MLA; transformers' ``*Attention`` with
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj`` and ``expand_kv``): ``kv_lora_rank`` r (the
+    compressed key/value latent), ``qk_nope_head_dim`` and ``qk_rope_head_dim`` (a key head is
+    [k_nope_h | k_rope], the RoPE part shared by every head), ``v_head_dim`` (a value head).
+
+    ``kv_a_proj_with_mqa(x)`` is [c_kv (r) | k_rope (qk_rope_head_dim), before RoPE]; ``kv_b_proj(norm(c_kv))`` is,
+    per head h, [k_nope_h | v_h]. Source: DeepSeek-V2 report (arXiv:2405.04434) sec. 2.1; transformers
+    ``models/deepseek_v3/modeling_deepseek_v3.py`` ``DeepseekV3Attention``."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+def latent_dims(config) -> LatentDims | None:
+    """The :class:`LatentDims` of a multi-head latent attention config (``kv_lora_rank`` set), else None."""
+    cfg = _text_config(config)
+    r = getattr(cfg, "kv_lora_rank", None)
+    if not r:
+        return None
+    return LatentDims(int(r), int(cfg.qk_nope_head_dim), int(cfg.qk_rope_head_dim), int(cfg.v_head_dim))
+
+
+def no_key_projection(config) -> str | None:
+    """Why the keys of this model have no per-head projection W_K [d_model, head_dim] of the attention input (key
+    orthogonality then does not apply), or None when they have one."""
+    if latent_dims(config) is not None:
+        return ("multi-head latent attention: each key head is [k_nope_h | k_rope], with k_nope_h = "
+                "kv_b_proj(RMSNorm(x W_a)) decompressed through a norm (not linear in x) and k_rope shared by all "
+                "heads, so there is no single W_K per head")
+    return None
 
 
 @dataclass(frozen=True)
@@ -182,6 +227,7 @@ REFUSED: dict[str, str] = {
     'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
     'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
     'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
+    'longcat_flash': 'each decoder layer holds two attention sublayers and two MLPs beside a shortcut MoE (num_hidden_layers = 2 x num_layers counts the sublayers), so decoder layers and attention layers are not one-to-one; not read yet',
     'mimo_v2_flash': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
     'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
     'modernbert-decoder': "its capture is not exact on a tiny random model (top logits vs the model's: max |diff| 0.937 (scale 1))",
@@ -225,9 +271,8 @@ def refusal(config) -> str | None:
     weights, no model built; what the workflow's config check calls).
 
     Rules, in order: a ``REFUSED`` entry; an encoder-decoder; an encoder (BERT-style config with an
-    ``is_decoder`` switch: bidirectional self-attention used as a decoder); multi-head latent attention
-    (``kv_lora_rank``: keys are decompressed per head, no single W_K and no pre-RoPE key projection);
-    attention-free layers (state-space / linear-attention layers in ``layer_types`` or an SSM config).
+    ``is_decoder`` switch: bidirectional self-attention used as a decoder); sparse (indexed) attention
+    (DeepSeek Sparse Attention: an indexer selects the keys each query sees); attention-free layers (state-space / linear-attention layers in ``layer_types`` or an SSM config).
 
     Returns:
         the reason in words, or None.
@@ -244,9 +289,10 @@ def refusal(config) -> str | None:
     if hasattr(cfg, "is_decoder"):
         return ("an encoder (bidirectional self-attention, BERT-style) used as a decoder; its causal-LM head is "
                 "not a decoder-only language model")
-    if getattr(cfg, "kv_lora_rank", None):
-        return ("multi-head latent attention (kv_lora_rank): keys are decompressed per head through a norm, so there "
-                "is no pre-RoPE key projection W_K and no stored keys; not read yet (issue 29 item 2)")
+    if "indexed_attention" in set(getattr(cfg, "layer_types", None) or ()):
+        return ("sparse attention (DeepSeek Sparse Attention, `indexed_attention` layers): a learned indexer keeps "
+                "the index_topk keys of each query, so the attention distribution is not the softmax of q.k over the "
+                "causal keys that the capture computes its entropy from")
     kinds = set(getattr(cfg, "layer_types", None) or ())
     if kinds - _ATTENTION_LAYER_TYPES or any(getattr(cfg, k, None) for k in ("ssm_cfg", "mamba_d_state", "state_size",
                                                                                  "attn_layer_indices")):
@@ -278,7 +324,8 @@ def _is_norm(m) -> bool:
 class Parts:
     """The parts of one loaded generic model (:func:`parts`): ``layers`` the decoder blocks; per block the
     ``attention`` module (the one whose class is an attention module and that holds ``k_proj``), the key /
-    value projections ``k_proj``/``v_proj`` ([d_model] -> [n_kv_heads*head_dim] Linear), ``o_proj`` and the
+    value projections ``k_proj``/``v_proj`` ([d_model] -> [n_kv_heads*head_dim] Linear; under multi-head latent
+    attention ``kv_a_proj_with_mqa`` and ``kv_b_proj``, :class:`LatentDims`), ``o_proj`` and the
     ``input_norm`` (the block's first norm module, or None); ``final_norm`` of the base model or None."""
 
     layers: list
@@ -320,6 +367,8 @@ def parts(model) -> Parts:
     base = base_model(model)
     lname, layers = _find_layers(base, s.n_layers)
     kv_out = s.n_kv_heads * s.head_dim
+    lat = s.latent_attention  # MLA: "k" = kv_a_proj_with_mqa ([c_kv | k_rope]), "v" = kv_b_proj ([k_nope_h | v_h])
+    k_names, v_names = (("kv_a_proj_with_mqa",), ("kv_b_proj",)) if lat else (_K_NAMES, _V_NAMES)
     att, ks, vs, os_, norms = [], [], [], [], []
     for i, blk in enumerate(layers):
         found = None
@@ -327,12 +376,17 @@ def parts(model) -> Parts:
             if "attention" not in type(m).__name__.lower():
                 continue
             kids = dict(m.named_children())
-            k = next((kids[n] for n in _K_NAMES if isinstance(kids.get(n), torch.nn.Linear)), None)
-            v = next((kids[n] for n in _V_NAMES if isinstance(kids.get(n), torch.nn.Linear)), None)
+            k = next((kids[n] for n in k_names if isinstance(kids.get(n), torch.nn.Linear)), None)
+            v = next((kids[n] for n in v_names if isinstance(kids.get(n), torch.nn.Linear)), None)
             if k is not None and v is not None:
                 found = (m, k, v, next((kids[n] for n in _O_NAMES if isinstance(kids.get(n), torch.nn.Module)), None))
                 break
-        if found is None or found[1].out_features != kv_out or found[2].out_features != kv_out:
+        if lat and found is None:
+            mt = getattr(_text_config(model.config), "model_type", "?")
+            raise UnsupportedArchitectureError(
+                f"model_type {mt!r}, layer {i}: multi-head latent attention (kv_lora_rank) without the "
+                "kv_a_proj_with_mqa / kv_b_proj Linear modules of transformers' DeepSeek-V2/V3 attention")
+        if not lat and (found is None or found[1].out_features != kv_out or found[2].out_features != kv_out):
             mt = getattr(_text_config(model.config), "model_type", "?")
             raise UnsupportedArchitectureError(
                 f"model_type {mt!r}, layer {i}: no separate key/value projections (k_proj/v_proj Linear with "
@@ -358,7 +412,10 @@ class ArchSummary:
 
     ``attention_type`` is "MHA" (n_kv_heads == n_heads), "MQA" (n_kv_heads == 1)
     or "GQA"; ``sliding_layers`` lists 0-based layer indices that attend within a
-    sliding window of ``sliding_window`` tokens.
+    sliding window of ``sliding_window`` tokens. ``head_dim`` is the query/key head size (what q.k runs over);
+    ``value_head_dim`` the value head size (values and attention output), the same except under multi-head latent
+    attention (``latent_attention``: head_dim = qk_nope_head_dim + qk_rope_head_dim, value_head_dim = v_head_dim,
+    n_kv_heads = n_heads, the heads that ``kv_b_proj`` decompresses; :class:`LatentDims`).
     """
 
     family: str
@@ -373,6 +430,8 @@ class ArchSummary:
     sliding_window: int | None
     sliding_layers: tuple[int, ...]
     max_positions: int | None
+    value_head_dim: int | None = None
+    latent_attention: bool = False
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -393,6 +452,10 @@ def summarize(config) -> ArchSummary:
     n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
     n_kv = 1 if getattr(cfg, "multi_query", False) is True else (getattr(cfg, "num_key_value_heads", None) or n_heads)
     head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
+    value_head_dim = head_dim
+    lat = latent_dims(cfg)
+    if lat is not None:  # keys and values are decompressed per query head (config.head_dim is the RoPE part)
+        n_kv, head_dim, value_head_dim = n_heads, lat.qk_nope_head_dim + lat.qk_rope_head_dim, lat.v_head_dim
     attention_type = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
     window = getattr(cfg, "sliding_window", None)
     layer_types = getattr(cfg, "layer_types", None)
@@ -418,6 +481,8 @@ def summarize(config) -> ArchSummary:
         sliding_window=int(window) if window else None,
         sliding_layers=sliding,
         max_positions=int(max_pos) if max_pos else None,
+        value_head_dim=int(value_head_dim),
+        latent_attention=lat is not None,
     )
 
 
@@ -566,7 +631,14 @@ def key_value_extractors(model) -> list[tuple[torch.nn.Module, Callable, torch.n
     ``key_fn(output) -> keys [..., n_kv_heads*head_dim]`` and ``value_fn`` likewise,
     applied to the forward output of the corresponding module. Keys are pre-RoPE
     and, for Gemma 3, before the per-head ``k_norm`` (i.e. input_norm(h) @ W_K).
+
+    Raises:
+        KeyProjectionNotApplicable: multi-head latent attention (keys and values are read at the attention
+            interface there: ``extract.capture``).
     """
+    if summarize(model.config).latent_attention:
+        raise KeyProjectionNotApplicable("multi-head latent attention: keys and values are read at the attention "
+                                         "interface (llmgeom.extract.capture), not from one projection's output")
     fam = family_for(model.config)
     res = []
     for i in range(len(decoder_layers(model))):
@@ -586,7 +658,14 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
     n_heads / n_kv_heads query heads.
 
     Source: Paper III sec. 4.2 (key orthogonality).
+
+    Raises:
+        KeyProjectionNotApplicable: keys without a per-head projection (multi-head latent attention), with the
+            reason (:func:`no_key_projection`).
     """
+    why = no_key_projection(model.config)
+    if why:
+        raise KeyProjectionNotApplicable(why)
     fam = family_for(model.config)
     s = summarize(model.config)
     hd = s.head_dim
@@ -705,9 +784,10 @@ def _own_eager(module):
 
 
 @contextmanager
-def capture_attention(model, fn: Callable):
+def capture_attention(model, fn: Callable, *, with_value: bool = False):
     """While active, every call of ``model``'s attention function also calls
-    ``fn(layer, query, key, attn_output, scaling, softcap)`` with the tensors the model uses:
+    ``fn(layer, query, key, attn_output, scaling, softcap)`` (``with_value``: ``fn(layer, query, key, value,
+    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]) with the tensors the model uses:
 
     - ``query`` [B, n_heads, T, head_dim] and ``key`` [B, n_kv_heads, T, head_dim] after RoPE (and
       q_norm/k_norm, query pre-scaling where the family has them), before GQA/MQA repetition;
@@ -741,7 +821,10 @@ def capture_attention(model, fn: Callable):
         layer = layer_of.get(id(module))
         if layer is not None:
             seen.append(layer)
-            fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
+            if with_value:
+                fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
+            else:
+                fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
         return out
 
     ALL_ATTENTION_FUNCTIONS[impl] = wrapper
