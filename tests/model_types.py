@@ -40,6 +40,7 @@ TYPE_SETTINGS: dict[str, dict] = {
     "granitemoeshared": {"logits_scaling": 4.0}, "granite_swa": {"logits_scaling": 4.0},
     "granitemoe_swa": {"logits_scaling": 4.0},
     "axk1": {"n_group": 1, "topk_group": 1},  # expert groups of the 4 tiny experts (default 8 groups)
+    "laguna": {"num_attention_heads_per_layer": [4, 4, 4]},  # its per-layer head counts, for the tiny 4 heads
 }
 
 #: Multi-head latent attention (configs with ``kv_lora_rank``), after ``TINY``: a small latent, value heads of

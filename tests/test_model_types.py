@@ -43,6 +43,9 @@ def test_refusal_is_what_the_family_table_says():
     assert arch.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512}) is None  # read (MLA)
     assert arch.refusal_of_json({"model_type": "deepseek_v32", "kv_lora_rank": 512,
                                  "layer_types": ["indexed_attention"]}).startswith("sparse attention")
+    assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 64]}).startswith(
+        "per-layer numbers of query heads")
+    assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 48]}) is None
     assert "attention-free" in arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "mamba"]})
 
 
@@ -165,6 +168,30 @@ def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_appl
     c = card[card.claim_id == "keys_more_orthogonal_than_random_init"].set_index("model")
     assert c.loc["ds", "verdict"] == "not testable here" and c.loc["ds", "reason"] == ko.not_applicable[0]
     assert c.loc["ok", "verdict"] in ("supported", "not supported")
+
+
+def test_codegen_fused_groups_split_as_codegen_does_and_a_value_edit_reaches_the_attention():
+    """CodeGen's qkv_proj: 4 model-parallel groups of [q | v | k] (CodeGenAttention.forward: ``view(..., 4, -1)`` then
+    ``split(local_dim)`` into query, value, key); the Family's columns are those, and an edit of hook_v is written
+    back into the fused output (zero values: zero attention output)."""
+    import torch
+
+    from llmgeom.extract import capture
+    from llmgeom.models import architectures as arch
+
+    m = mtypes.build("codegen", "sdpa")
+    out = torch.randn(2, 3, 192)
+    q, k, v = arch.split_fused(m, out)
+    g = out.view(2, 3, 4, 48)  # 4 groups of 3 x 16 (d_model 64 / 4)
+    assert torch.equal(q, g[..., :16].reshape(2, 3, 64)) and torch.equal(v, g[..., 16:32].reshape(2, 3, 64))
+    assert torch.equal(k, g[..., 32:].reshape(2, 3, 64))
+    assert torch.equal(out[..., arch.k_columns(m)], k) and torch.equal(out[..., arch.v_columns(m)], v)
+    cols = torch.cat([arch._fused_columns(m, 0), arch.k_columns(m), arch.v_columns(m)])
+    assert torch.equal(cols.sort().values, torch.arange(192))
+    z = {}
+    capture.run(m, capture.make_batch(m, mtypes.SEQS), {"blocks.0.attn.hook_v": lambda t, pt: torch.zeros_like(t),
+                                                        "blocks.0.attn.hook_z": lambda o, pt: z.setdefault(0, o.clone())})
+    assert z[0].shape == (2, 7, 64) and float(z[0].abs().max()) == 0.0
 
 
 def test_families_sweep_dry_run_plans_every_model(tmp_path):

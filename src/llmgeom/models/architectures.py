@@ -89,8 +89,10 @@ class Family:
     model (``model.base_model``), ``input_norm``/``attention``/``k_proj``/``v_proj``
     from one decoder layer. ``qkv`` is one of ``"separate"`` (q/k/v Linear),
     ``"neox_fused"`` (one Linear, per-head interleaved [q_h, k_h, v_h]),
-    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]) or ``"qkv_blocks"`` (one
-    Linear, [q (n_heads*head_dim) | k (n_kv_heads*head_dim) | v (n_kv_heads*head_dim)] blocks).
+    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]), ``"qkv_blocks"`` (one
+    Linear, [q (n_heads*head_dim) | k (n_kv_heads*head_dim) | v (n_kv_heads*head_dim)] blocks) or
+    ``"codegen_mp"`` (one Linear in ``CODEGEN_MP_NUM`` model-parallel groups, each [q_g | v_g | k_g] of
+    d_model / groups columns; q, k, v are the groups' parts concatenated, then split into heads).
     ``reason``: why the entry exists (what the generic seams cannot tell).
     ``attention`` is the attention module of a layer (the one that calls the attention function,
     ``transformers``' ``AttentionInterface``); ``o_proj`` the output projection whose input is the
@@ -139,7 +141,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_bigcode", ("gpt_bigcode",), "h", "ln_f", "ln_1", "qkv_blocks", fused_proj="attn.c_attn",
            attention="attn", o_proj="attn.c_proj",
            reason="fused c_attn Linear: [q | k | v] blocks, multi-query (one key head: config.multi_query)"),
+    Family("codegen", ("codegen",), "h", "ln_f", "ln_1", "codegen_mp", fused_proj="attn.qkv_proj", attention="attn",
+           o_proj="attn.out_proj",
+           reason="fused qkv_proj Linear in the 4 model-parallel groups CodeGen was trained with, each [q | v | k] "
+           "(CodeGenAttention.mp_num); parallel attention/MLP block"),
 )
+
+#: CodeGen's model-parallel groups of its fused qkv_proj (``CodeGenAttention.mp_num``, fixed in transformers).
+CODEGEN_MP_NUM = 4
 
 #: The generic path: every part found on the model itself (:func:`parts`); ``qkv`` "separate" (k_proj/v_proj
 #: Linear modules found by name). Returned by :func:`family_for` for any readable model type without an entry.
@@ -195,19 +204,18 @@ def family_for(config) -> Family:
 #: Model types that cannot be read, with the reason (what the tiny-model test of every installed type,
 #: tests/test_model_types.py, found; the rules of :func:`refusal` cover whole classes of types).
 REFUSED: dict[str, str] = {
-    'bloom': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'bloom': "its attention computes softmax(q.k) itself (ALiBi scores by alibi.baddbmm in BloomAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'blt': 'not verified: its tiny model needs more than 6 GiB (byte-level patcher with fixed large sizes)',
-    'codegen': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
     'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",
-    'cpmant': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'cpmant': "its attention computes softmax(q.k) itself (matmul plus its position bias in CpmAntAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
     'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
-    'doge': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
-    'dory': 'its capture is not exact on a tiny random model (capture failed: RuntimeError: The size of tensor a (14) must match the size of tensor b (7) at non-singleton d)',
+    'doge': 'dynamic mask attention: a learned per-key bias (dt_proj of the values, scaled by A) enters the scores through the attention mask, and beyond keep_window_size keys only the top ones are kept, so the attention distribution is not softmax(q.k) over the causal keys (it also calls its own AttentionInterface instance)',
+    'dory': "a looped (recurrent-depth) decoder: its recurrent layers run n_recurrent_loops times per forward, later loops attending over the earlier loops' keys, so a layer has several attention calls and key sets; not read yet",
     'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
-    'falcon': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
-    'flint': 'its capture is not exact on a tiny random model (attention entropy 0 vs eager: max |diff| 0.0755 (scale 1.76))',
+    'falcon': "its attention computes softmax(q.k) itself (torch's scaled_dot_product_attention or ALiBi scores called directly in FalconAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'flint': "attention sinks (a learned per-head logit outside q.k, module.sinks in its eager_attention_forward): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention entropy vs eager differs)",
     'gemma3n': 'not verified: no tiny model of this type builds here (ImportError: TimmWrapperModel requires the timm library but it was not found in your environment. Yo)',
     'gemma3n_text': 'not verified: no tiny model of this type builds here (ValueError: The set of layer types producing a cache is different than the set of layer types using)',
     'gemma4': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
@@ -216,31 +224,29 @@ REFUSED: dict[str, str] = {
     'gemma4_unified': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'gemma4_unified_assistant': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'gemma4_unified_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
-    'git': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
-    'gpt_neo': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'git': "its attention computes softmax(q.k) itself (its text decoder's GitSelfAttention; only the image encoder uses the interface), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'gpt_neo': "its attention computes softmax(q.k) itself (GPTNeoSelfAttention._attn, unscaled q.k, or its own flash-attention call), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'gpt_oss': 'attention sinks (a learned per-head logit outside q.k) and a key path the capture does not reproduce (tiny-model check: keys, W_K and attention entropy differ)',
-    'granite_swa': 'its capture is not exact on a tiny random model (attention output 0 vs eager p @ values: max |diff| 0.0566 (scale 1))',
-    'granitemoe_swa': 'its capture is not exact on a tiny random model (attention output 0 vs eager p @ values: max |diff| 0.0695 (scale 1))',
+    'granite_swa': "attention sinks (a learned per-head logit outside q.k, s_aux, its per-head sinks): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
+    'granitemoe_swa': "attention sinks (a learned per-head logit outside q.k, s_aux, its per-head sinks): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
     'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
-    'jetmoe': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
-    'laguna': 'its capture is not exact on a tiny random model (capture failed: RuntimeError: The expanded size of the tensor (4) must match the existing size (48) at non-sin)',
+    'jetmoe': "mixture of attention heads: a router picks each token's query-head experts (top_k of num_experts), so a head index at the attention function is a routed slot, not a fixed head, and the experts' own output projections reduce the attention output",
     'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
     'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
     'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
     'longcat_flash': 'each decoder layer holds two attention sublayers and two MLPs beside a shortcut MoE (num_hidden_layers = 2 x num_layers counts the sublayers), so decoder layers and attention layers are not one-to-one; not read yet',
-    'mimo_v2_flash': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'mimo_v2_flash': 'attention sinks (a learned per-head logit s_aux outside q.k) in its sliding-window layers, which also have another number of key/value heads than its full-attention layers',
     'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
     'modernbert-decoder': "its capture is not exact on a tiny random model (top logits vs the model's: max |diff| 0.937 (scale 1))",
-    'moshi': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
-    'mpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'mpt': "its attention computes softmax(q.k) itself (matmul plus ALiBi bias in MptAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
     'musicgen_melody': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
-    'openai-gpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'openai-gpt': "its attention computes softmax(q.k) itself (matmul and softmax in openai-gpt's Attention._attn), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
     'rwkv': 'a recurrent (RWKV) model: no attention layers',
-    'xglm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
-    'xlm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'xglm': "its attention computes softmax(q.k) itself (bmm and softmax in XGLMAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'xlm': "its attention computes softmax(q.k) itself (matmul and softmax in XLM's MultiHeadAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
     'xlstm': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (4096) must match the size of tensor b (64) at non-singleton dime)',
 }
@@ -270,7 +276,8 @@ def refusal(config) -> str | None:
     """Why a model of this config cannot be read, or None when it can (read from the config alone: no
     weights, no model built; what the workflow's config check calls).
 
-    Rules, in order: a ``REFUSED`` entry; an encoder-decoder; an encoder (BERT-style config with an
+    Rules, in order: a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
+    ``num_attention_heads_per_layer`` when they differ); an encoder-decoder; an encoder (BERT-style config with an
     ``is_decoder`` switch: bidirectional self-attention used as a decoder); sparse (indexed) attention
     (DeepSeek Sparse Attention: an indexer selects the keys each query sees); attention-free layers (state-space / linear-attention layers in ``layer_types`` or an SSM config).
 
@@ -284,6 +291,10 @@ def refusal(config) -> str | None:
     for m in (mt, getattr(config, "model_type", None)):
         if m in REFUSED:
             return REFUSED[m]
+    per_layer = getattr(cfg, "num_attention_heads_per_layer", None)
+    if per_layer and len(set(per_layer)) > 1:
+        return (f"per-layer numbers of query heads (num_attention_heads_per_layer: {sorted(set(per_layer))}); the HDF5 "
+                "contract has one n_heads per model")
     if getattr(config, "is_encoder_decoder", False) or getattr(cfg, "is_encoder_decoder", False):
         return "an encoder-decoder model (its decoder cross-attends to an encoder); only decoder-only models are read"
     if hasattr(cfg, "is_decoder"):
@@ -318,6 +329,20 @@ _FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "nor
 
 def _is_norm(m) -> bool:
     return "norm" in type(m).__name__.lower()
+
+
+def _linear_of(m):
+    """``m`` if it is a Linear; the Linear inside a thin wrapper (no parameters of its own, that Linear its only
+    child: e.g. Moshi's ``MoshiLinear``, whose forward returns ``self.linear(x)``; the tiny-model test checks that
+    its output is the keys), else None."""
+    import torch
+
+    if isinstance(m, torch.nn.Linear):
+        return m
+    kids = list(m.children()) if isinstance(m, torch.nn.Module) else []
+    if len(kids) == 1 and isinstance(kids[0], torch.nn.Linear) and not list(m.parameters(recurse=False)):
+        return kids[0]
+    return None
 
 
 @dataclass
@@ -376,8 +401,8 @@ def parts(model) -> Parts:
             if "attention" not in type(m).__name__.lower():
                 continue
             kids = dict(m.named_children())
-            k = next((kids[n] for n in k_names if isinstance(kids.get(n), torch.nn.Linear)), None)
-            v = next((kids[n] for n in v_names if isinstance(kids.get(n), torch.nn.Linear)), None)
+            k = next((_linear_of(kids[n]) for n in k_names if _linear_of(kids.get(n)) is not None), None)
+            v = next((_linear_of(kids[n]) for n in v_names if _linear_of(kids.get(n)) is not None), None)
             if k is not None and v is not None:
                 found = (m, k, v, next((kids[n] for n in _O_NAMES if isinstance(kids.get(n), torch.nn.Module)), None))
                 break
@@ -586,6 +611,10 @@ def split_fused(model, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
         x = out.reshape(*lead, s.n_heads, 3 * s.head_dim)
         q, k, v = x.split(s.head_dim, dim=-1)
         return (q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1))
+    if fam.qkv == "codegen_mp":  # [groups, (q | v | k) of d/groups]; CodeGenAttention.forward
+        lead = out.shape[:-1]
+        q, v, k = out.reshape(*lead, CODEGEN_MP_NUM, -1).chunk(3, dim=-1)
+        return (q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1))
     raise ValueError(f"family {fam.name} has separate projections; split_fused does not apply")
 
 
@@ -622,6 +651,11 @@ def _fused_columns(model, part: int) -> torch.Tensor | None:
     if fam.qkv == "neox_fused":
         h = torch.arange(s.n_heads).unsqueeze(1) * 3 * s.head_dim + part * s.head_dim
         return (h + torch.arange(s.head_dim).unsqueeze(0)).reshape(-1)
+    if fam.qkv == "codegen_mp":  # group g holds [q | v | k], d/groups columns each
+        w = d // CODEGEN_MP_NUM
+        slot = {0: 0, 1: 2, 2: 1}[part]
+        g = torch.arange(CODEGEN_MP_NUM).unsqueeze(1) * 3 * w + slot * w
+        return (g + torch.arange(w).unsqueeze(0)).reshape(-1)
     raise ValueError(f"family {fam.name}: unknown qkv layout {fam.qkv!r}")
 
 
@@ -686,6 +720,11 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
         d = s.n_heads * hd
         return [(W[:, d + h * hd:d + (h + 1) * hd], None if b is None else b[d + h * hd:d + (h + 1) * hd])
                 for h in range(s.n_kv_heads)]
+    if fam.qkv == "codegen_mp":  # the key columns (k_columns), then heads of head_dim
+        cols = k_columns(model).to(lin.weight.device)
+        W = lin.weight.T[:, cols]
+        b = None if lin.bias is None else lin.bias[cols]
+        return [(W[:, h * hd:(h + 1) * hd], None if b is None else b[h * hd:(h + 1) * hd]) for h in range(s.n_heads)]
     # neox: out index = h*3*hd + [0:hd]=q, [hd:2hd]=k, [2hd:3hd]=v
     W = lin.weight.T
     b = lin.bias
