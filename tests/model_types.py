@@ -160,14 +160,16 @@ def check_model(model, eager) -> list[str]:
             fails.append(f)
             break
     fn = arch.final_norm(model)
+    head = arch.head_transform(model) or (lambda x: x)  # the unembedding's input (ModernBERT-decoder's prediction head)
     if fn is None:
         fails.append("no final norm found")
     else:
         with torch.no_grad():
-            y = fn(torch.as_tensor(R[:, L]).unsqueeze(1))[:, 0]
+            y = head(fn(torch.as_tensor(R[:, L]).unsqueeze(1)))[:, 0]
         fails.append(_close(res["last_token/final_normed"], y.numpy(), "final norm(block L output) vs final_normed"))
-    fails.append(_close(res["last_token/final_normed"], np.stack([hs[L][b, last[b]].numpy() for b in range(B)]),
-                        "final_normed vs hidden_states[-1]"))
+    with torch.no_grad():
+        want = head(torch.stack([hs[L][b, last[b]] for b in range(B)]).unsqueeze(1))[:, 0]
+    fails.append(_close(res["last_token/final_normed"], want.numpy(), "final_normed vs hidden_states[-1]"))
     lg = torch.stack([out.logits[b, last[b]] for b in range(B)]).float()
     top = lg.topk(5, dim=-1)
     fails.append(_close(res["next_token/top_logits"], top.values.numpy(), "top logits vs the model's"))

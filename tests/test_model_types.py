@@ -117,7 +117,8 @@ def test_key_orthogonality_runs_on_generic_types():
 def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_applicable(tmp_path):
     """Multi-head latent attention (deepseek_v3, tiny: 4 heads, qk_nope 16 + qk_rope 8 = 24 key coordinates, 12 value
     coordinates): the stored shapes follow the contract's axes (values n_heads*v_head_dim, keys [n_heads, 24]); the
-    key coordinates 16: are the pre-RoPE k_rope of kv_a_proj_with_mqa, the same for every head; hook_v is read-only;
+    key coordinates 16: are the pre-RoPE k_rope of kv_a_proj_with_mqa, the same for every head; hook_k is read-only,
+    hook_v editable (the attention function receives the edit);
     key orthogonality rows say "not applicable" with the reason, and the claim on it is not testable here."""
     import numpy as np
     import torch
@@ -150,7 +151,18 @@ def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_appl
     assert np.allclose(K[0, 0, 0, 16:], want.numpy(), atol=1e-5)
     b = capture.make_batch(m, mtypes.SEQS)
     with pytest.raises(ValueError, match="read-only under multi-head latent attention"):
-        capture.run(m, b, {"blocks.0.attn.hook_v": lambda v, pt: v * 0})
+        capture.run(m, b, {"blocks.0.attn.hook_k": lambda k, pt: k * 0})
+    # hook_v is editable: the edited values are what the attention function receives (zero values: zero output),
+    # and the edit changes the model's output; without an edit the values are the stored ones
+    z, seen = {}, {}
+    capture.run(m, b, {"blocks.1.attn.hook_v": [lambda v, pt: seen.setdefault(1, v.clone()),
+                                                 lambda v, pt: torch.zeros_like(v)],
+                       "blocks.1.attn.hook_z": lambda o, pt: z.setdefault(1, o.clone())})
+    assert z[1].shape == (2, 7, 48) and float(z[1].abs().max()) == 0.0
+    assert np.allclose(seen[1][[0, 1], [6, 2]].numpy(), res["last_token/values"][:, 1], atol=1e-6)
+    plain = capture.run(m, b).logits
+    edited = capture.run(m, b, {"blocks.1.attn.hook_v": lambda v, pt: torch.zeros_like(v)}).logits
+    assert float((plain - edited).abs().max()) > 1e-3
     assert CONTRACT["last_token/values"].point == "attn.hook_v"
     ko = key_orthogonality_table(m, model_name="ds", seed=0)
     assert len(ko) == 3 * 4 and ko.orthogonality.isna().all()

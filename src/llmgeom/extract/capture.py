@@ -37,9 +37,10 @@ no [B, H, T, T] weights).
 
 Multi-head latent attention (DeepSeek-V2/V3 MLA, ``architectures.latent_dims``; ``head_dim`` = qk_nope + qk_rope,
 n_kv_heads = n_heads, values and attention output of ``value_head_dim`` = v_head_dim per head): ``hook_v`` and
-``hook_k`` are read at the attention interface too (read-only there), because no module outputs the per-head
-values or keys: ``hook_v`` = the values the attention function receives (``kv_b_proj``'s decompressed v_h, heads
-concatenated); ``hook_k`` = the keys before RoPE, per head [k_nope_h | k_rope]: k_nope_h as the attention function
+``hook_k`` are read at the attention interface too, because no module outputs the per-head values or keys:
+``hook_v`` = the values the attention function receives (``kv_b_proj``'s decompressed v_h, heads concatenated;
+editable: an edited tensor is what the attention function then receives); ``hook_k`` (read-only there) = the keys
+before RoPE, per head [k_nope_h | k_rope]: k_nope_h as the attention function
 receives it (RoPE does not touch it) and k_rope the pre-RoPE part of ``kv_a_proj_with_mqa``'s output (its columns
 kv_lora_rank:, shared by every head; in the projection's own coordinate order, before ``rope_interleave``'s
 permutation). Families without latent attention take no extra work.
@@ -295,15 +296,6 @@ def _keep_k_rope(store: dict, layer: int, lat):
     return keep
 
 
-def _read_only(fns, act, pt: HookPoint) -> None:
-    """Run the hooks ``fns`` of a point read at the attention interface (latent attention's keys and values):
-    a hook that returns a tensor is refused (no module output to replace there)."""
-    for fn in fns:
-        if fn(act, pt) is not None:
-            raise ValueError(f"hook point {pt.name!r} is read-only under multi-head latent attention (its values and "
-                             "keys exist only inside the attention module); a hook returned a tensor")
-
-
 def final_rows(t: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Each prompt's final-token row of a [B, T, F] activation: [B, F], on ``t``'s device and in its dtype (the
     model's; :meth:`RowIndex.take` gives float32 copies for storing)."""
@@ -373,28 +365,46 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                 kinds = ATTENTION_POINTS + (("attn.hook_k", "attn.hook_v") if lat is not None else ())
                 points = {l: {kd: HookPoint(point_name(kd, l), l) for kd in kinds} for l in attn}
 
-                def on_attention(layer, q, k, v, o, scaling, softcap):
+                def on_attention(layer, q, k, o, scaling, softcap):
                     if layer not in attn:
                         return
                     pts, fns = points[layer], attn[layer]
-                    for pt in pts.values():
-                        pt.batch = state["batch"]
+                    pts["attn.hook_z"].batch = pts["attn.hook_qk"].batch = state["batch"]
                     for fn in fns.get("attn.hook_z", ()):
                         fn(o.reshape(*o.shape[:2], -1), pts["attn.hook_z"])  # [B, T, H*hd]: the o_proj input
                     for fn in fns.get("attn.hook_qk", ()):
                         fn(AttentionCall(q, k, scaling, softcap), pts["attn.hook_qk"])
-                    if "attn.hook_v" in fns:  # latent attention: [B, H, T, v_hd] -> [B, T, H*v_hd]
-                        _read_only(fns["attn.hook_v"], v.transpose(1, 2).reshape(*o.shape[:2], -1),
-                                   pts["attn.hook_v"])
-                    if "attn.hook_k" in fns:  # latent attention: [k_nope_h | pre-RoPE k_rope] per head
-                        kr = k_rope.pop(layer)
-                        pre = torch.cat([k[..., :lat.qk_nope_head_dim],
-                                         kr.unsqueeze(1).expand(-1, k.shape[1], -1, -1).to(k.dtype)], dim=-1)
-                        _read_only(fns["attn.hook_k"], pre.transpose(1, 2).reshape(*o.shape[:2], -1),
-                                   pts["attn.hook_k"])
 
-                state["attention_seen"] = st.enter_context(
-                    arch.capture_attention(model, on_attention, with_value=True))
+                def latent_kv(layer, q, k, v):  # latent attention: the keys and values before the attention call
+                    fns = attn.get(layer, {})
+                    if "attn.hook_k" not in fns and "attn.hook_v" not in fns:
+                        return None
+                    B, H, T = v.shape[:3]
+                    pts = points[layer]
+                    if "attn.hook_k" in fns:  # [k_nope_h | pre-RoPE k_rope] per head -> [B, T, H*qk_hd]
+                        pt = pts["attn.hook_k"]
+                        pt.batch = state["batch"]
+                        kr = k_rope.pop(layer).unsqueeze(1).expand(-1, H, -1, -1).to(k.dtype)
+                        pre = torch.cat([k[..., :lat.qk_nope_head_dim], kr], dim=-1).transpose(1, 2).reshape(B, T, -1)
+                        for fn in fns["attn.hook_k"]:
+                            if fn(pre, pt) is not None:
+                                raise ValueError(f"hook point {pt.name!r} is read-only under multi-head latent "
+                                                 "attention (its keys exist only inside the attention module); a hook "
+                                                 "returned a tensor")
+                    if "attn.hook_v" not in fns:
+                        return None
+                    pt = pts["attn.hook_v"]
+                    pt.batch = state["batch"]
+                    act = v.transpose(1, 2).reshape(B, T, -1)  # [B, H, T, v_hd] -> [B, T, H*v_hd]
+                    changed = None
+                    for fn in fns["attn.hook_v"]:
+                        new = fn(act, pt)
+                        if new is not None:
+                            act = changed = new
+                    return None if changed is None else changed.reshape(B, T, H, -1).transpose(1, 2).to(v.dtype)
+
+                state["attention_seen"] = st.enter_context(arch.capture_attention(
+                    model, on_attention, before=latent_kv if lat is not None else None))
                 state["attention_layers"] = sorted(attn)
             yield state
     finally:
@@ -406,7 +416,8 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
 
 @dataclass
 class Output:
-    """What :func:`run` returns: ``hidden`` the final normed state [B, T, d_unembed] (model dtype; [B, 1,
+    """What :func:`run` returns: ``hidden`` the final normed state [B, T, d_unembed], the unembedding's input (after
+    ``architectures.head_transform`` where a family has one; model dtype; [B, 1,
     d_unembed], the final tokens, with ``final_token_only``), ``logits`` float32 [B, V] at each prompt's final
     token (None when not asked), ``batch``."""
 
@@ -460,6 +471,9 @@ def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None =
         hT = out.last_hidden_state
         if st.get("final_token_only"):  # only the final tokens are the model's: keep those
             hT = final_rows(hT, batch).unsqueeze(1)
+        ht = arch.head_transform(model)
+        if ht is not None:  # a prediction head between the final norm and the unembedding (ModernBERT-decoder)
+            hT = ht(hT)
         g = st["global"]
         for fn in g.get("ln_final.hook_normalized", ()):
             fn(hT, HookPoint("ln_final.hook_normalized", None, batch))

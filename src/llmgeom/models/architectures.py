@@ -237,7 +237,6 @@ REFUSED: dict[str, str] = {
     'longcat_flash': 'each decoder layer holds two attention sublayers and two MLPs beside a shortcut MoE (num_hidden_layers = 2 x num_layers counts the sublayers), so decoder layers and attention layers are not one-to-one; not read yet',
     'mimo_v2_flash': 'attention sinks (a learned per-head logit s_aux outside q.k) in its sliding-window layers, which also have another number of key/value heads than its full-attention layers',
     'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
-    'modernbert-decoder': "its capture is not exact on a tiny random model (top logits vs the model's: max |diff| 0.937 (scale 1))",
     'mpt': "its attention computes softmax(q.k) itself (matmul plus ALiBi bias in MptAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
     'musicgen_melody': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
@@ -544,6 +543,20 @@ def final_norm(model) -> torch.nn.Module | None:
     return _get(base_model(model), fam.final_norm) if fam.final_norm else None
 
 
+#: model_type -> the ``*ForCausalLM`` attribute applied between the base model's output (after its final norm) and
+#: the unembedding, where there is one: ModernBERT-decoder's prediction head ``lm_head`` (norm(act(dense(h)));
+#: ``logits = decoder(lm_head(h))`` in ``ModernBertDecoderForCausalLM.forward``).
+_HEAD_TRANSFORMS = {"modernbert-decoder": "lm_head"}
+
+
+def head_transform(model) -> torch.nn.Module | None:
+    """The module between the final norm's output [.., d_model] and the unembedding's input [.., d_unembed], or None
+    (every family but ModernBERT-decoder, :data:`_HEAD_TRANSFORMS`): the stored final normed state is its output,
+    what the unembedding sees (``extract.capture.run``)."""
+    path = _HEAD_TRANSFORMS.get(getattr(_text_config(model.config), "model_type", None))
+    return None if path is None else _get(model, path)
+
+
 def unembedding(model) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(W_U [vocab, d_unembed], bias [vocab] or None) of the output head."""
     head = model.get_output_embeddings()
@@ -823,10 +836,13 @@ def _own_eager(module):
 
 
 @contextmanager
-def capture_attention(model, fn: Callable, *, with_value: bool = False):
+def capture_attention(model, fn: Callable, *, with_value: bool = False, before: Callable | None = None):
     """While active, every call of ``model``'s attention function also calls
     ``fn(layer, query, key, attn_output, scaling, softcap)`` (``with_value``: ``fn(layer, query, key, value,
-    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]) with the tensors the model uses:
+    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]) with the tensors the model uses;
+    ``before(layer, query, key, value)``, when given, runs before the attention function and may return a tensor
+    of the value's shape that the function then receives instead of ``value`` (an edit of the values where no
+    module outputs them: multi-head latent attention, ``extract.capture``):
 
     - ``query`` [B, n_heads, T, head_dim] and ``key`` [B, n_kv_heads, T, head_dim] after RoPE (and
       q_norm/k_norm, query pre-scaling where the family has them), before GQA/MQA repetition;
@@ -856,8 +872,11 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False):
 
     def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
         f = inner if inner is not None else _own_eager(module)
-        out = f(module, query, key, value, attention_mask, *args, **kwargs)
         layer = layer_of.get(id(module))
+        if before is not None and layer is not None:
+            new = before(layer, query, key, value)
+            value = value if new is None else new
+        out = f(module, query, key, value, attention_mask, *args, **kwargs)
         if layer is not None:
             seen.append(layer)
             if with_value:
