@@ -182,6 +182,37 @@ def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_appl
     assert c.loc["ok", "verdict"] in ("supported", "not supported")
 
 
+def test_latent_attention_extracts_to_a_complete_activation_file(tmp_path):
+    """extract_to_hdf5 on a prepared tiny deepseek_v3 (prompt set and corpus set): complete files whose keys, values
+    and attention output have the latent-attention shapes, and whose root attributes say so."""
+    import json
+
+    import h5py
+
+    from llmgeom.extract import forward
+    from llmgeom.models import sources, tiny
+    from llmgeom.prompts.io import write_prompt_set
+
+    src = tmp_path / "src"
+    m = mtypes.build("deepseek_v3", "sdpa")
+    m.save_pretrained(src)
+    tiny.tiny_tokenizer(m.config.vocab_size).save_pretrained(src)
+    prepared = tmp_path / "prepared"
+    sources.prepare_model("ds", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    prompts = tmp_path / "mixed.jsonl"
+    write_prompt_set([{"id": "a", "text": "abcdefgh", "meta": {}}, {"id": "b", "text": "xyz", "meta": {}}], prompts)
+    for corpus in (False, True):
+        out = tmp_path / f"{corpus}.h5"
+        forward.extract_to_hdf5(prepared, prompts, out, model_name="ds", dtype="float32", device="cpu", batch_size=2,
+                                corpus=corpus, sample_per_prompt=2, log=lambda *a: None)
+        with h5py.File(out) as f:
+            assert f.attrs["complete"] and f.attrs["head_dim"] == 24 and f.attrs["n_kv_heads"] == 4
+            a = json.loads(f.attrs["architecture"])
+            assert a["latent_attention"] and a["value_head_dim"] == 12
+            assert f["last_token/values"].shape == (2, 3, 48) and f["last_token/keys"].shape == (2, 3, 4, 24)
+            assert f["last_token/attn_output"].shape == (2, 3, 48)
+
+
 def test_codegen_fused_groups_split_as_codegen_does_and_a_value_edit_reaches_the_attention():
     """CodeGen's qkv_proj: 4 model-parallel groups of [q | v | k] (CodeGenAttention.forward: ``view(..., 4, -1)`` then
     ``split(local_dim)`` into query, value, key); the Family's columns are those, and an edit of hook_v is written
