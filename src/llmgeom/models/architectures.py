@@ -227,8 +227,8 @@ REFUSED: dict[str, str] = {
     'git': "its attention computes softmax(q.k) itself (its text decoder's GitSelfAttention; only the image encoder uses the interface), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'gpt_neo': "its attention computes softmax(q.k) itself (GPTNeoSelfAttention._attn, unscaled q.k, or its own flash-attention call), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'gpt_oss': 'attention sinks (a learned per-head logit outside q.k) and a key path the capture does not reproduce (tiny-model check: keys, W_K and attention entropy differ)',
-    'granite_swa': "attention sinks (a learned per-head logit outside q.k, s_aux, its per-head sinks): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
-    'granitemoe_swa': "attention sinks (a learned per-head logit outside q.k, s_aux, its per-head sinks): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
+    'granite_swa': "attention sinks (a learned per-head logit outside q.k: its sinks, passed to the attention function as s_aux): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
+    'granitemoe_swa': "attention sinks (a learned per-head logit outside q.k: its sinks, passed to the attention function as s_aux): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
     'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
     'jetmoe': "mixture of attention heads: a router picks each token's query-head experts (top_k of num_experts), so a head index at the attention function is a routed slot, not a fixed head, and the experts' own output projections reduce the attention output",
     'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
@@ -278,7 +278,8 @@ def refusal(config) -> str | None:
     Rules, in order: a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
     ``num_attention_heads_per_layer`` when they differ); an encoder-decoder; an encoder (BERT-style config with an
     ``is_decoder`` switch: bidirectional self-attention used as a decoder); sparse (indexed) attention
-    (DeepSeek Sparse Attention: an indexer selects the keys each query sees); attention-free layers (state-space / linear-attention layers in ``layer_types`` or an SSM config).
+    (DeepSeek Sparse Attention: an indexer selects the keys each query sees); attention-free layers (state-space /
+    linear-attention layers in ``layer_types`` or an SSM config).
 
     Returns:
         the reason in words, or None.
