@@ -39,7 +39,15 @@ TYPE_SETTINGS: dict[str, dict] = {
     "granite": {"logits_scaling": 4.0}, "granitemoe": {"logits_scaling": 4.0},
     "granitemoeshared": {"logits_scaling": 4.0}, "granite_swa": {"logits_scaling": 4.0},
     "granitemoe_swa": {"logits_scaling": 4.0},
+    "axk1": {"n_group": 1, "topk_group": 1},  # expert groups of the 4 tiny experts (default 8 groups)
+    "laguna": {"num_attention_heads_per_layer": [4, 4, 4]},  # its per-layer head counts, for the tiny 4 heads
 }
+
+#: Multi-head latent attention (configs with ``kv_lora_rank``), after ``TINY``: a small latent, value heads of
+#: another size than key heads (a mixed-up head size must show), one key/value head per query head (what the
+#: decompression gives), ``head_dim`` = the RoPE part (what the rotary embedding of these configs is sized by).
+MLA_TINY = dict(kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                qk_head_dim=24, head_dim=8, num_key_value_heads=4)
 
 ATOL = 2e-4
 SEQS = [[1, 5, 6, 7, 8, 9, 10], [1, 20, 21]]
@@ -69,8 +77,9 @@ def tiny_config(model_type: str):
 
     cfg = CONFIG_MAPPING[model_type]()
     tc = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    mla = MLA_TINY if getattr(tc, "kv_lora_rank", None) else {}
     for target in {id(cfg): cfg, id(tc): tc}.values():
-        for k, v in {**TINY, **TYPE_SETTINGS.get(model_type, {})}.items():
+        for k, v in {**TINY, **mla, **TYPE_SETTINGS.get(model_type, {})}.items():
             if k in TINY and not hasattr(target, k):
                 continue
             try:
@@ -151,21 +160,23 @@ def check_model(model, eager) -> list[str]:
             fails.append(f)
             break
     fn = arch.final_norm(model)
+    head = arch.head_transform(model) or (lambda x: x)  # the unembedding's input (ModernBERT-decoder's prediction head)
     if fn is None:
         fails.append("no final norm found")
     else:
         with torch.no_grad():
-            y = fn(torch.as_tensor(R[:, L]).unsqueeze(1))[:, 0]
+            y = head(fn(torch.as_tensor(R[:, L]).unsqueeze(1)))[:, 0]
         fails.append(_close(res["last_token/final_normed"], y.numpy(), "final norm(block L output) vs final_normed"))
-    fails.append(_close(res["last_token/final_normed"], np.stack([hs[L][b, last[b]].numpy() for b in range(B)]),
-                        "final_normed vs hidden_states[-1]"))
+    with torch.no_grad():
+        want = head(torch.stack([hs[L][b, last[b]] for b in range(B)]).unsqueeze(1))[:, 0]
+    fails.append(_close(res["last_token/final_normed"], want.numpy(), "final_normed vs hidden_states[-1]"))
     lg = torch.stack([out.logits[b, last[b]] for b in range(B)]).float()
     top = lg.topk(5, dim=-1)
     fails.append(_close(res["next_token/top_logits"], top.values.numpy(), "top logits vs the model's"))
     cache = out.past_key_values
     for layer in range(L):
-        c = cache.layers[layer]
-        cv = np.stack([c.values[b, :, last[b]].reshape(-1).numpy() for b in range(B)])
+        cv = _cache_kv(model, cache, layer)[1]
+        cv = np.stack([cv[b, :, last[b]].reshape(-1).numpy() for b in range(B)])
         f = _close(res["last_token/values"][:, layer], cv, f"values {layer} vs KV cache")
         if f:
             fails.append(f)
@@ -174,8 +185,8 @@ def check_model(model, eager) -> list[str]:
             one = forward.extract_batch(model, [[1]], attention=False, top_k=1)
             with torch.no_grad():
                 o1 = model(input_ids=torch.tensor([[1]]), use_cache=True)
-            f = _close(one["last_token/keys"][0, layer], o1.past_key_values.layers[layer].keys[0, :, 0].numpy(),
-                       f"keys {layer} at position 0 vs KV cache")
+                k0 = _pre_rope_at_0(model, _cache_kv(model, o1.past_key_values, layer)[0][0, :, 0])
+            f = _close(one["last_token/keys"][0, layer], k0.numpy(), f"keys {layer} at position 0 vs KV cache")
             if f:
                 fails.append(f)
                 break
@@ -186,8 +197,8 @@ def check_model(model, eager) -> list[str]:
             fails.append(f"eager gave no attention probabilities for layer {layer}")
             break
         ent = np.zeros((B, H))
-        z = np.zeros((B, H * hd))
-        V = cache.layers[layer].values
+        V = _cache_kv(model, cache, layer)[1]
+        z = np.zeros((B, H * V.shape[-1]))
         for b in range(B):
             pb = p[b, :, last[b], :last[b] + 1].double()
             ent[b] = (-(pb * torch.log(pb.clamp_min(1e-300))).sum(-1)).numpy()
@@ -212,10 +223,49 @@ def check_model(model, eager) -> list[str]:
     return [f for f in fails if f]
 
 
+def _cache_kv(model, cache, layer: int):
+    """(keys, values) [B, n_kv_heads, T, head_dim / value_head_dim] as the attention function receives them, from the
+    model's KV cache: its own tensors, or under multi-head latent attention (whose cache holds the normed latent and
+    the rotated k_rope) the heads its attention module decompresses from them with its own ``expand_kv``."""
+    from llmgeom.models import architectures as arch
+
+    import torch
+
+    c = cache.layers[layer]
+    if arch.latent_dims(model.config) is None:
+        return c.keys, c.values
+    with torch.no_grad():
+        return arch.attention_modules(model)[layer].expand_kv(c.keys, c.values)
+
+
+def _pre_rope_at_0(model, k0):
+    """Keys at position 0 [n_kv, head_dim] as the contract stores them (pre-RoPE): RoPE is the identity there, except
+    that DeepSeek's ``rope_interleave`` writes the rotary part as [even | odd] coordinates (its
+    ``apply_rotary_pos_emb_interleave``); that permutation is undone here."""
+    from llmgeom.models import architectures as arch
+
+    lat = arch.latent_dims(model.config)
+    if lat is None or not getattr(arch._text_config(model.config), "rope_interleave", False):
+        return k0
+    r = k0[..., lat.qk_nope_head_dim:].clone()
+    half = r.shape[-1] // 2
+    out = k0.clone()
+    out[..., lat.qk_nope_head_dim::2], out[..., lat.qk_nope_head_dim + 1::2] = r[..., :half], r[..., half:]
+    return out
+
+
 def _wk_check(model, s) -> str | None:
     import torch
 
     from llmgeom.models import architectures as arch
+
+    why = arch.no_key_projection(model.config)
+    if why:  # no W_K: w_k_heads must say so (key orthogonality writes 'not applicable' rows with the reason)
+        try:
+            arch.w_k_heads(model, 0)
+        except arch.KeyProjectionNotApplicable as e:
+            return None if str(e) == why else f"w_k_heads raised {e!r}, not the reason {why!r}"
+        return "w_k_heads returned heads for a model without a key projection"
 
     d = s.d_model
     basis = torch.cat([torch.eye(d), torch.zeros(1, d)]).unsqueeze(1)  # [d+1, 1, d] at position 0
@@ -299,8 +349,12 @@ def verify(model_type: str) -> Row:
     if fails:
         return Row(model_type, "wrong", "nothing", "; ".join(fails))
     fam = arch.family_for(model.config)
-    return Row(model_type, "captured", "every measure",
-               f"family entry `{fam.name}`" if fam is not arch.GENERIC else "generic path")
+    how = f"family entry `{fam.name}`" if fam is not arch.GENERIC else "generic path"
+    no_wk = arch.no_key_projection(model.config)
+    if no_wk:
+        return Row(model_type, "captured", "every measure but key orthogonality",
+                   f"{how}; key orthogonality not applicable: {no_wk}")
+    return Row(model_type, "captured", "every measure", how)
 
 
 def _short(e: BaseException, n: int = 140) -> str:

@@ -9,6 +9,7 @@ the same rows and fails when the committed file differs (regenerate with ``LLMGE
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import model_types as mtypes
@@ -39,7 +40,12 @@ def test_refusal_is_what_the_family_table_says():
     assert arch.refusal_of_json({"model_type": "bart", "is_encoder_decoder": True}).startswith("an encoder-decoder")
     assert "encoder" in arch.refusal_of_json({"model_type": "bert", "is_decoder": False})
     assert arch.refusal_of_json({"model_type": "olmo2"}) is None
-    assert "latent attention" in arch.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512})
+    assert arch.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512}) is None  # read (MLA)
+    assert arch.refusal_of_json({"model_type": "deepseek_v32", "kv_lora_rank": 512,
+                                 "layer_types": ["indexed_attention"]}).startswith("sparse attention")
+    assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 64]}).startswith(
+        "per-layer numbers of query heads")
+    assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 48]}) is None
     assert "attention-free" in arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "mamba"]})
 
 
@@ -106,6 +112,129 @@ def test_key_orthogonality_runs_on_generic_types():
 
     W = arch.parts(m).k_proj[0].weight.T[:, 16:32]
     assert df.orthogonality[1] == orthogonality(W)
+
+
+def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_applicable(tmp_path):
+    """Multi-head latent attention (deepseek_v3, tiny: 4 heads, qk_nope 16 + qk_rope 8 = 24 key coordinates, 12 value
+    coordinates): the stored shapes follow the contract's axes (values n_heads*v_head_dim, keys [n_heads, 24]); the
+    key coordinates 16: are the pre-RoPE k_rope of kv_a_proj_with_mqa, the same for every head; hook_k is read-only,
+    hook_v editable (the attention function receives the edit);
+    key orthogonality rows say "not applicable" with the reason, and the claim on it is not testable here."""
+    import numpy as np
+    import torch
+    import yaml
+
+    from llmgeom.analyses.bayes_tables import table2
+    from llmgeom.analyses.claims import claims_table
+    from llmgeom.core.store import CONTRACT, contract_shapes
+    from llmgeom.extract import capture, forward
+    from llmgeom.models import architectures as arch
+    from llmgeom.weights.key_orthogonality import key_orthogonality_table
+
+    m = mtypes.build("deepseek_v3", "sdpa")
+    s = arch.summarize(m.config)
+    assert (s.latent_attention, s.n_heads, s.n_kv_heads, s.head_dim, s.value_head_dim) == (True, 4, 4, 24, 12)
+    shapes = contract_shapes(dict(forward.model_axis_sizes(s), prompt=2, layer=3, resid_layer=4, d_model=64,
+                                  d_unembed=64, rank=3), attention=True, candidates=False, corpus=False)
+    res = forward.extract_batch(m, mtypes.SEQS, attention=True, top_k=3)
+    for name in ("last_token/values", "last_token/keys", "last_token/attn_output"):
+        assert res[name].shape == (2,) + shapes[name][0][1:] and np.isfinite(res[name]).all(), name
+    assert res["last_token/values"].shape == (2, 3, 48) and res["last_token/keys"].shape == (2, 3, 4, 24)
+    K = res["last_token/keys"]
+    assert np.array_equal(K[:, :, :1, 16:].repeat(4, axis=2), K[:, :, :, 16:])  # k_rope shared by the heads
+    assert not np.allclose(K[:, :, 0, :16], K[:, :, 1, :16])  # k_nope per head
+    # k_rope: pre-RoPE columns kv_lora_rank: of kv_a_proj_with_mqa at the final token of prompt 0 (layer 0)
+    with torch.no_grad():
+        hs = m(input_ids=torch.tensor([mtypes.SEQS[0]]), output_hidden_states=True).hidden_states[0]
+        x = arch.input_norm(m, 0)(hs)[0, -1]
+        want = arch.kv_module(m, 0)(x)[32:40]
+    assert np.allclose(K[0, 0, 0, 16:], want.numpy(), atol=1e-5)
+    b = capture.make_batch(m, mtypes.SEQS)
+    with pytest.raises(ValueError, match="read-only under multi-head latent attention"):
+        capture.run(m, b, {"blocks.0.attn.hook_k": lambda k, pt: k * 0})
+    # hook_v is editable: the edited values are what the attention function receives (zero values: zero output),
+    # and the edit changes the model's output; without an edit the values are the stored ones
+    z, seen = {}, {}
+    capture.run(m, b, {"blocks.1.attn.hook_v": [lambda v, pt: seen.setdefault(1, v.clone()),
+                                                 lambda v, pt: torch.zeros_like(v)],
+                       "blocks.1.attn.hook_z": lambda o, pt: z.setdefault(1, o.clone())})
+    assert z[1].shape == (2, 7, 48) and float(z[1].abs().max()) == 0.0
+    assert np.allclose(seen[1][[0, 1], [6, 2]].numpy(), res["last_token/values"][:, 1], atol=1e-6)
+    plain = capture.run(m, b).logits
+    edited = capture.run(m, b, {"blocks.1.attn.hook_v": lambda v, pt: torch.zeros_like(v)}).logits
+    assert float((plain - edited).abs().max()) > 1e-3
+    assert CONTRACT["last_token/values"].point == "attn.hook_v"
+    ko = key_orthogonality_table(m, model_name="ds", seed=0, random_init=True)
+    assert len(ko) == 3 * 4 and ko.orthogonality.isna().all()
+    assert ko.not_applicable.str.startswith("key orthogonality not applicable: multi-head latent attention").all()
+    ok = key_orthogonality_table(mtypes.build("olmo2", "sdpa"), model_name="ok", seed=0, random_init=True)
+    assert (ok.not_applicable == "").all() and list(ok.columns) == list(ko.columns)
+    # table2 carries the reason; the claim on key orthogonality is not testable for that model, decided for the other
+    both = pd.concat([ko, ok])
+    both.to_csv(tmp_path / "ko.csv", index=False)
+    t2 = table2(pd.DataFrame(columns=["model", "prompt_set", "role", "representation", "standardized", "layer"]),
+                pd.read_csv(tmp_path / "ko.csv"), pd.DataFrame(columns=["model"]), restricted_set="x")
+    t2 = t2[t2.source == "llm"].set_index("model")
+    assert t2.loc["ds", "orth_not_applicable"] == ko.not_applicable[0] and t2.loc["ok", "orth_not_applicable"] == ""
+    card = claims_table({"table2": t2.reset_index()}, models=["ds", "ok"])
+    c = card[card.claim_id == "keys_more_orthogonal_than_random_init"].set_index("model")
+    assert c.loc["ds", "verdict"] == "not testable here" and c.loc["ds", "reason"] == ko.not_applicable[0]
+    assert c.loc["ok", "verdict"] in ("supported", "not supported")
+
+
+def test_latent_attention_extracts_to_a_complete_activation_file(tmp_path):
+    """extract_to_hdf5 on a prepared tiny deepseek_v3 (prompt set and corpus set): complete files whose keys, values
+    and attention output have the latent-attention shapes, and whose root attributes say so."""
+    import json
+
+    import h5py
+
+    from llmgeom.extract import forward
+    from llmgeom.models import sources, tiny
+    from llmgeom.prompts.io import write_prompt_set
+
+    src = tmp_path / "src"
+    m = mtypes.build("deepseek_v3", "sdpa")
+    m.save_pretrained(src)
+    tiny.tiny_tokenizer(m.config.vocab_size).save_pretrained(src)
+    prepared = tmp_path / "prepared"
+    sources.prepare_model("ds", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    prompts = tmp_path / "mixed.jsonl"
+    write_prompt_set([{"id": "a", "text": "abcdefgh", "meta": {}}, {"id": "b", "text": "xyz", "meta": {}}], prompts)
+    for corpus in (False, True):
+        out = tmp_path / f"{corpus}.h5"
+        forward.extract_to_hdf5(prepared, prompts, out, model_name="ds", dtype="float32", device="cpu", batch_size=2,
+                                corpus=corpus, sample_per_prompt=2, log=lambda *a: None, top_k=10, device_map=None)
+        with h5py.File(out) as f:
+            assert f.attrs["complete"] and f.attrs["head_dim"] == 24 and f.attrs["n_kv_heads"] == 4
+            a = json.loads(f.attrs["architecture"])
+            assert a["latent_attention"] and a["value_head_dim"] == 12
+            assert f["last_token/values"].shape == (2, 3, 48) and f["last_token/keys"].shape == (2, 3, 4, 24)
+            assert f["last_token/attn_output"].shape == (2, 3, 48)
+
+
+def test_codegen_fused_groups_split_as_codegen_does_and_a_value_edit_reaches_the_attention():
+    """CodeGen's qkv_proj: 4 model-parallel groups of [q | v | k] (CodeGenAttention.forward: ``view(..., 4, -1)`` then
+    ``split(local_dim)`` into query, value, key); the Family's columns are those, and an edit of hook_v is written
+    back into the fused output (zero values: zero attention output)."""
+    import torch
+
+    from llmgeom.extract import capture
+    from llmgeom.models import architectures as arch
+
+    m = mtypes.build("codegen", "sdpa")
+    out = torch.randn(2, 3, 192)
+    q, k, v = arch.split_fused(m, out)
+    g = out.view(2, 3, 4, 48)  # 4 groups of 3 x 16 (d_model 64 / 4)
+    assert torch.equal(q, g[..., :16].reshape(2, 3, 64)) and torch.equal(v, g[..., 16:32].reshape(2, 3, 64))
+    assert torch.equal(k, g[..., 32:].reshape(2, 3, 64))
+    assert torch.equal(out[..., arch.k_columns(m)], k) and torch.equal(out[..., arch.v_columns(m)], v)
+    cols = torch.cat([arch._fused_columns(m, 0), arch.k_columns(m), arch.v_columns(m)])
+    assert torch.equal(cols.sort().values, torch.arange(192))
+    z = {}
+    capture.run(m, capture.make_batch(m, mtypes.SEQS), {"blocks.0.attn.hook_v": lambda t, pt: torch.zeros_like(t),
+                                                        "blocks.0.attn.hook_z": lambda o, pt: z.setdefault(0, o.clone())})
+    assert z[0].shape == (2, 7, 64) and float(z[0].abs().max()) == 0.0
 
 
 def test_families_sweep_dry_run_plans_every_model(tmp_path):

@@ -105,7 +105,9 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         (+ _bc/_lo/_hi), delta_pc12 (+ _bc/_lo/_hi) at the final layer; orth_min, orth_max, orth_mean (per-layer mean
         over key heads: range over layers), gaussian_min/max, gaussian_expected (sqrt(2/(pi d_model))),
         random_init_min/max/mean (same statistic, same shapes), orth_over_random_init (orth_mean / mean
-        random-init baseline); focusing_pct, focusing_pct_global, focusing_rho, focusing_p. Orthogonality values
+        random-init baseline), orth_not_applicable (why key orthogonality does not apply to the model, e.g.
+        multi-head latent attention: its orth_* cells are NaN; "" otherwise); focusing_pct,
+        focusing_pct_global, focusing_rho, focusing_p. Orthogonality values
         dimensionless in [0, 1]. Beside pc12_mixed, pc12_restricted, orth_mean, random_init_mean and
         focusing_pct: ``*_published`` / ``*_published_on``, the value published for the same model ("" where
         none); then the published models as rows of their own (``source`` = "published": Paper III's Table 2
@@ -126,6 +128,8 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
     kcols = [c for c in ("orthogonality", "baseline_gaussian", "baseline_random_init", "gaussian_expected")
              if c in ko.columns]
     kl = ko.groupby(["model", "layer"], as_index=False)[kcols].mean()
+    na = ko.not_applicable if "not_applicable" in ko.columns else pd.Series([], dtype=object)
+    orth_na = {m: x.strip() for m, x in zip(ko.model, na) if isinstance(x, str) and x.strip()}  # no W_K: why
     wt_models = list(dict.fromkeys(wt.model)) if wt is not None and len(wt) else []
     llms = sorted((set(fin.model) | set(kl.model) | set(af.model)) - set(wt_models))
     rows = []
@@ -139,7 +143,7 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
             r.update(attention_type=_attention_label(a.attention_type, int(a.n_sliding_layers), int(a.n_layers),
                                                      a.sliding_window if pd.notna(a.sliding_window) else None),
                      n_layers=int(a.n_layers))
-        ko_af = _ko_af_columns(kl[kl.model == m], a)
+        ko_af = dict(_ko_af_columns(kl[kl.model == m], a), orth_not_applicable=orth_na.get(m, ""))
         if m in wt_models:
             r.update(ko_af, **_wind_tunnel_columns(m, wt, wt_geometry))
             rows.append(r)

@@ -5,7 +5,8 @@ Tables in, tables out; never torch.
 
 Verdicts: ``supported``, ``not supported``, ``inconclusive`` (the measurement cannot decide, e.g. an interval
 that contains the threshold, a NaN value, estimators that disagree) and ``not testable here`` (the run lacks
-what the claim needs: a table, a column, a second attention type, three models). Every row carries a reason.
+what the claim needs: a table, a column, a second attention type, three models; or the claim's ``not_applicable`` column
+gives a reason the measure does not apply to the model, e.g. no W_K under latent attention). Every row carries a reason.
 """
 
 from __future__ import annotations
@@ -394,7 +395,10 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
         req = claim.get("requires") or {}
         n_models = g.model.nunique() if "model" in g else len(g)
         pub = _published_cells(claim, "" if across else model)
-        if req.get("min_models") and n_models < int(req["min_models"]):
+        na = _not_applicable(g, claim)
+        if na:
+            res = dict(verdict=NOT_TESTABLE, reason=na)
+        elif req.get("min_models") and n_models < int(req["min_models"]):
             res = dict(verdict=NOT_TESTABLE, reason=f"{req.get('reason', 'needs more models')} (this run: {n_models})")
         else:
             res = fn(g, claim, rule, None if across else model)
@@ -405,6 +409,15 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
                         measured_text=text, verdict=res["verdict"], reason=res["reason"],
                         comparison_flags=_flags(claim, pub, model), **pub))
     return out
+
+
+def _not_applicable(g: pd.DataFrame, claim: dict) -> str:
+    """The reason the measure does not apply to these rows: the first non-empty text in the claim's
+    ``not_applicable`` column (e.g. table2's ``orth_not_applicable``: a model without W_K), else ""."""
+    col = claim.get("not_applicable")
+    if not col or col not in g.columns:
+        return ""
+    return next((x.strip() for x in g[col] if isinstance(x, str) and x.strip()), "")
 
 
 def _context_text(g: pd.DataFrame, claim: dict, rule: dict) -> str:

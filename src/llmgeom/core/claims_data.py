@@ -19,7 +19,8 @@ RULE_KINDS = ("threshold", "ci_excludes_zero_positive", "ci_excludes_zero_negati
               "sign_of", "compare_columns", "category_in", "same_verdict_all_estimators", "group_greater",
               "interval_contains_reference")
 _FIELDS = {"id", "sentence", "paper", "section", "table", "where", "by", "value", "lo", "hi", "context",
-           "published", "kind", "scope", "requires", "unlike", "rule", "note", "null_value", "null_note"}
+           "published", "kind", "scope", "requires", "unlike", "rule", "note", "null_value", "null_note",
+           "not_applicable"}
 
 
 class ClaimsDataError(ValueError):

@@ -13,11 +13,19 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
 - ``last_token/residual`` [n_prompts, n_layers+1, d_model] (0 = embeddings, l = output of block l, pre final norm)
 - ``last_token/final_normed`` [n_prompts, d_unembed] (input of the unembedding; d_unembed == d_model
   except OPT with a narrower ``word_embed_proj_dim``)
-- ``last_token/values`` [n_prompts, n_layers, n_kv_heads*head_dim]
+- ``last_token/values`` [n_prompts, n_layers, n_kv_heads*value_head_dim]
 - ``last_token/keys`` [n_prompts, n_layers, n_kv_heads, head_dim] (pre-RoPE)
-- ``last_token/attn_output`` [n_prompts, n_layers, n_heads*head_dim] (contract 3): the attention output at
+- ``last_token/attn_output`` [n_prompts, n_layers, n_heads*value_head_dim] (contract 3): the attention output at
   the final token, i.e. the attention-weighted sum of values with heads concatenated, the input of
   o_proj / dense / out_proj / c_proj (issue 14 item 5)
+
+value_head_dim == head_dim (the root attribute) except under multi-head latent attention (DeepSeek-V2/V3 MLA;
+the ``architecture`` attribute's ``latent_attention`` and ``value_head_dim``): there n_kv_heads = n_heads (the
+heads ``kv_b_proj`` decompresses), head_dim = qk_nope_head_dim + qk_rope_head_dim and value_head_dim = v_head_dim;
+the values are those the attention function receives, and a key head is [k_nope_h | k_rope] before RoPE: k_nope_h
+decompressed per head (``kv_b_proj`` of the normed latent), k_rope the pre-RoPE columns of ``kv_a_proj_with_mqa``
+(shared by every head, in the projection's coordinate order). Such keys are not x @ W_K (the latent passes a
+norm): key orthogonality does not apply there (``llmgeom.extract.capture``, ``architectures.no_key_projection``).
 - ``attention/entropy`` [n_prompts, n_layers, n_heads] nats (prompt sets with attention), final query's
   attention row per head, computed from hooked queries and keys (any attention implementation)
 - ``next_token/entropy`` [n_prompts] nats; ``next_token/top_ids`` int64 / ``top_logits`` [n_prompts, k]
@@ -102,9 +110,9 @@ DIMS = {
     "layer": "decoder block, 0-based",
     "resid_layer": "residual-stream depth: 0 = embeddings, l = output of block l (pre final norm)",
     "d_model": "residual-stream coordinate", "d_unembed": "unembedding-input coordinate",
-    "value_feature": "value coordinate (n_kv_heads*head_dim, head-major)", "kv_head": "key/value head",
-    "head_dim": "coordinate within a head", "head": "query head",
-    "attn_feature": "attention-output coordinate (n_heads*head_dim, head-major)",
+    "value_feature": "value coordinate (n_kv_heads*value_head_dim, head-major)", "kv_head": "key/value head",
+    "head_dim": "coordinate within a query/key head", "head": "query head",
+    "attn_feature": "attention-output coordinate (n_heads*value_head_dim, head-major)",
     "rank": "rank of the next-token logit (0 = top)", "candidate": "candidate token (prompt meta order)",
     "sample": "sampled (prompt, position) of a corpus set", "position": "(prompt, position) pair 1..len-2 of a corpus set",
 }

@@ -16,8 +16,9 @@ point                              activation                                   
                                    (l = 0: the embeddings)
 ``blocks.{l}.hook_resid_post``     output of block l [B, T, d_model] (pre final norm)     yes
 ``blocks.{l}.attn.hook_k``         keys [B, T, n_kv_heads*head_dim], pre-RoPE             yes
-``blocks.{l}.attn.hook_v``         values [B, T, n_kv_heads*head_dim]                      yes
-``blocks.{l}.attn.hook_z``         attention output [B, T, n_heads*head_dim] (o_proj in)  no
+``blocks.{l}.attn.hook_v``         values [B, T, n_kv_heads*value_head_dim]               yes
+``blocks.{l}.attn.hook_z``         attention output [B, T, n_heads*value_head_dim]        no
+                                   (o_proj in)
 ``blocks.{l}.attn.hook_qk``        :class:`AttentionCall`: post-RoPE queries and keys as   no
                                    the attention function receives them (entropy)
 ``ln_final.hook_normalized``       final normed state [B, T, d_unembed]                   no
@@ -33,6 +34,16 @@ tokens. Every other point, and the keys and values of the last block, are those 
 Hooks of one point run in the order given; a hook sees the edits of the hooks before it. Hooks on
 ``hook_z`` / ``hook_qk`` go through ``architectures.capture_attention`` (any attention implementation,
 no [B, H, T, T] weights).
+
+Multi-head latent attention (DeepSeek-V2/V3 MLA, ``architectures.latent_dims``; ``head_dim`` = qk_nope + qk_rope,
+n_kv_heads = n_heads, values and attention output of ``value_head_dim`` = v_head_dim per head): ``hook_v`` and
+``hook_k`` are read at the attention interface too, because no module outputs the per-head values or keys:
+``hook_v`` = the values the attention function receives (``kv_b_proj``'s decompressed v_h, heads concatenated;
+editable: an edited tensor is what the attention function then receives); ``hook_k`` (read-only there) = the keys
+before RoPE, per head [k_nope_h | k_rope]: k_nope_h as the attention function
+receives it (RoPE does not touch it) and k_rope the pre-RoPE part of ``kv_a_proj_with_mqa``'s output (its columns
+kv_lora_rank:, shared by every head; in the projection's own coordinate order, before ``rope_interleave``'s
+permutation). Families without latent attention take no extra work.
 
 Source: DESIGN.md sections 2 and 4 (one capture API); issue 17 item 2; TransformerLens ``HookPoint``.
 """
@@ -274,6 +285,17 @@ def _module_hook(model, kind: str, layer: int, fns: list, state: dict, blocks: l
     return mod, post, False
 
 
+def _keep_k_rope(store: dict, layer: int, lat):
+    """Forward hook on ``kv_a_proj_with_mqa`` (multi-head latent attention, :class:`architectures.LatentDims`):
+    keeps its pre-RoPE k_rope columns [B, T, qk_rope_head_dim] (output columns kv_lora_rank:) in ``store[layer]``
+    until the layer's attention call reads them."""
+    r = lat.kv_lora_rank
+
+    def keep(mod, args, out):
+        store[layer] = first_tensor(out)[..., r:r + lat.qk_rope_head_dim]
+    return keep
+
+
 def final_rows(t: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Each prompt's final-token row of a [B, T, F] activation: [B, F], on ``t``'s device and in its dtype (the
     model's; :meth:`RowIndex.take` gives float32 copies for storing)."""
@@ -316,10 +338,12 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
     """
     blocks = arch.decoder_layers(model)
     fused = arch.family_for(model.config).qkv != "separate"
+    lat = arch.latent_dims(model.config)  # multi-head latent attention: keys and values at the interface
     parsed = [(name, *_parse(name, len(blocks)), _as_list(fns)) for name, fns in hooks.items()]
     state: dict = {"handles": [], "batch": None, "attention_seen": [], "global": {}, "model": model, "active": True,
                    "final_token_only": bool(final_token_only)}
     attn: dict[int, dict[str, list]] = {}
+    k_rope: dict[int, torch.Tensor] = {}  # latent attention: layer -> pre-RoPE k_rope [B, T, qk_rope_head_dim]
     try:
         if final_token_only:
             cut = _final_token_cut(state)
@@ -327,28 +351,60 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
         for name, kind, layer, fns in parsed:
             if kind in GLOBAL_POINTS:
                 state["global"][kind] = fns
-            elif kind in ATTENTION_POINTS:
+            elif kind in ATTENTION_POINTS or (lat is not None and kind in ("attn.hook_k", "attn.hook_v")):
                 attn.setdefault(layer, {})[kind] = fns
+                if lat is not None and kind == "attn.hook_k":  # the pre-RoPE k_rope columns of kv_a_proj_with_mqa
+                    state["handles"].append(arch.kv_module(model, layer).register_forward_hook(
+                        _keep_k_rope(k_rope, layer, lat)))
             else:
                 mod, fn, pre = _module_hook(model, kind, layer, fns, state, blocks, fused)
                 state["handles"].append(mod.register_forward_pre_hook(fn, with_kwargs=True) if pre
                                         else mod.register_forward_hook(fn))
         with contextlib.ExitStack() as st:
             if attn:
-                points = {l: (HookPoint(point_name("attn.hook_z", l), l), HookPoint(point_name("attn.hook_qk", l), l))
-                          for l in attn}
+                kinds = ATTENTION_POINTS + (("attn.hook_k", "attn.hook_v") if lat is not None else ())
+                points = {l: {kd: HookPoint(point_name(kd, l), l) for kd in kinds} for l in attn}
 
                 def on_attention(layer, q, k, o, scaling, softcap):
                     if layer not in attn:
                         return
-                    pz, pqk = points[layer]
-                    pz.batch = pqk.batch = state["batch"]
-                    for fn in attn[layer].get("attn.hook_z", ()):
-                        fn(o.reshape(*o.shape[:2], -1), pz)  # [B, T, H*hd]: the o_proj input
-                    for fn in attn[layer].get("attn.hook_qk", ()):
-                        fn(AttentionCall(q, k, scaling, softcap), pqk)
+                    pts, fns = points[layer], attn[layer]
+                    pts["attn.hook_z"].batch = pts["attn.hook_qk"].batch = state["batch"]
+                    for fn in fns.get("attn.hook_z", ()):
+                        fn(o.reshape(*o.shape[:2], -1), pts["attn.hook_z"])  # [B, T, H*hd]: the o_proj input
+                    for fn in fns.get("attn.hook_qk", ()):
+                        fn(AttentionCall(q, k, scaling, softcap), pts["attn.hook_qk"])
 
-                state["attention_seen"] = st.enter_context(arch.capture_attention(model, on_attention))
+                def latent_kv(layer, q, k, v):  # latent attention: the keys and values before the attention call
+                    fns = attn.get(layer, {})
+                    if "attn.hook_k" not in fns and "attn.hook_v" not in fns:
+                        return None
+                    B, H, T = v.shape[:3]
+                    pts = points[layer]
+                    if "attn.hook_k" in fns:  # [k_nope_h | pre-RoPE k_rope] per head -> [B, T, H*qk_hd]
+                        pt = pts["attn.hook_k"]
+                        pt.batch = state["batch"]
+                        kr = k_rope.pop(layer).unsqueeze(1).expand(-1, H, -1, -1).to(k.dtype)
+                        pre = torch.cat([k[..., :lat.qk_nope_head_dim], kr], dim=-1).transpose(1, 2).reshape(B, T, -1)
+                        for fn in fns["attn.hook_k"]:
+                            if fn(pre, pt) is not None:
+                                raise ValueError(f"hook point {pt.name!r} is read-only under multi-head latent "
+                                                 "attention (its keys exist only inside the attention module); a hook "
+                                                 "returned a tensor")
+                    if "attn.hook_v" not in fns:
+                        return None
+                    pt = pts["attn.hook_v"]
+                    pt.batch = state["batch"]
+                    act = v.transpose(1, 2).reshape(B, T, -1)  # [B, H, T, v_hd] -> [B, T, H*v_hd]
+                    changed = None
+                    for fn in fns["attn.hook_v"]:
+                        new = fn(act, pt)
+                        if new is not None:
+                            act = changed = new
+                    return None if changed is None else changed.reshape(B, T, H, -1).transpose(1, 2).to(v.dtype)
+
+                state["attention_seen"] = st.enter_context(arch.capture_attention(
+                    model, on_attention, before=latent_kv if lat is not None else None))
                 state["attention_layers"] = sorted(attn)
             yield state
     finally:
@@ -360,7 +416,8 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
 
 @dataclass
 class Output:
-    """What :func:`run` returns: ``hidden`` the final normed state [B, T, d_unembed] (model dtype; [B, 1,
+    """What :func:`run` returns: ``hidden`` the final normed state [B, T, d_unembed], the unembedding's input (after
+    ``architectures.head_transform`` where a family has one; model dtype; [B, 1,
     d_unembed], the final tokens, with ``final_token_only``), ``logits`` float32 [B, V] at each prompt's final
     token (None when not asked), ``batch``."""
 
@@ -414,6 +471,9 @@ def run(model, batch: Batch, hooks: Mapping[str, Hook | Sequence[Hook]] | None =
         hT = out.last_hidden_state
         if st.get("final_token_only"):  # only the final tokens are the model's: keep those
             hT = final_rows(hT, batch).unsqueeze(1)
+        ht = arch.head_transform(model)
+        if ht is not None:  # a prediction head between the final norm and the unembedding (ModernBERT-decoder)
+            hT = ht(hT)
         g = st["global"]
         for fn in g.get("ln_final.hook_normalized", ()):
             fn(hT, HookPoint("ln_final.hook_normalized", None, batch))

@@ -106,10 +106,13 @@ FINAL_TOKEN_POINTS = {spec.point: name for name, spec in CONTRACT.items()
 
 def model_axis_sizes(s) -> dict:
     """Sizes of the contract's per-model feature axes (``core.store.DIMS``) from an ``architectures.summarize``
-    result: value_feature = kv_head x head_dim (the stored values and keys), attn_feature = head x head_dim (the
-    attention output). One home for both the file's shapes and the per-batch buffers."""
-    return dict(value_feature=s.n_kv_heads * s.head_dim, kv_head=s.n_kv_heads, head_dim=s.head_dim,
-                head=s.n_heads, attn_feature=s.n_heads * s.head_dim)
+    result: value_feature = kv_head x value_head_dim (the stored values), kv_head x head_dim (the stored keys),
+    attn_feature = head x value_head_dim (the attention output). value_head_dim = head_dim except under multi-head
+    latent attention (v_head_dim vs qk_nope + qk_rope head dims; ``architectures.ArchSummary``). One home for both
+    the file's shapes and the per-batch buffers."""
+    vhd = s.value_head_dim or s.head_dim
+    return dict(value_feature=s.n_kv_heads * vhd, kv_head=s.n_kv_heads, head_dim=s.head_dim,
+                head=s.n_heads, attn_feature=s.n_heads * vhd)
 
 
 class _BatchBuffers:

@@ -13,7 +13,11 @@ final norm's output (``last_hidden_state``), ``get_output_embeddings()``, the at
 calls it) and the separate key/value projections of the attention module (``k_proj``/``v_proj`` Linear,
 found by name and checked against n_kv_heads*head_dim). A ``Family`` entry holds only what those seams
 cannot tell (a fused or Conv1D layout, a pre-scaled query, a soft-cap), with its reason; ``REFUSED``
-names the model types that cannot be read and why (:func:`refusal`). ``tests/test_model_types.py``
+names the model types that cannot be read and why (:func:`refusal`). Multi-head latent attention
+(DeepSeek-V2/V3 MLA, ``kv_lora_rank``; :class:`LatentDims`) is read on the generic path too: its values and keys
+exist per head only inside the attention module, so ``extract.capture`` reads them at the attention interface
+(value heads of ``v_head_dim``, key heads [k_nope | k_rope] of qk_nope + qk_rope, n_kv_heads = n_heads), and its
+keys have no W_K (:func:`no_key_projection`: key orthogonality does not apply). ``tests/test_model_types.py``
 builds a tiny random model of every installed causal-LM type, checks the capture against the model's
 own outputs and writes the coverage table ``docs/models.md``.
 
@@ -36,6 +40,47 @@ class UnsupportedArchitectureError(ValueError):
     """A model family that the architectures module does not describe."""
 
 
+class KeyProjectionNotApplicable(UnsupportedArchitectureError):
+    """A model whose keys have no linear projection W_K of the residual stream (multi-head latent attention):
+    key orthogonality does not apply; the message is the reason (:func:`no_key_projection`)."""
+
+
+@dataclass(frozen=True)
+class LatentDims:
+    """Sizes of multi-head latent attention (DeepSeek-V2/V3 MLA; transformers' ``*Attention`` with
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj`` and ``expand_kv``): ``kv_lora_rank`` r (the
+    compressed key/value latent), ``qk_nope_head_dim`` and ``qk_rope_head_dim`` (a key head is
+    [k_nope_h | k_rope], the RoPE part shared by every head), ``v_head_dim`` (a value head).
+
+    ``kv_a_proj_with_mqa(x)`` is [c_kv (r) | k_rope (qk_rope_head_dim), before RoPE]; ``kv_b_proj(norm(c_kv))`` is,
+    per head h, [k_nope_h | v_h]. Source: DeepSeek-V2 report (arXiv:2405.04434) sec. 2.1; transformers
+    ``models/deepseek_v3/modeling_deepseek_v3.py`` ``DeepseekV3Attention``."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+def latent_dims(config) -> LatentDims | None:
+    """The :class:`LatentDims` of a multi-head latent attention config (``kv_lora_rank`` set), else None."""
+    cfg = _text_config(config)
+    r = getattr(cfg, "kv_lora_rank", None)
+    if not r:
+        return None
+    return LatentDims(int(r), int(cfg.qk_nope_head_dim), int(cfg.qk_rope_head_dim), int(cfg.v_head_dim))
+
+
+def no_key_projection(config) -> str | None:
+    """Why the keys of this model have no per-head projection W_K [d_model, head_dim] of the attention input (key
+    orthogonality then does not apply), or None when they have one."""
+    if latent_dims(config) is not None:
+        return ("multi-head latent attention: each key head is [k_nope_h | k_rope], with k_nope_h = "
+                "kv_b_proj(RMSNorm(x W_a)) decompressed through a norm (not linear in x) and k_rope shared by all "
+                "heads, so there is no single W_K per head")
+    return None
+
+
 @dataclass(frozen=True)
 class Family:
     """How to find the parts of one decoder-only family.
@@ -44,8 +89,10 @@ class Family:
     model (``model.base_model``), ``input_norm``/``attention``/``k_proj``/``v_proj``
     from one decoder layer. ``qkv`` is one of ``"separate"`` (q/k/v Linear),
     ``"neox_fused"`` (one Linear, per-head interleaved [q_h, k_h, v_h]),
-    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]) or ``"qkv_blocks"`` (one
-    Linear, [q (n_heads*head_dim) | k (n_kv_heads*head_dim) | v (n_kv_heads*head_dim)] blocks).
+    ``"gpt2_conv1d"`` (one Conv1D, [q | k | v] blocks, weight stored [in, out]), ``"qkv_blocks"`` (one
+    Linear, [q (n_heads*head_dim) | k (n_kv_heads*head_dim) | v (n_kv_heads*head_dim)] blocks) or
+    ``"codegen_mp"`` (one Linear in ``CODEGEN_MP_NUM`` model-parallel groups, each [q_g | v_g | k_g] of
+    d_model / groups columns; q, k, v are the groups' parts concatenated, then split into heads).
     ``reason``: why the entry exists (what the generic seams cannot tell).
     ``attention`` is the attention module of a layer (the one that calls the attention function,
     ``transformers``' ``AttentionInterface``); ``o_proj`` the output projection whose input is the
@@ -94,7 +141,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_bigcode", ("gpt_bigcode",), "h", "ln_f", "ln_1", "qkv_blocks", fused_proj="attn.c_attn",
            attention="attn", o_proj="attn.c_proj",
            reason="fused c_attn Linear: [q | k | v] blocks, multi-query (one key head: config.multi_query)"),
+    Family("codegen", ("codegen",), "h", "ln_f", "ln_1", "codegen_mp", fused_proj="attn.qkv_proj", attention="attn",
+           o_proj="attn.out_proj",
+           reason="fused qkv_proj Linear in the 4 model-parallel groups CodeGen was trained with, each [q | v | k] "
+           "(CodeGenAttention.mp_num); parallel attention/MLP block"),
 )
+
+#: CodeGen's model-parallel groups of its fused qkv_proj (``CodeGenAttention.mp_num``, fixed in transformers).
+CODEGEN_MP_NUM = 4
 
 #: The generic path: every part found on the model itself (:func:`parts`); ``qkv`` "separate" (k_proj/v_proj
 #: Linear modules found by name). Returned by :func:`family_for` for any readable model type without an entry.
@@ -150,19 +204,18 @@ def family_for(config) -> Family:
 #: Model types that cannot be read, with the reason (what the tiny-model test of every installed type,
 #: tests/test_model_types.py, found; the rules of :func:`refusal` cover whole classes of types).
 REFUSED: dict[str, str] = {
-    'bloom': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'bloom': "its attention computes softmax(q.k) itself (ALiBi scores by alibi.baddbmm in BloomAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'blt': 'not verified: its tiny model needs more than 6 GiB (byte-level patcher with fixed large sizes)',
-    'codegen': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
     'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",
-    'cpmant': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'cpmant': "its attention computes softmax(q.k) itself (matmul plus its position bias in CpmAntAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
     'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
-    'doge': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
-    'dory': 'its capture is not exact on a tiny random model (capture failed: RuntimeError: The size of tensor a (14) must match the size of tensor b (7) at non-singleton d)',
+    'doge': 'dynamic mask attention: a learned per-key bias (dt_proj of the values, scaled by A) enters the scores through the attention mask, and beyond keep_window_size keys only the top ones are kept, so the attention distribution is not softmax(q.k) over the causal keys (it also calls its own AttentionInterface instance)',
+    'dory': "a looped (recurrent-depth) decoder: its recurrent layers run n_recurrent_loops times per forward, later loops attending over the earlier loops' keys, so a layer has several attention calls and key sets; not read yet",
     'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
-    'falcon': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
-    'flint': 'its capture is not exact on a tiny random model (attention entropy 0 vs eager: max |diff| 0.0755 (scale 1.76))',
+    'falcon': "its attention computes softmax(q.k) itself (torch's scaled_dot_product_attention or ALiBi scores called directly in FalconAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'flint': "attention sinks (a learned per-head logit outside q.k, module.sinks in its eager_attention_forward): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention entropy vs eager differs)",
     'gemma3n': 'not verified: no tiny model of this type builds here (ImportError: TimmWrapperModel requires the timm library but it was not found in your environment. Yo)',
     'gemma3n_text': 'not verified: no tiny model of this type builds here (ValueError: The set of layer types producing a cache is different than the set of layer types using)',
     'gemma4': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
@@ -171,30 +224,28 @@ REFUSED: dict[str, str] = {
     'gemma4_unified': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'gemma4_unified_assistant': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'gemma4_unified_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
-    'git': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
-    'gpt_neo': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'git': "its attention computes softmax(q.k) itself (its text decoder's GitSelfAttention; only the image encoder uses the interface), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'gpt_neo': "its attention computes softmax(q.k) itself (GPTNeoSelfAttention._attn, unscaled q.k, or its own flash-attention call), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'gpt_oss': 'attention sinks (a learned per-head logit outside q.k) and a key path the capture does not reproduce (tiny-model check: keys, W_K and attention entropy differ)',
-    'granite_swa': 'its capture is not exact on a tiny random model (attention output 0 vs eager p @ values: max |diff| 0.0566 (scale 1))',
-    'granitemoe_swa': 'its capture is not exact on a tiny random model (attention output 0 vs eager p @ values: max |diff| 0.0695 (scale 1))',
+    'granite_swa': "attention sinks (a learned per-head logit outside q.k: its sinks, passed to the attention function as s_aux): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
+    'granitemoe_swa': "attention sinks (a learned per-head logit outside q.k: its sinks, passed to the attention function as s_aux): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
     'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
-    'jetmoe': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
-    'laguna': 'its capture is not exact on a tiny random model (capture failed: RuntimeError: The expanded size of the tensor (4) must match the existing size (48) at non-sin)',
+    'jetmoe': "mixture of attention heads: a router picks each token's query-head experts (top_k of num_experts), so a head index at the attention function is a routed slot, not a fixed head, and the experts' own output projections reduce the attention output",
     'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
     'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
     'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
-    'mimo_v2_flash': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'longcat_flash': 'each decoder layer holds two attention sublayers and two MLPs beside a shortcut MoE (num_hidden_layers = 2 x num_layers counts the sublayers), so decoder layers and attention layers are not one-to-one; not read yet',
+    'mimo_v2_flash': 'attention sinks (a learned per-head logit s_aux outside q.k) in its sliding-window layers, which also have another number of key/value heads than its full-attention layers',
     'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
-    'modernbert-decoder': "its capture is not exact on a tiny random model (top logits vs the model's: max |diff| 0.937 (scale 1))",
-    'moshi': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
-    'mpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'mpt': "its attention computes softmax(q.k) itself (matmul plus ALiBi bias in MptAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
     'musicgen_melody': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
-    'openai-gpt': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
+    'openai-gpt': "its attention computes softmax(q.k) itself (matmul and softmax in openai-gpt's Attention._attn), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
     'rwkv': 'a recurrent (RWKV) model: no attention layers',
-    'xglm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
-    'xlm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
+    'xglm': "its attention computes softmax(q.k) itself (bmm and softmax in XGLMAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'xlm': "its attention computes softmax(q.k) itself (matmul and softmax in XLM's MultiHeadAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
     'xlstm': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (4096) must match the size of tensor b (64) at non-singleton dime)',
 }
@@ -224,10 +275,11 @@ def refusal(config) -> str | None:
     """Why a model of this config cannot be read, or None when it can (read from the config alone: no
     weights, no model built; what the workflow's config check calls).
 
-    Rules, in order: a ``REFUSED`` entry; an encoder-decoder; an encoder (BERT-style config with an
-    ``is_decoder`` switch: bidirectional self-attention used as a decoder); multi-head latent attention
-    (``kv_lora_rank``: keys are decompressed per head, no single W_K and no pre-RoPE key projection);
-    attention-free layers (state-space / linear-attention layers in ``layer_types`` or an SSM config).
+    Rules, in order: a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
+    ``num_attention_heads_per_layer`` when they differ); an encoder-decoder; an encoder (BERT-style config with an
+    ``is_decoder`` switch: bidirectional self-attention used as a decoder); sparse (indexed) attention
+    (DeepSeek Sparse Attention: an indexer selects the keys each query sees); attention-free layers (state-space /
+    linear-attention layers in ``layer_types`` or an SSM config).
 
     Returns:
         the reason in words, or None.
@@ -239,14 +291,19 @@ def refusal(config) -> str | None:
     for m in (mt, getattr(config, "model_type", None)):
         if m in REFUSED:
             return REFUSED[m]
+    per_layer = getattr(cfg, "num_attention_heads_per_layer", None)
+    if per_layer and len(set(per_layer)) > 1:
+        return (f"per-layer numbers of query heads (num_attention_heads_per_layer: {sorted(set(per_layer))}); the HDF5 "
+                "contract has one n_heads per model")
     if getattr(config, "is_encoder_decoder", False) or getattr(cfg, "is_encoder_decoder", False):
         return "an encoder-decoder model (its decoder cross-attends to an encoder); only decoder-only models are read"
     if hasattr(cfg, "is_decoder"):
         return ("an encoder (bidirectional self-attention, BERT-style) used as a decoder; its causal-LM head is "
                 "not a decoder-only language model")
-    if getattr(cfg, "kv_lora_rank", None):
-        return ("multi-head latent attention (kv_lora_rank): keys are decompressed per head through a norm, so there "
-                "is no pre-RoPE key projection W_K and no stored keys; not read yet (issue 29 item 2)")
+    if "indexed_attention" in set(getattr(cfg, "layer_types", None) or ()):
+        return ("sparse attention (DeepSeek Sparse Attention, `indexed_attention` layers): a learned indexer keeps "
+                "the index_topk keys of each query, so the attention distribution is not the softmax of q.k over the "
+                "causal keys that the capture computes its entropy from")
     kinds = set(getattr(cfg, "layer_types", None) or ())
     if kinds - _ATTENTION_LAYER_TYPES or any(getattr(cfg, k, None) for k in ("ssm_cfg", "mamba_d_state", "state_size",
                                                                                  "attn_layer_indices")):
@@ -274,11 +331,26 @@ def _is_norm(m) -> bool:
     return "norm" in type(m).__name__.lower()
 
 
+def _linear_of(m):
+    """``m`` if it is a Linear; the Linear inside a thin wrapper (no parameters of its own, that Linear its only
+    child: e.g. Moshi's ``MoshiLinear``, whose forward returns ``self.linear(x)``; the tiny-model test checks that
+    its output is the keys), else None."""
+    import torch
+
+    if isinstance(m, torch.nn.Linear):
+        return m
+    kids = list(m.children()) if isinstance(m, torch.nn.Module) else []
+    if len(kids) == 1 and isinstance(kids[0], torch.nn.Linear) and not list(m.parameters(recurse=False)):
+        return kids[0]
+    return None
+
+
 @dataclass
 class Parts:
     """The parts of one loaded generic model (:func:`parts`): ``layers`` the decoder blocks; per block the
     ``attention`` module (the one whose class is an attention module and that holds ``k_proj``), the key /
-    value projections ``k_proj``/``v_proj`` ([d_model] -> [n_kv_heads*head_dim] Linear), ``o_proj`` and the
+    value projections ``k_proj``/``v_proj`` ([d_model] -> [n_kv_heads*head_dim] Linear; under multi-head latent
+    attention ``kv_a_proj_with_mqa`` and ``kv_b_proj``, :class:`LatentDims`), ``o_proj`` and the
     ``input_norm`` (the block's first norm module, or None); ``final_norm`` of the base model or None."""
 
     layers: list
@@ -320,6 +392,8 @@ def parts(model) -> Parts:
     base = base_model(model)
     lname, layers = _find_layers(base, s.n_layers)
     kv_out = s.n_kv_heads * s.head_dim
+    lat = s.latent_attention  # MLA: "k" = kv_a_proj_with_mqa ([c_kv | k_rope]), "v" = kv_b_proj ([k_nope_h | v_h])
+    k_names, v_names = (("kv_a_proj_with_mqa",), ("kv_b_proj",)) if lat else (_K_NAMES, _V_NAMES)
     att, ks, vs, os_, norms = [], [], [], [], []
     for i, blk in enumerate(layers):
         found = None
@@ -327,12 +401,17 @@ def parts(model) -> Parts:
             if "attention" not in type(m).__name__.lower():
                 continue
             kids = dict(m.named_children())
-            k = next((kids[n] for n in _K_NAMES if isinstance(kids.get(n), torch.nn.Linear)), None)
-            v = next((kids[n] for n in _V_NAMES if isinstance(kids.get(n), torch.nn.Linear)), None)
+            k = next((_linear_of(kids[n]) for n in k_names if _linear_of(kids.get(n)) is not None), None)
+            v = next((_linear_of(kids[n]) for n in v_names if _linear_of(kids.get(n)) is not None), None)
             if k is not None and v is not None:
                 found = (m, k, v, next((kids[n] for n in _O_NAMES if isinstance(kids.get(n), torch.nn.Module)), None))
                 break
-        if found is None or found[1].out_features != kv_out or found[2].out_features != kv_out:
+        if lat and found is None:
+            mt = getattr(_text_config(model.config), "model_type", "?")
+            raise UnsupportedArchitectureError(
+                f"model_type {mt!r}, layer {i}: multi-head latent attention (kv_lora_rank) without the "
+                "kv_a_proj_with_mqa / kv_b_proj Linear modules of transformers' DeepSeek-V2/V3 attention")
+        if not lat and (found is None or found[1].out_features != kv_out or found[2].out_features != kv_out):
             mt = getattr(_text_config(model.config), "model_type", "?")
             raise UnsupportedArchitectureError(
                 f"model_type {mt!r}, layer {i}: no separate key/value projections (k_proj/v_proj Linear with "
@@ -358,7 +437,10 @@ class ArchSummary:
 
     ``attention_type`` is "MHA" (n_kv_heads == n_heads), "MQA" (n_kv_heads == 1)
     or "GQA"; ``sliding_layers`` lists 0-based layer indices that attend within a
-    sliding window of ``sliding_window`` tokens.
+    sliding window of ``sliding_window`` tokens. ``head_dim`` is the query/key head size (what q.k runs over);
+    ``value_head_dim`` the value head size (values and attention output), the same except under multi-head latent
+    attention (``latent_attention``: head_dim = qk_nope_head_dim + qk_rope_head_dim, value_head_dim = v_head_dim,
+    n_kv_heads = n_heads, the heads that ``kv_b_proj`` decompresses; :class:`LatentDims`).
     """
 
     family: str
@@ -373,6 +455,8 @@ class ArchSummary:
     sliding_window: int | None
     sliding_layers: tuple[int, ...]
     max_positions: int | None
+    value_head_dim: int | None = None
+    latent_attention: bool = False
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -393,6 +477,10 @@ def summarize(config) -> ArchSummary:
     n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
     n_kv = 1 if getattr(cfg, "multi_query", False) is True else (getattr(cfg, "num_key_value_heads", None) or n_heads)
     head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
+    value_head_dim = head_dim
+    lat = latent_dims(cfg)
+    if lat is not None:  # keys and values are decompressed per query head (config.head_dim is the RoPE part)
+        n_kv, head_dim, value_head_dim = n_heads, lat.qk_nope_head_dim + lat.qk_rope_head_dim, lat.v_head_dim
     attention_type = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
     window = getattr(cfg, "sliding_window", None)
     layer_types = getattr(cfg, "layer_types", None)
@@ -418,6 +506,8 @@ def summarize(config) -> ArchSummary:
         sliding_window=int(window) if window else None,
         sliding_layers=sliding,
         max_positions=int(max_pos) if max_pos else None,
+        value_head_dim=int(value_head_dim),
+        latent_attention=lat is not None,
     )
 
 
@@ -452,6 +542,20 @@ def final_norm(model) -> torch.nn.Module | None:
     if fam is GENERIC:
         return parts(model).final_norm
     return _get(base_model(model), fam.final_norm) if fam.final_norm else None
+
+
+#: model_type -> the ``*ForCausalLM`` attribute applied between the base model's output (after its final norm) and
+#: the unembedding, where there is one: ModernBERT-decoder's prediction head ``lm_head`` (norm(act(dense(h)));
+#: ``logits = decoder(lm_head(h))`` in ``ModernBertDecoderForCausalLM.forward``).
+_HEAD_TRANSFORMS = {"modernbert-decoder": "lm_head"}
+
+
+def head_transform(model) -> torch.nn.Module | None:
+    """The module between the final norm's output [.., d_model] and the unembedding's input [.., d_unembed], or None
+    (every family but ModernBERT-decoder, :data:`_HEAD_TRANSFORMS`): the stored final normed state is its output,
+    what the unembedding sees (``extract.capture.run``)."""
+    path = _HEAD_TRANSFORMS.get(getattr(_text_config(model.config), "model_type", None))
+    return None if path is None else _get(model, path)
 
 
 def unembedding(model) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -521,6 +625,10 @@ def split_fused(model, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
         x = out.reshape(*lead, s.n_heads, 3 * s.head_dim)
         q, k, v = x.split(s.head_dim, dim=-1)
         return (q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1))
+    if fam.qkv == "codegen_mp":  # [groups, (q | v | k) of d/groups]; CodeGenAttention.forward
+        lead = out.shape[:-1]
+        q, v, k = out.reshape(*lead, CODEGEN_MP_NUM, -1).chunk(3, dim=-1)
+        return (q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1))
     raise ValueError(f"family {fam.name} has separate projections; split_fused does not apply")
 
 
@@ -557,6 +665,11 @@ def _fused_columns(model, part: int) -> torch.Tensor | None:
     if fam.qkv == "neox_fused":
         h = torch.arange(s.n_heads).unsqueeze(1) * 3 * s.head_dim + part * s.head_dim
         return (h + torch.arange(s.head_dim).unsqueeze(0)).reshape(-1)
+    if fam.qkv == "codegen_mp":  # group g holds [q | v | k], d/groups columns each
+        w = d // CODEGEN_MP_NUM
+        slot = {0: 0, 1: 2, 2: 1}[part]
+        g = torch.arange(CODEGEN_MP_NUM).unsqueeze(1) * 3 * w + slot * w
+        return (g + torch.arange(w).unsqueeze(0)).reshape(-1)
     raise ValueError(f"family {fam.name}: unknown qkv layout {fam.qkv!r}")
 
 
@@ -566,7 +679,14 @@ def key_value_extractors(model) -> list[tuple[torch.nn.Module, Callable, torch.n
     ``key_fn(output) -> keys [..., n_kv_heads*head_dim]`` and ``value_fn`` likewise,
     applied to the forward output of the corresponding module. Keys are pre-RoPE
     and, for Gemma 3, before the per-head ``k_norm`` (i.e. input_norm(h) @ W_K).
+
+    Raises:
+        KeyProjectionNotApplicable: multi-head latent attention (keys and values are read at the attention
+            interface there: ``extract.capture``).
     """
+    if summarize(model.config).latent_attention:
+        raise KeyProjectionNotApplicable("multi-head latent attention: keys and values are read at the attention "
+                                         "interface (llmgeom.extract.capture), not from one projection's output")
     fam = family_for(model.config)
     res = []
     for i in range(len(decoder_layers(model))):
@@ -586,7 +706,14 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
     n_heads / n_kv_heads query heads.
 
     Source: Paper III sec. 4.2 (key orthogonality).
+
+    Raises:
+        KeyProjectionNotApplicable: keys without a per-head projection (multi-head latent attention), with the
+            reason (:func:`no_key_projection`).
     """
+    why = no_key_projection(model.config)
+    if why:
+        raise KeyProjectionNotApplicable(why)
     fam = family_for(model.config)
     s = summarize(model.config)
     hd = s.head_dim
@@ -607,6 +734,11 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
         d = s.n_heads * hd
         return [(W[:, d + h * hd:d + (h + 1) * hd], None if b is None else b[d + h * hd:d + (h + 1) * hd])
                 for h in range(s.n_kv_heads)]
+    if fam.qkv == "codegen_mp":  # the key columns (k_columns), then heads of head_dim
+        cols = k_columns(model).to(lin.weight.device)
+        W = lin.weight.T[:, cols]
+        b = None if lin.bias is None else lin.bias[cols]
+        return [(W[:, h * hd:(h + 1) * hd], None if b is None else b[h * hd:(h + 1) * hd]) for h in range(s.n_heads)]
     # neox: out index = h*3*hd + [0:hd]=q, [hd:2hd]=k, [2hd:3hd]=v
     W = lin.weight.T
     b = lin.bias
@@ -705,9 +837,13 @@ def _own_eager(module):
 
 
 @contextmanager
-def capture_attention(model, fn: Callable):
+def capture_attention(model, fn: Callable, *, with_value: bool = False, before: Callable | None = None):
     """While active, every call of ``model``'s attention function also calls
-    ``fn(layer, query, key, attn_output, scaling, softcap)`` with the tensors the model uses:
+    ``fn(layer, query, key, attn_output, scaling, softcap)`` (``with_value``: ``fn(layer, query, key, value,
+    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]) with the tensors the model uses;
+    ``before(layer, query, key, value)``, when given, runs before the attention function and may return a tensor
+    of the value's shape that the function then receives instead of ``value`` (an edit of the values where no
+    module outputs them: multi-head latent attention, ``extract.capture``):
 
     - ``query`` [B, n_heads, T, head_dim] and ``key`` [B, n_kv_heads, T, head_dim] after RoPE (and
       q_norm/k_norm, query pre-scaling where the family has them), before GQA/MQA repetition;
@@ -737,11 +873,17 @@ def capture_attention(model, fn: Callable):
 
     def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
         f = inner if inner is not None else _own_eager(module)
-        out = f(module, query, key, value, attention_mask, *args, **kwargs)
         layer = layer_of.get(id(module))
+        if before is not None and layer is not None:
+            new = before(layer, query, key, value)
+            value = value if new is None else new
+        out = f(module, query, key, value, attention_mask, *args, **kwargs)
         if layer is not None:
             seen.append(layer)
-            fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
+            if with_value:
+                fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
+            else:
+                fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
         return out
 
     ALL_ATTENTION_FUNCTIONS[impl] = wrapper

@@ -97,11 +97,17 @@ def explained_variance_layers_figure(dr: pd.DataFrame, paths, *, standardized: b
 def key_orthogonality_figure(ko: pd.DataFrame, paths) -> None:
     """Key orthogonality (mean |cos| between W_K columns) vs relative depth: per-layer mean over key
     heads (solid, individual heads as dots), random-init architecture (dashed) and Gaussian matrix
-    (dotted) of the same shapes. Input: concatenated ``key_orthogonality`` tables."""
+    (dotted) of the same shapes. Input: concatenated ``key_orthogonality`` tables. Models whose rows say key
+    orthogonality does not apply (``not_applicable``: no W_K, multi-head latent attention) are named in the legend
+    as such, with no curve."""
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for c, (m, g) in enumerate(ko.groupby("model", sort=True)):
         col = colors[c % len(colors)]
+        if "not_applicable" in g and g.orthogonality.isna().all() and g.not_applicable.map(
+                lambda x: isinstance(x, str) and bool(x.strip())).any():
+            ax.plot([], [], color=col, lw=0, label=f"{m}: not applicable (no W_K)")
+            continue
         ax.scatter(g.relative_depth, g.orthogonality, color=col, s=6, alpha=0.35)
         lm = g.groupby("relative_depth")[["orthogonality", "baseline_gaussian", "baseline_random_init"]].mean()
         ax.plot(lm.index, lm.orthogonality, color=col, marker=".", label=f"{m} trained")

@@ -20,6 +20,11 @@ i.e. the mean absolute off-diagonal entry of the column Gram matrix of the norma
   (seed, layer). This is the distribution a full ``from_config`` gives for those weights (the RNG
   stream differs), costs O(size of W_K) instead of the whole model, and works unchanged for a 7B
   model.
+
+A model whose keys have no W_K (multi-head latent attention: the key latent passes a norm before it is
+decompressed per head; :func:`llmgeom.models.architectures.no_key_projection`) gets rows that say so: the same
+columns, NaN statistics and the reason in ``not_applicable`` (empty for every measured row), so that the tables
+built on them (``analyses.bayes_tables.table2``) and the claims decide "not testable here" with that reason.
 """
 
 from __future__ import annotations
@@ -75,6 +80,12 @@ def _random_init_layer_heads(skeleton, layer: int, seed: int):
     return arch.w_k_heads(skeleton, layer)
 
 
+#: The columns of :func:`key_orthogonality_table`, in order.
+KEY_ORTHOGONALITY_COLUMNS = ["model", "layer", "relative_depth", "kv_head", "n_query_heads_sharing", "attention_type",
+                             "sliding", "orthogonality", "baseline_gaussian", "baseline_random_init",
+                             "gaussian_expected", "d_model", "head_dim", "seed", "not_applicable"]
+
+
 def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: bool) -> pd.DataFrame:
     """Key orthogonality per layer and key head with both baselines (Paper III sec. 4.2).
 
@@ -92,12 +103,25 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
         gaussian_expected (sqrt(2/(pi d)) limit), d_model, head_dim, seed. All orthogonality values
         are dimensionless, in [0, 1].
 
+        ``not_applicable``: "" on measured rows; for a model without W_K (multi-head latent attention,
+        ``architectures.no_key_projection``) one row per (layer, kv_head) with NaN statistics and the reason here.
+
     Raises:
         UnsupportedArchitectureError: a family the architectures module does not describe.
         RuntimeError: the random-init rule leaves W_K unset (see ``_random_init_layer_heads``).
     """
     s = arch.summarize(model.config)
     share = s.n_heads // s.n_kv_heads
+    why = arch.no_key_projection(model.config)
+    if why:
+        nan = float("nan")
+        rows = [dict(model=model_name, layer=layer, relative_depth=relative_depth(layer, s.n_layers), kv_head=h,
+                     n_query_heads_sharing=share, attention_type=s.attention_type, sliding=layer in s.sliding_layers,
+                     orthogonality=nan, baseline_gaussian=nan, baseline_random_init=nan,
+                     gaussian_expected=gaussian_expectation(s.d_model), d_model=s.d_model, head_dim=s.head_dim,
+                     seed=int(seed), not_applicable=f"key orthogonality not applicable: {why}")
+                for layer in range(s.n_layers) for h in range(s.n_kv_heads)]
+        return pd.DataFrame(rows, columns=KEY_ORTHOGONALITY_COLUMNS)
     skeleton = random_init_skeleton(model.config) if random_init else None
     rows = key_orthogonality_rows(model)
     by_layer: dict[int, list] = {}
@@ -116,11 +140,9 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
             baseline_random_init=by_layer[layer][h] if skeleton is not None else float("nan"),
             gaussian_expected=gaussian_expectation(r["d_model"]),
             seed=int(seed),
+            not_applicable="",
         )
-    cols = ["model", "layer", "relative_depth", "kv_head", "n_query_heads_sharing", "attention_type", "sliding",
-            "orthogonality", "baseline_gaussian", "baseline_random_init", "gaussian_expected", "d_model",
-            "head_dim", "seed"]
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=KEY_ORTHOGONALITY_COLUMNS)
 
 
 def key_orthogonality_from_dir(model_dir: str | Path, *, model_name: str, seed: int, dtype: str,
