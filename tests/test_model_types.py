@@ -40,7 +40,16 @@ def test_refusal_is_what_the_family_table_says():
     assert "encoder" in arch.refusal_of_json({"model_type": "bert", "is_decoder": False})
     assert arch.refusal_of_json({"model_type": "olmo2"}) is None
     assert "latent attention" in arch.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512})
-    assert "attention-free" in arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "mamba"]})
+    # hybrids and state-space models are read (issue 29); a layer kind nobody knows is refused, naming it
+    assert arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "linear_attention"]}) is None
+    assert arch.refusal_of_json({"model_type": "mamba", "layer_types": ["linear_attention"] * 2}) is None
+    assert "indexed_attention" in arch.refusal_of_json({"model_type": "x", "layer_types": ["indexed_attention"]})
+    from types import SimpleNamespace as NS
+
+    assert arch.config_attention_layers(NS(num_hidden_layers=4, model_type="x",
+                                           layer_types=["linear_attention", "full_attention", "mlp", "hybrid"])) == (1, 3)
+    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="llama")) == (0, 1, 2)
+    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="mamba", state_size=16)) == ()
 
 
 def render(rows) -> str:
