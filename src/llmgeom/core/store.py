@@ -701,7 +701,7 @@ class NoAttentionLayerError(ValueError):
 def attention_layers(f) -> list[int]:
     """The 0-based decoder blocks of an activation file's model that have attention: the root attribute
     ``attention_layers`` (JSON list), or every block ``0..n_layers-1`` for a file without it (written before
-    issue 29: every layer had attention).
+    issue 29: every layer had attention; n_layers from the attribute, else the layer axis of the values).
 
     Args:
         f: an open activation file (or a dict of its root attributes, :func:`attrs_dict`).
@@ -709,7 +709,10 @@ def attention_layers(f) -> list[int]:
     a = f if isinstance(f, dict) else f.attrs
     raw = a.get("attention_layers")
     if raw is None:
-        return list(range(int(a["n_layers"])))
+        n = a.get("n_layers")
+        if n is None and not isinstance(f, dict):  # a file without the root attributes: its layer axis
+            n = next((f[k].shape[1] for k in ("last_token/values", "attention/entropy") if k in f), 0)
+        return list(range(int(n)))
     if isinstance(raw, (bytes, str)):
         raw = json.loads(raw)
     return [int(x) for x in raw]
