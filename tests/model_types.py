@@ -364,7 +364,8 @@ def what_runs(model) -> str:
         return "every measure"
     if not with_attention:
         return "residual-stream and logit measures (no attention layers)"
-    return f"residual-stream and logit measures; attention measures on layers {', '.join(map(str, with_attention))}"
+    which = f"layer{'s' if len(with_attention) > 1 else ''} {', '.join(map(str, with_attention))}"
+    return f"residual-stream and logit measures; attention measures on {which}"
 
 
 def _short(e: BaseException, n: int = 140) -> str:

@@ -130,7 +130,8 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
             summ.update(focusing_summary(head_mean[with_attention].mean(axis=1), sliding=sliding[with_attention],
                                          layers=with_attention))
         else:  # one attention layer: no first-to-last reduction
-            summ.update(dict.fromkeys(("entropy_first", "entropy_last", "focusing_pct", "spearman_rho", "spearman_p",
-                                       "focusing_pct_global"), float("nan")), n_global_layers=int((~sliding[with_attention]).sum()))
-            summ["entropy_first"] = summ["entropy_last"] = float(head_mean[with_attention[0]].mean())
+            only = float(head_mean[with_attention[0]].mean())
+            summ.update(entropy_first=only, entropy_last=only, focusing_pct=float("nan"), spearman_rho=float("nan"),
+                        spearman_p=float("nan"), n_global_layers=int((~sliding[with_attention]).sum()),
+                        focusing_pct_global=float("nan"))
     return detail, pd.DataFrame([summ])

@@ -35,7 +35,8 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
         at the final token, the o_proj input [n_prompts, n_heads*head_dim] (issue 14 item 5: where small
         transformers carry the entropy ordering); "residual_stream" = output of the
         block [n_prompts, d_model]; hybrid and state-space models: values and attn_output rows only at the layers
-        with attention, the file's ``attention_layers``, residual_stream rows at every layer), layer (0-based block index), relative_depth ((layer+1)/L),
+        with attention, the file's ``attention_layers``, residual_stream rows at every layer),
+        layer (0-based block index), relative_depth ((layer+1)/L),
         standardized, n, pc1, pc2, pc12 and their basic-bootstrap CI bounds *_lo / *_hi and
         bias-corrected estimates *_bc = 2 t - mean(replicates) (fractions of variance, 0..1),
         participation_ratio (full spectrum), participation_ratio_top10 (10 largest eigenvalues), spearman_rho, spearman_p (PC1 score vs next-token entropy in nats; PC1 sign

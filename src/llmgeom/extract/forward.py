@@ -178,7 +178,8 @@ class BatchHooks:
     Points hooked: ``blocks.0.hook_resid_pre`` and every block's ``hook_resid_post`` (residual stream at the
     kept rows), ``attn.hook_k`` / ``attn.hook_v`` / ``attn.hook_z`` (final token), ``attn.hook_qk`` (final-query
     attention entropy, when ``attention``) of the blocks with attention (``attention_layers``; hybrid models: the
-    other blocks' rows stay NaN, the contract's value there; state-space models: no attention buffers at all). ``final_token_only`` (prompt sets: every stored row is a final token):
+    other blocks' rows stay NaN, the contract's value there; state-space models: no attention buffers at all).
+    ``final_token_only`` (prompt sets: every stored row is a final token):
     the last block's attention output projection and MLP run at the final tokens only (``capture.hooked``);
     batches with sampled positions or per-position statistics (corpus sets) need a registration without it."""
 
@@ -302,7 +303,8 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int =
         [B, L, n_kv, hd], ``last_token/attn_output`` [B, L, H*hd], ``next_token/entropy`` [B] nats,
         ``next_token/top_ids`` / ``top_logits`` [B, k], ``next_token/candidate_logprobs`` [B, C] (if candidates),
         ``attention/entropy`` [B, L, H] nats (if attention); the per-layer attention arrays are NaN at the layers
-        without attention (``architectures.attention_layers``) and absent for a model without any; ``tokens/residual_sample`` [S, L+1, d],
+        without attention (``architectures.attention_layers``) and absent for a model without any;
+        ``tokens/residual_sample`` [S, L+1, d],
         ``tokens/final_normed_sample`` [S, d_unembed], ``tokens/sample_prompt`` (batch row) /
         ``tokens/sample_position`` / ``tokens/sample_next_token`` (-1 at a prompt's last token) [S] (if sample_positions); ``tokens/margin`` / ``nll`` / ``entropy`` /
         ``prompt`` (batch row) / ``position`` [P] (if token_stats).
@@ -669,7 +671,8 @@ def _plan(model, tok, records, sha, manifest, *, prompts_path, model_name, batch
                  device=str(next(model.parameters()).device),
                  attn_implementation=str(arch._text_config(model.config)._attn_implementation),
                  n_layers=L, d_model=d, d_unembed=int(d_unembed), n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
-                 head_dim=s.head_dim, vocab_size=s.vocab_size, architecture=s.as_dict(), attention_layers=with_attention,
+                 head_dim=s.head_dim, vocab_size=s.vocab_size, architecture=s.as_dict(),
+                 attention_layers=with_attention,
                  prompt_set=set_name, prompt_set_sha256=sha, top_k=top_k, seed=seed,
                  sample_per_prompt=sample_per_prompt if corpus else 0, kind="corpus" if corpus else "prompts")
     if corpus:

@@ -463,7 +463,8 @@ def summarize(config) -> ArchSummary:
         attention_type = "none"
     else:
         n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-        n_kv = 1 if getattr(cfg, "multi_query", False) is True else (getattr(cfg, "num_key_value_heads", None) or n_heads)
+        n_kv = (1 if getattr(cfg, "multi_query", False) is True
+                else (getattr(cfg, "num_key_value_heads", None) or n_heads))
         head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
         attention_type = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
     window = getattr(cfg, "sliding_window", None)
