@@ -120,3 +120,21 @@ def test_state_space_model_has_no_attention_datasets(tmp_path):
     assert set(vm.representation) == {"residual_stream"} and list(vm.layer) == [0, 1, 2]
     with pytest.raises(KeyError, match="no attention layers"):
         attention_focusing_tables(h5, model="mamba")
+
+
+def test_attention_points_of_attention_free_layers_are_refused(jamba):
+    from llmgeom.extract import capture
+
+    m, _ = jamba
+    assert arch.attention_modules(m)[0] is None and arch.attention_modules(m)[1] is not None
+    with pytest.raises(ValueError, match=r"layer 2 of this 'jamba' model has no attention \(attention layers: \[1\]\)"):
+        arch.w_k_heads(m, 2)
+    with pytest.raises(KeyError, match=r"blocks.0.attn.hook_v.*attention layers of this model: \[1\]"):
+        with capture.hooked(m, {"blocks.0.attn.hook_v": lambda t, pt: None}):
+            pass
+    # the residual stream of an attention-free block is a hook point like any other (and editable)
+    seen = {}
+    batch = capture.make_batch(m, [[1, 5, 6, 7]])
+    capture.run(m, batch, {"blocks.0.hook_resid_post": lambda t, pt: seen.setdefault("h", t.clone()),
+                           "blocks.1.attn.hook_v": lambda t, pt: seen.setdefault("v", t.clone())})
+    assert seen["h"].shape == (1, 4, 64) and seen["v"].shape == (1, 4, 32)
