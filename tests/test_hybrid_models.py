@@ -118,8 +118,12 @@ def test_state_space_model_has_no_attention_datasets(tmp_path):
         assert np.isfinite(store.read_finite(f, DS.LAST_TOKEN_RESIDUAL)).all()
     vm = value_manifold_table({"mixed": h5}, model="mamba", n_boot=10, seed=0, standardize=(True,))
     assert set(vm.representation) == {"residual_stream"} and list(vm.layer) == [0, 1, 2]
-    with pytest.raises(KeyError, match="no attention layers"):
-        attention_focusing_tables(h5, model="mamba")
+    detail, summary = attention_focusing_tables(h5, model="mamba")  # not applicable, and says so
+    assert detail.empty and len(summary) == 1 and summary.attention_type[0] == "none"
+    assert summary.not_applicable[0].startswith("no attention layers") and np.isnan(summary.focusing_pct[0])
+    from llmgeom.weights.key_orthogonality import key_orthogonality_table
+
+    assert key_orthogonality_table(m, model_name="mamba", seed=0).empty
 
 
 def test_attention_points_of_attention_free_layers_are_refused(jamba):

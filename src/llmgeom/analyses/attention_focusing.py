@@ -51,6 +51,24 @@ def focusing_summary(layer_entropy, *, sliding=None, layers=None) -> dict:
     return out
 
 
+_DETAIL_COLUMNS = ["model", "prompt_set", "level", "layer", "relative_depth", "head", "sliding", "window",
+                   "attention_type", "n_prompts", "entropy_mean", "entropy_std", "entropy_bits_mean",
+                   "normalized_entropy_mean"]
+_FOCUSING = ("entropy_first", "entropy_last", "focusing_pct", "spearman_rho", "spearman_p", "n_global_layers",
+             "focusing_pct_global")
+
+
+def _not_applicable(a: dict, model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The tables of a model without attention layers: no detail rows; one summary row whose measures are NaN,
+    ``attention_layers`` empty and ``not_applicable`` the reason."""
+    summ = dict(model=model, prompt_set=a.get("prompt_set"), attention_type="none", n_layers=int(a["n_layers"]),
+                n_heads=0, n_kv_heads=0, sliding_window=None, n_sliding_layers=0,
+                **dict.fromkeys(_FOCUSING, float("nan")), attention_layers="",
+                not_applicable="no attention layers (a state-space model: root attribute attention_layers = [])")
+    summ["n_global_layers"] = 0
+    return pd.DataFrame([], columns=_DETAIL_COLUMNS), pd.DataFrame([summ])
+
+
 def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Attention focusing from ``attention/entropy`` [n_prompts, n_layers, n_heads] (nats) of one file.
 
@@ -73,18 +91,18 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
         Hybrid models (layers without attention, the file's ``attention_layers``): ``detail`` has rows for the
         attention layers only, and ``summary`` adds ``attention_layers`` (the layers, comma-separated) and takes
         the profile over them, first to last attention layer (Spearman rho against their block index; NaN
-        focusing with a single attention layer). Files of attention-only models: unchanged.
+        focusing with a single attention layer). A model without attention layers (state-space): no detail
+        rows and one summary row with NaN measures, ``attention_layers`` empty and ``not_applicable`` saying why.
+        Files of attention-only models: unchanged.
 
     Raises:
-        StoreError: untrusted file; KeyError: the file has no attention entropies (corpus set) or its model no
-        attention layers (a state-space model).
+        StoreError: untrusted file; KeyError: the file has no attention entropies (corpus set).
     """
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
         with_attention = attention_layers(f)
-        if not with_attention:
-            raise KeyError(f"{h5_path}: the model has no attention layers (a state-space model: root attribute "
-                           "attention_layers = []), so attention focusing does not apply")
+        if not with_attention:  # a state-space model: the tables say so, in one summary row
+            return _not_applicable(a, model)
         if DS.ATTENTION_ENTROPY not in f:
             raise KeyError(f"{h5_path} has no attention/entropy (prompt set of kind corpus?); "
                            "use a mixed/domain/code set for attention focusing")
@@ -117,9 +135,7 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
                          entropy_std=head_mean[layer].std(ddof=1) if nh > 1 else 0.0,
                          entropy_bits_mean=nats_to_bits(head_mean[layer].mean()),
                          normalized_entropy_mean=float(np.nanmean(norm[:, layer, :]))))
-    cols = ["model", "prompt_set", "level", "layer", "relative_depth", "head", "sliding", "window", "attention_type",
-            "n_prompts", "entropy_mean", "entropy_std", "entropy_bits_mean", "normalized_entropy_mean"]
-    detail = pd.DataFrame(rows, columns=cols)
+    detail = pd.DataFrame(rows, columns=_DETAIL_COLUMNS)
     summ = dict(model=model, prompt_set=pset, attention_type=att, n_layers=L, n_heads=nh,
                 n_kv_heads=int(a.get("n_kv_heads", nh)), sliding_window=window, n_sliding_layers=int(sliding.sum()))
     if len(with_attention) == L:  # every layer attends: the profile of all layers (the study's models)
