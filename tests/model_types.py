@@ -54,6 +54,7 @@ TYPE_SETTINGS: dict[str, dict] = {
     "nemotron_h": {"ssm_state_size": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 1, "chunk_size": 8},
     "zamba2": {"n_mamba_heads": 8, "mamba_headdim": 16, "mamba_d_state": 16, "chunk_size": 8},
     "mamba2": {"num_heads": 8, "state_size": 16, "n_groups": 1, "chunk_size": 8, "time_step_rank": 4},
+    "rwkv": {"attention_hidden_size": 64, "context_length": 128},
     **{t: _LINEAR_TINY for t in ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
                                  "olmo_hybrid", "lara_mini", "qwen4_exp", "qwen4_exp_text")},
 }
@@ -205,7 +206,7 @@ def check_model(model, eager) -> list[str]:
     lg = torch.stack([out.logits[b, last[b]] for b in range(B)]).float()
     top = lg.topk(5, dim=-1)
     fails.append(_close(res["next_token/top_logits"], top.values.numpy(), "top logits vs the model's"))
-    cache = out.past_key_values
+    cache = out.past_key_values if with_attention else None  # (RWKV returns its state, not a cache)
     for layer in with_attention:
         c = cache.layers[layer]
         cv = np.stack([c.values[b, :, last[b]].reshape(-1).numpy() for b in range(B)])

@@ -48,8 +48,8 @@ def test_refusal_is_what_the_family_table_says():
 
     assert arch.config_attention_layers(NS(num_hidden_layers=4, model_type="x",
                                            layer_types=["linear_attention", "full_attention", "mlp", "hybrid"])) == (1, 3)
-    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="llama")) == (0, 1, 2)
-    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="mamba", state_size=16)) == ()
+    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="llama", num_attention_heads=4)) == (0, 1, 2)
+    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="mamba", state_size=16)) == ()  # no heads
 
 
 def render(rows) -> str:

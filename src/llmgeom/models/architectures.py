@@ -193,7 +193,6 @@ REFUSED: dict[str, str] = {
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
     'recurrent_gemma': "not verified: its outputs carry no KV cache (recurrent blocks beside local attention), so the tiny-model check cannot compare values and keys with the model's own",
-    'rwkv': 'a recurrent (RWKV) model: no attention layers',
     'xglm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
     'xlm': "its attention does not call transformers' attention interface, so queries, keys and the attention output cannot be read",
     'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
@@ -240,9 +239,10 @@ def _layer_kinds(cfg) -> list | None:
 
 
 def _ssm_only(cfg) -> bool:
-    """A state-space config without layer kinds and without attention heads (older Mamba-style configs)."""
-    return (_layer_kinds(cfg) is None and not getattr(cfg, "num_attention_heads", None)
-            and any(getattr(cfg, k, None) for k in ("ssm_cfg", "mamba_d_state", "state_size")))
+    """A config without layer kinds and without any attention-head count (Mamba checkpoints' config.json,
+    RWKV): a recurrent / state-space model without attention layers."""
+    return _layer_kinds(cfg) is None and not any(getattr(cfg, k, None) for k in ("num_attention_heads", "n_head",
+                                                                                  "n_heads", "num_heads"))
 
 
 def config_attention_layers(config) -> tuple[int, ...]:
@@ -251,8 +251,8 @@ def config_attention_layers(config) -> tuple[int, ...]:
     ``config.layer_types`` decides where a config has it: the attention kinds and the hybrid kinds
     (``_ATTENTION_LAYER_TYPES``, ``_HYBRID_LAYER_TYPES``) have attention, the attention-free kinds
     (``_ATTENTION_FREE_LAYER_TYPES``: Mamba / linear attention, convolution, MLP-only blocks) have none; without
-    ``layer_types`` every layer has attention, except in a state-space config (``state_size`` / ``ssm_cfg``
-    without attention heads: none). A loaded generic model's layers are also checked against its structure
+    ``layer_types`` every layer has attention, except in a config without any attention-head count (Mamba's
+    config.json, RWKV: none). A loaded generic model's layers are also checked against its structure
     (:func:`parts`); :func:`attention_layers` is the model's.
 
     Raises:
