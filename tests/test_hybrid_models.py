@@ -142,3 +142,19 @@ def test_attention_points_of_attention_free_layers_are_refused(jamba):
     capture.run(m, batch, {"blocks.0.hook_resid_post": lambda t, pt: seen.setdefault("h", t.clone()),
                            "blocks.1.attn.hook_v": lambda t, pt: seen.setdefault("v", t.clone())})
     assert seen["h"].shape == (1, 4, 64) and seen["v"].shape == (1, 4, 32)
+
+
+def test_layer_names_pick_among_the_attention_layers():
+    from llmgeom.core.layers import select_layers
+
+    attn = [4, 12, 20, 28]  # Jamba-style: one attention layer in 8, offset 4, of 32
+    assert select_layers(["middle", "last"], 32, among=attn) == [20, 28]
+    assert select_layers("all", 32, among=attn) == attn and select_layers("first", 32, among=attn) == [4]
+    assert select_layers([-4], 32, among=attn) == [28]
+    with pytest.raises(ValueError, match=r"interventions.layers: layer 5 has no attention.*\[4, 12, 20, 28\]"):
+        select_layers([5], 32, key="interventions.layers", among=attn)
+    with pytest.raises(ValueError, match="no layers the measure can use"):
+        select_layers("last", 3, among=[])
+    # every layer usable: the same as without ``among`` (the attention-only models' selections are unchanged)
+    for spec in ("all", "first", "middle", "last", [0, -1], ["middle", 2]):
+        assert select_layers(spec, 5, among=range(5)) == select_layers(spec, 5)

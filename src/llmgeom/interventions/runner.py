@@ -259,8 +259,9 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
 
     Raises:
         StoreError: the activation file is not for this model / prompt file.
-        ValueError: a layer in ``layers`` / ``multi_layers`` without attention (hybrid models: the file's
-            ``attention_layers``), or a model without any.
+        ValueError: an integer layer in ``layers`` / ``multi_layers`` without attention (hybrid models: the
+            file's ``attention_layers``; the names "first" / "middle" / "last" pick among those), or a model without
+            any.
 
     Source: Paper III sec. 4.5-4.6.
     """
@@ -282,12 +283,11 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
         V = f[DS.LAST_TOKEN_VALUES][:]  # NaN at the layers without attention (hybrid models)
         lp_fit = f[DS.NEXT_TOKEN_CANDIDATE_LOGPROBS][:].astype(np.float64)
     n_layers = V.shape[1]
-    single = select_layers(layers, n_layers, key="interventions.layers")
-    multi = select_layers(multi_layers, n_layers, key="interventions.layers") if multi_layers else []
-    no_values = sorted((set(single) | set(multi)) - set(with_attention))
-    if no_values:
-        raise ValueError(f"interventions.layers: layers {no_values} of model {model_name!r} have no attention, so no "
-                         f"value vectors to edit; the layers with attention are {with_attention}")
+    # hybrid models: the names pick among the layers with attention (the only ones with values), integers must be
+    # such layers; attention-only models: as select_layers without ``among``
+    single = select_layers(layers, n_layers, key="interventions.layers", among=with_attention)
+    multi = (select_layers(multi_layers, n_layers, key="interventions.multi_layers", among=with_attention)
+             if multi_layers else [])
     _, h_fit = model_label_entropy(lp_fit[:, 0], lp_fit[:, 1])
     edited = sorted(set(single) | set(multi))
     axes = {l: entropy_axis(V[:, l, :], h_fit, layer=l) for l in edited}
