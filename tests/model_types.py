@@ -15,7 +15,11 @@ keys there (RoPE is the identity at position 0; skipped where a QK-norm sits bet
 pre-norm by contract); W_K (``architectures.w_k_heads``) vs the basis-vector reference (the attention
 module's input replaced by the rows of [I; 0] at position 0, keys read back at the attention interface);
 final-token top logits vs the model's logits; attention entropy and attention output vs eager attention
-probabilities; one prompt alone == the same prompt in the batch.
+probabilities; one prompt alone == the same prompt in the batch. Hybrid and state-space models (issue 29): the
+residual stream, final normed state, logits and padding invariance on every layer; values, keys, W_K, attention
+entropy and output on ``architectures.attention_layers`` (which must equal the config's), NaN at the other layers
+(absent without any attention layer); the hybrids' tiny configs keep an attention layer between two attention-free
+ones.
 """
 
 from __future__ import annotations

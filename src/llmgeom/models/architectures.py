@@ -13,7 +13,10 @@ final norm's output (``last_hidden_state``), ``get_output_embeddings()``, the at
 calls it) and the separate key/value projections of the attention module (``k_proj``/``v_proj`` Linear,
 found by name and checked against n_kv_heads*head_dim). A ``Family`` entry holds only what those seams
 cannot tell (a fused or Conv1D layout, a pre-scaled query, a soft-cap), with its reason; ``REFUSED``
-names the model types that cannot be read and why (:func:`refusal`). ``tests/test_model_types.py``
+names the model types that cannot be read and why (:func:`refusal`). Hybrid and state-space models (Jamba,
+Nemotron-H, Qwen3-Next, Mamba, RWKV, ...): the blocks with attention are :func:`attention_layers` (from
+``config.layer_types``, checked against the blocks' attention modules); the other blocks carry the residual
+stream only, and their attention accessors raise. ``tests/test_model_types.py``
 builds a tiny random model of every installed causal-LM type, checks the capture against the model's
 own outputs and writes the coverage table ``docs/models.md``.
 
