@@ -8,13 +8,18 @@ The per-type settings that make a tiny config valid live here (``TYPE_SETTINGS``
 same for every type (``TINY``): hidden size 64, 3 layers, 4 query heads, 2 key heads, head_dim 16, vocab 128.
 
 Checks (each against the model's own computation, float32, two right-padded prompts of 7 and 3 tokens):
-residual stream per block vs ``output_hidden_states``; the last block's residual through the final norm vs
+residual stream per block vs ``output_hidden_states`` (the Mamba family's start at block 0's output: there the
+embeddings vs the input embeddings); the last block's residual through the final norm vs
 the stored final normed state; values vs the KV cache; stored (pre-RoPE) keys at position 0 vs the cache's
 keys there (RoPE is the identity at position 0; skipped where a QK-norm sits between, the keys being
 pre-norm by contract); W_K (``architectures.w_k_heads``) vs the basis-vector reference (the attention
 module's input replaced by the rows of [I; 0] at position 0, keys read back at the attention interface);
 final-token top logits vs the model's logits; attention entropy and attention output vs eager attention
-probabilities; one prompt alone == the same prompt in the batch.
+probabilities; one prompt alone == the same prompt in the batch. Hybrid and state-space models (issue 29): the
+residual stream, final normed state, logits and padding invariance on every layer; values, keys, W_K, attention
+entropy and output on ``architectures.attention_layers`` (which must equal the config's), NaN at the other layers
+(absent without any attention layer); the hybrids' tiny configs keep an attention layer between two attention-free
+ones.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_h
             num_experts_per_tok=2, shared_expert_intermediate_size=32, n_shared_experts=1,
             pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
+_MAMBA2_TINY = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 8}
+_LINEAR_TINY = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16}
+
 #: Per model type: attribute -> value set on the text config after ``TINY`` (the tiny config's validity).
 TYPE_SETTINGS: dict[str, dict] = {
     "codegen": {"rotary_dim": 8}, "gptj": {"rotary_dim": 8},
@@ -41,6 +50,19 @@ TYPE_SETTINGS: dict[str, dict] = {
     "granitemoe_swa": {"logits_scaling": 4.0},
     "axk1": {"n_group": 1, "topk_group": 1},  # expert groups of the 4 tiny experts (default 8 groups)
     "laguna": {"num_attention_heads_per_layer": [4, 4, 4]},  # its per-layer head counts, for the tiny 4 heads
+    # hybrids (issue 29): three layers with attention at layer 1 only, the others state-space / linear attention;
+    # state-space sizes made tiny too (SSM heads x head dim = expand x hidden = 128; the reference scans of
+    # transformers without the mamba_ssm kernels take minutes at the default state sizes)
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "bamba": {"attn_layer_indices": [1], **_MAMBA2_TINY},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention"], **_MAMBA2_TINY},
+    "falcon_h1": {"mamba_d_ssm": 128, **_MAMBA2_TINY},
+    "nemotron_h": {"ssm_state_size": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 1, "chunk_size": 8},
+    "zamba2": {"n_mamba_heads": 8, "mamba_headdim": 16, "mamba_d_state": 16, "chunk_size": 8},
+    "mamba2": {"num_heads": 8, "state_size": 16, "n_groups": 1, "chunk_size": 8, "time_step_rank": 4},
+    "rwkv": {"attention_hidden_size": 64, "context_length": 128},
+    **{t: _LINEAR_TINY for t in ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                                 "olmo_hybrid", "lara_mini", "qwen4_exp", "qwen4_exp_text")},
 }
 
 #: Multi-head latent attention (configs with ``kv_lora_rank``), after ``TINY``: a small latent, value heads of
@@ -75,6 +97,8 @@ def tiny_config(model_type: str):
     """The default config of ``model_type`` made tiny (``TINY``, then ``TYPE_SETTINGS``)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from llmgeom.models import architectures as arch
+
     cfg = CONFIG_MAPPING[model_type]()
     tc = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     mla = MLA_TINY if getattr(tc, "kv_lora_rank", None) else {}
@@ -88,7 +112,11 @@ def tiny_config(model_type: str):
                 pass
     if getattr(tc, "layer_types", None) is not None and len(tc.layer_types) != tc.num_hidden_layers:
         lt = list(tc.layer_types)
-        tc.layer_types = (lt * tc.num_hidden_layers)[:tc.num_hidden_layers]
+        n = tc.num_hidden_layers
+        free = [k for k in lt if k in arch._ATTENTION_FREE_LAYER_TYPES]
+        attn = [k for k in lt if k not in arch._ATTENTION_FREE_LAYER_TYPES]
+        # a hybrid keeps both kinds in its tiny model: attention-free, attention, attention-free (layer 1 attends)
+        tc.layer_types = [free[0], attn[0], free[0]][:n] + lt[:max(n - 3, 0)] if free and attn else (lt * n)[:n]
     return cfg
 
 
@@ -135,7 +163,18 @@ def check_model(model, eager) -> list[str]:
     s = arch.summarize(model.config)
     L, hd, nkv, H = s.n_layers, s.head_dim, s.n_kv_heads, s.n_heads
     fails: list[str] = []
+    with_attention = list(arch.attention_layers(model))
+    free = [l for l in range(L) if l not in with_attention]
+    if with_attention != list(s.attention_layers):
+        fails.append(f"attention layers of the structure {with_attention} != the config's {list(s.attention_layers)}")
     res = forward.extract_batch(model, SEQS, attention=True, top_k=5)
+    per_layer_attention = ("last_token/values", "last_token/keys", "last_token/attn_output", "attention/entropy")
+    for k in per_layer_attention:  # the contract at attention-free layers: NaN; a model without attention: absent
+        if not with_attention:
+            if k in res:
+                fails.append(f"{k} stored for a model without attention layers")
+        elif free and not np.isnan(res[k][:, free]).all():
+            fails.append(f"{k}: layers without attention {free} are not NaN")
     B = len(SEQS)
     last = [len(q) - 1 for q in SEQS]
     T = max(len(q) for q in SEQS)
@@ -153,12 +192,21 @@ def check_model(model, eager) -> list[str]:
         fails.append(f"output_hidden_states has {len(hs)} entries, not n_layers+1 = {L + 1}")
         return fails
     R = res["last_token/residual"]
-    for layer in range(L):
-        want = np.stack([hs[layer][b, last[b]].numpy() for b in range(B)])
-        f = _close(R[:, layer], want, f"residual {layer} vs hidden_states[{layer}]")
+    at = (lambda t: np.stack([t[b, last[b]].numpy() for b in range(B)]))
+    # hidden_states = (embeddings, block 0, ..., block L-2, final norm(block L-1)); the Mamba family's (Mamba,
+    # Mamba-2, Falcon-Mamba) = (block 0, ..., block L-1, final norm(block L-1)): no embeddings entry
+    with torch.no_grad():
+        emb = model.get_input_embeddings()(ids)
+    shift = 0 if _close(R[:, 0], at(hs[0]), "") is None else 1
+    if shift:
+        fails.append(_close(R[:, 0], at(emb), "residual 0 vs the input embeddings"))
+    for layer in range(shift, L):
+        f = _close(R[:, layer], at(hs[layer - shift]), f"residual {layer} vs hidden_states[{layer - shift}]")
         if f:
             fails.append(f)
             break
+    if shift:
+        fails.append(_close(R[:, L], at(hs[L - 1]), f"residual {L} vs hidden_states[{L - 1}]"))
     fn = arch.final_norm(model)
     head = arch.head_transform(model) or (lambda x: x)  # the unembedding's input (ModernBERT-decoder's prediction head)
     if fn is None:
@@ -173,8 +221,8 @@ def check_model(model, eager) -> list[str]:
     lg = torch.stack([out.logits[b, last[b]] for b in range(B)]).float()
     top = lg.topk(5, dim=-1)
     fails.append(_close(res["next_token/top_logits"], top.values.numpy(), "top logits vs the model's"))
-    cache = out.past_key_values
-    for layer in range(L):
+    cache = out.past_key_values if with_attention else None  # (RWKV returns its state, not a cache)
+    for layer in with_attention:
         cv = _cache_kv(model, cache, layer)[1]
         cv = np.stack([cv[b, :, last[b]].reshape(-1).numpy() for b in range(B)])
         f = _close(res["last_token/values"][:, layer], cv, f"values {layer} vs KV cache")
@@ -190,9 +238,11 @@ def check_model(model, eager) -> list[str]:
             if f:
                 fails.append(f)
                 break
-    # attention entropy and output vs eager probabilities
-    for layer in range(L):
-        p = eo.attentions[layer]
+    # attention entropy and output vs eager probabilities (eager returns one map per attention layer, or per layer)
+    atts = getattr(eo, "attentions", None) or ()
+    for layer in with_attention:
+        p = atts[layer] if len(atts) == L else (atts[with_attention.index(layer)] if len(atts) == len(with_attention)
+                                                 else None)
         if p is None:
             fails.append(f"eager gave no attention probabilities for layer {layer}")
             break
@@ -210,13 +260,19 @@ def check_model(model, eager) -> list[str]:
             fails.append(f)
             break
     # W_K vs the basis-vector reference at position 0
-    fails.append(_wk_check(model, s))
-    # padding / batch invariance
+    if with_attention:
+        fails.append(_wk_check(model, s))
+    # padding / batch invariance (the residual stream and logits on every layer; the attention datasets on the
+    # attention layers)
     for b, q in enumerate(SEQS):
         alone = forward.extract_batch(model, [q], attention=True, top_k=5)
-        for k in ("last_token/residual", "last_token/values", "last_token/keys", "last_token/attn_output",
-                  "attention/entropy", "next_token/top_logits", "last_token/final_normed"):
-            f = _close(alone[k][0], res[k][b], f"{k}: prompt {b} alone vs in the batch", atol=1e-5)
+        for k in ("last_token/residual", *per_layer_attention, "next_token/top_logits", "last_token/final_normed"):
+            if k not in res:
+                continue
+            a, w = alone[k][0], res[k][b]
+            if k in per_layer_attention:
+                a, w = a[with_attention], w[with_attention]
+            f = _close(a, w, f"{k}: prompt {b} alone vs in the batch", atol=1e-5)
             if f:
                 fails.append(f)
                 break
@@ -279,14 +335,14 @@ def _wk_check(model, s) -> str | None:
         return (tuple(basis if is_stream(a) else a for a in args),
                 {k: basis if is_stream(v) else v for k, v in kwargs.items()})
 
-    hs = [a.register_forward_pre_hook(pre, with_kwargs=True) for a in atts]
+    hs = [a.register_forward_pre_hook(pre, with_kwargs=True) for a in atts if a is not None]
     try:
         with torch.no_grad(), arch.capture_attention(model, lambda i, q, k, o, sc, cap: got.setdefault(i, k)):
             arch.base_model(model)(input_ids=torch.ones(d + 1, 1, dtype=torch.long), use_cache=False)
     finally:
         for h in hs:
             h.remove()
-    for layer in range(s.n_layers):
+    for layer in arch.attention_layers(model):
         heads = arch.w_k_heads(model, layer)
         if len(heads) != s.n_kv_heads:
             return f"w_k_heads({layer}): {len(heads)} heads, not n_kv_heads = {s.n_kv_heads}"
@@ -350,11 +406,26 @@ def verify(model_type: str) -> Row:
         return Row(model_type, "wrong", "nothing", "; ".join(fails))
     fam = arch.family_for(model.config)
     how = f"family entry `{fam.name}`" if fam is not arch.GENERIC else "generic path"
+    runs = what_runs(model)
     no_wk = arch.no_key_projection(model.config)
     if no_wk:
-        return Row(model_type, "captured", "every measure but key orthogonality",
-                   f"{how}; key orthogonality not applicable: {no_wk}")
-    return Row(model_type, "captured", "every measure", how)
+        runs = "every measure but key orthogonality" if runs == "every measure" else f"{runs} (no key orthogonality)"
+        return Row(model_type, "captured", runs, f"{how}; key orthogonality not applicable: {no_wk}")
+    return Row(model_type, "captured", runs, how)
+
+
+def what_runs(model) -> str:
+    """The "what runs" cell of docs/models.md: every measure, or for a hybrid / state-space model the
+    residual-stream and logit measures on every layer and the attention measures on its attention layers."""
+    from llmgeom.models import architectures as arch
+
+    with_attention = arch.attention_layers(model)
+    if len(with_attention) == arch.summarize(model.config).n_layers:
+        return "every measure"
+    if not with_attention:
+        return "residual-stream and logit measures (no attention layers)"
+    which = f"layer{'s' if len(with_attention) > 1 else ''} {', '.join(map(str, with_attention))}"
+    return f"residual-stream and logit measures; attention measures on {which}"
 
 
 def _short(e: BaseException, n: int = 140) -> str:

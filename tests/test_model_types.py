@@ -46,7 +46,16 @@ def test_refusal_is_what_the_family_table_says():
     assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 64]}).startswith(
         "per-layer numbers of query heads")
     assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 48]}) is None
-    assert "attention-free" in arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "mamba"]})
+    # hybrids and state-space models are read (issue 29); a layer kind nobody knows is refused, naming it
+    assert arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "linear_attention"]}) is None
+    assert arch.refusal_of_json({"model_type": "mamba", "layer_types": ["linear_attention"] * 2}) is None
+    assert "indexed_attention" in arch.refusal_of_json({"model_type": "x", "layer_types": ["indexed_attention"]})
+    from types import SimpleNamespace as NS
+
+    assert arch.config_attention_layers(NS(num_hidden_layers=4, model_type="x",
+                                           layer_types=["linear_attention", "full_attention", "mlp", "hybrid"])) == (1, 3)
+    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="llama", num_attention_heads=4)) == (0, 1, 2)
+    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="mamba", state_size=16)) == ()  # no heads
 
 
 def render(rows) -> str:
@@ -66,6 +75,12 @@ def render(rows) -> str:
         "outputs in every stored quantity (residual stream per block vs `output_hidden_states`, final normed state,",
         "values vs the KV cache, pre-RoPE keys at position 0 vs the cache, W_K vs the basis-vector reference, top",
         "logits, attention entropy and output vs eager probabilities, one prompt alone vs in a padded batch).",
+        "Hybrid and state-space models (Mamba, Jamba, Nemotron-H, Qwen3-Next, ...): the residual stream, final normed",
+        "state and logits on every layer; values, keys, W_K, attention entropy and output on the layers with attention,",
+        "NaN in the file at the others (absent without any attention layer; docs/design-notes.md, issue 29). *what",
+        "runs* names those layers: the residual-stream and logit measures run on every layer, the attention measures",
+        "(value manifold, attention focusing, key orthogonality, SULA value geometry, domain restriction, value",
+        "interventions) on the attention layers.",
         "*refused*: the workflow's config check refuses a model of this type before any job, with the reason below",
         "(`llmgeom.models.architectures.refusal`).",
         "",

@@ -12,16 +12,18 @@ import pandas as pd
 # ---------------------------------------------------------------------------------------------
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.stats import spearman
-from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
+from llmgeom.core.store import DS, attention_layers, attrs_dict, open_activations, read_finite
 from llmgeom.core.units import nats_to_bits
 
 
-def focusing_summary(layer_entropy, *, sliding=None) -> dict:
+def focusing_summary(layer_entropy, *, sliding=None, layers=None) -> dict:
     """Focusing statistics of a per-layer mean attention entropy profile.
 
     Args:
         layer_entropy: [n_layers] mean final-query attention entropy per layer (nats), layer 0 first.
         sliding: optional bool [n_layers], True for sliding-window layers.
+        layers: optional [n_layers] block indices of the entries (hybrid models: the attention layers, the
+            depth the Spearman rho is taken against); default 0..n_layers-1.
 
     Returns:
         dict: entropy_first, entropy_last (nats), focusing_pct = 100 * (first - last) / first (percent
@@ -39,7 +41,7 @@ def focusing_summary(layer_entropy, *, sliding=None) -> dict:
         raise ValueError(f"need >= 2 finite per-layer entropies, got {H}")
     if H[0] <= 0:
         raise ValueError("first-layer entropy is 0: percent reduction undefined")
-    rho, p = spearman(np.arange(H.size), H)
+    rho, p = spearman(np.arange(H.size) if layers is None else np.asarray(layers, dtype=np.float64), H)
     out = dict(entropy_first=float(H[0]), entropy_last=float(H[-1]), focusing_pct=float(100 * (H[0] - H[-1]) / H[0]),
                spearman_rho=rho, spearman_p=p)
     g = np.flatnonzero(~np.asarray(sliding, bool)) if sliding is not None else np.arange(H.size)
@@ -47,6 +49,24 @@ def focusing_summary(layer_entropy, *, sliding=None) -> dict:
     out["focusing_pct_global"] = (float(100 * (H[g[0]] - H[g[-1]]) / H[g[0]]) if g.size >= 2 and H[g[0]] > 0
                                   else float("nan"))
     return out
+
+
+_DETAIL_COLUMNS = ["model", "prompt_set", "level", "layer", "relative_depth", "head", "sliding", "window",
+                   "attention_type", "n_prompts", "entropy_mean", "entropy_std", "entropy_bits_mean",
+                   "normalized_entropy_mean"]
+_FOCUSING = ("entropy_first", "entropy_last", "focusing_pct", "spearman_rho", "spearman_p", "n_global_layers",
+             "focusing_pct_global")
+
+
+def _not_applicable(a: dict, model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The tables of a model without attention layers: no detail rows; one summary row whose measures are NaN,
+    ``attention_layers`` empty and ``not_applicable`` the reason."""
+    summ = dict(model=model, prompt_set=a.get("prompt_set"), attention_type="none", n_layers=int(a["n_layers"]),
+                n_heads=0, n_kv_heads=0, sliding_window=None, n_sliding_layers=0,
+                **dict.fromkeys(_FOCUSING, float("nan")), attention_layers="",
+                not_applicable="no attention layers (a state-space model: root attribute attention_layers = [])")
+    summ["n_global_layers"] = 0
+    return pd.DataFrame([], columns=_DETAIL_COLUMNS), pd.DataFrame([summ])
 
 
 def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -68,15 +88,25 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
         ``summary``: one row: model, prompt_set, attention_type, n_layers, n_heads, n_kv_heads,
         sliding_window, n_sliding_layers, and :func:`focusing_summary` of the per-layer means.
 
+        Hybrid models (layers without attention, the file's ``attention_layers``): ``detail`` has rows for the
+        attention layers only, and ``summary`` adds ``attention_layers`` (the layers, comma-separated) and takes
+        the profile over them, first to last attention layer (Spearman rho against their block index; NaN
+        focusing with a single attention layer). A model without attention layers (state-space): no detail
+        rows and one summary row with NaN measures, ``attention_layers`` empty and ``not_applicable`` saying why.
+        Files of attention-only models: unchanged.
+
     Raises:
         StoreError: untrusted file; KeyError: the file has no attention entropies (corpus set).
     """
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
+        with_attention = attention_layers(f)
+        if not with_attention:  # a state-space model: the tables say so, in one summary row
+            return _not_applicable(a, model)
         if DS.ATTENTION_ENTROPY not in f:
             raise KeyError(f"{h5_path} has no attention/entropy (prompt set of kind corpus?); "
                            "use a mixed/domain/code set for attention focusing")
-        E = read_finite(f, DS.ATTENTION_ENTROPY)  # [n, L, H]
+        E = read_finite(f, DS.ATTENTION_ENTROPY)  # [n, L, H]; NaN at the layers without attention
         ntok = f[DS.PROMPTS_N_TOKENS][:].astype(np.float64)
     ar = a.get("architecture") or {}
     n, L, nh = E.shape
@@ -92,7 +122,7 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
         norm = np.where(nkeys[:, :, None] > 1, E / np.log(np.maximum(nkeys, 2))[:, :, None], np.nan)
     rows = []
     head_mean = E.mean(axis=0)  # [L, H]
-    for layer in range(L):
+    for layer in with_attention:  # hybrid models: the layers with attention only
         common = dict(model=model, prompt_set=pset, layer=layer, relative_depth=relative_depth(layer, L),
                       sliding=bool(sliding[layer]), window=window if sliding[layer] else None,
                       attention_type=att, n_prompts=n)
@@ -105,10 +135,19 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
                          entropy_std=head_mean[layer].std(ddof=1) if nh > 1 else 0.0,
                          entropy_bits_mean=nats_to_bits(head_mean[layer].mean()),
                          normalized_entropy_mean=float(np.nanmean(norm[:, layer, :]))))
-    cols = ["model", "prompt_set", "level", "layer", "relative_depth", "head", "sliding", "window", "attention_type",
-            "n_prompts", "entropy_mean", "entropy_std", "entropy_bits_mean", "normalized_entropy_mean"]
-    detail = pd.DataFrame(rows, columns=cols)
+    detail = pd.DataFrame(rows, columns=_DETAIL_COLUMNS)
     summ = dict(model=model, prompt_set=pset, attention_type=att, n_layers=L, n_heads=nh,
-                n_kv_heads=int(a.get("n_kv_heads", nh)), sliding_window=window, n_sliding_layers=int(sliding.sum()),
-                **focusing_summary(head_mean.mean(axis=1), sliding=sliding))
+                n_kv_heads=int(a.get("n_kv_heads", nh)), sliding_window=window, n_sliding_layers=int(sliding.sum()))
+    if len(with_attention) == L:  # every layer attends: the profile of all layers (the study's models)
+        summ.update(focusing_summary(head_mean.mean(axis=1), sliding=sliding))
+    else:  # a hybrid: the profile over its attention layers, named
+        summ["attention_layers"] = ",".join(map(str, with_attention))
+        if len(with_attention) >= 2:
+            summ.update(focusing_summary(head_mean[with_attention].mean(axis=1), sliding=sliding[with_attention],
+                                         layers=with_attention))
+        else:  # one attention layer: no first-to-last reduction
+            only = float(head_mean[with_attention[0]].mean())
+            summ.update(entropy_first=only, entropy_last=only, focusing_pct=float("nan"), spearman_rho=float("nan"),
+                        spearman_p=float("nan"), n_global_layers=int((~sliding[with_attention]).sum()),
+                        focusing_pct_global=float("nan"))
     return detail, pd.DataFrame([summ])

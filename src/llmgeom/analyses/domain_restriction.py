@@ -31,7 +31,7 @@ import pandas as pd
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.progress import progress
 from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed
-from llmgeom.core.store import DS, open_activations, read_finite
+from llmgeom.core.store import DS, attention_layers, open_activations, read_finite
 from llmgeom.measures import pca as geometry
 
 # ---------------------------------------------------------------------------------------------
@@ -233,17 +233,19 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         h = ent[s][idx]
         bseed = derived_seed(seed, s + "/boot")
         with open_activations(h5_paths[s], model=model) as f:
-            vals = read_finite(f, DS.LAST_TOKEN_VALUES, idx)      # [n, L, F]
-            attn = read_finite(f, DS.LAST_TOKEN_ATTN_OUTPUT, idx)  # [n, L, H*hd]
+            with_attention = set(attention_layers(f)) if DS.LAST_TOKEN_VALUES in f else set()
+            # [n, L, F] / [n, L, H*hd]: NaN at the layers without attention (hybrid models), which are skipped
+            vals = read_finite(f, DS.LAST_TOKEN_VALUES, idx) if with_attention else None
+            attn = read_finite(f, DS.LAST_TOKEN_ATTN_OUTPUT, idx) if with_attention else None
             resid = read_finite(f, DS.LAST_TOKEN_RESIDUAL, idx)   # [n, L+1, d]
-        L = vals.shape[1]
+        L = resid.shape[1] - 1
         keep_scores = set(select_layers(score_layers, L))
         sel_layers = select_layers(layers, L)
-        bar = progress(total=len(sel_layers) * 3 * len(standardize), unit="bootstrap",
-                       desc=f"domain restriction {model} {s} (n_boot={n_boot})")
+        bar = progress(total=sum(3 if l in with_attention else 1 for l in sel_layers) * len(standardize),
+                       unit="bootstrap", desc=f"domain restriction {model} {s} (n_boot={n_boot})")
         for layer in sel_layers:
-            reps = {"values": vals[:, layer, :], "attn_output": attn[:, layer, :],
-                    "residual_stream": resid[:, layer + 1, :]}
+            reps = {"values": vals[:, layer, :], "attn_output": attn[:, layer, :]} if layer in with_attention else {}
+            reps["residual_stream"] = resid[:, layer + 1, :]  # every layer (attention-free ones too)
             for rep, X in reps.items():
                 for std in standardize:
                     st, boot = geometry.value_manifold_stats(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std),

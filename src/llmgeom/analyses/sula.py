@@ -32,7 +32,7 @@ def read_sula_h5(path, *, model: str | None = None):
     """
     import pandas as pd
 
-    from llmgeom.core.store import open_activations, read_finite
+    from llmgeom.core.store import attention_layers, open_activations, read_finite
 
     with open_activations(path, model=model) as f:
         if DS.NEXT_TOKEN_CANDIDATE_LOGPROBS not in f:
@@ -137,22 +137,25 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers):
         rho_pc1_h_bayes / p (Spearman, PC1 vs H_Bayes; NaN if H_Bayes is
         constant, e.g. shuffled), rho_k_pc1 / p (Spearman, k vs PC1), rho_pc1_h_model / p,
         pc1_sign_flipped, pc1_sign ("pearson(h_model_bits) >= 0") (all NaN at a layer where the values do not vary across prompts, e.g. layer 0: the
-        final token is always ":"); and scores = {condition: PC1 score [n] at the last layer analysed}.
+        final token is always ":"); and scores = {condition: PC1 score [n] at the last layer analysed}. Only
+        layers with attention are analysed (the file's ``attention_layers``: hybrid models list fewer layers; a
+        state-space model has no rows and NaN scores).
 
     Source: Paper III sec. 4.3 (geometry on SULA).
     """
     import pandas as pd
 
-    from llmgeom.core.store import open_activations, read_finite
+    from llmgeom.core.store import attention_layers, open_activations, read_finite
 
     rows, last_scores = [], {}
     for cond, path in h5_paths.items():
         g = per_prompt[per_prompt.condition == cond]
         hb, hm, k = (g[c].to_numpy(np.float64) for c in ("h_bayes_bits", "h_model_bits", "k"))
         with open_activations(path, model=model) as f:
-            V = f[DS.LAST_TOKEN_VALUES]
-            L = V.shape[1]
-            for layer in select_layers(layers, L):
+            L = f[DS.LAST_TOKEN_RESIDUAL].shape[1] - 1
+            with_attention = set(attention_layers(f)) if DS.LAST_TOKEN_VALUES in f else set()
+            last_scores[cond] = np.full(len(g), np.nan)  # no attention layer analysed (a state-space model)
+            for layer in [l for l in select_layers(layers, L) if l in with_attention]:
                 X = read_finite(f, DS.LAST_TOKEN_VALUES, layer=layer)
                 if not np.any(np.ptp(X, axis=0) > 0):
                     # e.g. layer 0: the value at the final token ":" depends on that token only

@@ -15,7 +15,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.progress import progress
-from llmgeom.core.store import DS, open_activations, read_finite
+from llmgeom.core.store import DS, attention_layers, open_activations, read_finite
 from llmgeom.measures import pca as geometry
 
 
@@ -34,7 +34,9 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
         concatenated over key heads [n_prompts, n_kv_heads*head_dim]; "attn_output" = the attention output
         at the final token, the o_proj input [n_prompts, n_heads*head_dim] (issue 14 item 5: where small
         transformers carry the entropy ordering); "residual_stream" = output of the
-        block [n_prompts, d_model]), layer (0-based block index), relative_depth ((layer+1)/L),
+        block [n_prompts, d_model]; hybrid and state-space models: values and attn_output rows only at the layers
+        with attention, the file's ``attention_layers``, residual_stream rows at every layer),
+        layer (0-based block index), relative_depth ((layer+1)/L),
         standardized, n, pc1, pc2, pc12 and their basic-bootstrap CI bounds *_lo / *_hi and
         bias-corrected estimates *_bc = 2 t - mean(replicates) (fractions of variance, 0..1),
         participation_ratio (full spectrum), participation_ratio_top10 (10 largest eigenvalues), spearman_rho, spearman_p (PC1 score vs next-token entropy in nats; PC1 sign
@@ -48,14 +50,17 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
     for pset, path in h5_paths.items():
         with open_activations(path, model=model) as f:
             ent = read_finite(f, DS.NEXT_TOKEN_ENTROPY)
-            L = f[DS.LAST_TOKEN_VALUES].shape[1]
+            L = f[DS.LAST_TOKEN_RESIDUAL].shape[1] - 1
             sel = select_layers(layers, L)
-            with progress(total=len(sel) * 3 * len(standardize), unit="bootstrap",
+            with_attention = set(attention_layers(f)) if DS.LAST_TOKEN_VALUES in f else set()
+            with progress(total=sum(3 if l in with_attention else 1 for l in sel) * len(standardize), unit="bootstrap",
                           desc=f"value manifold {model} {pset} (n_boot={n_boot})") as bar:
                 for layer in sel:
                     reps = {"values": lambda: read_finite(f, DS.LAST_TOKEN_VALUES, layer=layer),
                             "attn_output": lambda: read_finite(f, DS.LAST_TOKEN_ATTN_OUTPUT, layer=layer),
                             "residual_stream": lambda: read_finite(f, DS.LAST_TOKEN_RESIDUAL, layer=layer + 1)}
+                    if layer not in with_attention:  # a state-space / MLP-only block: the residual stream only
+                        reps = {"residual_stream": reps["residual_stream"]}
                     for rep, read in reps.items():
                         X = read()
                         for std in standardize:

@@ -8,7 +8,7 @@ from __future__ import annotations
 NAMED_LAYERS = ("first", "middle", "last")
 
 
-def select_layers(spec, n_layers: int, *, key: str = "layers") -> list[int]:
+def select_layers(spec, n_layers: int, *, key: str = "layers", among=None) -> list[int]:
     """Resolve a layer specification to sorted, distinct 0-based indices.
 
     Args:
@@ -17,18 +17,25 @@ def select_layers(spec, n_layers: int, *, key: str = "layers") -> list[int]:
             the end, as in Python).
         n_layers: number of layers of the array the indices address.
         key: the config key, named in the error message.
+        among: the layers a measure can use, sorted (hybrid models: the layers with attention, for a measure of
+            the values), or None (every layer). With it, ``"all"`` is ``among`` and the names pick within it
+            (``"first"`` = among[0], ``"middle"`` = among[len // 2], ``"last"`` = among[-1]); integers stay block
+            indices and must be in ``among``. ``among`` = every layer resolves as without it.
 
     Returns:
         list of indices in increasing order, without duplicates.
 
     Raises:
-        ValueError: an unknown name, or an index outside ``[-n_layers, n_layers)``; the message
-            names ``key``, the value and the valid range.
+        ValueError: an unknown name, or an index outside ``[-n_layers, n_layers)`` or not in ``among``; the
+            message names ``key``, the value and the valid range (or the usable layers); an empty ``among``.
     """
+    pool = list(range(n_layers)) if among is None else sorted(int(l) for l in among)
+    if not pool:
+        raise ValueError(f"{key}: this model has no layers the measure can use (none with attention)")
     if spec == "all":
-        return list(range(n_layers))
+        return pool
     items = [spec] if isinstance(spec, (str, int)) else list(spec)
-    named = {"first": 0, "middle": n_layers // 2, "last": n_layers - 1}
+    named = {"first": pool[0], "middle": pool[len(pool) // 2], "last": pool[-1]}
     out: set[int] = set()
     for x in items:
         if isinstance(x, str):
@@ -42,7 +49,12 @@ def select_layers(spec, n_layers: int, *, key: str = "layers") -> list[int]:
             raise ValueError(f"{key}: layer {i} is outside this model's {n_layers} layers; valid: integers in "
                              f"[{-n_layers}, {n_layers - 1}] (negative counts from the end) or "
                              f"{', '.join(map(repr, NAMED_LAYERS))}")
-        out.add(i if i >= 0 else n_layers + i)
+        i = i if i >= 0 else n_layers + i
+        if i not in pool:
+            raise ValueError(f"{key}: layer {i} has no attention (a state-space, linear-attention or MLP-only "
+                             f"block); the layers with attention are {pool}, and 'first' / 'middle' / 'last' pick "
+                             "among them")
+        out.add(i)
     return sorted(out)
 
 

@@ -5,7 +5,18 @@ Layout (DESIGN.md section 2, contract version ``CONTRACT_VERSION``):
 Root attributes: model, source, revision, torch_dtype, device, attn_implementation,
 n_layers, d_model, d_unembed, n_heads, n_kv_heads, head_dim, vocab_size,
 architecture (JSON), prompt_set, prompt_set_sha256, versions (JSON),
-created (UTC), contract_version, complete (True only once every dataset is written).
+created (UTC), contract_version, complete (True only once every dataset is written),
+attention_layers (JSON list of the 0-based decoder blocks that have attention; absent in older files: every
+layer, :func:`attention_layers`).
+
+Attention-free layers (hybrid and state-space models, issue 29): the per-layer attention datasets
+(:data:`ATTENTION_LAYER_DATASETS`: ``last_token/values``, ``last_token/keys``, ``last_token/attn_output``,
+``attention/entropy``) keep the layer axis of every block, and their rows of a layer outside
+``attention_layers`` are NaN, every element (the writer requires it; everywhere else it refuses non-finite
+values). :func:`read_finite` refuses a read of such a layer (:class:`NoAttentionLayerError`) and, reading all
+layers, checks the attention layers for finiteness and the others for NaN. A model without any attention layer
+(Mamba, Mamba-2, Falcon-Mamba) has ``attention_layers`` = [] and none of these datasets (``DatasetSpec.when``
+``"attention_layers"``); n_heads = n_kv_heads = head_dim = 0 there.
 
 Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
 
@@ -90,7 +101,8 @@ NUMERIC_1D_CHUNK = 4096   # elements per chunk of a 1-D numeric dataset (16-32 K
 class DatasetSpec:
     """One dataset of the contract: ``dtype`` ("float32", "int32", "int64", "str"), ``dims`` (named axes,
     stored as HDF5 dimension scales; sizes in :data:`DIMS`), ``units``, ``axes`` (the human-readable
-    ``axes`` attribute), ``when`` (``always``, ``attention``, ``candidates``, ``corpus``: which files have it) and
+    ``axes`` attribute), ``when`` (``always``, ``attention_layers`` (models with at least one attention layer),
+    ``attention`` (those, extracted with attention entropies), ``candidates``, ``corpus``: which files have it) and
     ``point``: the hook point of the capture API (``llmgeom.extract.capture``, ``blocks.<l>.<point>``) whose
     output the extraction stores here, per layer, or None (computed from the logits or the final norm's
     output). One quantity, one declared mapping: the extraction's hooks and buffers are looked up by this
@@ -126,11 +138,11 @@ CONTRACT: dict[str, DatasetSpec] = {
                                        "prompt,layer(0=embeddings),d_model", point="hook_resid_post"),
     "last_token/final_normed": DatasetSpec("float32", ("prompt", "d_unembed"), "activation", "prompt,d_unembed"),
     "last_token/values": DatasetSpec("float32", ("prompt", "layer", "value_feature"), "activation",
-                                     "prompt,layer,n_kv_heads*head_dim", point="attn.hook_v"),
+                                     "prompt,layer,n_kv_heads*head_dim", "attention_layers", point="attn.hook_v"),
     "last_token/keys": DatasetSpec("float32", ("prompt", "layer", "kv_head", "head_dim"), "activation",
-                                   "prompt,layer,kv_head,head_dim", point="attn.hook_k"),
+                                   "prompt,layer,kv_head,head_dim", "attention_layers", point="attn.hook_k"),
     "last_token/attn_output": DatasetSpec("float32", ("prompt", "layer", "attn_feature"), "activation",
-                                          "prompt,layer,n_heads*head_dim", point="attn.hook_z"),
+                                          "prompt,layer,n_heads*head_dim", "attention_layers", point="attn.hook_z"),
     "next_token/entropy": DatasetSpec("float32", ("prompt",), "nats", "prompt"),
     "next_token/top_ids": DatasetSpec("int64", ("prompt", "rank"), "token id", "prompt,rank"),
     "next_token/top_logits": DatasetSpec("float32", ("prompt", "rank"), "logits", "prompt,rank"),
@@ -163,19 +175,28 @@ DS = SimpleNamespace(**{name.replace("/", "_").upper(): name for name in CONTRAC
 #: ``units`` and ``axes`` attribute of each dataset (read from :data:`CONTRACT`).
 UNITS = {name: (spec.units, spec.axes) for name, spec in CONTRACT.items()}
 
+#: The per-layer datasets read at an attention layer's hook points (``attn.*``): their rows of a layer without
+#: attention are NaN (module docstring; :func:`attention_layers`).
+ATTENTION_LAYER_DATASETS = frozenset(name for name, spec in CONTRACT.items()
+                                     if spec.point is not None and spec.point.startswith("attn."))
 
-def contract_shapes(sizes: dict, *, attention: bool, candidates: bool, corpus: bool) -> dict:
+
+def contract_shapes(sizes: dict, *, attention: bool, candidates: bool, corpus: bool,
+                    attention_layers: bool = True) -> dict:
     """``ActivationWriter`` shapes of one extraction: dataset name -> (shape, dtype), from :data:`CONTRACT`.
 
     Args:
         sizes: size of every named axis the file uses (keys of :data:`DIMS`; ``candidate`` only with
             ``candidates``, ``sample`` / ``position`` only with ``corpus``).
         attention / candidates / corpus: which optional datasets the file has (``DatasetSpec.when``).
+        attention_layers: the model has at least one attention layer (False: a state-space model, whose file
+            has none of :data:`ATTENTION_LAYER_DATASETS`).
 
     Raises:
         KeyError: an axis size missing from ``sizes``.
     """
-    on = {"always": True, "attention": attention, "candidates": candidates, "corpus": corpus}
+    on = {"always": True, "attention_layers": attention_layers, "attention": attention and attention_layers,
+          "candidates": candidates, "corpus": corpus}
     return {name: (tuple(int(sizes[d]) for d in spec.dims), spec.dtype)
             for name, spec in CONTRACT.items() if on[spec.when]}
 
@@ -359,7 +380,9 @@ class ActivationWriter:
 
     ``shapes`` maps dataset name -> (shape tuple, numpy dtype) (for an extraction: :func:`contract_shapes`).
     Rows are written with ``write(name, rows, values)``; non-finite float values raise ValueError
-    (callers name model, layer and prompt before that point). Datasets of :data:`CONTRACT` get their named
+    (callers name model, layer and prompt before that point), except the NaN rows of the layers without
+    attention in the per-layer attention datasets (``attrs["attention_layers"]``; module docstring), which must
+    be NaN. Datasets of :data:`CONTRACT` get their named
     axes as HDF5 dimension scales (datasets at the file's root named as the axis, values 0..size-1), so
     ``xarray.open_dataset(path, engine="h5netcdf", group=...)`` gives labelled arrays.
 
@@ -385,6 +408,9 @@ class ActivationWriter:
         self._pending: dict = {}
         self._datasets: dict = {}  # name -> h5py.Dataset of self.f (a lookup by path costs ~0.1 ms; ~10 per batch),
         # dropped (_forget_datasets) wherever self.f is closed, so a recreated partial starts a new set
+        #: the layers without attention (attrs ``attention_layers``): their rows of the per-layer attention datasets
+        #: are NaN by contract; empty for attention-only models (the plain finiteness check, nothing more)
+        self.attention_free = attention_free_layers(attrs) if "n_layers" in attrs else []
         self.f = None
         self.resumed = False
         if self.tmp.exists() and resume_key is not None:
@@ -521,7 +547,9 @@ class ActivationWriter:
     def write(self, name: str, rows, values) -> None:
         """Write ``values`` at row indices ``rows`` (sorted int array or slice) of dataset ``name``."""
         v = np.asarray(values) if not isinstance(values, list) else values
-        if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
+        if self.attention_free and name in ATTENTION_LAYER_DATASETS:
+            self._check_attention_rows(name, v)
+        elif isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
             raise ValueError(f"refusing to store non-finite values in {name}")
         ds = self._dataset(name)
         if self.resume_key is not None and isinstance(v, np.ndarray):
@@ -544,6 +572,18 @@ class ActivationWriter:
                 ds[int(r)] = x
         else:
             _write_rows(ds, rows, v)
+
+    def _check_attention_rows(self, name: str, v: np.ndarray) -> None:
+        """A per-layer attention dataset's rows [rows, n_layers, ...] of a hybrid model: finite at the attention
+        layers, NaN at every element of the others (ValueError otherwise)."""
+        free = self.attention_free
+        if not np.isnan(v[:, free]).all():
+            raise ValueError(f"refusing to store numbers in {name} at layers without attention {free} (the contract "
+                             "keeps NaN there)")
+        keep = np.ones(v.shape[1], bool)
+        keep[free] = False
+        if not np.isfinite(v[:, keep]).all():
+            raise ValueError(f"refusing to store non-finite values in {name} at attention layers")
 
     def commit_batch(self, j: int) -> None:
         """Record batch ``j`` as complete with the digest of what was written since the last commit, and
@@ -660,6 +700,41 @@ class NonFiniteDataError(StoreError):
     """A stored array holds NaN or inf (the writer refuses them, so the file was altered or copied in)."""
 
 
+class NoAttentionLayerError(ValueError):
+    """A read of a per-layer attention dataset (:data:`ATTENTION_LAYER_DATASETS`) at a layer without attention
+    (a state-space / linear-attention / MLP-only block of a hybrid model); the message names the file, the
+    dataset, the layer and the file's attention layers."""
+
+
+def attention_layers(f) -> list[int]:
+    """The 0-based decoder blocks of an activation file's model that have attention: the root attribute
+    ``attention_layers`` (JSON list), or every block ``0..n_layers-1`` for a file without it (written before
+    issue 29: every layer had attention; n_layers from the attribute, else the layer axis of the values).
+
+    Args:
+        f: an open activation file (or a dict of its root attributes, :func:`attrs_dict`).
+    """
+    a = f if isinstance(f, dict) else f.attrs
+    raw = a.get("attention_layers")
+    if raw is None:
+        n = a.get("n_layers")
+        if n is None and not isinstance(f, dict):  # a file without the root attributes: its layer axis
+            n = next((f[k].shape[1] for k in ("last_token/values", "attention/entropy") if k in f), 0)
+        return list(range(int(n)))
+    if isinstance(raw, (bytes, str)):
+        raw = json.loads(raw)
+    return [int(x) for x in raw]
+
+
+def attention_free_layers(f) -> list[int]:
+    """The 0-based decoder blocks without attention (the complement of :func:`attention_layers`)."""
+    a = f if isinstance(f, dict) else f.attrs
+    if a.get("attention_layers") is None:  # files before issue 29 (and attention-only models' files): none
+        return []
+    with_attention = set(attention_layers(f))
+    return [l for l in range(int(a["n_layers"])) if l not in with_attention]
+
+
 def read_finite(f: h5py.File, name: str, rows=None, *, layer: int | None = None, dtype=np.float64) -> np.ndarray:
     """Read a numeric dataset of an open activation file and refuse non-finite values.
 
@@ -676,13 +751,22 @@ def read_finite(f: h5py.File, name: str, rows=None, *, layer: int | None = None,
 
     Returns:
         numpy array: shape of the dataset with ``rows`` applied and, when ``layer`` is given, axis 1 removed.
+        A per-layer attention dataset read over all layers holds NaN at the layers without attention
+        (:func:`attention_free_layers`; none in a file of an attention-only model).
 
     Raises:
-        KeyError: no such dataset. NonFiniteDataError (a StoreError): a non-finite value; the message names
+        KeyError: no such dataset. NoAttentionLayerError: ``layer`` has no attention (per-layer attention
+            datasets of a hybrid model). NonFiniteDataError (a StoreError): a non-finite value; the message names
             the file, the dataset, its layer (given, or the layer of the first bad value when the dataset has
             a layer axis) and the first bad row (the row of the file, not of the selection).
     """
     ds = f[name]
+    free = attention_free_layers(f) if name in ATTENTION_LAYER_DATASETS else []
+    if free and layer is not None and int(layer) in free:
+        raise NoAttentionLayerError(
+            f"{f.filename}: dataset {name!r}, layer {int(layer)}: this layer has no attention (a state-space, "
+            f"linear-attention or MLP-only block), so it has no {name.split('/')[-1]}; attention layers of the file: "
+            f"{attention_layers(f)} (root attribute attention_layers)")
     idx = None if rows is None or isinstance(rows, slice) else np.asarray(rows, dtype=np.int64)
     if layer is None:
         a = ds[()] if rows is None else (ds[rows] if idx is None else ds[idx])
@@ -691,7 +775,17 @@ def read_finite(f: h5py.File, name: str, rows=None, *, layer: int | None = None,
     else:
         a = ds[idx][:, int(layer)]
     a = np.asarray(a, dtype=dtype)
-    if a.size and not np.isfinite(a).all():
+    if free and layer is None and a.ndim >= 2:  # the attention-free layers' rows are NaN by contract
+        if not np.isnan(a[:, free]).all():
+            raise NonFiniteDataError(
+                f"{f.filename}: dataset {name!r}: the rows of the layers without attention {free} must be NaN (the "
+                f"contract), but hold numbers; the file was altered or copied in; {rerun_hint(f.filename)}")
+        check = a.copy()
+        check[:, free] = 0.0
+    else:
+        check = a
+    if check.size and not np.isfinite(check).all():
+        a = check
         first = np.argwhere(~np.isfinite(a))[0]
         r = int(first[0]) if a.ndim else 0
         if idx is not None:

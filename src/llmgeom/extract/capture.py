@@ -31,6 +31,9 @@ attention output projection and MLP run at each prompt's final token only (``arc
 not the model's) and ``ln_final.hook_normalized`` / :class:`Output` ``hidden`` are [B, 1, d_unembed], the final
 tokens. Every other point, and the keys and values of the last block, are those of the full pass.
 
+Hybrid and state-space models (issue 29): the ``attn.*`` points exist only on the layers that have attention
+(``architectures.attention_layers``); the residual-stream and global points exist on every layer.
+
 Hooks of one point run in the order given; a hook sees the edits of the hooks before it. Hooks on
 ``hook_z`` / ``hook_qk`` go through ``architectures.capture_attention`` (any attention implementation,
 no [B, H, T, T] weights).
@@ -334,12 +337,20 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
         ``"active"`` (False once the context has exited), ``"final_token_only"``.
 
     Raises:
-        KeyError: an unknown point name. IndexError: a layer outside the model.
+        KeyError: an unknown point name, or an ``attn.*`` point of a layer without attention (hybrid and
+            state-space models: ``architectures.attention_layers``). IndexError: a layer outside the model.
     """
     blocks = arch.decoder_layers(model)
     fused = arch.family_for(model.config).qkv != "separate"
     lat = arch.latent_dims(model.config)  # multi-head latent attention: keys and values at the interface
     parsed = [(name, *_parse(name, len(blocks)), _as_list(fns)) for name, fns in hooks.items()]
+    attn_kinds = [(name, layer) for name, kind, layer, _ in parsed if kind.startswith("attn.")]
+    if attn_kinds:
+        with_attention = set(arch.attention_layers(model))
+        bad = [name for name, layer in attn_kinds if layer not in with_attention]
+        if bad:
+            raise KeyError(f"hook points {bad}: these layers have no attention (attention layers of this model: "
+                           f"{sorted(with_attention)}; architectures.attention_layers)")
     state: dict = {"handles": [], "batch": None, "attention_seen": [], "global": {}, "model": model, "active": True,
                    "final_token_only": bool(final_token_only)}
     attn: dict[int, dict[str, list]] = {}

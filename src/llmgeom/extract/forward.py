@@ -144,8 +144,10 @@ class _BatchBuffers:
         # layer-major [L(+1), rows, features]: each hook gathers its rows straight into a contiguous slice
         self.resid = nan(L + 1, len(self.gb), s.d_model)  # last_token/residual, then tokens/residual_sample rows
         # final-token stores: one buffer per dataset of FINAL_TOKEN_POINTS, named by the dataset
-        self.stored = {name: nan(L, B, hk.features[name]) for name in FINAL_TOKEN_POINTS.values()}
-        self.attn_ent = nan(L, B, s.n_heads) if hk.attention else None
+        # (none for a state-space model; a hybrid's attention-free layers keep their NaN rows: the contract's value)
+        self.stored = {name: nan(L, B, hk.features[name]) for name in FINAL_TOKEN_POINTS.values()} \
+            if hk.attention_layers else {}
+        self.attn_ent = nan(L, B, s.n_heads) if hk.attention and hk.attention_layers else None
         self.hidden_keys: dict = {}  # attention window -> [B, 1, T] keys the final query cannot see
 
     def check(self, t: torch.Tensor, where: str) -> None:
@@ -178,7 +180,9 @@ class BatchHooks:
 
     Points hooked: ``blocks.0.hook_resid_pre`` and every block's ``hook_resid_post`` (residual stream at the
     kept rows), ``attn.hook_k`` / ``attn.hook_v`` / ``attn.hook_z`` (final token), ``attn.hook_qk`` (final-query
-    attention entropy, when ``attention``). ``final_token_only`` (prompt sets: every stored row is a final token):
+    attention entropy, when ``attention``) of the blocks with attention (``attention_layers``; hybrid models: the
+    other blocks' rows stay NaN, the contract's value there; state-space models: no attention buffers at all).
+    ``final_token_only`` (prompt sets: every stored row is a final token):
     the last block's attention output projection and MLP run at the final tokens only (``capture.hooked``);
     batches with sampled positions or per-position statistics (corpus sets) need a registration without it."""
 
@@ -189,6 +193,9 @@ class BatchHooks:
         self.dtype = next(model.parameters()).dtype
         self.summary = s = arch.summarize(model.config)
         L = s.n_layers
+        #: the blocks with attention (``architectures.attention_layers``): the ``attn.*`` points are hooked there
+        #: only (every block of an attention-only model; none of a state-space model)
+        self.attention_layers = arch.attention_layers(model)
         sizes = model_axis_sizes(s)
         #: per layer, the feature axes of each final-token store's dataset (those after prompt, layer) and their size
         self.feature_shapes = {name: tuple(sizes[d] for d in CONTRACT[name].dims[2:])
@@ -197,7 +204,7 @@ class BatchHooks:
         if attention:  # per layer, once (not per hook call): window, and the scaling / softcap the attention
             cfg = model.config  # function applies when the module passes none
             self.windows = [arch.attention_window(cfg, l) for l in range(L)]
-            self.scalings = [arch.attention_scaling(cfg, l) for l in range(L)]
+            self.scalings = [arch.attention_scaling(cfg, l) if l in self.attention_layers else None for l in range(L)]
             self.softcap = arch.attention_softcap(cfg)
         self.cur: _BatchBuffers | None = None
         self.session: dict | None = None
@@ -251,6 +258,7 @@ class BatchHooks:
         stores = {point: store(name) for point, name in FINAL_TOKEN_POINTS.items()}
         for i in range(L):
             self.hooks[P(CONTRACT[DS.LAST_TOKEN_RESIDUAL].point, i)] = block_out
+        for i in self.attention_layers:  # hybrid / state-space models: the blocks with attention only
             for point, fn in stores.items():
                 self.hooks[P(point, i)] = fn
             if attention:
@@ -297,7 +305,9 @@ def extract_batch(model, seqs: list[list[int]], *, attention: bool, top_k: int,
         ``last_token/final_normed`` [B, d_unembed], ``last_token/values`` [B, L, n_kv*hd], ``last_token/keys``
         [B, L, n_kv, hd], ``last_token/attn_output`` [B, L, H*hd], ``next_token/entropy`` [B] nats,
         ``next_token/top_ids`` / ``top_logits`` [B, k], ``next_token/candidate_logprobs`` [B, C] (if candidates),
-        ``attention/entropy`` [B, L, H] nats (if attention); ``tokens/residual_sample`` [S, L+1, d],
+        ``attention/entropy`` [B, L, H] nats (if attention); the per-layer attention arrays are NaN at the layers
+        without attention (``architectures.attention_layers``) and absent for a model without any;
+        ``tokens/residual_sample`` [S, L+1, d],
         ``tokens/final_normed_sample`` [S, d_unembed], ``tokens/sample_prompt`` (batch row) /
         ``tokens/sample_position`` / ``tokens/sample_next_token`` (-1 at a prompt's last token) [S] (if sample_positions); ``tokens/margin`` / ``nll`` / ``entropy`` /
         ``prompt`` (batch row) / ``position`` [P] (if token_stats).
@@ -656,13 +666,16 @@ def _plan(model, tok, records, sha, manifest, *, prompts_path, model_name, batch
     if corpus:
         sizes["sample"] = sum(len(x) for x in samples)
         sizes["position"] = sum(max(len(sq) - 2, 0) for sq in seqs)
-    shapes = contract_shapes(sizes, attention=attention, candidates=cands is not None, corpus=corpus)
+    with_attention = list(arch.attention_layers(model))
+    shapes = contract_shapes(sizes, attention=attention, candidates=cands is not None, corpus=corpus,
+                             attention_layers=bool(with_attention))
     attrs = dict(model=model_name, source=manifest.get("source"), revision=manifest.get("revision"),
                  source_sha256=manifest.get("source_sha256"), torch_dtype=str(model.dtype).replace("torch.", ""),
                  device=str(next(model.parameters()).device),
                  attn_implementation=str(arch._text_config(model.config)._attn_implementation),
                  n_layers=L, d_model=d, d_unembed=int(d_unembed), n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                  head_dim=s.head_dim, vocab_size=s.vocab_size, architecture=s.as_dict(),
+                 attention_layers=with_attention,
                  prompt_set=set_name, prompt_set_sha256=sha, top_k=top_k, seed=seed,
                  sample_per_prompt=sample_per_prompt if corpus else 0, kind="corpus" if corpus else "prompts")
     if corpus:

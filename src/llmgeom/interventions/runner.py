@@ -257,12 +257,15 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
 
     Raises:
         StoreError: the activation file is not for this model / prompt file.
+        ValueError: an integer layer in ``layers`` / ``multi_layers`` without attention (hybrid models: the
+            file's ``attention_layers``; the names "first" / "middle" / "last" pick among those), or a model without
+            any.
 
     Source: Paper III sec. 4.5-4.6.
     """
     import pandas as pd
 
-    from llmgeom.core.store import open_activations
+    from llmgeom.core.store import attention_layers, open_activations
     from llmgeom.extract.forward import tokenize_prompts
     from llmgeom.prompts.io import read_prompt_set
     from llmgeom.prompts.io import CANDIDATES_KEY
@@ -271,16 +274,23 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
 
     records, sha = read_prompt_set(prompts_path)
     with open_activations(h5_path, model=model_name, prompt_set_sha256=sha) as f:
-        V = f[DS.LAST_TOKEN_VALUES][:]
+        with_attention = attention_layers(f)
+        if not with_attention or DS.LAST_TOKEN_VALUES not in f:
+            raise ValueError(f"{h5_path}: model {model_name!r} has no attention layers (a state-space model), so "
+                             "there are no value vectors to edit; drop it from the interventions")
+        V = f[DS.LAST_TOKEN_VALUES][:]  # NaN at the layers without attention (hybrid models)
         lp_fit = f[DS.NEXT_TOKEN_CANDIDATE_LOGPROBS][:].astype(np.float64)
     n_layers = V.shape[1]
-    single = select_layers(layers, n_layers, key="interventions.layers")
-    multi = select_layers(multi_layers, n_layers, key="interventions.layers") if multi_layers else []
+    # hybrid models: the names pick among the layers with attention (the only ones with values), integers must be
+    # such layers; attention-only models: as select_layers without ``among``
+    single = select_layers(layers, n_layers, key="interventions.layers", among=with_attention)
+    multi = (select_layers(multi_layers, n_layers, key="interventions.multi_layers", among=with_attention)
+             if multi_layers else [])
     _, h_fit = model_label_entropy(lp_fit[:, 0], lp_fit[:, 1])
     edited = sorted(set(single) | set(multi))
     axes = {l: entropy_axis(V[:, l, :], h_fit, layer=l) for l in edited}
     rnd = {l: random_axis(axes[l].u, seed, l) for l in edited}
-    probe = sorted(set(edited) | {n_layers - 1})
+    probe = sorted(set(edited) | {with_attention[-1]})  # the last layer with values (n_layers - 1 unless a hybrid)
     for l in probe:
         if l not in axes:
             axes[l] = entropy_axis(V[:, l, :], h_fit, layer=l)

@@ -17,7 +17,10 @@ names the model types that cannot be read and why (:func:`refusal`). Multi-head 
 (DeepSeek-V2/V3 MLA, ``kv_lora_rank``; :class:`LatentDims`) is read on the generic path too: its values and keys
 exist per head only inside the attention module, so ``extract.capture`` reads them at the attention interface
 (value heads of ``v_head_dim``, key heads [k_nope | k_rope] of qk_nope + qk_rope, n_kv_heads = n_heads), and its
-keys have no W_K (:func:`no_key_projection`: key orthogonality does not apply). ``tests/test_model_types.py``
+keys have no W_K (:func:`no_key_projection`: key orthogonality does not apply). Hybrid and state-space models
+(Jamba, Nemotron-H, Qwen3-Next, Mamba, RWKV, ...): the blocks with attention are :func:`attention_layers` (from
+``config.layer_types``, checked against the blocks' attention modules); the other blocks carry the residual
+stream only, and their attention accessors raise. ``tests/test_model_types.py``
 builds a tiny random model of every installed causal-LM type, checks the capture against the model's
 own outputs and writes the coverage table ``docs/models.md``.
 
@@ -243,11 +246,14 @@ REFUSED: dict[str, str] = {
     'openai-gpt': "its attention computes softmax(q.k) itself (matmul and softmax in openai-gpt's Attention._attn), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
-    'rwkv': 'a recurrent (RWKV) model: no attention layers',
+    'recurrent_gemma': "not verified: its outputs carry no KV cache (recurrent blocks beside local attention), so the tiny-model check cannot compare values and keys with the model's own",
     'xglm': "its attention computes softmax(q.k) itself (bmm and softmax in XGLMAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'xlm': "its attention computes softmax(q.k) itself (matmul and softmax in XLM's MultiHeadAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
     'xlstm': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (4096) must match the size of tensor b (64) at non-singleton dime)',
+    'zamba': "not verified: no tiny model of this type builds here (ValueError: There is an issue with your definition of `tie_weights_keys` for its shared attention block)",
+    'zamba2': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (5120) must match the size of tensor b (128) at non-singleton dimension 2)',
+    'zaya': 'a fused or factored QKV projection without a Family entry (its layout is unknown, so keys and W_K cannot be sliced)',
 }
 
 def refusal_of_json(cfg: dict) -> str | None:
@@ -269,6 +275,54 @@ def refusal_of_json(cfg: dict) -> str | None:
 #: Layer kinds in ``config.layer_types`` that go through the attention interface.
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention", "chunked_attention",
                                     "global", "local", "sliding", "full"})
+#: Layer kinds with an attention module beside an attention-free mixer in the same block (Falcon-H1: attention
+#: and Mamba-2 in parallel; Zamba: a Mamba block with a shared attention block): attention layers, found by
+#: their attention module (:func:`parts`).
+_HYBRID_LAYER_TYPES = frozenset({"hybrid"})
+#: Layer kinds without attention: state-space (Mamba) and linear-attention / gated-delta mixers
+#: (``linear_attention``, transformers' name for all of them), short convolutions (LFM2 ``conv``), blocks with
+#: only an MLP or MoE (Nemotron-H ``mlp`` / ``moe``). Their layers carry the residual stream only.
+_ATTENTION_FREE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "mamba2", "ssm", "conv", "mlp", "moe",
+                                         "recurrent"})
+
+
+def _layer_kinds(cfg) -> list | None:
+    """``config.layer_types`` as a list (one kind per decoder layer), or None when the config has none."""
+    kinds = getattr(cfg, "layer_types", None)
+    return list(kinds) if kinds else None
+
+
+def _ssm_only(cfg) -> bool:
+    """A config without layer kinds and without any attention-head count (Mamba checkpoints' config.json,
+    RWKV): a recurrent / state-space model without attention layers."""
+    return _layer_kinds(cfg) is None and not any(getattr(cfg, k, None) for k in ("num_attention_heads", "n_head",
+                                                                                  "n_heads", "num_heads"))
+
+
+def config_attention_layers(config) -> tuple[int, ...]:
+    """0-based indices of the decoder layers that have attention, read from the config alone (no weights).
+
+    ``config.layer_types`` decides where a config has it: the attention kinds and the hybrid kinds
+    (``_ATTENTION_LAYER_TYPES``, ``_HYBRID_LAYER_TYPES``) have attention, the attention-free kinds
+    (``_ATTENTION_FREE_LAYER_TYPES``: Mamba / linear attention, convolution, MLP-only blocks) have none; without
+    ``layer_types`` every layer has attention, except in a config without any attention-head count (Mamba's
+    config.json, RWKV: none). A loaded generic model's layers are also checked against its structure
+    (:func:`parts`); :func:`attention_layers` is the model's.
+
+    Raises:
+        UnsupportedArchitectureError: a layer kind none of these sets knows (:func:`refusal` names it).
+    """
+    cfg = _text_config(config)
+    n = int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None) or 0)
+    kinds = _layer_kinds(cfg)
+    if kinds is None:
+        return () if _ssm_only(cfg) else tuple(range(n))
+    unknown = sorted(set(kinds) - _ATTENTION_LAYER_TYPES - _HYBRID_LAYER_TYPES - _ATTENTION_FREE_LAYER_TYPES)
+    if unknown:
+        raise UnsupportedArchitectureError(f"model_type {getattr(cfg, 'model_type', None)!r}: layer kinds "
+                                           f"{', '.join(unknown)} in config.layer_types are not known to "
+                                           "llmgeom.models.architectures (attention or attention-free?)")
+    return tuple(i for i, k in enumerate(kinds) if k not in _ATTENTION_FREE_LAYER_TYPES)
 
 
 def refusal(config) -> str | None:
@@ -278,8 +332,10 @@ def refusal(config) -> str | None:
     Rules, in order: a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
     ``num_attention_heads_per_layer`` when they differ); an encoder-decoder; an encoder (BERT-style config with an
     ``is_decoder`` switch: bidirectional self-attention used as a decoder); sparse (indexed) attention
-    (DeepSeek Sparse Attention: an indexer selects the keys each query sees); attention-free layers (state-space /
-    linear-attention layers in ``layer_types`` or an SSM config).
+    (DeepSeek Sparse Attention: an indexer selects the keys each query sees); a layer kind in ``layer_types``
+    that is neither attention nor a known attention-free kind (:func:`config_attention_layers`). Multi-head
+    latent attention, hybrid and state-space models are read (issue 29): the residual-stream and logit measures
+    on every layer, the attention measures on :func:`config_attention_layers`.
 
     Returns:
         the reason in words, or None.
@@ -304,12 +360,11 @@ def refusal(config) -> str | None:
         return ("sparse attention (DeepSeek Sparse Attention, `indexed_attention` layers): a learned indexer keeps "
                 "the index_topk keys of each query, so the attention distribution is not the softmax of q.k over the "
                 "causal keys that the capture computes its entropy from")
-    kinds = set(getattr(cfg, "layer_types", None) or ())
-    if kinds - _ATTENTION_LAYER_TYPES or any(getattr(cfg, k, None) for k in ("ssm_cfg", "mamba_d_state", "state_size",
-                                                                                 "attn_layer_indices")):
-        return ("a hybrid or state-space model with attention-free layers "
-                f"({', '.join(sorted(kinds - _ATTENTION_LAYER_TYPES)) or 'state-space blocks'}); per-layer attention "
-                "datasets for such layers are not in the HDF5 contract yet (issue 29 item 2)")
+    unknown = sorted(set(_layer_kinds(cfg) or ()) - _ATTENTION_LAYER_TYPES - _HYBRID_LAYER_TYPES
+                     - _ATTENTION_FREE_LAYER_TYPES)
+    if unknown:
+        return (f"layer kinds the architectures module does not know ({', '.join(unknown)} in config.layer_types): "
+                "whether and how such a layer attends is not known, so its attention datasets cannot be read")
     return None
 
 
@@ -351,7 +406,10 @@ class Parts:
     ``attention`` module (the one whose class is an attention module and that holds ``k_proj``), the key /
     value projections ``k_proj``/``v_proj`` ([d_model] -> [n_kv_heads*head_dim] Linear; under multi-head latent
     attention ``kv_a_proj_with_mqa`` and ``kv_b_proj``, :class:`LatentDims`), ``o_proj`` and the
-    ``input_norm`` (the block's first norm module, or None); ``final_norm`` of the base model or None."""
+    ``input_norm`` (the block's first norm module, or None); ``final_norm`` of the base model or None.
+    ``attention_layers``: the indices of the blocks that have attention; in the other blocks (state-space,
+    linear-attention, convolution or MLP-only layers) ``attention`` / ``k_proj`` / ``v_proj`` / ``o_proj`` are
+    None."""
 
     layers: list
     attention: list
@@ -360,6 +418,7 @@ class Parts:
     o_proj: list
     input_norm: list
     final_norm: object
+    attention_layers: tuple = ()
 
 
 _PARTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> Parts (dies with the model)
@@ -394,30 +453,36 @@ def parts(model) -> Parts:
     kv_out = s.n_kv_heads * s.head_dim
     lat = s.latent_attention  # MLA: "k" = kv_a_proj_with_mqa ([c_kv | k_rope]), "v" = kv_b_proj ([k_nope_h | v_h])
     k_names, v_names = (("kv_a_proj_with_mqa",), ("kv_b_proj",)) if lat else (_K_NAMES, _V_NAMES)
-    att, ks, vs, os_, norms = [], [], [], [], []
+    want = set(config_attention_layers(model.config))  # the config's layer kinds ("hybrid": by structure below)
+    kinds = _layer_kinds(_text_config(model.config))
+    mt = getattr(_text_config(model.config), "model_type", "?")
+    att, ks, vs, os_, norms, with_attention = [], [], [], [], [], []
     for i, blk in enumerate(layers):
         found = None
-        for name, m in blk.named_modules():
-            if "attention" not in type(m).__name__.lower():
-                continue
-            kids = dict(m.named_children())
-            k = next((_linear_of(kids[n]) for n in k_names if _linear_of(kids.get(n)) is not None), None)
-            v = next((_linear_of(kids[n]) for n in v_names if _linear_of(kids.get(n)) is not None), None)
-            if k is not None and v is not None:
-                found = (m, k, v, next((kids[n] for n in _O_NAMES if isinstance(kids.get(n), torch.nn.Module)), None))
-                break
-        if lat and found is None:
-            mt = getattr(_text_config(model.config), "model_type", "?")
-            raise UnsupportedArchitectureError(
-                f"model_type {mt!r}, layer {i}: multi-head latent attention (kv_lora_rank) without the "
-                "kv_a_proj_with_mqa / kv_b_proj Linear modules of transformers' DeepSeek-V2/V3 attention")
-        if not lat and (found is None or found[1].out_features != kv_out or found[2].out_features != kv_out):
-            mt = getattr(_text_config(model.config), "model_type", "?")
-            raise UnsupportedArchitectureError(
-                f"model_type {mt!r}, layer {i}: no separate key/value projections (k_proj/v_proj Linear with "
-                f"n_kv_heads*head_dim = {kv_out} outputs) in an attention module; a fused or factored layout needs a "
-                "Family entry in llmgeom.models.architectures")
-        att.append(found[0]); ks.append(found[1]); vs.append(found[2]); os_.append(found[3])
+        if i in want:
+            for name, m in blk.named_modules():
+                if "attention" not in type(m).__name__.lower():
+                    continue
+                kids = dict(m.named_children())
+                k = next((_linear_of(kids[n]) for n in k_names if _linear_of(kids.get(n)) is not None), None)
+                v = next((_linear_of(kids[n]) for n in v_names if _linear_of(kids.get(n)) is not None), None)
+                if k is not None and v is not None:
+                    found = (m, k, v, next((kids[n] for n in _O_NAMES if isinstance(kids.get(n), torch.nn.Module)),
+                                           None))
+                    break
+            kind = f" ({kinds[i]!r} in config.layer_types)" if kinds else ""
+            if lat and found is None:
+                raise UnsupportedArchitectureError(
+                    f"model_type {mt!r}, layer {i}{kind}: multi-head latent attention (kv_lora_rank) without the "
+                    "kv_a_proj_with_mqa / kv_b_proj Linear modules of transformers' DeepSeek-V2/V3 attention")
+            if not lat and (found is None or found[1].out_features != kv_out or found[2].out_features != kv_out):
+                raise UnsupportedArchitectureError(
+                    f"model_type {mt!r}, layer {i}{kind}: no separate key/value projections (k_proj/v_proj Linear "
+                    f"with n_kv_heads*head_dim = {kv_out} outputs) in an attention module; a fused or factored layout "
+                    "needs a Family entry in llmgeom.models.architectures")
+            with_attention.append(i)
+        att.append(found and found[0]); ks.append(found and found[1]); vs.append(found and found[2])
+        os_.append(found and found[3])
         norms.append(next((m for _n, m in blk.named_children() if _is_norm(m)), None))
     kids = dict(base.named_children())
     fn = next((kids[n] for n in _FINAL_NORM_NAMES if n in kids and _is_norm(kids[n])), None)
@@ -426,7 +491,7 @@ def parts(model) -> Parts:
         top = lname.split(".")[0]
         after = order[order.index(top) + 1:] if top in order else []
         fn = next((kids[n] for n in after if _is_norm(kids[n])), None)
-    res = Parts(layers, att, ks, vs, os_, norms, fn)
+    res = Parts(layers, att, ks, vs, os_, norms, fn, tuple(with_attention))
     _PARTS[model] = res
     return res
 
@@ -435,12 +500,15 @@ def parts(model) -> Parts:
 class ArchSummary:
     """Shape facts of one model, read from its config (no weights needed).
 
-    ``attention_type`` is "MHA" (n_kv_heads == n_heads), "MQA" (n_kv_heads == 1)
-    or "GQA"; ``sliding_layers`` lists 0-based layer indices that attend within a
-    sliding window of ``sliding_window`` tokens. ``head_dim`` is the query/key head size (what q.k runs over);
-    ``value_head_dim`` the value head size (values and attention output), the same except under multi-head latent
-    attention (``latent_attention``: head_dim = qk_nope_head_dim + qk_rope_head_dim, value_head_dim = v_head_dim,
-    n_kv_heads = n_heads, the heads that ``kv_b_proj`` decompresses; :class:`LatentDims`).
+    ``attention_type`` is "MHA" (n_kv_heads == n_heads), "MQA" (n_kv_heads == 1), "GQA", or "none" (a
+    state-space model without attention layers: n_heads = n_kv_heads = head_dim = 0); ``sliding_layers`` lists
+    0-based layer indices that attend within a sliding window of ``sliding_window`` tokens;
+    ``attention_layers`` the 0-based indices of the layers that have attention
+    (:func:`config_attention_layers`; every layer in an attention-only model). ``head_dim`` is the query/key head
+    size (what q.k runs over); ``value_head_dim`` the value head size (values and attention output), the same
+    except under multi-head latent attention (``latent_attention``: head_dim = qk_nope_head_dim +
+    qk_rope_head_dim, value_head_dim = v_head_dim, n_kv_heads = n_heads, the heads that ``kv_b_proj``
+    decompresses; :class:`LatentDims`).
     """
 
     family: str
@@ -457,10 +525,12 @@ class ArchSummary:
     max_positions: int | None
     value_head_dim: int | None = None
     latent_attention: bool = False
+    attention_layers: tuple[int, ...] = ()
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["sliding_layers"] = list(self.sliding_layers)
+        d["attention_layers"] = list(self.attention_layers)
         return d
 
 
@@ -474,14 +544,20 @@ def summarize(config) -> ArchSummary:
     cfg = _text_config(config)
     n_layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
     d_model = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
-    n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    n_kv = 1 if getattr(cfg, "multi_query", False) is True else (getattr(cfg, "num_key_value_heads", None) or n_heads)
-    head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
-    value_head_dim = head_dim
+    with_attention = config_attention_layers(config)
     lat = latent_dims(cfg)
-    if lat is not None:  # keys and values are decompressed per query head (config.head_dim is the RoPE part)
-        n_kv, head_dim, value_head_dim = n_heads, lat.qk_nope_head_dim + lat.qk_rope_head_dim, lat.v_head_dim
-    attention_type = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
+    if not with_attention:  # a state-space model: no attention heads (Mamba-2's num_heads are SSM heads)
+        n_heads = n_kv = head_dim = value_head_dim = 0
+        attention_type = "none"
+    else:
+        n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+        n_kv = (1 if getattr(cfg, "multi_query", False) is True
+                else (getattr(cfg, "num_key_value_heads", None) or n_heads))
+        head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
+        value_head_dim = head_dim
+        if lat is not None:  # keys and values are decompressed per query head (config.head_dim is the RoPE part)
+            n_kv, head_dim, value_head_dim = n_heads, lat.qk_nope_head_dim + lat.qk_rope_head_dim, lat.v_head_dim
+        attention_type = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
     window = getattr(cfg, "sliding_window", None)
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types:
@@ -508,6 +584,7 @@ def summarize(config) -> ArchSummary:
         max_positions=int(max_pos) if max_pos else None,
         value_head_dim=int(value_head_dim),
         latent_attention=lat is not None,
+        attention_layers=tuple(with_attention),
     )
 
 
@@ -526,6 +603,18 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     if fam is GENERIC:
         return parts(model).layers
     return list(_get(base_model(model), fam.layers))
+
+
+def attention_layers(model) -> tuple[int, ...]:
+    """0-based indices of the decoder blocks of ``model`` that have attention (the layers whose keys, values,
+    attention output and attention entropy exist): every block for a ``Family`` entry; for the generic path the
+    blocks whose attention module :func:`parts` found, which are those of :func:`config_attention_layers` (hybrid
+    models: Jamba, Bamba, Nemotron-H, Qwen3-Next, ...; () for a pure state-space model: Mamba, Mamba-2,
+    Falcon-Mamba). The other blocks carry only the residual stream (issue 29)."""
+    fam = family_for(model.config)
+    if fam is GENERIC:
+        return parts(model).attention_layers
+    return tuple(range(len(decoder_layers(model))))
 
 
 def input_norm(model, layer: int) -> torch.nn.Module:
@@ -584,6 +673,15 @@ def logit_softcap(model) -> float | None:
     return getattr(_text_config(model.config), "final_logit_softcapping", None)
 
 
+def _generic_attention(model, layer: int, what: str):
+    """``parts(model)``'s ``what`` list entry of block ``layer``; ValueError for a block without attention."""
+    p = parts(model)
+    if layer not in p.attention_layers:
+        raise ValueError(f"layer {layer} of this {_text_config(model.config).model_type!r} model has no attention "
+                         f"(attention layers: {list(p.attention_layers)}), so it has no {what}")
+    return getattr(p, what)[layer]
+
+
 def kv_module(model, layer: int) -> torch.nn.Module:
     """The module whose forward output holds the keys and values of block ``layer``.
 
@@ -592,7 +690,7 @@ def kv_module(model, layer: int) -> torch.nn.Module:
     """
     fam = family_for(model.config)
     if fam is GENERIC:
-        return parts(model).k_proj[layer]
+        return _generic_attention(model, layer, "k_proj")
     blk = decoder_layers(model)[layer]
     return _get(blk, fam.fused_proj or fam.k_proj)
 
@@ -601,7 +699,7 @@ def v_module(model, layer: int) -> torch.nn.Module:
     """The module whose output holds the value vectors of block ``layer``."""
     fam = family_for(model.config)
     if fam is GENERIC:
-        return parts(model).v_proj[layer]
+        return _generic_attention(model, layer, "v_proj")
     blk = decoder_layers(model)[layer]
     return _get(blk, fam.fused_proj or fam.v_proj)
 
@@ -673,8 +771,9 @@ def _fused_columns(model, part: int) -> torch.Tensor | None:
     raise ValueError(f"family {fam.name}: unknown qkv layout {fam.qkv!r}")
 
 
-def key_value_extractors(model) -> list[tuple[torch.nn.Module, Callable, torch.nn.Module, Callable]]:
-    """Per layer: (key_module, key_fn, value_module, value_fn).
+def key_value_extractors(model) -> list[tuple[torch.nn.Module, Callable, torch.nn.Module, Callable] | None]:
+    """Per layer: (key_module, key_fn, value_module, value_fn), or None for a layer without attention
+    (:func:`attention_layers`).
 
     ``key_fn(output) -> keys [..., n_kv_heads*head_dim]`` and ``value_fn`` likewise,
     applied to the forward output of the corresponding module. Keys are pre-RoPE
@@ -689,8 +788,11 @@ def key_value_extractors(model) -> list[tuple[torch.nn.Module, Callable, torch.n
                                          "interface (llmgeom.extract.capture), not from one projection's output")
     fam = family_for(model.config)
     res = []
+    with_attention = set(attention_layers(model))
     for i in range(len(decoder_layers(model))):
-        if fam.qkv == "separate":
+        if i not in with_attention:
+            res.append(None)
+        elif fam.qkv == "separate":
             res.append((kv_module(model, i), lambda o: o, v_module(model, i), lambda o: o))
         else:
             m = kv_module(model, i)
@@ -710,6 +812,7 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
     Raises:
         KeyProjectionNotApplicable: keys without a per-head projection (multi-head latent attention), with the
             reason (:func:`no_key_projection`).
+        ValueError: a layer without attention (:func:`attention_layers`).
     """
     why = no_key_projection(model.config)
     if why:
@@ -754,7 +857,8 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
 
 def attention_modules(model) -> list[torch.nn.Module]:
     """The attention module of each decoder block (length n_layers): the module that calls the
-    attention function with post-RoPE queries and keys."""
+    attention function with post-RoPE queries and keys; None for a block without attention
+    (:func:`attention_layers`)."""
     fam = family_for(model.config)
     if fam is GENERIC:
         return parts(model).attention
@@ -766,7 +870,7 @@ def o_proj_module(model, layer: int) -> torch.nn.Module:
     its input [B, T, n_heads*head_dim] is the attention output (Paper III sec. 4; issue 14 item 5)."""
     fam = family_for(model.config)
     if fam is GENERIC:
-        return parts(model).o_proj[layer]
+        return _generic_attention(model, layer, "o_proj")
     return _get(decoder_layers(model)[layer], fam.o_proj)
 
 

@@ -175,6 +175,21 @@ def clear_model_cache() -> None:
         pass
 
 
+def _attn_implementation(weights_path, attn: str) -> str:
+    """``attn``, or "eager" for a model without attention layers (Mamba, Mamba-2, Falcon-Mamba:
+    ``architectures.config_attention_layers`` is empty), which transformers refuses to load with sdpa or flash
+    attention and which runs no attention function anyway."""
+    from transformers import AutoConfig
+
+    from llmgeom.models import architectures as arch
+
+    try:
+        cfg = AutoConfig.from_pretrained(weights_path)
+        return "eager" if not arch.config_attention_layers(cfg) else attn
+    except (OSError, ValueError, arch.UnsupportedArchitectureError):  # the load itself names what is wrong
+        return attn
+
+
 def load_prepared(model_dir: str | Path, *, dtype: str, attn: str = "sdpa", device: str,
                   device_map: str | None = None, mem_mb: int | None = None, reuse: bool = False):
     """Load (model, tokenizer) from a prepared directory, in eval mode.
@@ -191,7 +206,8 @@ def load_prepared(model_dir: str | Path, *, dtype: str, attn: str = "sdpa", devi
         device: "cpu", "cuda", "cuda:<i>" or "auto" (:func:`resolve_device`); required (schema key
             ``extract.device``).
         attn: attention implementation (extraction needs no eager weights: attention entropies come from
-            hooked queries and keys, ``architectures.capture_attention``).
+            hooked queries and keys, ``architectures.capture_attention``); a model without attention layers
+            (state-space) is loaded with "eager" whatever ``attn`` says (transformers refuses sdpa there).
         device_map: e.g. "auto" to spread a large model over the GPUs of a node. Without it, a model
             for a CUDA device is loaded straight onto that device (host memory holds no copy).
         mem_mb: the job's declared memory; with it (and always on CUDA) ``check_memory`` runs first.
@@ -226,7 +242,7 @@ def load_prepared(model_dir: str | Path, *, dtype: str, attn: str = "sdpa", devi
     if mem_mb is not None or dev.startswith("cuda"):
         check_memory(model_dir, dtype=str(td).replace("torch.", ""), device=dev, device_map=device_map,
                      mem_mb=mem_mb)
-    kw = dict(dtype=td, attn_implementation=attn)
+    kw = dict(dtype=td, attn_implementation=_attn_implementation(wp, attn))
     if device_map:
         kw["device_map"] = device_map
     elif dev.startswith("cuda"):

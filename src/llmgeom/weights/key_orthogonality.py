@@ -44,14 +44,15 @@ from llmgeom.models.random_init import random_init_skeleton  # noqa: F401  (one 
 
 
 def key_orthogonality_rows(model) -> list[dict]:
-    """Orthogonality of every layer's key heads of a loaded model.
+    """Orthogonality of every attention layer's key heads of a loaded model.
 
-    Returns a list of dicts (layer, kv_head, orthogonality, d_model, head_dim), one per key head
-    (n_layers * n_kv_heads). Weights are read through ``architectures.w_k_heads`` (the shared,
+    Returns a list of dicts (layer, kv_head, orthogonality, d_model, head_dim), one per key head of each layer
+    with attention (``architectures.attention_layers``: every layer, n_layers * n_kv_heads rows, except in hybrid
+    models; none in a state-space model). Weights are read through ``architectures.w_k_heads`` (the shared,
     tested slicing) and upcast to float64 (exact for bf16/fp16/fp32 weights).
     """
     rows = []
-    for layer in range(len(arch.decoder_layers(model))):
+    for layer in arch.attention_layers(model):
         for h, (W, _b) in enumerate(arch.w_k_heads(model, layer)):
             rows.append(dict(layer=layer, kv_head=h, orthogonality=orthogonality(W),
                              d_model=int(W.shape[0]), head_dim=int(W.shape[1])))
@@ -97,7 +98,8 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
         random_init: compute ``baseline_random_init`` (NaN if False).
 
     Returns:
-        DataFrame, one row per (layer, kv_head): model, layer, relative_depth ((layer+1)/L), kv_head,
+        DataFrame, one row per (layer, kv_head) of the layers with attention (hybrid models: only those, so the
+        ``layer`` column says which; a state-space model: no rows): model, layer, relative_depth ((layer+1)/L), kv_head,
         n_query_heads_sharing (n_heads / n_kv_heads: 1 = MHA, > 1 = GQA/MQA), attention_type,
         sliding (layer uses a sliding window), orthogonality, baseline_gaussian, baseline_random_init,
         gaussian_expected (sqrt(2/(pi d)) limit), d_model, head_dim, seed. All orthogonality values
@@ -111,7 +113,7 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
         RuntimeError: the random-init rule leaves W_K unset (see ``_random_init_layer_heads``).
     """
     s = arch.summarize(model.config)
-    share = s.n_heads // s.n_kv_heads
+    share = s.n_heads // s.n_kv_heads if s.n_kv_heads else 0  # 0: a state-space model (no rows)
     why = arch.no_key_projection(model.config)
     if why:
         nan = float("nan")
@@ -120,7 +122,7 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
                      orthogonality=nan, baseline_gaussian=nan, baseline_random_init=nan,
                      gaussian_expected=gaussian_expectation(s.d_model), d_model=s.d_model, head_dim=s.head_dim,
                      seed=int(seed), not_applicable=f"key orthogonality not applicable: {why}")
-                for layer in range(s.n_layers) for h in range(s.n_kv_heads)]
+                for layer in (s.attention_layers or range(s.n_layers)) for h in range(s.n_kv_heads)]
         return pd.DataFrame(rows, columns=KEY_ORTHOGONALITY_COLUMNS)
     skeleton = random_init_skeleton(model.config) if random_init else None
     rows = key_orthogonality_rows(model)
