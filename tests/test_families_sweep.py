@@ -24,7 +24,8 @@ from conftest import REPO, TEST_DIR, tiny_config
 #: config/families.yaml model -> its model_type (the comment beside each entry there)
 FAMILY_TYPES = {"pythia-160m": "gpt_neox", "gpt2": "gpt2", "opt-125m": "opt", "llama-3.2-1b": "llama",
                 "qwen3-0.6b": "qwen3", "gemma-3-270m": "gemma3_text", "olmo-2-1b": "olmo2", "smollm3-3b": "smollm3",
-                "phi-3-mini": "phi3", "olmoe-1b-7b": "olmoe", "stablelm-2-1.6b": "stablelm"}
+                "phi-3-mini": "phi3", "olmoe-1b-7b": "olmoe", "stablelm-2-1.6b": "stablelm", "jamba-tiny-dev": "jamba",
+                "mamba-130m": "mamba", "deepseek-v2-lite": "deepseek_v2"}
 TABLES = ("intrinsic_dimension", "value_manifold", "attention_focusing", "key_orthogonality")
 
 
@@ -64,13 +65,33 @@ def sweep_run(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(FAMILY_TYPES))
 def test_tiny_family_sweep_runs_every_kind_of_measure(sweep_run, name):
+    """Residual-stream measures on every layer; the attention measures on the model's attention layers (all,
+    one of three for the Jamba hybrid, none for Mamba: then the table says so); key orthogonality measured, or
+    "not applicable" with the reason for latent attention (no W_K)."""
+    from transformers import AutoConfig
+
+    from llmgeom.models import architectures as arch
+
+    s = arch.summarize(AutoConfig.from_pretrained(sweep_run / "models" / name))
+    A = set(s.attention_layers)
+    assert A == ({1} if name == "jamba-tiny-dev" else set() if name == "mamba-130m" else {0, 1, 2})
     t = {k: pd.read_csv(sweep_run / f"results/{name}/tables/{k}.csv") for k in TABLES}
     ids = t["intrinsic_dimension"]
     assert sorted(set(ids.layer)) == list(range(4))  # embeddings + 3 blocks: the residual stream of every layer
     assert ids.id_mean.notna().all()
     vm = t["value_manifold"]
-    assert set(vm.layer) == {0, 1, 2} and vm.pc1.between(0, 1).all()
-    af = t["attention_focusing"]
-    assert set(af.layer) == {0, 1, 2} and (af.entropy_mean > 0).all()
+    res = vm[vm.representation == "residual_stream"]
+    assert set(res.layer) == {0, 1, 2} and res.pc1.between(0, 1).all()
+    vals = vm[vm.representation == "values"]
+    assert set(vals.layer) == A and vals.pc1.between(0, 1).all()
+    af = pd.read_csv(sweep_run / f"results/{name}/tables/attention_focusing_summary.csv")
+    detail = t["attention_focusing"]
+    assert set(detail.layer) == A and (detail.entropy_mean > 0).all()
+    if not A:
+        assert af.not_applicable.str.contains("no attention layers").all()
     ko = t["key_orthogonality"]
-    assert len(ko) == 3 * 2 and ko.orthogonality.notna().all()  # 3 layers x 2 kv heads
+    assert len(ko) == len(A) * s.n_kv_heads
+    if name == "deepseek-v2-lite":
+        assert ko.orthogonality.isna().all() and ko.not_applicable.str.contains("not applicable").all()
+    elif A:
+        assert ko.orthogonality.notna().all() and ko.not_applicable.isna().all()  # "" is read back as NaN

@@ -246,6 +246,7 @@ REFUSED: dict[str, str] = {
     'openai-gpt': "its attention computes softmax(q.k) itself (matmul and softmax in openai-gpt's Attention._attn), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
+    'bailing_hybrid': "not verified: no tiny model of this type builds here (RuntimeError: shape '[-1, 8, 0]' is invalid for input of size 28: its linear-attention layers beside latent attention)",
     'recurrent_gemma': "not verified: its outputs carry no KV cache (recurrent blocks beside local attention), so the tiny-model check cannot compare values and keys with the model's own",
     'xglm': "its attention computes softmax(q.k) itself (bmm and softmax in XGLMAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'xlm': "its attention computes softmax(q.k) itself (matmul and softmax in XLM's MultiHeadAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
