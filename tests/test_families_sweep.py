@@ -37,6 +37,21 @@ def test_every_family_of_the_sweep_is_listed_here():
                                   if ln.strip().startswith(f"{name}:")), name
 
 
+def _tiny_model(model_type: str):
+    """``tests/model_types.py``'s tiny config of the type with a context of 1024 positions, as .test/models (the
+    character tokenizer makes prompts of ~150 tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = mtypes.tiny_config(model_type)
+    tc = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for k in ("max_position_embeddings", "n_positions", "n_ctx"):
+        if hasattr(tc, k):
+            setattr(tc, k, 1024)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
     import torch
@@ -46,7 +61,7 @@ def sweep_run(tmp_path_factory):
     dirs = {}
     for name, mt in FAMILY_TYPES.items():
         d = work / "models" / name
-        mtypes.build(mt, "eager").save_pretrained(d)
+        _tiny_model(mt).save_pretrained(d)
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TEST_DIR / "models" / "tiny-llama" / f, d / f)
         dirs[name] = d
@@ -57,7 +72,7 @@ def sweep_run(tmp_path_factory):
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     targets = [f"results/{m}/tables/{t}.csv" for m in dirs for t in TABLES]
     r = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work),
-                        "--configfile", str(work / "config.yaml"), "--cores", "2", "--quiet", "rules", *targets],
+                        "--configfile", str(work / "config.yaml"), "--cores", "2", *targets],
                        capture_output=True, text=True, cwd=work)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     return work
