@@ -161,6 +161,25 @@ def test_missing_tables_columns_and_rows_are_not_testable_here(tmp_path):
     assert r.verdict == "not testable here" and "no rows" in r.reason
 
 
+def test_a_row_that_says_not_applicable_for_the_whole_model_makes_it_not_testable(tmp_path):
+    """A model whose one row gives a reason in the claim's not_applicable column and no value in its where columns
+    (a state-space model's interventions: no run, axis or edit) is "not testable here" with that reason; the other
+    models are decided as without it, and a reason on a row the where excludes does not speak for the model."""
+    claim = dict(THRESHOLD, where={"axis": "entropy"}, by=["run"], not_applicable="not_applicable")
+    df = pd.DataFrame({"model": ["m1", "m1", "ssm", "mla"], "run": ["L1", "L1", np.nan, "L1"],
+                       "axis": ["entropy", "random", np.nan, "random"], "x": [0.8, 0.1, np.nan, np.nan],
+                       "x_lo": [0.75, 0.0, np.nan, np.nan], "x_hi": [0.85, 0.2, np.nan, np.nan],
+                       "not_applicable": [np.nan, np.nan, "no attention layers", "no W_K"]})
+    c = _card(tmp_path, claim, {"t": df}, models=("m1", "ssm", "mla"))
+    assert list(zip(c.model, c.setting, c.verdict, c.reason)) == [
+        ("m1", "run=L1", "supported", c.reason[0]), ("ssm", "", "not testable here", "no attention layers")]
+    assert c.measured_text[1] == "" and np.isnan(c.measured[1])
+    # without the claim's not_applicable field, or with only such models: as before / the reason
+    assert list(_card(tmp_path, dict(THRESHOLD, where={"axis": "entropy"}), {"t": df}).model) == ["m1"]
+    only = _card(tmp_path, claim, {"t": df[df.model == "ssm"]})
+    assert list(zip(only.model, only.verdict, only.reason)) == [("ssm", "not testable here", "no attention layers")]
+
+
 def test_by_splits_a_models_rows_and_malformed_files(tmp_path):
     df = pd.DataFrame({"model": ["m1", "m1", "m2"], "prompt_set": ["wiki", "code", "wiki"], "x": [0.9, 0.5, 0.8]})
     c = _card(tmp_path, {"rule": {"kind": "threshold", "op": ">", "threshold": 0.7}, "by": ["prompt_set"]}, {"t": df})

@@ -158,3 +158,71 @@ def test_layer_names_pick_among_the_attention_layers():
     # every layer usable: the same as without ``among`` (the attention-only models' selections are unchanged)
     for spec in ("all", "first", "middle", "last", [0, -1], ["middle", 2]):
         assert select_layers(spec, 5, among=range(5)) == select_layers(spec, 5)
+
+
+def test_state_space_model_interventions_are_not_applicable(tmp_path):
+    """A tiny random Mamba through rule intervene's and rule sula_interventions' functions and the claims: empty
+    tables with their usual columns and the reason, an empty vectors file, one summary row that says not
+    applicable, and the intervention claims "not testable here" with that reason (issue 29)."""
+    import pandas as pd
+
+    from llmgeom.analyses.claims import claims_table, load_claims
+    from llmgeom.analyses.interventions import SUMMARY_COLUMNS, intervention_summary
+    from llmgeom.core.io import write_table
+    from llmgeom.core.not_applicable import NO_ATTENTION_LAYERS
+    from llmgeom.interventions.runner import (AXES_COLUMNS, PER_PROMPT_COLUMNS, intervention_experiment,
+                                              save_axes)
+    from llmgeom.prompts import sula
+
+    m = mtypes.build("mamba", "eager")
+    src = tmp_path / "src"
+    m.save_pretrained(src)
+    tok = tiny.tiny_tokenizer(m.config.vocab_size)
+    tok.save_pretrained(src)
+    prepared = tmp_path / "prepared"
+    sources.prepare_model("mamba", {"source": "hf_local", "path": str(src), "dtype": "float32"}, prepared)
+    sets, _ = sula.build_sula_sets(tok, label_pairs=[("x", "y")], label_prefix="", conditions=("main",), ks=[0, 1, 2],
+                                   n_per_k=4, seed=0, n_per_k_controls=25, alpha=0.9, mask="[MASK]")
+    write_prompt_set(sets["main"], tmp_path / "main.jsonl")
+    h5 = tmp_path / "main.h5"
+    extraction.extract_to_hdf5(prepared, tmp_path / "main.jsonl", h5, model_name="mamba", dtype="float32",
+                               device="cpu", attention=False, candidates_key="candidate_token_ids", log=lambda *a: None,
+                               batch_size=8, top_k=5, sample_per_prompt=30, device_map=None)
+    logged = []
+    per, axes, arrays = intervention_experiment(
+        prepared, tmp_path / "main.jsonl", h5, model_name="mamba", layers=["middle", "last"],
+        multi_layers=["middle", "last"], edits=("axis_cut", "axis_only"), shift_scale=1.0, positions="all", n_per_k=2,
+        batch_size=8, seed=0, dtype="float32", device="cpu", device_map=None, log=logged.append)
+    assert per.empty and list(per.columns) == PER_PROMPT_COLUMNS + ["not_applicable"]
+    assert axes.empty and list(axes.columns) == AXES_COLUMNS + ["not_applicable"]
+    assert per.attrs["not_applicable"] == axes.attrs["not_applicable"] == NO_ATTENTION_LAYERS
+    assert arrays == {} and any("not applicable" in x for x in logged)
+    # what the rule writes and the next rule reads: header-only CSVs, an .npz without arrays
+    for name, df in (("per.csv", per), ("axes.csv", axes)):
+        write_table(df, tmp_path / name)
+    save_axes(arrays, tmp_path / "axes.npz")
+    with np.load(tmp_path / "axes.npz") as z:
+        assert z.files == []
+    back = pd.read_csv(tmp_path / "per.csv")
+    assert back.empty and list(back.columns) == list(per.columns)
+    summ = intervention_summary(back, pd.read_csv(tmp_path / "axes.csv"), n_boot=20, ci=0.95, seed=0, model="mamba")
+    assert len(summ) == 1 and list(summ.columns) == SUMMARY_COLUMNS + ["not_applicable"]
+    r = summ.iloc[0]
+    assert (r.model, r.n, r.run, r.axis, r.edit, r.n_boot, r.not_applicable) == ("mamba", 0, "", "", "", 20,
+                                                                                  NO_ATTENTION_LAYERS)
+    assert np.isnan(summ.mae_bits[0]) and np.isnan(summ.delta_mae_bits_lo[0]) and np.isnan(summ.pc1_corr_final[0])
+    assert intervention_summary(per, axes, n_boot=20, ci=0.95, seed=0, model="mamba").equals(summ)
+    with pytest.raises(ValueError, match="pass model="):
+        intervention_summary(back, axes, n_boot=20, ci=0.95, seed=0)
+    # the claims that read the table: not testable here for this model, with the reason, its null the same
+    write_table(summ, tmp_path / "summ.csv")
+    t = pd.read_csv(tmp_path / "summ.csv")  # as the claims rule reads it: "" -> NaN
+    ids = [c["id"] for c in load_claims() if c["table"] == "sula_interventions"]
+    null = t.assign(model="mamba-random-init")
+    card = claims_table({"sula_interventions": pd.concat([t, null], ignore_index=True)}, models=["mamba"],
+                        nulls={"mamba-random-init": "mamba"})
+    c = card[card.claim_id.isin(ids)]
+    assert len(ids) == 3 and sorted(c.claim_id) == sorted(ids) and (c.model == "mamba").all()
+    assert (c.verdict == "not testable here").all() and (c.reason == NO_ATTENTION_LAYERS).all()
+    assert (c.setting == "").all() and (c.null_verdict == "not testable here").all()
+    assert (c.null_reason == NO_ATTENTION_LAYERS).all() and (c.null_model == "mamba-random-init").all()

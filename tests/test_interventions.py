@@ -297,8 +297,14 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
         entropy_axis(np.ones((5, 4)), np.arange(5.0), layer=0)
     assert (axes.random_dot_u.dropna() < 1e-10).all() and np.allclose(axes.random_norm.dropna(), 1)
     assert set(arrays) == {"u_L1", "u_L2", "random_L1", "random_L2"}
+    # the usual columns (those of a not-applicable model's empty tables), and no not_applicable column here
+    from llmgeom.analyses.interventions import SUMMARY_COLUMNS
+    from llmgeom.interventions.runner import AXES_COLUMNS, PER_PROMPT_COLUMNS
+
+    assert list(per.columns) == PER_PROMPT_COLUMNS + ["proj_L1", "proj_L2", "pc1_recomputed_L2"]
+    assert list(axes.columns) == AXES_COLUMNS
     summ = intervention_summary(per, axes, n_boot=20, seed=0, ci=0.95)
-    assert len(summ) == 25
+    assert len(summ) == 25 and list(summ.columns) == SUMMARY_COLUMNS
     b = summ[summ.run == "baseline"].iloc[0]
     assert b.delta_mae_bits == 0 and b.delta_mae_bits_lo == 0
     c = summ[(summ.run == "L1") & (summ.axis == "entropy") & (summ.edit == "axis_cut")].iloc[0]
@@ -311,6 +317,16 @@ def test_experiment_and_summary_on_tiny_model(tmp_path):
     per.to_csv(tmp_path / "p.csv", index=False)
     again = intervention_summary(pd.read_csv(tmp_path / "p.csv"), axes, n_boot=20, seed=0, ci=0.95)
     np.testing.assert_allclose(again.delta_mae_bits, summ.delta_mae_bits)
+    # the cross-model table with a model without attention layers (one not-applicable row): the figure copes
+    from llmgeom.interventions.runner import not_applicable_outputs
+    from llmgeom.plots.sula import interventions_figure
+
+    ssm = intervention_summary(*not_applicable_outputs("no attention layers")[:2], n_boot=20, seed=0, ci=0.95,
+                               model="ssm")
+    both = pd.concat([summ, ssm], ignore_index=True)
+    assert both.not_applicable.tolist() == [np.nan] * 25 + ["no attention layers"]
+    interventions_figure(both, [tmp_path / "fig.png"])
+    assert (tmp_path / "fig.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("family", FAMILIES)

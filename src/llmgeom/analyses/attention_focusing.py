@@ -11,6 +11,7 @@ import pandas as pd
 # config helpers (called at DAG construction: must stay cheap and never touch a model or the hub)
 # ---------------------------------------------------------------------------------------------
 from llmgeom.core.layers import relative_depth
+from llmgeom.core.not_applicable import NO_ATTENTION_LAYERS
 from llmgeom.core.stats import spearman
 from llmgeom.core.store import DS, attention_layers, attrs_dict, open_activations, read_finite
 from llmgeom.core.units import nats_to_bits
@@ -64,7 +65,7 @@ def _not_applicable(a: dict, model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     summ = dict(model=model, prompt_set=a.get("prompt_set"), attention_type="none", n_layers=int(a["n_layers"]),
                 n_heads=0, n_kv_heads=0, sliding_window=None, n_sliding_layers=0,
                 **dict.fromkeys(_FOCUSING, float("nan")), attention_layers="",
-                not_applicable="no attention layers (a state-space model: root attribute attention_layers = [])")
+                not_applicable=NO_ATTENTION_LAYERS)
     summ["n_global_layers"] = 0
     return pd.DataFrame([], columns=_DETAIL_COLUMNS), pd.DataFrame([summ])
 

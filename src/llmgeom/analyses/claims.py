@@ -6,7 +6,9 @@ Tables in, tables out; never torch.
 Verdicts: ``supported``, ``not supported``, ``inconclusive`` (the measurement cannot decide, e.g. an interval
 that contains the threshold, a NaN value, estimators that disagree) and ``not testable here`` (the run lacks
 what the claim needs: a table, a column, a second attention type, three models; or the claim's ``not_applicable`` column
-gives a reason the measure does not apply to the model, e.g. no W_K under latent attention). Every row carries a reason.
+gives a reason the measure does not apply to the model, e.g. no W_K under latent attention, no attention layers to
+edit in a state-space model: a row with that reason and no ``where`` value speaks for the whole model). Every row
+carries a reason.
 """
 
 from __future__ import annotations
@@ -380,7 +382,8 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
     if miss and fn is not rule_interval_contains_reference:
         return none(f"table {claim['table']} has no column(s) {', '.join(miss)}", everyone or "(any)")
     rows = _filter(table, claim.get("where"))
-    if not len(rows):
+    whole = {} if across else _not_applicable_models(table, claim, rows)
+    if not len(rows) and not whole:
         return none(f"no rows of {claim['table']} match {claim.get('where')}", everyone or "(any)")
     by = [c for c in (claim.get("by") or []) if c in rows.columns]
     keys = by if across else ["model"] + by
@@ -408,6 +411,33 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
                         measured_lo=_f(res.get("measured_lo")), measured_hi=_f(res.get("measured_hi")),
                         measured_text=text, verdict=res["verdict"], reason=res["reason"],
                         comparison_flags=_flags(claim, pub, model), **pub))
+    for model, reason in whole.items():  # e.g. a state-space model's interventions: no run, axis or edit to select
+        pub = _published_cells(claim, model)
+        out.append(dict(base, model=model, setting="", measured=float("nan"), measured_lo=float("nan"),
+                        measured_hi=float("nan"), measured_text="", verdict=NOT_TESTABLE, reason=reason,
+                        comparison_flags=_flags(claim, pub, model), **pub))
+    return out
+
+
+def _blank(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip() == ""
+
+
+def _not_applicable_models(table: pd.DataFrame, claim: dict, matched: pd.DataFrame) -> dict:
+    """{model: reason} of the models that the claim's ``where`` leaves without rows and whose table says, for the
+    whole model, that the measure does not apply: a row with a reason in the claim's ``not_applicable`` column and
+    none of the ``where`` columns set (the interventions' one row of a model without attention layers: no run,
+    axis or edit). Such a model is "not testable here" with that reason (setting ""), not left out."""
+    col = claim.get("not_applicable")
+    if not col or col not in table.columns or "model" not in table.columns:
+        return {}
+    where = [c for c in (claim.get("where") or {}) if c in table.columns]
+    seen = set(matched.model.astype(str)) if "model" in matched else set()
+    out: dict = {}
+    for _, r in table[~table[col].map(_blank)].iterrows():  # the rows that give a reason (few)
+        m = str(r["model"])
+        if m not in seen and m not in out and all(_blank(r[c]) for c in where):
+            out[m] = str(r[col]).strip()
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from llmgeom.core.not_applicable import NO_ATTENTION_LAYERS
 from llmgeom.core.stats import bias_corrected, bootstrap_interval, pearson
 
 # an edited projection whose spread is below this fraction of sigma carries no entropy information:
@@ -38,7 +39,33 @@ def _cond_stats(hm, hb, proj_e, proj_f, sig_e, sig_f, pc1_f=None) -> dict:
             "mean_h_model_bits": st["mean_h_model_bits"]}
 
 
-def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int):
+#: the changes against the baseline, each with _base, delta_, delta__lo, delta__hi, delta__bc columns
+_DELTA_KEYS = ("mae_bits", "pearson_r", "axis_corr_edited", "axis_corr_final")
+#: the columns of :func:`intervention_summary`, in order
+SUMMARY_COLUMNS = (["model", "run", "layers", "axis", "edit", "shift_sigmas", "positions", "n", "probe_layer_edited",
+                    "probe_layer_final", "mae_bits", "pearson_r", "axis_corr_edited", "axis_corr_final",
+                    "degenerate_edited", "degenerate_final", "pc1_corr_final", "mean_h_model_bits",
+                    "final_layer_edited", "mean_abs_dh_model_bits", "mean_label_mass"]
+                   + [f"{p}{k}{q}" for k in _DELTA_KEYS
+                      for p, q in (("", "_base"), ("delta_", ""), ("delta_", "_lo"), ("delta_", "_hi"), ("delta_", "_bc"))]
+                   + ["n_boot", "ci", "seed"])
+
+
+def _not_applicable(per_prompt, model, *, n_boot: int, ci: float, seed: int):
+    """The summary of a model without attention layers: one row, :data:`SUMMARY_COLUMNS` NaN or empty (no run, no
+    condition: the runs are named by attention layers) and ``not_applicable`` the reason."""
+    import pandas as pd
+
+    if model is None:
+        raise ValueError("the intervention tables have no rows (a model without attention layers): pass model= to "
+                         "name the summary's row")
+    row = dict.fromkeys(SUMMARY_COLUMNS, np.nan)
+    row.update(model=model, run="", layers="", axis="", edit="", positions="", n=0, n_boot=n_boot, ci=ci, seed=seed,
+               not_applicable=per_prompt.attrs.get("not_applicable") or NO_ATTENTION_LAYERS)
+    return pd.DataFrame([row])
+
+
+def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int, model: str | None = None):
     """One row per condition: SULA MAE / r and the axis-entropy correlation after the edit, their changes
     against the unedited baseline, and paired basic (reverse-percentile) bootstrap CIs over prompts for the
     changes with the bias-corrected change they are centred on.
@@ -46,6 +73,8 @@ def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int)
     Args:
         per_prompt, axes: the DataFrames of :func:`intervention_experiment` (or read back from CSV).
         n_boot: bootstrap resamples (the same resampled prompts for the condition and the baseline).
+        model: the model the tables are of (the rule passes it); needed only for tables without rows, which name
+            no model.
 
     Returns:
         DataFrame with model, run, layers, axis, edit, shift_sigmas, positions, n, probe_layer_edited (the
@@ -59,10 +88,17 @@ def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int)
         mean_abs_dh_model_bits (mean |H_model(edit) - H_model(baseline)| per prompt), mean_label_mass,
         baseline values (*_base), and delta_* = edited - baseline with delta_*_lo / _hi bounds (basic
         bootstrap, resampling prompts jointly for the edit and the baseline) and delta_*_bc = 2 delta -
-        mean(replicates) (:func:`llmgeom.core.stats.bias_corrected`).
+        mean(replicates) (:func:`llmgeom.core.stats.bias_corrected`). Columns: :data:`SUMMARY_COLUMNS`.
+
+        A model without attention layers (the runner's tables have no rows and a ``not_applicable`` column,
+        ``llmgeom.interventions.runner.not_applicable_outputs``): one row for ``model``, n = 0, no run / axis /
+        edit, NaN measures, n_boot / ci / seed as given, and a ``not_applicable`` column with the reason
+        (:data:`llmgeom.core.not_applicable.NO_ATTENTION_LAYERS`); the claims that read this table are "not testable
+        here" for it with that reason (claims.yaml ``not_applicable``). Tables of attention models have no such
+        column.
 
     Raises:
-        ValueError: no baseline rows, or n_boot < 1.
+        ValueError: no baseline rows, n_boot < 1, or tables without rows and no ``model``.
 
     Source: Paper III sec. 4.5-4.6.
     """
@@ -70,6 +106,8 @@ def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int)
 
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    if "not_applicable" in per_prompt.columns and per_prompt.empty:  # a state-space model: nothing was edited
+        return _not_applicable(per_prompt, model, n_boot=n_boot, ci=ci, seed=seed)
     base = per_prompt[per_prompt.condition == "baseline"].set_index("prompt")
     if base.empty:
         raise ValueError("no baseline rows in the intervention results")
@@ -95,7 +133,7 @@ def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int)
         qf0 = base[rc].to_numpy(np.float64) if rc in base else None
         st = _cond_stats(hm, hb, pe, pf, *args, qf)
         st0 = _cond_stats(hm0, hb, pe0, pf0, *args, qf0)
-        keys = ("mae_bits", "pearson_r", "axis_corr_edited", "axis_corr_final")
+        keys = _DELTA_KEYS
         boots = np.full((n_boot, len(keys)), np.nan)
         for b in range(n_boot):
             ix = boot_idx[b]

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from llmgeom.core.layers import select_layers
+from llmgeom.core.not_applicable import NO_ATTENTION_LAYERS
 from llmgeom.core.progress import progress
 from llmgeom.core.store import DS
 from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
@@ -233,6 +234,30 @@ def recomputed_pc1(values, h_model, layer: int) -> np.ndarray:
     return np.asarray(values, np.float64) @ ax.u
 
 
+#: the per-prompt table's columns before its per-layer ones (proj_L{l} per probe layer, pc1_recomputed_L{last})
+PER_PROMPT_COLUMNS = ["model", "condition", "run", "layers", "axis", "edit", "shift_sigmas", "positions", "prompt", "k",
+                      "n_L1", "n_L2", "h_bayes_bits", "logp_l1", "logp_l2", "p_model", "h_model_bits", "label_mass"]
+#: the axes table's columns
+AXES_COLUMNS = ["model", "layer", "edited", "sigma", "corr_fit", "pc1", "pc1_sign", "n_fit", "flipped", "random_dot_u",
+                "random_norm"]
+
+
+def not_applicable_outputs(reason: str):
+    """The outputs of :func:`intervention_experiment` for a model without attention layers (nothing to edit): the
+    per-prompt and axes tables with no rows, their usual columns (:data:`PER_PROMPT_COLUMNS`, :data:`AXES_COLUMNS`;
+    no probe layer, so no proj_L* / pc1_recomputed_L*) and a ``not_applicable`` column, the reason also in their
+    ``attrs["not_applicable"]``; no vectors (``{}``: :func:`save_axes` writes an .npz without arrays).
+
+    The ``not_applicable`` column marks them: ``analyses.interventions.intervention_summary`` of such tables is one
+    row saying why (the tables of attention models never have the column)."""
+    import pandas as pd
+
+    per = pd.DataFrame([], columns=PER_PROMPT_COLUMNS + ["not_applicable"])
+    axes = pd.DataFrame([], columns=AXES_COLUMNS + ["not_applicable"])
+    per.attrs["not_applicable"] = axes.attrs["not_applicable"] = reason
+    return per, axes, {}
+
+
 def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str, layers, multi_layers, edits,
                             shift_scale: float, positions: str, n_per_k: int | None, batch_size: int, seed: int,
                             dtype: str, device: str, device_map: str | None, reuse_model: bool = False, log=print):
@@ -255,11 +280,16 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
         of the post-edit values at the model's last layer). axes has layer, sigma, corr_fit, pc1, pc1_sign,
         n_fit, flipped, random_dot_u (|u . r|), random_norm.
 
+        A model without attention layers (a state-space model: the file's ``attention_layers`` is []) has no values
+        to edit: :func:`not_applicable_outputs` (both tables without rows, their ``not_applicable`` column and
+        ``attrs`` giving the reason, :data:`llmgeom.core.not_applicable.NO_ATTENTION_LAYERS`; no vectors); the model is not
+        loaded.
+
     Raises:
         StoreError: the activation file is not for this model / prompt file.
         ValueError: an integer layer in ``layers`` / ``multi_layers`` without attention (hybrid models: the
-            file's ``attention_layers``; the names "first" / "middle" / "last" pick among those), or a model without
-            any.
+            file's ``attention_layers``; the names "first" / "middle" / "last" pick among those); a file with
+            attention layers but no values.
 
     Source: Paper III sec. 4.5-4.6.
     """
@@ -275,9 +305,12 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
     records, sha = read_prompt_set(prompts_path)
     with open_activations(h5_path, model=model_name, prompt_set_sha256=sha) as f:
         with_attention = attention_layers(f)
-        if not with_attention or DS.LAST_TOKEN_VALUES not in f:
-            raise ValueError(f"{h5_path}: model {model_name!r} has no attention layers (a state-space model), so "
-                             "there are no value vectors to edit; drop it from the interventions")
+        if not with_attention:  # a state-space model: no values to edit; the tables say so
+            log(f"[interventions] {model_name}: not applicable, {NO_ATTENTION_LAYERS}")
+            return not_applicable_outputs(NO_ATTENTION_LAYERS)
+        if DS.LAST_TOKEN_VALUES not in f:
+            raise ValueError(f"{h5_path}: no {DS.LAST_TOKEN_VALUES} although model {model_name!r} has attention "
+                             f"layers {with_attention}; re-extract it")
         V = f[DS.LAST_TOKEN_VALUES][:]  # NaN at the layers without attention (hybrid models)
         lp_fit = f[DS.NEXT_TOKEN_CANDIDATE_LOGPROBS][:].astype(np.float64)
     n_layers = V.shape[1]
@@ -336,7 +369,8 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
 
 
 def save_axes(arrays: dict, path) -> None:
-    """Write the axes (u_L{l}, random_L{l}) as a compressed .npz, atomically."""
+    """Write the axes (u_L{l}, random_L{l}) as a compressed .npz, atomically (none for a model without attention
+    layers: a valid .npz without arrays, ``numpy.load(path).files == []``)."""
     from llmgeom.core.io import atomic_path
 
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:

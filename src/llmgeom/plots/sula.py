@@ -97,9 +97,13 @@ def interventions_figure(summary: pd.DataFrame, paths) -> None:
     """Grouped bars, one row per model: change (edited - unedited) of the axis-entropy correlation at the
     edited layer (left) and of the SULA MAE in bits (right), per run and edit, entropy axis vs matched
     random axis; black lines = paired basic-bootstrap intervals over prompts (centred on the bias-corrected change).
-    Source: Paper III sec. 4.5-4.6 (intervention effects)."""
-    d = summary[summary.run != "baseline"].copy()
-    models = sorted(d.model.unique())
+    A model whose row says ``not_applicable`` (no attention layers: no values to edit) gets empty panels that say
+    why. Source: Paper III sec. 4.5-4.6 (intervention effects)."""
+    na = (summary.not_applicable.fillna("").astype(str) if "not_applicable" in summary
+          else pd.Series("", index=summary.index))
+    d = summary[(summary.run != "baseline") & (na == "")].copy()
+    why = dict(zip(summary.model[na != ""], na[na != ""]))
+    models = sorted(set(d.model) | set(why))
     metrics = (("delta_axis_corr_edited", "change in axis-entropy corr (edited layer)"),
                ("delta_mae_bits", "change in SULA MAE (bits)"))
     fig, axes = plt.subplots(len(models), 2, figsize=(14, 3.6 * len(models)), squeeze=False)
@@ -119,10 +123,15 @@ def interventions_figure(summary: pd.DataFrame, paths) -> None:
                     hi.append(row[col + "_hi"].iloc[0] if not row.empty else np.nan)
                 ax.bar(x + off, vals, width=0.38, color=colors[axis], label=f"{axis} axis" if c == 0 else None)
                 ax.vlines(x + off, lo, hi, color="k", lw=1.2)
-            ax.axhline(0, color="0.3", lw=0.8)
+            if m not in why:
+                ax.axhline(0, color="0.3", lw=0.8)
             ax.set_xticks(x, [f"{run}\n{edit}" for run, edit in groups], rotation=60, ha="right", fontsize=7)
             ax.set_ylabel(label, fontsize=8)
             ax.set_title(m, fontsize=9)
-        axes[r, 0].legend(fontsize=7)
+            if m in why:
+                ax.text(0.5, 0.5, f"not applicable:\n{why[m]}", ha="center", va="center", fontsize=8, wrap=True,
+                        transform=ax.transAxes)
+        if m not in why:
+            axes[r, 0].legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, paths)
