@@ -530,11 +530,12 @@ def test_cuda_device_not_looked_up_when_jobs_go_to_a_cluster(good, tmp_path):
     ({"model_type": "bert", "is_decoder": False, "max_position_embeddings": 512, "num_hidden_layers": 2},
      r"model_type 'bert' .* an encoder \(bidirectional self-attention"),
     ({"model_type": "gpt_neo", "max_position_embeddings": 2048, "num_layers": 2},
-     r"model_type 'gpt_neo' .* does not call transformers' attention interface"),
+     r"model_type 'gpt_neo' .* computes softmax\(q\.k\) itself"),
     ({"model_type": "bloom", "n_layer": 2},
-     r"model_type 'bloom' .* fused or factored QKV projection without a Family entry"),
-    ({"model_type": "deepseek_v3", "kv_lora_rank": 512, "max_position_embeddings": 4096, "num_hidden_layers": 2},
-     r"model_type 'deepseek_v3' .* multi-head latent attention"),
+     r"model_type 'bloom' .* computes softmax\(q\.k\) itself"),
+    ({"model_type": "deepseek_v32", "kv_lora_rank": 512, "max_position_embeddings": 4096, "num_hidden_layers": 2,
+      "layer_types": ["indexed_attention", "indexed_attention"]},
+     r"model_type 'deepseek_v32' .* sparse attention"),
 ])
 def test_unreadable_model_type_refused_at_config_time(good, tmp_path, cfg_json, why):
     """A model the workflow cannot read is refused by the config check (before any job), naming the model, its
