@@ -168,7 +168,9 @@ def bench_loads(a) -> dict:
                 "tiny-gpt2": tiny.save_tiny_model_dir("gpt2", tmp / "src" / "tiny-gpt2")}
         cfg = tiny_config(dirs)
         conds = ["main", "shuffled", "remap", "no_evidence"]
-        schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+        from llmgeom.pipeline.schema import read_schema
+
+        schema = read_schema()
         try:
             conds = schema["properties"]["sula"]["properties"]["conditions"]["default"]
         except KeyError:

@@ -42,7 +42,7 @@ from llmgeom.pipeline.cluster import (
 # every schema problem at once in plain words, the schema's defaults (also inside models.<name> and
 # wind_tunnel.models.<name>), Snakemake's validate, then every cross-key, model, prompt-data, wind-tunnel and
 # device check. CUDA devices are looked up only where the jobs run here: the main process of a local run.
-SCHEMA = read_schema(SCHEMA_PATH)  # workflow/schemas/config.schema.yaml, found one way (llmgeom.pipeline.schema)
+SCHEMA = read_schema(SCHEMA_PATH)  # src/llmgeom/pipeline/config.schema.yaml, found one way (llmgeom.pipeline.schema)
 validate_config(config, SCHEMA)
 apply_defaults(config, SCHEMA)
 validate(config, str(SCHEMA_PATH))

@@ -33,9 +33,9 @@ def config_markdown(schema: dict) -> str:
     missing = [k for k, sub in _rows(schema, "") if not (isinstance(sub, dict) and sub.get("description"))]
     if missing:
         raise ConfigError(f"schema keys without a description: {', '.join(missing)}; add a description: to each "
-                          "in workflow/schemas/config.schema.yaml")
+                          "in src/llmgeom/pipeline/config.schema.yaml")
     out = ["# Configuration reference", "",
-           "<!-- Generated from workflow/schemas/config.schema.yaml by `python -m llmgeom.pipeline.config_reference "
+           "<!-- Generated from src/llmgeom/pipeline/config.schema.yaml by `python -m llmgeom.pipeline.config_reference "
            "--markdown > config/README.md`; do not edit by hand (tests/test_config_schema.py compares). -->", "",
            _md(schema.get("description", "")), "",
            "Every default below is filled in before the workflow runs; a key you do not set takes it. Required "

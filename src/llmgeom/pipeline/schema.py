@@ -1,7 +1,7 @@
 """The config schema: its error messages in plain words, its defaults, and the schema as the signature of
 the analyses (issue 30).
 
-Every default lives only in workflow/schemas/config.schema.yaml. A section of the schema that feeds package
+Every default lives only in src/llmgeom/pipeline/config.schema.yaml. A section of the schema that feeds package
 functions names them (``x-function``: ``module:function`` in the package); each of its keys is a keyword
 argument without default of one of those functions, unless the key is marked ``x-workflow`` (read by the
 rules themselves: which prompt set a rule reads, a job's threads). A rule passes its whole section
@@ -18,10 +18,10 @@ import copy
 import inspect
 from pathlib import Path
 
-#: The workflow's config schema: workflow/schemas/config.schema.yaml of the checkout that the package is installed
-#: from (``pip install -e .``, what install.sh does). Found this one way by the package, by the rules
-#: (common.smk) and by the tests.
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+#: The workflow's config schema, package data beside this module (src/llmgeom/pipeline/config.schema.yaml), so that
+#: every copy or install of the package has it. Found this one way by the package, by the rules (common.smk) and by
+#: the tests.
+SCHEMA_PATH = Path(__file__).resolve().with_name("config.schema.yaml")
 
 
 class ConfigError(ValueError):
@@ -143,7 +143,7 @@ def validate_config(config: dict, schema: dict) -> None:
             msgs.append(m)
     if msgs:
         raise ConfigError(f"invalid config ({len(msgs)} problem{'s' if len(msgs) > 1 else ''}; all keys, "
-                          "defaults and valid values: workflow/schemas/config.schema.yaml):\n  - "
+                          "defaults and valid values: src/llmgeom/pipeline/config.schema.yaml):\n  - "
                           + "\n  - ".join(msgs))
 
 
@@ -151,15 +151,14 @@ def read_schema(path=None) -> dict:
     """The config schema as a dict (``path`` default: :data:`SCHEMA_PATH`).
 
     Raises:
-        ConfigError: the schema file is not there (the package was installed without its workflow checkout).
+        ConfigError: the schema file is not there (a broken install).
     """
     import yaml
 
     path = Path(path or SCHEMA_PATH)
     if not path.is_file():
-        raise ConfigError(f"config schema not found at {path}: llmgeom reads the schema of the workflow checkout it "
-                          "is installed from; install it editable from the repository (bash install.sh, or "
-                          "pip install -e .)")
+        raise ConfigError(f"config schema not found at {path}: it is package data of llmgeom.pipeline; reinstall the "
+                          "package (bash install.sh)")
     with open(path) as fh:
         return yaml.safe_load(fh)
 
