@@ -120,12 +120,21 @@ def tiny_config(model_type: str):
     return cfg
 
 
-def build(model_type: str, attn: str):
+def build(model_type: str, attn: str = "sdpa", context: int | None = None):
+    """The tiny random model of ``model_type`` (seed 0; 1-d weights shifted so that a wrong slice shows) with the
+    attention implementation ``attn``; ``context``: its number of positions (max_position_embeddings / n_positions /
+    n_ctx where the config has them), else the tiny default."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    cfg = tiny_config(model_type)
+    if context is not None:
+        tc = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        for k in ("max_position_embeddings", "n_positions", "n_ctx"):
+            if hasattr(tc, k):
+                setattr(tc, k, context)
     torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation=attn, dtype=torch.float32)
+    m = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # non-trivial biases and norm gains (a wrong slice must show)
         for p in m.parameters():

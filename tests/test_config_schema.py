@@ -154,6 +154,23 @@ def test_call_with_config_passes_the_keys_a_function_takes_and_derived_values_wi
         call_with_config(f, {"a": 1}, 0)
 
 
+def test_one_reading_of_a_function_s_parameters_from_its_source_or_its_signature():
+    """``parameter_names`` reads ``"module:function"`` from the source (DAG time, no import) and a callable from its
+    signature; both give the same names for every function the schema names (``*args`` / ``**kwargs`` left out)."""
+    from llmgeom.pipeline.schema import _resolve, parameter_names
+
+    for funcs in section_functions(SCHEMA).values():
+        for f in funcs:
+            assert parameter_names(f) == parameter_names(_resolve(f)), f
+
+    def g(a, /, b, *rest, c, **kw):
+        return a
+
+    assert parameter_names(g) == {"a", "b", "c"}
+    with pytest.raises(KeyError, match="no function nope"):
+        parameter_names("llmgeom.analyses.margins:nope")
+
+
 def test_seeds_default_to_zero():
     seeds = [k for k, _ in _rows(SCHEMA, "") if k.endswith(".seed")]
     assert len(seeds) >= 10 and all(schema_node(k).get("default", 0) == 0 for k in seeds)

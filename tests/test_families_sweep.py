@@ -37,21 +37,6 @@ def test_every_family_of_the_sweep_is_listed_here():
                                   if ln.strip().startswith(f"{name}:")), name
 
 
-def _tiny_model(model_type: str):
-    """``tests/model_types.py``'s tiny config of the type with a context of 1024 positions, as .test/models (the
-    character tokenizer makes prompts of ~150 tokens)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    cfg = mtypes.tiny_config(model_type)
-    tc = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    for k in ("max_position_embeddings", "n_positions", "n_ctx"):
-        if hasattr(tc, k):
-            setattr(tc, k, 1024)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-
-
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
     import torch
@@ -61,7 +46,7 @@ def sweep_run(tmp_path_factory):
     dirs = {}
     for name, mt in FAMILY_TYPES.items():
         d = work / "models" / name
-        _tiny_model(mt).save_pretrained(d)
+        mtypes.build(mt, "eager", context=1024).save_pretrained(d)  # prompts of ~150 characters
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TEST_DIR / "models" / "tiny-llama" / f, d / f)
         dirs[name] = d

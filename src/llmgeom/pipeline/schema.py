@@ -15,6 +15,7 @@ Pure Python (yaml and the standard library at call time): imported while Snakema
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from pathlib import Path
 
@@ -153,12 +154,19 @@ def read_schema(path=None) -> dict:
     Raises:
         ConfigError: the schema file is not there (a broken install).
     """
-    import yaml
-
     path = Path(path or SCHEMA_PATH)
     if not path.is_file():
         raise ConfigError(f"config schema not found at {path}: it is package data of llmgeom.pipeline; reinstall the "
                           "package (bash install.sh)")
+    st = path.stat()
+    return copy.deepcopy(_parsed_schema(str(path.resolve()), st.st_mtime_ns, st.st_size))  # callers may mutate it
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_schema(path: str, mtime_ns: int, size: int) -> dict:
+    """The parsed schema file, once per (path, modification time, size): an edited schema is read again."""
+    import yaml
+
     with open(path) as fh:
         return yaml.safe_load(fh)
 
@@ -234,13 +242,19 @@ def section_config(config: dict, section: str, schema: dict, function: str | Non
     return out
 
 
-def parameter_names(function: str) -> set[str]:
-    """The parameter names of ``"llmgeom.<module>:<function>"``, read from its source file with :mod:`ast` (no
-    import of the module, so no torch at DAG time).
+def parameter_names(function) -> set[str]:
+    """The names of the parameters a config section can fill (positional-or-keyword and keyword-only; not
+    ``*args`` / ``**kwargs``) of a function: for ``"llmgeom.<module>:<function>"`` read from its source file with
+    :mod:`ast` (no import of the module, so no torch while the DAG is built), for a callable from its signature.
+    The one reading of "which keys does this function take" for :func:`section_config`, :func:`defaults` and
+    :func:`call_with_config`.
 
     Raises:
         KeyError: no such module or top-level function.
     """
+    if not isinstance(function, str):
+        kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        return {n for n, p in inspect.signature(function).parameters.items() if p.kind not in kinds}
     import ast
 
     from llmgeom.pipeline.code_tracking import module_file
@@ -302,7 +316,7 @@ def defaults(section: str, function=None) -> dict:
     out = {k: copy.deepcopy(sub["default"]) for k, sub in (node.get("properties") or {}).items()
            if isinstance(sub, dict) and "default" in sub and k not in skip}
     if function is not None:
-        takes = inspect.signature(_resolve(function)).parameters
+        takes = parameter_names(function)
         out = {k: v for k, v in out.items() if k in takes}
     return out
 
@@ -318,7 +332,7 @@ def call_with_config(function, cfg: dict, /, *args, **derived):
         TypeError: the function needs an argument that neither ``cfg`` nor ``derived`` gives (its name).
     """
     function = _resolve(function)
-    takes = inspect.signature(function).parameters
+    takes = parameter_names(function)
     kwargs = {k: v for k, v in cfg.items() if k in takes}
     kwargs.update(derived)
     return function(*args, **kwargs)
