@@ -852,7 +852,10 @@ def test_partial_from_other_settings_or_corrupted_is_discarded(setup, uninterrup
 
 _RESUME_CHILD = textwrap.dedent("""
     import json, pathlib, sys, time
+    import torch
     import llmgeom.extract.forward as E
+
+    torch.set_num_threads(int(sys.argv[6]))  # the parent's: a CPU reduction's order (last bits) follows the threads
 
     real, n = E.extract_batch, [0]
 
@@ -873,7 +876,7 @@ def test_subprocess_stopped_by_sigusr1_exits_non_zero_and_resumes(setup, uninter
     marker = tmp_path / "half"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, "-c", _RESUME_CHILD, str(setup["prepared"]), str(setup["prompts"]),
-                             str(out), str(marker), json.dumps(RESUME_KW)], env=env, stdout=subprocess.PIPE,
+                             str(out), str(marker), json.dumps(RESUME_KW), str(torch.get_num_threads())], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     try:
         _wait_for(marker, proc, "reach its third batch", 120)
