@@ -228,6 +228,7 @@ REFUSED: dict[str, str] = {
     'gemma4_unified_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'git': "its attention computes softmax(q.k) itself (its text decoder's GitSelfAttention; only the image encoder uses the interface), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'gpt_neo': "its attention computes softmax(q.k) itself (GPTNeoSelfAttention._attn, unscaled q.k, or its own flash-attention call), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'gpt_neox_japanese': "a causal decoder (GPT-NeoX style; its config merely carries a BERT-style is_decoder field), but its attention computes softmax(q.k) itself (baddbmm and softmax in GPTNeoXJapaneseAttention._attn, fused query_key_value), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
     'jetmoe': "mixture of attention heads: a router picks each token's query-head experts (top_k of num_experts), so a head index at the attention function is a routed slot, not a fixed head, and the experts' own output projections reduce the attention output",
     'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
