@@ -11,7 +11,7 @@ Checks (each against the model's own computation, float32, two right-padded prom
 residual stream per block vs ``output_hidden_states`` (the Mamba family's start at block 0's output: there the
 embeddings vs the input embeddings); the last block's residual through the final norm vs
 the stored final normed state; values vs the KV cache; stored (pre-RoPE) keys at position 0 vs the cache's
-keys there (RoPE is the identity at position 0; skipped where a QK-norm sits between, the keys being
+keys there (RoPE is the identity at position 0 up to the rotary scaling, e.g. YaRN's mscale; skipped where a QK-norm sits between, the keys being
 pre-norm by contract); W_K (``architectures.w_k_heads``) vs the basis-vector reference (the attention
 module's input replaced by the rows of [I; 0] at position 0, keys read back at the attention interface);
 final-token top logits vs the model's logits; attention entropy and attention output vs eager attention
@@ -193,9 +193,20 @@ def check_model(model, eager) -> list[str]:
         ids[i, :len(q)] = torch.tensor(q)
         mask[i, :len(q)] = 1
     pos = torch.arange(T).expand(B, T)
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True, use_cache=True)
-        eo = eager(input_ids=ids, attention_mask=mask, position_ids=pos, output_attentions=True, use_cache=False)
+    # attention sinks (a learned per-head logit outside q.k, the module's ``sinks``): the eager model's own
+    # attention output (its o_proj input) at those layers, the reference of the sink's share (below)
+    eager_atts = arch.attention_modules(eager)
+    sink_layers = [l for l in with_attention if getattr(eager_atts[l], "sinks", None) is not None]
+    eager_z: dict[int, torch.Tensor] = {}
+    handles = [arch.o_proj_module(eager, l).register_forward_pre_hook(
+        lambda mod, args, l=l: eager_z.__setitem__(l, args[0].detach().clone())) for l in sink_layers]
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True, use_cache=True)
+            eo = eager(input_ids=ids, attention_mask=mask, position_ids=pos, output_attentions=True, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
     hs = out.hidden_states
     if len(hs) != L + 1:
         fails.append(f"output_hidden_states has {len(hs)} entries, not n_layers+1 = {L + 1}")
@@ -258,12 +269,26 @@ def check_model(model, eager) -> list[str]:
         ent = np.zeros((B, H))
         V = _cache_kv(model, cache, layer)[1]
         z = np.zeros((B, H * V.shape[-1]))
+        f = None
         for b in range(B):
             pb = p[b, :, last[b], :last[b] + 1].double()
-            ent[b] = (-(pb * torch.log(pb.clamp_min(1e-300))).sum(-1)).numpy()
-            vb = V[b, :, :last[b] + 1].double().repeat_interleave(H // nkv, dim=0)  # [H, t, hd]
-            z[b] = torch.einsum("ht,htd->hd", pb, vb).reshape(-1).numpy()
-        f = _close(res["attention/entropy"][:, layer], ent, f"attention entropy {layer} vs eager", atol=1e-4)
+            vb = V[b, :, :last[b] + 1].double().repeat_interleave(H // V.shape[1], dim=0)  # [H, t, hd]
+            zb = torch.einsum("ht,htd->hd", pb, vb)
+            if layer in sink_layers:
+                # the model's distribution is over the keys plus the sink outcome: eager returns it over the keys
+                # (summing to 1 - p_sink; gpt_oss, flint, mimo_v2_flash) or renormalized over the keys with the
+                # output scaled by their mass (granite_swa's LSE scaling); the mass per head is the eager
+                # output's share of p @ v (least squares; 1 for the former), the output itself the reference
+                ob = eager_z[layer][b, last[b]].double().reshape(H, -1)
+                mass = (ob * zb).sum(-1) / (zb * zb).sum(-1)
+                f = f or _close(ob.numpy(), (mass[:, None] * zb).numpy(), f"eager attention output {layer}: not "
+                                "its attention probabilities @ values times one share per head")
+                pb, zb = pb * mass[:, None], ob
+                p_sink = (1 - pb.sum(-1)).clamp_min(0)
+                ent[b] = -(p_sink * torch.log(p_sink.clamp_min(1e-300))).numpy()
+            ent[b] += (-(pb * torch.log(pb.clamp_min(1e-300))).sum(-1)).numpy()
+            z[b] = zb.reshape(-1).numpy()
+        f = f or _close(res["attention/entropy"][:, layer], ent, f"attention entropy {layer} vs eager", atol=1e-4)
         f = f or _close(res["last_token/attn_output"][:, layer], z, f"attention output {layer} vs eager p @ values")
         if f:
             fails.append(f)
@@ -303,12 +328,29 @@ def _cache_kv(model, cache, layer: int):
         return arch.attention_modules(model)[layer].expand_kv(c.keys, c.values)
 
 
+def _rope_scale_at_0(model) -> float:
+    """The factor RoPE multiplies a key by at position 0 (there sin = 0 and cos = the rotary embedding's
+    ``attention_scaling``: 1 for plain RoPE, YaRN's mscale 0.1 ln(factor) + 1 otherwise, e.g. gpt_oss), read from
+    the model's own rotary embedding module(s); 1.0 where the model has none.
+
+    Raises:
+        AssertionError: rotary embeddings with different scalings (which layer uses which is not known here)."""
+    scales = {float(m.attention_scaling) for m in model.modules()
+              if hasattr(m, "attention_scaling") and hasattr(m, "inv_freq")}
+    assert len(scales) <= 1, f"rotary embeddings with different attention_scaling {sorted(scales)}"
+    return scales.pop() if scales else 1.0
+
+
 def _pre_rope_at_0(model, k0):
-    """Keys at position 0 [n_kv, head_dim] as the contract stores them (pre-RoPE): RoPE is the identity there, except
-    that DeepSeek's ``rope_interleave`` writes the rotary part as [even | odd] coordinates (its
-    ``apply_rotary_pos_emb_interleave``); that permutation is undone here."""
+    """Keys at position 0 [n_kv, head_dim] as the contract stores them (pre-RoPE): RoPE is the identity there up to
+    the rotary embedding's scaling (:func:`_rope_scale_at_0`, undone here), except that DeepSeek's
+    ``rope_interleave`` writes the rotary part as [even | odd] coordinates (its
+    ``apply_rotary_pos_emb_interleave``); that permutation is undone here too."""
     from llmgeom.models import architectures as arch
 
+    scale = _rope_scale_at_0(model)
+    if scale != 1.0:
+        k0 = k0 / scale
     lat = arch.latent_dims(model.config)
     if lat is None or not getattr(arch._text_config(model.config), "rope_interleave", False):
         return k0
@@ -366,6 +408,9 @@ def _wk_check(model, s) -> str | None:
             if k is None:
                 return f"layer {layer}: no attention-interface call"
             k = k[:, :, 0]  # [d+1, n_kv, hd]
+            scale = _rope_scale_at_0(model)  # RoPE at position 0: the identity up to the rotary scaling
+            if scale != 1.0:
+                k = k / scale
             k = k.transpose(0, 1)
         for h, (W, b) in enumerate(heads):
             ref_b = k[h, d]

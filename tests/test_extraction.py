@@ -437,6 +437,39 @@ def test_last_query_attention_known_answer():
     torch.testing.assert_close(pm[0, 1], p[0, 0])
 
 
+def test_last_query_attention_sink_term_known_answer():
+    """Attention sinks: one extra logit per head (not scaled, not masked) joins the softmax and is dropped after it;
+    the entropy is that of the whole distribution, keys plus the sink outcome (docs/design-notes.md "Attention
+    sinks")."""
+    # B=1, H=2 heads, T=3 keys, hd=1: scores of head 0 are [0, 0, 0] (+ the padded third key of none), head 1 [0, 1, 2]
+    q = torch.tensor([0.0, 1.0]).reshape(1, 2, 1, 1).expand(1, 2, 3, 1).contiguous()
+    k = torch.tensor([0.0, 1.0, 2.0]).reshape(1, 1, 3, 1).expand(1, 2, 3, 1).contiguous()
+    last, mask = torch.tensor([2]), torch.tensor([[1, 1, 1]])
+    sinks = torch.tensor([math.log(3.0), 0.0])  # head 0: the sink weighs as much as the 3 keys together
+    p, p_sink = attn_maths.last_query_attention(q, k, last, mask, scaling=2.0, sinks=sinks, with_sink=True)
+    torch.testing.assert_close(p[0, 0], torch.full((3,), 1 / 6))
+    torch.testing.assert_close(p_sink[0, 0], torch.tensor(0.5))
+    e = torch.exp(torch.tensor([0.0, 2.0, 4.0]))  # head 1: scaled scores, sink logit 0 (exp = 1), unscaled
+    torch.testing.assert_close(p[0, 1], e / (e.sum() + 1))
+    torch.testing.assert_close(p_sink[0, 1], 1 / (e.sum() + 1))
+    torch.testing.assert_close(p.sum(-1) + p_sink, torch.ones(1, 2))
+    h = attn_maths.attention_row_entropy(p, p_sink)
+    # head 0: 3 keys of 1/6 and the sink of 1/2 -> 0.5 ln 6 + 0.5 ln 2
+    torch.testing.assert_close(h[0, 0], torch.tensor(0.5 * math.log(6) + 0.5 * math.log(2)))
+    w = torch.cat([e, torch.ones(1)]) / (e.sum() + 1)
+    torch.testing.assert_close(h[0, 1], -(w * w.log()).sum())
+    # the sink is never masked: with the key mask hiding key 1, head 0 has 2 keys of 1/5 and the sink of 3/5
+    p2, s2 = attn_maths.last_query_attention(q, k, last, torch.tensor([[1, 0, 1]]), scaling=2.0, sinks=sinks,
+                                             with_sink=True)
+    torch.testing.assert_close(p2[0, 0], torch.tensor([0.2, 0.0, 0.2]))
+    torch.testing.assert_close(s2[0, 0], torch.tensor(0.6))
+    # without sinks: the same probabilities as before, no sink column
+    p0, none = attn_maths.last_query_attention(q, k, last, mask, scaling=2.0, with_sink=True)
+    assert none is None
+    assert torch.equal(p0, attn_maths.last_query_attention(q, k, last, mask, scaling=2.0))
+    assert torch.equal(attn_maths.attention_row_entropy(p0, None), attn_maths.attention_row_entropy(p0))
+
+
 @pytest.mark.parametrize("H_kv, rep", [(3, 3), (1, 4), (4, 2), (2, 1)])  # GQA (SmolLM2), MQA (Gemma-3), MHA
 def test_last_query_attention_equals_the_repeated_keys_product_bit_for_bit(H_kv, rep):
     """The per-group products equal, bit for bit, the product over keys repeated per query head (repeat_kv) and

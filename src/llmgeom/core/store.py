@@ -38,7 +38,8 @@ decompressed per head (``kv_b_proj`` of the normed latent), k_rope the pre-RoPE 
 (shared by every head, in the projection's coordinate order). Such keys are not x @ W_K (the latent passes a
 norm): key orthogonality does not apply there (``llmgeom.extract.capture``, ``architectures.no_key_projection``).
 - ``attention/entropy`` [n_prompts, n_layers, n_heads] nats (prompt sets with attention), final query's
-  attention row per head, computed from hooked queries and keys (any attention implementation)
+  attention row per head, computed from hooked queries and keys (any attention implementation; with attention
+  sinks the entropy of keys plus the sink outcome, docs/design-notes.md "Attention sinks")
 - ``next_token/entropy`` [n_prompts] nats; ``next_token/top_ids`` int64 / ``top_logits`` [n_prompts, k]
 - SULA sets (extracted with candidate tokens): ``next_token/candidate_logprobs`` [n_prompts, n_candidates]
   log-probabilities in nats over the full vocabulary (float32), ``next_token/candidate_ids`` int64 (same shape)

@@ -19,9 +19,14 @@ def entropy_nats(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def attention_row_entropy(p: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of attention rows p [..., T] (0 log 0 = 0), float32."""
-    return torch.special.entr(p.float()).sum(-1)
+def attention_row_entropy(p: torch.Tensor, sink: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy in nats of attention rows p [..., T] (0 log 0 = 0), float32.
+
+    ``sink``: [...] the probability of the sink outcome of each row (attention sinks: rows of p then sum to
+    1 - sink), whose term -sink log sink is included: the entropy of the whole distribution over the keys plus the
+    sink. None: no sink (rows sum to 1). Source: docs/design-notes.md "Attention sinks"."""
+    h = torch.special.entr(p.float()).sum(-1)
+    return h if sink is None else h + torch.special.entr(sink.float())
 
 
 def final_query_hidden_keys(last: torch.Tensor, key_mask: torch.Tensor, T: int, window: int | None,
@@ -45,7 +50,8 @@ def final_query_hidden_keys(last: torch.Tensor, key_mask: torch.Tensor, T: int, 
 
 def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Tensor, key_mask: torch.Tensor, *,
                          scaling: float, softcap: float | None = None, window: int | None = None,
-                         hidden: torch.Tensor | None = None) -> torch.Tensor:
+                         hidden: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                         with_sink: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
     """Attention probabilities of each prompt's final query over its keys, per head, float32.
 
     Args:
@@ -59,12 +65,18 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
         window: sliding window W (key j visible iff last - W < j <= last), or None (causal).
         hidden: the [B, 1, T] mask of :func:`final_query_hidden_keys` for these arguments, when the caller
             has it already (one per batch and window instead of one per layer).
+        sinks: [H] attention-sink logits (a learned per-head logit outside q.k, the attention function's
+            ``s_aux``), or None: one extra logit column per head joins the softmax (not scaled, soft-capped or
+            masked) and is dropped after it; the sink carries no value.
+        with_sink: also return the sink column's probabilities.
 
     Returns:
-        [B, H, T] float32 probabilities, zero on masked keys; rows sum to 1.
+        [B, H, T] float32 probabilities, zero on masked keys; rows sum to 1 (with ``sinks``: 1 - p_sink).
+        With ``with_sink``: (that, [B, H] p_sink, or None without ``sinks``).
 
     Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils``
-    (causal, padding, ``sliding_window_overlay``).
+    (causal, padding, ``sliding_window_overlay``); sinks as transformers' gpt_oss ``eager_attention_forward``
+    (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"; the gpt-oss model card).
     """
     B, H, T, hd = query.shape
     H_kv = key.shape[1]
@@ -92,4 +104,10 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
         scores = torch.tanh(scores / softcap) * softcap
     if hidden is None:
         hidden = final_query_hidden_keys(last, key_mask, T, window, dev)
-    return torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
+    scores = scores.masked_fill_(hidden, float("-inf"))
+    if sinks is None:
+        p = torch.softmax(scores, dim=-1)
+        return (p, None) if with_sink else p
+    col = sinks.detach().to(dev, torch.float32).view(1, H, 1).expand(B, H, 1)
+    p = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)
+    return (p[..., :T], p[..., T]) if with_sink else p[..., :T]

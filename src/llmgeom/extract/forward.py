@@ -247,10 +247,11 @@ class BatchHooks:
             hk = c.hidden_keys.get(window)
             if hk is None or hk.device != a.query.device:
                 hk = c.hidden_keys[window] = final_query_hidden_keys(c.last, c.valid, c.T, window, a.query.device)
-            p = last_query_attention(
+            p, sink = last_query_attention(
                 a.query, a.key, c.last, c.valid, softcap=a.softcap if a.softcap is not None else self.softcap,
-                scaling=a.scaling if a.scaling is not None else self.scalings[pt.layer], window=window, hidden=hk)
-            c.attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
+                scaling=a.scaling if a.scaling is not None else self.scalings[pt.layer], window=window, hidden=hk,
+                sinks=a.sinks, with_sink=True)
+            c.attn_ent[pt.layer] = attention_row_entropy(p, sink).to(dev)  # with sinks: keys plus the sink outcome
 
         # the points, from the contract's declaration (store.DatasetSpec.point): one name per quantity
         P = capture.point_name

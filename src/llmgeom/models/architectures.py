@@ -218,7 +218,6 @@ REFUSED: dict[str, str] = {
     'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'falcon': "its attention computes softmax(q.k) itself (torch's scaled_dot_product_attention or ALiBi scores called directly in FalconAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
-    'flint': "attention sinks (a learned per-head logit outside q.k, module.sinks in its eager_attention_forward): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention entropy vs eager differs)",
     'gemma3n': 'not verified: no tiny model of this type builds here (ImportError: TimmWrapperModel requires the timm library but it was not found in your environment. Yo)',
     'gemma3n_text': 'not verified: no tiny model of this type builds here (ValueError: The set of layer types producing a cache is different than the set of layer types using)',
     'gemma4': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
@@ -229,16 +228,14 @@ REFUSED: dict[str, str] = {
     'gemma4_unified_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'git': "its attention computes softmax(q.k) itself (its text decoder's GitSelfAttention; only the image encoder uses the interface), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'gpt_neo': "its attention computes softmax(q.k) itself (GPTNeoSelfAttention._attn, unscaled q.k, or its own flash-attention call), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
-    'gpt_oss': 'attention sinks (a learned per-head logit outside q.k) and a key path the capture does not reproduce (tiny-model check: keys, W_K and attention entropy differ)',
-    'granite_swa': "attention sinks (a learned per-head logit outside q.k: its sinks, passed to the attention function as s_aux): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
-    'granitemoe_swa': "attention sinks (a learned per-head logit outside q.k: its sinks, passed to the attention function as s_aux): part of each query's attention goes to no key, so the entropy and output of softmax(q.k) over the keys are not the model's (tiny-model check: attention output vs eager differs)",
+    'gpt_neox_japanese': "a causal decoder (GPT-NeoX style; its config merely carries a BERT-style is_decoder field), but its attention computes softmax(q.k) itself (baddbmm and softmax in GPTNeoXJapaneseAttention._attn, fused query_key_value), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
     'jetmoe': "mixture of attention heads: a router picks each token's query-head experts (top_k of num_experts), so a head index at the attention function is a routed slot, not a fixed head, and the experts' own output projections reduce the attention output",
     'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
     'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
     'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
     'longcat_flash': 'each decoder layer holds two attention sublayers and two MLPs beside a shortcut MoE (num_hidden_layers = 2 x num_layers counts the sublayers), so decoder layers and attention layers are not one-to-one; not read yet',
-    'mimo_v2_flash': 'attention sinks (a learned per-head logit s_aux outside q.k) in its sliding-window layers, which also have another number of key/value heads than its full-attention layers',
+    'mimo_v2_flash': "its sliding-window layers have twice the key/value heads of its full-attention layers (num_key_value_heads * 2 there, MiMoV2FlashAttention), so the contract's one n_kv_heads axis of last_token/keys and last_token/values cannot hold its layers (its attention sinks, s_aux in those layers, are read: last_query_attention's sinks)",
     'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
     'mpt': "its attention computes softmax(q.k) itself (matmul plus ALiBi bias in MptAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
@@ -942,10 +939,12 @@ def _own_eager(module):
 
 
 @contextmanager
-def capture_attention(model, fn: Callable, *, with_value: bool = False, before: Callable | None = None):
+def capture_attention(model, fn: Callable, *, with_value: bool = False, before: Callable | None = None,
+                      with_sinks: bool = False):
     """While active, every call of ``model``'s attention function also calls
     ``fn(layer, query, key, attn_output, scaling, softcap)`` (``with_value``: ``fn(layer, query, key, value,
-    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]) with the tensors the model uses;
+    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]; ``with_sinks``: also the
+    keyword ``sinks``, the call's attention-sink logits, see below) with the tensors the model uses;
     ``before(layer, query, key, value)``, when given, runs before the attention function and may return a tensor
     of the value's shape that the function then receives instead of ``value`` (an edit of the values where no
     module outputs them: multi-head latent attention, ``extract.capture``):
@@ -955,7 +954,10 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
     - ``attn_output`` [B, T, n_heads, head_dim]: the attention-weighted sum of values (the input of
       ``o_proj_module`` once the heads are concatenated);
     - ``scaling``/``softcap``: the values the module passes to the attention function (None where it
-      passes none: then ``attention_scaling``/``attention_softcap`` apply).
+      passes none: then ``attention_scaling``/``attention_softcap`` apply);
+    - ``sinks`` (``with_sinks``): [n_heads] attention-sink logits, the ``s_aux`` the module passes to the
+      attention function (a learned per-head logit outside q.k that joins each query's softmax and carries no
+      value: gpt_oss, flint, granite_swa, mimo_v2_flash's sliding layers), or None.
 
     The model's attention implementation (sdpa, flash attention, eager) runs unchanged; nothing of
     size T x T is materialized here. Implemented by overriding, for the duration, the entry of the
@@ -985,10 +987,11 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
         out = f(module, query, key, value, attention_mask, *args, **kwargs)
         if layer is not None:
             seen.append(layer)
+            extra = {"sinks": kwargs.get("s_aux")} if with_sinks else {}
             if with_value:
-                fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
+                fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
             else:
-                fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"))
+                fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
         return out
 
     ALL_ATTENTION_FUNCTIONS[impl] = wrapper
