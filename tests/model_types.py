@@ -53,6 +53,8 @@ TYPE_SETTINGS: dict[str, dict] = {
     # hybrids (issue 29): three layers with attention at layer 1 only, the others state-space / linear attention;
     # state-space sizes made tiny too (SSM heads x head dim = expand x hidden = 128; the reference scans of
     # transformers without the mamba_ssm kernels take minutes at the default state sizes)
+    # its default layer_types is None (no full_attn_idxs fallback as in lfm2): the hybrid's kinds given here
+    "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1], **_MAMBA2_TINY},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention"], **_MAMBA2_TINY},

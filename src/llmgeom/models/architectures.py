@@ -231,7 +231,6 @@ REFUSED: dict[str, str] = {
     'gpt_neox_japanese': "a causal decoder (GPT-NeoX style; its config merely carries a BERT-style is_decoder field), but its attention computes softmax(q.k) itself (baddbmm and softmax in GPTNeoXJapaneseAttention._attn, fused query_key_value), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
     'jetmoe': "mixture of attention heads: a router picks each token's query-head experts (top_k of num_experts), so a head index at the attention function is a routed slot, not a fixed head, and the experts' own output projections reduce the attention output",
-    'lfm2_moe': "not verified: no tiny model of this type builds here (TypeError: 'NoneType' object is not subscriptable)",
     'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
     'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
     'longcat_flash': 'each decoder layer holds two attention sublayers and two MLPs beside a shortcut MoE (num_hidden_layers = 2 x num_layers counts the sublayers), so decoder layers and attention layers are not one-to-one; not read yet',
