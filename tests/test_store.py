@@ -872,6 +872,8 @@ _RESUME_CHILD = textwrap.dedent("""
 
 
 def test_subprocess_stopped_by_sigusr1_exits_non_zero_and_resumes(setup, uninterrupted, tmp_path, monkeypatch):
+    import torch
+
     out = tmp_path / "s.h5"
     marker = tmp_path / "half"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
