@@ -95,13 +95,17 @@ class AttentionCall:
     [B, n_kv_heads, T, head_dim] (post-RoPE), ``scaling``/``softcap`` (None where the module passes
     none: then ``architectures.attention_scaling`` / ``attention_softcap`` apply), ``sinks`` [n_heads]
     attention-sink logits (the call's ``s_aux``: a learned per-head logit outside q.k that joins the softmax
-    and carries no value), None without sinks (``extract.attention.last_query_attention``)."""
+    and carries no value), None without sinks (``extract.attention.last_query_attention``). ``probs``
+    [B, n_heads, T, T]: the attention probabilities the attention module computed itself, for the families that
+    bypass the attention interface (``architectures.Family.module_attention``: their query and key are then as
+    projected, before any RoPE inside the module), else None: the final query's row is computed from query and key."""
 
     query: torch.Tensor
     key: torch.Tensor
     scaling: float | None
     softcap: float | None
     sinks: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
 
 
 @dataclass
@@ -379,7 +383,7 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                 kinds = ATTENTION_POINTS + (("attn.hook_k", "attn.hook_v") if lat is not None else ())
                 points = {l: {kd: HookPoint(point_name(kd, l), l) for kd in kinds} for l in attn}
 
-                def on_attention(layer, q, k, o, scaling, softcap, sinks=None):
+                def on_attention(layer, q, k, o, scaling, softcap, sinks=None, probs=None):
                     if layer not in attn:
                         return
                     pts, fns = points[layer], attn[layer]
@@ -387,7 +391,7 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                     for fn in fns.get("attn.hook_z", ()):
                         fn(o.reshape(*o.shape[:2], -1), pts["attn.hook_z"])  # [B, T, H*hd]: the o_proj input
                     for fn in fns.get("attn.hook_qk", ()):
-                        fn(AttentionCall(q, k, scaling, softcap, sinks), pts["attn.hook_qk"])
+                        fn(AttentionCall(q, k, scaling, softcap, sinks, probs), pts["attn.hook_qk"])
 
                 def latent_kv(layer, q, k, v):  # latent attention: the keys and values before the attention call
                     fns = attn.get(layer, {})
@@ -418,7 +422,8 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                     return None if changed is None else changed.reshape(B, T, H, -1).transpose(1, 2).to(v.dtype)
 
                 state["attention_seen"] = st.enter_context(arch.capture_attention(
-                    model, on_attention, before=latent_kv if lat is not None else None, with_sinks=True))
+                    model, on_attention, before=latent_kv if lat is not None else None, with_sinks=True,
+                    with_probs=True))
                 state["attention_layers"] = sorted(attn)
             yield state
     finally:
