@@ -159,7 +159,7 @@ def _close(a, b, what: str, atol: float = ATOL) -> str | None:
 
 
 def _has_qk_norm(att) -> bool:
-    return any(n in dict(att.named_children()) for n in ("k_norm", "key_norm", "k_layernorm", "key_layernorm", "k_ln"))
+    return any(n in dict(att.named_children()) for n in ("k_norm", "key_norm", "k_layernorm", "key_layernorm", "k_ln", "qk_norm"))
 
 
 def check_model(model, eager) -> list[str]:

@@ -190,6 +190,11 @@ FAMILIES: tuple[Family, ...] = (
            module_attention=True,
            reason="its attention computes softmax(q.k) itself (GPTNeoXJapaneseAttention._attn); fused query_key_value "
            "interleaved per head as in GPT-NeoX; a causal decoder although its config carries BERT's is_decoder"),
+    Family("git", ("git",), "encoder.layer", None, None, "separate", q_proj="attention.self.query",
+           k_proj="attention.self.key", v_proj="attention.self.value", attention="attention.self",
+           o_proj="attention.output.dense", mlp=None, module_attention=True,
+           reason="its text decoder's attention computes softmax(q.k) itself (GitSelfAttention); BERT-style post-LN "
+           "layers without a final norm; read on text alone (no image tokens)"),
 )
 
 #: CodeGen's model-parallel groups of its fused qkv_proj (``CodeGenAttention.mp_num``, fixed in transformers).
@@ -285,7 +290,7 @@ def _family_refusal(cfg) -> str | None:
 REFUSED: dict[str, str] = {
     'blt': 'not verified: its tiny model needs more than 6 GiB (byte-level patcher with fixed large sizes)',
     'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",
-    'cpmant': "its attention computes softmax(q.k) itself (matmul plus its position bias in CpmAntAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'cpmant': "it prepends prompt_length learned prompt tokens to every input inside CpmAntModel (a segment-aware relative position bias over them) and drops them only from its outputs, so the blocks' positions are not the prompt's tokens that the capture indexes; not read",
     'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
     'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
     'doge': 'dynamic mask attention: a learned per-key bias (dt_proj of the values, scaled by A) enters the scores through the attention mask, and beyond keep_window_size keys only the top ones are kept, so the attention distribution is not softmax(q.k) over the causal keys (it also calls its own AttentionInterface instance)',
@@ -300,21 +305,17 @@ REFUSED: dict[str, str] = {
     'gemma4_unified': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'gemma4_unified_assistant': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'gemma4_unified_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
-    'git': "its attention computes softmax(q.k) itself (its text decoder's GitSelfAttention; only the image encoder uses the interface), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
     'jetmoe': "mixture of attention heads: a router picks each token's query-head experts (top_k of num_experts), so a head index at the attention function is a routed slot, not a fixed head, and the experts' own output projections reduce the attention output",
-    'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
-    'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
     'longcat_flash': 'each decoder layer holds two attention sublayers and two MLPs beside a shortcut MoE (num_hidden_layers = 2 x num_layers counts the sublayers), so decoder layers and attention layers are not one-to-one; not read yet',
     'mimo_v2_flash': "its sliding-window layers have twice the key/value heads of its full-attention layers (num_key_value_heads * 2 there, MiMoV2FlashAttention), so the contract's one n_kv_heads axis of last_token/keys and last_token/values cannot hold its layers (its attention sinks, s_aux in those layers, are read: last_query_attention's sinks)",
-    'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
+    'mllama': "multimodal (Llama-3.2-Vision): its text decoder interleaves cross-attention layers (cross_attention_layers) that attend to the image states and are skipped in a text-only forward (MllamaTextModel: no block output there), so decoder layers and residual-stream layers are not one-to-one",
     'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
     'musicgen_melody': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
     'bailing_hybrid': "not verified: no tiny model of this type builds here (RuntimeError: shape '[-1, 8, 0]' is invalid for input of size 28: its linear-attention layers beside latent attention)",
     'recurrent_gemma': "not verified: its outputs carry no KV cache (recurrent blocks beside local attention), so the tiny-model check cannot compare values and keys with the model's own",
-    'xlm': "its attention computes softmax(q.k) itself (matmul and softmax in XLM's MultiHeadAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
     'xlstm': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (4096) must match the size of tensor b (64) at non-singleton dime)',
     'zamba': "not verified: no tiny model of this type builds here (ValueError: There is an issue with your definition of `tie_weights_keys` for its shared attention block)",
@@ -418,6 +419,13 @@ def refusal(config) -> str | None:
     if per_layer and len(set(per_layer)) > 1:
         return (f"per-layer numbers of query heads (num_attention_heads_per_layer: {sorted(set(per_layer))}); the HDF5 "
                 "contract has one n_heads per model")
+    if mt == "xlm":  # XLMWithLMHeadModel: masked (causal=False, the default) or causal language model
+        if not getattr(cfg, "causal", False):
+            return ("an encoder (bidirectional self-attention: XLM with causal = false, its masked-LM objective); its "
+                    "LM head is not a decoder-only language model")
+        return ("XLM's layers are no modules: XLMModel keeps parallel ModuleLists (attentions, layer_norm1, ffns, "
+                "layer_norm2) and runs them in its own loop, so there is no block output to read the residual stream "
+                "from; not read yet")
     if getattr(config, "is_encoder_decoder", False) or getattr(cfg, "is_encoder_decoder", False):
         return "an encoder-decoder model (its decoder cross-attends to an encoder); only decoder-only models are read"
     if hasattr(cfg, "is_decoder"):
@@ -662,8 +670,14 @@ def base_model(model):
     base model wraps a text decoder beside other encoders (multimodal wrappers registered as causal LMs,
     e.g. ``gemma3``): that one takes ``input_ids`` and returns the final norm's output."""
     base = model.base_model
+    if base is model:  # base_model_prefix names no attribute (Llama-4's text model: "language_model", the stack
+        base = getattr(model, "model", model)  # is .model): transformers' own attribute for it
     lm = getattr(base, "language_model", None)
-    return lm if lm is not None and hasattr(lm, "forward") else base
+    if lm is None or not hasattr(lm, "forward"):
+        return base
+    if lm is not model and hasattr(lm, "get_output_embeddings") and lm.get_output_embeddings() is not None:
+        return base_model(lm)  # the text model is itself a *ForCausalLM (Llama-4, Mllama): its own stack
+    return lm
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -1058,9 +1072,22 @@ def _module_attention_hooks(model, fn: Callable, seen: list, *, with_value: bool
                 q, k, v = split_fused(model, out)
                 st["q"], st["k"], st["v"] = heads(q, s.n_heads), heads(k, s.n_kv_heads), heads(v, s.n_kv_heads)
             handles.append(_get(blk, fam.fused_proj).register_forward_hook(split))
-        handles.append(_get(blk, fam.o_proj).register_forward_pre_hook(
-            lambda mod, args, st=st: st.__setitem__("o", args[0].reshape(*args[0].shape[:2], s.n_heads, -1)),
-            prepend=True))
+        def fire(i, st):  # once both the attention output and the probabilities are there (o_proj may run inside
+            if "o" not in st or "probs" not in st:  # the attention module, BLOOM, or after it, GIT)
+                return
+            seen.append(i)
+            extra = {"sinks": None} if with_sinks else {}
+            if with_probs:
+                extra["probs"] = st["probs"]
+            qkv = (st["q"], st["k"], st["v"]) if with_value else (st["q"], st["k"])
+            fn(i, *qkv, st["o"], None, None, **extra)
+            st.clear()
+
+        def z(mod, args, i=i, st=st):
+            st["o"] = args[0].reshape(*args[0].shape[:2], s.n_heads, -1)
+            fire(i, st)
+
+        handles.append(_get(blk, fam.o_proj).register_forward_pre_hook(z, prepend=True))
         att = _get(blk, fam.attention)
         ask = _ask_for_probabilities(att)
         if ask is not None:
@@ -1072,13 +1099,8 @@ def _module_attention_hooks(model, fn: Callable, seen: list, *, with_value: bool
                 raise UnsupportedArchitectureError(
                     f"{type(mod).__name__} (layer {i}) returned no attention probabilities with output_attentions=True;"
                     " llmgeom reads this family's attention from them (architectures.Family.module_attention)")
-            seen.append(i)
-            extra = {"sinks": None} if with_sinks else {}
-            if with_probs:
-                extra["probs"] = probs
-            qkv = (st["q"], st["k"], st["v"]) if with_value else (st["q"], st["k"])
-            fn(i, *qkv, st["o"], None, None, **extra)
-            st.clear()
+            st["probs"] = probs
+            fire(i, st)
 
         handles.append(att.register_forward_hook(post))
     return handles
