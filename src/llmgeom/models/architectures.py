@@ -12,7 +12,8 @@ final norm's output (``last_hidden_state``), ``get_output_embeddings()``, the at
 (``ALL_ATTENTION_FUNCTIONS``: post-RoPE queries and keys, values, attention output of every layer that
 calls it) and the separate key/value projections of the attention module (``k_proj``/``v_proj`` Linear,
 found by name and checked against n_kv_heads*head_dim). A ``Family`` entry holds only what those seams
-cannot tell (a fused or Conv1D layout, a pre-scaled query, a soft-cap), with its reason; ``REFUSED``
+cannot tell (a fused or Conv1D layout, a pre-scaled query, a soft-cap, attention computed inside the module
+instead of through the interface: ``Family.module_attention``), with its reason; ``REFUSED``
 names the model types that cannot be read and why (:func:`refusal`). Multi-head latent attention
 (DeepSeek-V2/V3 MLA, ``kv_lora_rank``; :class:`LatentDims`) is read on the generic path too: its values and keys
 exist per head only inside the attention module, so ``extract.capture`` reads them at the attention interface
