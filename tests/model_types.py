@@ -63,6 +63,7 @@ TYPE_SETTINGS: dict[str, dict] = {
     "zamba2": {"n_mamba_heads": 8, "mamba_headdim": 16, "mamba_d_state": 16, "chunk_size": 8},
     "mamba2": {"num_heads": 8, "state_size": 16, "n_groups": 1, "chunk_size": 8, "time_step_rank": 4},
     "rwkv": {"attention_hidden_size": 64, "context_length": 128},
+    "recurrent_gemma": {"lru_width": 64},  # its recurrent blocks' width (default 2560)
     **{t: _LINEAR_TINY for t in ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
                                  "olmo_hybrid", "lara_mini", "qwen4_exp", "qwen4_exp_text")},
 }

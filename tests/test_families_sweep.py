@@ -22,7 +22,7 @@ import model_types as mtypes
 from conftest import REPO, TEST_DIR, tiny_config
 
 #: config/families.yaml model -> its model_type (the comment beside each entry there)
-FAMILY_TYPES = {"pythia-160m": "gpt_neox", "gpt2": "gpt2", "opt-125m": "opt", "llama-3.2-1b": "llama",
+FAMILY_TYPES = {"pythia-160m": "gpt_neox", "gpt2": "gpt2", "bloom-560m": "bloom", "opt-125m": "opt", "llama-3.2-1b": "llama",
                 "qwen3-0.6b": "qwen3", "gemma-3-270m": "gemma3_text", "olmo-2-1b": "olmo2", "smollm3-3b": "smollm3",
                 "phi-3-mini": "phi3", "olmoe-1b-7b": "olmoe", "stablelm-2-1.6b": "stablelm", "jamba-tiny-dev": "jamba",
                 "mamba-130m": "mamba", "deepseek-v2-lite": "deepseek_v2"}

@@ -261,7 +261,7 @@ def test_families_sweep_dry_run_plans_every_model(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     counts = offline_dry_run_counts(repo / "config/families.yaml", tmp_path)
     cfg = yaml.safe_load((repo / "config/families.yaml").read_text())
-    assert len(cfg["models"]) == 14
+    assert len(cfg["models"]) == 15
     # every model and its random-init twin (issue 28); the twins extract these three sets too (mixed, the summary
     # domain set, the corpus)
     assert counts["prepare_model"] == 2 * len(cfg["models"])

@@ -316,7 +316,6 @@ REFUSED: dict[str, str] = {
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
     'bailing_hybrid': "not verified: no tiny model of this type builds here (RuntimeError: shape '[-1, 8, 0]' is invalid for input of size 28: its linear-attention layers beside latent attention)",
-    'recurrent_gemma': "not verified: its outputs carry no KV cache (recurrent blocks beside local attention), so the tiny-model check cannot compare values and keys with the model's own",
     'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
     'xlstm': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (4096) must match the size of tensor b (64) at non-singleton dime)',
     'zamba': "not verified: no tiny model of this type builds here (ValueError: There is an issue with your definition of `tie_weights_keys` for its shared attention block)",
@@ -753,8 +752,10 @@ def logit_multiplier(model) -> float | None:
 
 
 def logit_softcap(model) -> float | None:
-    """Final-logit soft-capping constant (Gemma 2/3 configs), or None."""
-    return getattr(_text_config(model.config), "final_logit_softcapping", None)
+    """Final-logit soft-capping constant c (logits -> c * tanh(logits / c)), or None: Gemma 2/3's
+    ``final_logit_softcapping``, RecurrentGemma's ``logits_soft_cap``."""
+    cfg = _text_config(model.config)
+    return getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logits_soft_cap", None)
 
 
 def _generic_attention(model, layer: int, what: str):
