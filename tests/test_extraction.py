@@ -437,6 +437,46 @@ def test_last_query_attention_known_answer():
     torch.testing.assert_close(pm[0, 1], p[0, 0])
 
 
+def test_last_query_attention_mask_row_known_answer():
+    """The final query's row of the model's own attention mask (DeepSeek Sparse Attention's indexer selection, Doge's
+    dynamic bias): a float row is added to the scaled scores, a bool row hides keys where False, the reconstructed
+    causal / padding mask still applies, an all-zero float row leaves p bit for bit; final_query_mask_row picks row
+    ``last`` of a [B, 1 or H, T_q, T_k] mask and its first T keys."""
+    q = torch.zeros(2, 2, 4, 1)
+    q[:, 0, :, 0], q[:, 1, :, 0] = 1.0, 2.0
+    k = torch.tensor([0.0, 1.0, 2.0, 3.0]).reshape(1, 1, 4, 1).repeat(2, 1, 1, 1)
+    last = torch.tensor([3, 1])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    p = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0)
+    # a per-head float bias [B, H, T] (Doge): head 0 of prompt 0 gets +1 on key 0, -inf-like finfo.min on key 2
+    bias = torch.zeros(2, 2, 4)
+    bias[0, 0, 0], bias[0, 0, 2] = 1.0, torch.finfo(torch.float32).min
+    bias[1, :, 3] = 5.0  # a bias on a key the causal / padding mask hides: it stays hidden (intersection)
+    pb = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=bias)
+    torch.testing.assert_close(pb[0, 0], torch.tensor([math.e, math.e, 0.0, math.e ** 3]) / (2 * math.e + math.e ** 3))
+    assert torch.equal(pb[0, 1], p[0, 1]) and torch.equal(pb[1], p[1])
+    # a bool row of one head [B, 1, T] (sdpa; DeepSeek Sparse Attention's selection): False hides the key in every head
+    sel = torch.tensor([[True, False, True, True], [False, True, True, True]])[:, None, :]
+    ps = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=sel)
+    torch.testing.assert_close(ps[0, 0], torch.tensor([1.0, 0.0, math.e ** 2, math.e ** 3]) / (1 + math.e ** 2 + math.e ** 3))
+    torch.testing.assert_close(ps[0, 1], torch.tensor([1.0, 0.0, math.e ** 4, math.e ** 6]) / (1 + math.e ** 4 + math.e ** 6))
+    torch.testing.assert_close(ps[1], torch.tensor([[0.0, 1.0, 0.0, 0.0]] * 2))
+    # the eager additive form of the same selection (0 / finfo.min): the same probabilities
+    add = torch.zeros(2, 1, 4).masked_fill(~sel, torch.finfo(torch.float32).min)
+    torch.testing.assert_close(attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=add), ps)
+    # an all-zero float row (an ordinary model's eager mask at its visible keys): bit for bit the same
+    assert torch.equal(attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=torch.zeros(2, 1, 4)), p)
+    # final_query_mask_row: row last[b] of prompt b, its first T_k keys (a longer cache mask), a broadcast batch
+    full = torch.arange(2 * 2 * 4 * 5, dtype=torch.float32).reshape(2, 2, 4, 5)
+    row = attn_maths.final_query_mask_row(full, last, 4)
+    assert row.shape == (2, 2, 4)
+    assert torch.equal(row[0], full[0, :, 3, :4]) and torch.equal(row[1], full[1, :, 1, :4])
+    one = attn_maths.final_query_mask_row(full[:1, :1], last, 4)
+    assert torch.equal(one, torch.stack([full[0, :1, 3, :4], full[0, :1, 1, :4]]))
+    assert attn_maths.final_query_mask_row(None, last, 4) is None
+    assert attn_maths.final_query_mask_row(mask.bool(), last, 4) is None  # flash attention's 2-D padding mask
+
+
 def test_last_query_attention_sink_term_known_answer():
     """Attention sinks: one extra logit per head (not scaled, not masked) joins the softmax and is dropped after it;
     the entropy is that of the whole distribution, keys plus the sink outcome (docs/design-notes.md "Attention

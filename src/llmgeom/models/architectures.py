@@ -937,13 +937,51 @@ def _own_eager(module):
     return importlib.import_module(type(module).__module__).eager_attention_forward
 
 
+#: The optional keywords :func:`capture_attention` hands to its ``fn`` (those named in its ``extras``), each read
+#: from one attention-function call ``(attention_mask, kwargs)``:
+#:
+#: - ``sinks``: [n_heads] attention-sink logits, the ``s_aux`` the module passes (a learned per-head logit outside
+#:   q.k that joins each query's softmax and carries no value: gpt_oss, flint, granite_swa, mimo_v2_flash's sliding
+#:   layers), or None;
+#: - ``mask``: the ``attention_mask`` the function receives: [B or 1, 1 or n_heads, T_q, T_k] bool (True = may
+#:   attend; sdpa) or additive float (eager: 0 / ``finfo.min``; Doge's learned dynamic bias), as built by
+#:   ``transformers.masking_utils`` and by the module itself (DeepSeek Sparse Attention merges its indexer's
+#:   non-selected keys in, Doge its dynamic mask); None where the call passes none (sdpa with ``is_causal``), a 2-D
+#:   padding mask under flash attention;
+#: - ``sparse_indices``: the ``indices`` of the keys a sparse-attention module selects per query, passed instead of
+#:   merging them into the mask under other implementations than eager/sdpa (DeepSeek Sparse Attention), or None.
+CALL_EXTRAS: dict[str, Callable] = {
+    "sinks": lambda mask, kwargs: kwargs.get("s_aux"),
+    "mask": lambda mask, kwargs: mask,
+    "sparse_indices": lambda mask, kwargs: kwargs.get("indices"),
+}
+
+
+def _attention_interfaces(model) -> list:
+    """The attention-function registries ``model``'s layers look their function up in: transformers' shared
+    ``ALL_ATTENTION_FUNCTIONS``, and a modeling file's own ``AttentionInterface`` instance where it keeps one (Doge's
+    ``modeling_doge.ALL_ATTENTION_FUNCTIONS``: its local entries first, then the shared global ones)."""
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    found = {id(ALL_ATTENTION_FUNCTIONS): ALL_ATTENTION_FUNCTIONS}
+    for blk in decoder_layers(model):
+        for sub in blk.modules():
+            iface = getattr(sys.modules.get(type(sub).__module__), "ALL_ATTENTION_FUNCTIONS", None)
+            if isinstance(iface, AttentionInterface):
+                found.setdefault(id(iface), iface)
+    return list(found.values())
+
+
 @contextmanager
 def capture_attention(model, fn: Callable, *, with_value: bool = False, before: Callable | None = None,
-                      with_sinks: bool = False):
+                      extras: tuple[str, ...] = ()):
     """While active, every call of ``model``'s attention function also calls
     ``fn(layer, query, key, attn_output, scaling, softcap)`` (``with_value``: ``fn(layer, query, key, value,
-    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]; ``with_sinks``: also the
-    keyword ``sinks``, the call's attention-sink logits, see below) with the tensors the model uses;
+    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]; ``extras``: names of
+    ``CALL_EXTRAS``, each also given as that keyword: the call's attention-sink logits, attention mask, sparse
+    indices) with the tensors the model uses;
     ``before(layer, query, key, value)``, when given, runs before the attention function and may return a tensor
     of the value's shape that the function then receives instead of ``value`` (an edit of the values where no
     module outputs them: multi-head latent attention, ``extract.capture``):
@@ -954,50 +992,52 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
       ``o_proj_module`` once the heads are concatenated);
     - ``scaling``/``softcap``: the values the module passes to the attention function (None where it
       passes none: then ``attention_scaling``/``attention_softcap`` apply);
-    - ``sinks`` (``with_sinks``): [n_heads] attention-sink logits, the ``s_aux`` the module passes to the
-      attention function (a learned per-head logit outside q.k that joins each query's softmax and carries no
-      value: gpt_oss, flint, granite_swa, mimo_v2_flash's sliding layers), or None.
+    - the ``extras`` keywords: as ``CALL_EXTRAS`` describes them.
 
     The model's attention implementation (sdpa, flash attention, eager) runs unchanged; nothing of
     size T x T is materialized here. Implemented by overriding, for the duration, the entry of the
-    current implementation in ``transformers``' ``ALL_ATTENTION_FUNCTIONS`` (process-wide: calls of
-    other models pass through unchanged).
+    current implementation in ``transformers``' ``ALL_ATTENTION_FUNCTIONS`` and in a modeling file's own
+    registry where it has one (:func:`_attention_interfaces`; process-wide: calls of other models pass through
+    unchanged).
 
     Raises:
         UnsupportedArchitectureError: a family whose attention does not use the attention interface.
+        KeyError: a name in ``extras`` that ``CALL_EXTRAS`` does not have.
     """
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
+    getters = {name: CALL_EXTRAS[name] for name in extras}
     # every module of block i counts as block i's attention (the module that calls the interface may sit below
     # the one attention_modules names: e.g. an inner self-attention); a second call in one block is seen twice
     layer_of = {id(sub): i for i, blk in enumerate(decoder_layers(model)) for sub in blk.modules()}
     impl = _text_config(model.config)._attn_implementation or "eager"
-    had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
-    prev_local = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
-    inner = ALL_ATTENTION_FUNCTIONS.get(impl)
     seen = []
 
-    def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
-        f = inner if inner is not None else _own_eager(module)
-        layer = layer_of.get(id(module))
-        if before is not None and layer is not None:
-            new = before(layer, query, key, value)
-            value = value if new is None else new
-        out = f(module, query, key, value, attention_mask, *args, **kwargs)
-        if layer is not None:
-            seen.append(layer)
-            extra = {"sinks": kwargs.get("s_aux")} if with_sinks else {}
-            if with_value:
-                fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
-            else:
-                fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
-        return out
+    def wrap(inner):
+        def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+            f = inner if inner is not None else _own_eager(module)
+            layer = layer_of.get(id(module))
+            if before is not None and layer is not None:
+                new = before(layer, query, key, value)
+                value = value if new is None else new
+            out = f(module, query, key, value, attention_mask, *args, **kwargs)
+            if layer is not None:
+                seen.append(layer)
+                extra = {name: get(attention_mask, kwargs) for name, get in getters.items()}
+                if with_value:
+                    fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
+                else:
+                    fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
+            return out
+        return wrapper
 
-    ALL_ATTENTION_FUNCTIONS[impl] = wrapper
+    saved = []  # (registry, had a local entry, that entry)
     try:
+        for iface in _attention_interfaces(model):
+            saved.append((iface, impl in iface._local_mapping, iface._local_mapping.get(impl)))
+            iface[impl] = wrap(iface.get(impl))
         yield seen
     finally:
-        if had_local:
-            ALL_ATTENTION_FUNCTIONS._local_mapping[impl] = prev_local
-        else:
-            del ALL_ATTENTION_FUNCTIONS[impl]
+        for iface, had_local, prev_local in reversed(saved):
+            if had_local:
+                iface._local_mapping[impl] = prev_local
+            else:
+                del iface._local_mapping[impl]
