@@ -213,7 +213,6 @@ REFUSED: dict[str, str] = {
     'cpmant': "its attention computes softmax(q.k) itself (matmul plus its position bias in CpmAntAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
     'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
-    'doge': 'dynamic mask attention: a learned per-key bias (dt_proj of the values, scaled by A) enters the scores through the attention mask, and beyond keep_window_size keys only the top ones are kept, so the attention distribution is not softmax(q.k) over the causal keys (it also calls its own AttentionInterface instance)',
     'dory': "a looped (recurrent-depth) decoder: its recurrent layers run n_recurrent_loops times per forward, later loops attending over the earlier loops' keys, so a layer has several attention calls and key sets; not read yet",
     'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
@@ -269,9 +268,11 @@ def refusal_of_json(cfg: dict) -> str | None:
     return refusal(outer)
 
 
-#: Layer kinds in ``config.layer_types`` that go through the attention interface.
+#: Layer kinds in ``config.layer_types`` that go through the attention interface (``indexed_attention``: DeepSeek
+#: Sparse Attention / Qwen4-Exp QSA, whose indexer's key selection is merged into the attention mask under
+#: eager/sdpa, read there: ``CALL_EXTRAS`` ``mask``).
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention", "chunked_attention",
-                                    "global", "local", "sliding", "full"})
+                                    "global", "local", "sliding", "full", "indexed_attention"})
 #: Layer kinds with an attention module beside an attention-free mixer in the same block (Falcon-H1: attention
 #: and Mamba-2 in parallel; Zamba: a Mamba block with a shared attention block): attention layers, found by
 #: their attention module (:func:`parts`).
@@ -328,11 +329,13 @@ def refusal(config) -> str | None:
 
     Rules, in order: a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
     ``num_attention_heads_per_layer`` when they differ); an encoder-decoder; an encoder (BERT-style config with an
-    ``is_decoder`` switch: bidirectional self-attention used as a decoder); sparse (indexed) attention
-    (DeepSeek Sparse Attention: an indexer selects the keys each query sees); a layer kind in ``layer_types``
+    ``is_decoder`` switch: bidirectional self-attention used as a decoder); a layer kind in ``layer_types``
     that is neither attention nor a known attention-free kind (:func:`config_attention_layers`). Multi-head
     latent attention, hybrid and state-space models are read (issue 29): the residual-stream and logit measures
-    on every layer, the attention measures on :func:`config_attention_layers`.
+    on every layer, the attention measures on :func:`config_attention_layers`; so are masks that carry more than
+    causality, padding and a window (DeepSeek Sparse Attention's ``indexed_attention`` layers, whose indexer
+    keeps index_topk keys per query; Doge's dynamic mask): the entropy reads the mask the attention function
+    receives (``CALL_EXTRAS`` ``mask``).
 
     Returns:
         the reason in words, or None.
@@ -353,10 +356,6 @@ def refusal(config) -> str | None:
     if hasattr(cfg, "is_decoder"):
         return ("an encoder (bidirectional self-attention, BERT-style) used as a decoder; its causal-LM head is "
                 "not a decoder-only language model")
-    if "indexed_attention" in set(getattr(cfg, "layer_types", None) or ()):
-        return ("sparse attention (DeepSeek Sparse Attention, `indexed_attention` layers): a learned indexer keeps "
-                "the index_topk keys of each query, so the attention distribution is not the softmax of q.k over the "
-                "causal keys that the capture computes its entropy from")
     unknown = sorted(set(_layer_kinds(cfg) or ()) - _ATTENTION_LAYER_TYPES - _HYBRID_LAYER_TYPES
                      - _ATTENTION_FREE_LAYER_TYPES)
     if unknown:
