@@ -44,7 +44,8 @@ _LINEAR_TINY = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_
 #: causal keys (with T <= index_topk every key is kept)
 _DSA_TINY = {"index_topk": 3, "index_n_heads": 2, "index_head_dim": 16}
 #: Qwen4-Exp's QSA indexer: 1 of the complete blocks of 2 keys per query (indexer_budget / indexer_compress_ratio),
-#: beside the trailing incomplete block
+#: beside the trailing incomplete block (the type is refused by its config for its hyper-connections, so these only
+#: make its tiny config valid)
 _QSA_TINY = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 2,
              "indexer_compress_ratio": 2}
 

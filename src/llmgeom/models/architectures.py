@@ -330,7 +330,8 @@ def refusal(config) -> str | None:
     Rules, in order: a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
     ``num_attention_heads_per_layer`` when they differ); an encoder-decoder; an encoder (BERT-style config with an
     ``is_decoder`` switch: bidirectional self-attention used as a decoder); a layer kind in ``layer_types``
-    that is neither attention nor a known attention-free kind (:func:`config_attention_layers`). Multi-head
+    that is neither attention nor a known attention-free kind (:func:`config_attention_layers`); hyper-connections
+    (``hc_mult`` / ``hc_count`` > 1 parallel residual streams: hy_v4, qwen4_exp). Multi-head
     latent attention, hybrid and state-space models are read (issue 29): the residual-stream and logit measures
     on every layer, the attention measures on :func:`config_attention_layers`; so are masks that carry more than
     causality, padding and a window (DeepSeek Sparse Attention's ``indexed_attention`` layers, whose indexer
@@ -361,6 +362,12 @@ def refusal(config) -> str | None:
     if unknown:
         return (f"layer kinds the architectures module does not know ({', '.join(unknown)} in config.layer_types): "
                 "whether and how such a layer attends is not known, so its attention datasets cannot be read")
+    streams = max(int(getattr(cfg, k, None) or 1) for k in ("hc_mult", "hc_count"))
+    if streams > 1:
+        return (f"hyper-connections ({streams} parallel residual streams, hc_mult / hc_count, mixed by learned "
+                "connections around every block): between blocks each token carries [streams, d_model], not the "
+                "one d_model residual vector per layer of the HDF5 contract, and no single stream is the input of the "
+                "final norm")
     return None
 
 
