@@ -338,14 +338,24 @@ def test_attention_entropy_from_hooked_queries_equals_eager(family):
 
 @pytest.mark.parametrize("family", ["gemma3", "mistral"])
 def test_sliding_window_is_applied(family, monkeypatch):
-    """Ignoring the window changes the long prompt's entropies, so the equality above tests it."""
+    """Ignoring the window changes the long prompt's entropies, so the equality above tests it. The window reaches
+    the entropy twice: the rebuilt mask (``attention_window``) and the row of the mask the model passes to its
+    attention function (``final_query_mask_row``, which carries it here); either alone gives eager's entropies,
+    ignoring both does not."""
     m = sdpa_twin(family)
     ref = eager_entropies(tiny(family), [LONG])
     s = arch.summarize(m.config)
     assert s.sliding_layers and s.sliding_window < len(LONG)
     monkeypatch.setattr(arch, "attention_window", lambda config, layer: None)
+    np.testing.assert_allclose(extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"], ref,
+                               atol=1e-5, rtol=0)
+    monkeypatch.setattr(extraction, "final_query_mask_row", lambda mask, last, T_k: None)
     wrong = extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"]
     assert np.abs(wrong - ref)[0, list(s.sliding_layers)].max() > 1e-2
+    monkeypatch.undo()  # the rebuilt window alone
+    monkeypatch.setattr(extraction, "final_query_mask_row", lambda mask, last, T_k: None)
+    np.testing.assert_allclose(extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"], ref,
+                               atol=1e-5, rtol=0)
 
 
 def test_gemma3_query_pre_attn_scalar():
