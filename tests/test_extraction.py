@@ -427,15 +427,21 @@ def test_row_index_gathers_what_advanced_indexing_gathers():
             rows.take(bad, "cpu")
 
 
-def test_last_query_attention_known_answer():
-    """GQA sharing, padding, window and soft-capping on hand-computed scores."""
-    # B=2, H=2 query heads sharing H_kv=1 key head, T=4, hd=1
+def _hand_scores():
+    """Hand-computable inputs of last_query_attention: B=2 prompts, H=2 query heads (queries 1 and 2) sharing H_kv=1
+    key head (keys 0, 1, 2, 3), T=4, hd=1; prompt 0's final token at 3, prompt 1's at 1 (then 2 padding).
+    Returns (q, k, last, key mask, p at scaling 1)."""
     q = torch.zeros(2, 2, 4, 1)
     q[:, 0, :, 0], q[:, 1, :, 0] = 1.0, 2.0
     k = torch.tensor([0.0, 1.0, 2.0, 3.0]).reshape(1, 1, 4, 1).repeat(2, 1, 1, 1)
     last = torch.tensor([3, 1])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    p = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0)
+    return q, k, last, mask, attn_maths.last_query_attention(q, k, last, mask, scaling=1.0)
+
+
+def test_last_query_attention_known_answer():
+    """GQA sharing, padding, window and soft-capping on hand-computed scores."""
+    q, k, last, mask, p = _hand_scores()
     torch.testing.assert_close(p[0, 0], torch.softmax(torch.tensor([0.0, 1, 2, 3]), -1))
     torch.testing.assert_close(p[0, 1], torch.softmax(torch.tensor([0.0, 2, 4, 6]), -1))
     torch.testing.assert_close(p[1, 0], torch.tensor([1, math.e, 0, 0]) / (1 + math.e))
@@ -452,12 +458,7 @@ def test_last_query_attention_mask_row_known_answer():
     dynamic bias): a float row is added to the scaled scores, a bool row hides keys where False, the reconstructed
     causal / padding mask still applies, an all-zero float row leaves p bit for bit; final_query_mask_row picks row
     ``last`` of a [B, 1 or H, T_q, T_k] mask and its first T keys."""
-    q = torch.zeros(2, 2, 4, 1)
-    q[:, 0, :, 0], q[:, 1, :, 0] = 1.0, 2.0
-    k = torch.tensor([0.0, 1.0, 2.0, 3.0]).reshape(1, 1, 4, 1).repeat(2, 1, 1, 1)
-    last = torch.tensor([3, 1])
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    p = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0)
+    q, k, last, mask, p = _hand_scores()
     # a per-head float bias [B, H, T] (Doge): head 0 of prompt 0 gets +1 on key 0, -inf-like finfo.min on key 2
     bias = torch.zeros(2, 2, 4)
     bias[0, 0, 0], bias[0, 0, 2] = 1.0, torch.finfo(torch.float32).min
@@ -468,8 +469,10 @@ def test_last_query_attention_mask_row_known_answer():
     # a bool row of one head [B, 1, T] (sdpa; DeepSeek Sparse Attention's selection): False hides the key in every head
     sel = torch.tensor([[True, False, True, True], [False, True, True, True]])[:, None, :]
     ps = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=sel)
-    torch.testing.assert_close(ps[0, 0], torch.tensor([1.0, 0.0, math.e ** 2, math.e ** 3]) / (1 + math.e ** 2 + math.e ** 3))
-    torch.testing.assert_close(ps[0, 1], torch.tensor([1.0, 0.0, math.e ** 4, math.e ** 6]) / (1 + math.e ** 4 + math.e ** 6))
+    e = torch.tensor([1.0, 0.0, math.e ** 2, math.e ** 3])  # head 0: exp of scores 0, (1 hidden), 2, 3
+    torch.testing.assert_close(ps[0, 0], e / e.sum())
+    e = torch.tensor([1.0, 0.0, math.e ** 4, math.e ** 6])  # head 1: exp of scores 0, (2 hidden), 4, 6
+    torch.testing.assert_close(ps[0, 1], e / e.sum())
     torch.testing.assert_close(ps[1], torch.tensor([[0.0, 1.0, 0.0, 0.0]] * 2))
     # the eager additive form of the same selection (0 / finfo.min): the same probabilities
     add = torch.zeros(2, 1, 4).masked_fill(~sel, torch.finfo(torch.float32).min)

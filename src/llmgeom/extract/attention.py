@@ -109,7 +109,8 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
 
     Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils``
     (causal, padding, ``sliding_window_overlay``) and the model's own mask row (``mask_row``); sinks as
-    transformers' gpt_oss ``eager_attention_forward`` (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"; the gpt-oss model card).
+    transformers' gpt_oss ``eager_attention_forward`` (Xiao et al. 2023, "Efficient Streaming Language Models with
+    Attention Sinks"; the gpt-oss model card).
     """
     B, H, T, hd = query.shape
     H_kv = key.shape[1]
