@@ -174,7 +174,7 @@ def _close(a, b, what: str, atol: float = ATOL) -> str | None:
 
 
 def _has_qk_norm(att) -> bool:
-    return any(n in dict(att.named_children()) for n in ("k_norm", "key_norm", "k_layernorm", "key_layernorm", "k_ln"))
+    return any(n in dict(att.named_children()) for n in ("k_norm", "key_norm", "k_layernorm", "key_layernorm", "k_ln", "qk_norm"))
 
 
 def check_model(model, eager) -> list[str]:
@@ -246,6 +246,9 @@ def check_model(model, eager) -> list[str]:
         fails.append(_close(R[:, L], at(hs[L - 1]), f"residual {L} vs hidden_states[{L - 1}]"))
     fn = arch.final_norm(model)
     head = arch.head_transform(model) or (lambda x: x)  # the unembedding's input (ModernBERT-decoder's prediction head)
+    fam = arch.family_for(model.config)
+    if fn is None and fam is not arch.GENERIC and fam.final_norm is None:  # a family without one (GPT-1, post-LN)
+        fn = (lambda x: x)
     if fn is None:
         fails.append("no final norm found")
     else:
@@ -258,7 +261,8 @@ def check_model(model, eager) -> list[str]:
     lg = torch.stack([out.logits[b, last[b]] for b in range(B)]).float()
     top = lg.topk(5, dim=-1)
     fails.append(_close(res["next_token/top_logits"], top.values.numpy(), "top logits vs the model's"))
-    cache = out.past_key_values if with_attention else None  # (RWKV returns its state, not a cache)
+    # (RWKV returns its state, not a cache; GPT-1 keeps none: the block inputs then, _cache_kv)
+    cache = (getattr(out, "past_key_values", None) or hs) if with_attention else None
     for layer in with_attention:
         cv = _cache_kv(model, cache, layer)[1]
         cv = np.stack([cv[b, :, last[b]].reshape(-1).numpy() for b in range(B)])
@@ -269,8 +273,9 @@ def check_model(model, eager) -> list[str]:
         if not _has_qk_norm(arch.attention_modules(model)[layer]):
             one = forward.extract_batch(model, [[1]], attention=False, top_k=1)
             with torch.no_grad():
-                o1 = model(input_ids=torch.tensor([[1]]), use_cache=True)
-                k0 = _pre_rope_at_0(model, _cache_kv(model, o1.past_key_values, layer)[0][0, :, 0])
+                o1 = model(input_ids=torch.tensor([[1]]), use_cache=True, output_hidden_states=True)
+                c1 = getattr(o1, "past_key_values", None) or o1.hidden_states
+                k0 = _pre_rope_at_0(model, _cache_kv(model, c1, layer)[0][0, :, 0])
             f = _close(one["last_token/keys"][0, layer], k0.numpy(), f"keys {layer} at position 0 vs KV cache")
             if f:
                 fails.append(f)
@@ -333,11 +338,24 @@ def check_model(model, eager) -> list[str]:
 def _cache_kv(model, cache, layer: int):
     """(keys, values) [B, n_kv_heads, T, head_dim / value_head_dim] as the attention function receives them, from the
     model's KV cache: its own tensors, or under multi-head latent attention (whose cache holds the normed latent and
-    the rotated k_rope) the heads its attention module decompresses from them with its own ``expand_kv``."""
+    the rotated k_rope) the heads its attention module decompresses from them with its own ``expand_kv``. A model
+    without a KV cache (GPT-1): ``cache`` is its ``hidden_states`` and the keys and values are its key/value
+    projection of block ``layer``'s input (through the input norm where the block has one), split as the family's
+    layout says (the values are checked independently, through the attention output = eager p @ values)."""
     from llmgeom.models import architectures as arch
 
     import torch
 
+    if isinstance(cache, tuple):  # hidden_states: no KV cache
+        s = arch.summarize(model.config)
+        with torch.no_grad():
+            x = cache[layer]
+            norm = arch.input_norm(model, layer)
+            x = norm(x) if norm is not None else x
+            k, v = arch.kv_module(model, layer)(x), arch.v_module(model, layer)(x)
+            if arch.family_for(model.config).qkv != "separate":
+                k, v = arch.split_fused(model, k)[1], arch.split_fused(model, v)[2]
+        return tuple(t.reshape(*t.shape[:2], s.n_kv_heads, -1).transpose(1, 2) for t in (k, v))
     c = cache.layers[layer]
     if arch.latent_dims(model.config) is None:
         return c.keys, c.values
@@ -472,8 +490,9 @@ def verify(model_type: str) -> Row:
     if why:
         return Row(model_type, "refused", "nothing", why)
     try:
+        impl = arch.attention_implementation(cfg, "sdpa")  # what the workflow loads it with (Falcon: eager)
         try:
-            model = build(model_type, "sdpa")
+            model = build(model_type, impl)
         except ValueError as e:
             if "does not support" not in str(e):
                 raise

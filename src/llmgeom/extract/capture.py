@@ -100,7 +100,10 @@ class AttentionCall:
     float (logits: 0 / ``finfo.min``, or a learned bias), with what the module merged in beyond
     ``transformers.masking_utils``' causal, padding and window masks (DeepSeek Sparse Attention's indexer, Doge's
     dynamic mask), None where the call passes none (``architectures.CALL_EXTRAS``;
-    ``extract.attention.final_query_mask_row``)."""
+    ``extract.attention.final_query_mask_row``). ``probs``
+    [B, n_heads, T, T]: the attention probabilities the attention module computed itself, for the families that
+    bypass the attention interface (``architectures.Family.module_attention``: their query and key are then as
+    projected, before any RoPE inside the module), else None: the final query's row is computed from query and key."""
 
     query: torch.Tensor
     key: torch.Tensor
@@ -108,6 +111,7 @@ class AttentionCall:
     softcap: float | None
     sinks: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
 
 
 @dataclass
@@ -385,7 +389,8 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                 kinds = ATTENTION_POINTS + (("attn.hook_k", "attn.hook_v") if lat is not None else ())
                 points = {l: {kd: HookPoint(point_name(kd, l), l) for kd in kinds} for l in attn}
 
-                def on_attention(layer, q, k, o, scaling, softcap, sinks=None, mask=None, sparse_indices=None):
+                def on_attention(layer, q, k, o, scaling, softcap, sinks=None, mask=None, sparse_indices=None,
+                                 probs=None):
                     if layer not in attn:
                         return
                     pts, fns = points[layer], attn[layer]
@@ -398,7 +403,7 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                             f"attention mask (implementation {model.config._attn_implementation!r}), so the keys "
                             "each query sees cannot be read at hook_qk; load it with attn_implementation='sdpa'")
                     for fn in fns.get("attn.hook_qk", ()):
-                        fn(AttentionCall(q, k, scaling, softcap, sinks, mask), pts["attn.hook_qk"])
+                        fn(AttentionCall(q, k, scaling, softcap, sinks, mask, probs), pts["attn.hook_qk"])
 
                 def latent_kv(layer, q, k, v):  # latent attention: the keys and values before the attention call
                     fns = attn.get(layer, {})
@@ -430,7 +435,7 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
 
                 state["attention_seen"] = st.enter_context(arch.capture_attention(
                     model, on_attention, before=latent_kv if lat is not None else None,
-                    extras=("sinks", "mask", "sparse_indices")))
+                    extras=("sinks", "mask", "sparse_indices", "probs")))
                 state["attention_layers"] = sorted(attn)
             yield state
     finally:

@@ -243,6 +243,11 @@ class BatchHooks:
             c = self.cur
             if c is None:  # a forward outside extract_batch while registered: nothing kept
                 return
+            if a.probs is not None:  # the module's own probabilities (architectures.Family.module_attention)
+                dev_a = a.probs.device
+                p = a.probs[torch.arange(a.probs.shape[0], device=dev_a), :, c.last.to(dev_a)]  # [B, H, T]
+                c.attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
+                return
             window = self.windows[pt.layer]
             hk = c.hidden_keys.get(window)
             if hk is None or hk.device != a.query.device:

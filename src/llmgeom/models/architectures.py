@@ -12,7 +12,8 @@ final norm's output (``last_hidden_state``), ``get_output_embeddings()``, the at
 (``ALL_ATTENTION_FUNCTIONS``: post-RoPE queries and keys, values, attention output of every layer that
 calls it) and the separate key/value projections of the attention module (``k_proj``/``v_proj`` Linear,
 found by name and checked against n_kv_heads*head_dim). A ``Family`` entry holds only what those seams
-cannot tell (a fused or Conv1D layout, a pre-scaled query, a soft-cap), with its reason; ``REFUSED``
+cannot tell (a fused or Conv1D layout, a pre-scaled query, a soft-cap, attention computed inside the module
+instead of through the interface: ``Family.module_attention``), with its reason; ``REFUSED``
 names the model types that cannot be read and why (:func:`refusal`). Multi-head latent attention
 (DeepSeek-V2/V3 MLA, ``kv_lora_rank``; :class:`LatentDims`) is read on the generic path too: its values and keys
 exist per head only inside the attention module, so ``extract.capture`` reads them at the attention interface
@@ -97,6 +98,17 @@ class Family:
     ``"codegen_mp"`` (one Linear in ``CODEGEN_MP_NUM`` model-parallel groups, each [q_g | v_g | k_g] of
     d_model / groups columns; q, k, v are the groups' parts concatenated, then split into heads).
     ``reason``: why the entry exists (what the generic seams cannot tell).
+    ``q_proj``: the query projection (separate layouts; fused ones split ``fused_proj``).
+    ``module_attention``: the attention module computes softmax(q.k) itself instead of calling transformers'
+    attention interface (BLOOM, MPT, XGLM, GPT-Neo, GPT-1, Falcon, GPT-NeoX-Japanese): :func:`capture_attention`
+    then reads its queries and keys from the projections (as projected: no RoPE in these families but Falcon's and
+    GPT-NeoX-Japanese's, applied inside the module after them), the attention output from ``o_proj``'s input and
+    the attention probabilities from the module's own output (its second element, [B, n_heads, T, T]: the
+    probabilities it multiplies the values by, with its ALiBi or position bias, window and mask), asking for them
+    with ``output_attentions=True`` where the module only returns them then. ``input_norm`` None: a post-LN block
+    (GPT-1) whose attention reads the residual stream itself. ``eager``: the module returns its probabilities only
+    on its eager branch, and asking for them under sdpa is not safe (Falcon: its eager branch then adds sdpa's bool
+    mask to the scores), so the model is loaded with the eager implementation (:func:`attention_implementation`).
     ``attention`` is the attention module of a layer (the one that calls the attention function,
     ``transformers``' ``AttentionInterface``); ``o_proj`` the output projection whose input is the
     attention output (the attention-weighted sum of values, heads concatenated). ``mlp`` the
@@ -108,7 +120,7 @@ class Family:
     model_types: tuple[str, ...]
     layers: str
     final_norm: str | None
-    input_norm: str
+    input_norm: str | None
     qkv: str
     k_proj: str = "self_attn.k_proj"
     v_proj: str = "self_attn.v_proj"
@@ -117,6 +129,9 @@ class Family:
     o_proj: str = "self_attn.o_proj"
     mlp: str | None = "mlp"
     reason: str = ""
+    q_proj: str = "self_attn.q_proj"
+    module_attention: bool = False
+    eager: bool = False
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -148,6 +163,39 @@ FAMILIES: tuple[Family, ...] = (
            o_proj="attn.out_proj",
            reason="fused qkv_proj Linear in the 4 model-parallel groups CodeGen was trained with, each [q | v | k] "
            "(CodeGenAttention.mp_num); parallel attention/MLP block"),
+    # attention computed inside the module (no attention interface): Family.module_attention
+    Family("bloom", ("bloom",), "h", "ln_f", "input_layernorm", "neox_fused",
+           fused_proj="self_attention.query_key_value", attention="self_attention", o_proj="self_attention.dense",
+           module_attention=True, reason="its attention computes softmax(q.k + ALiBi) itself (BloomAttention); fused "
+           "query_key_value Linear, [q_h | k_h | v_h] per head as in GPT-NeoX"),
+    Family("mpt", ("mpt",), "blocks", "norm_f", "norm_1", "qkv_blocks", fused_proj="attn.Wqkv", attention="attn",
+           o_proj="attn.out_proj", mlp="ffn", module_attention=True,
+           reason="its attention computes softmax(q.k + ALiBi) itself (MptAttention); fused Wqkv Linear, [q | k | v]"),
+    Family("xglm", ("xglm",), "layers", "layer_norm", "self_attn_layer_norm", "separate", o_proj="self_attn.out_proj",
+           mlp=None, module_attention=True,
+           reason="its attention computes softmax(q.k) itself (XGLMAttention, queries pre-scaled)"),
+    Family("gpt_neo", ("gpt_neo",), "h", "ln_f", "ln_1", "separate", q_proj="attn.attention.q_proj",
+           k_proj="attn.attention.k_proj", v_proj="attn.attention.v_proj", attention="attn.attention",
+           o_proj="attn.attention.out_proj", module_attention=True,
+           reason="its attention computes softmax(q.k) itself (GPTNeoSelfAttention: unscaled q.k, local layers)"),
+    Family("openai-gpt", ("openai-gpt",), "h", None, None, "gpt2_conv1d", fused_proj="attn.c_attn", attention="attn",
+           o_proj="attn.c_proj", module_attention=True,
+           reason="its attention computes softmax(q.k) itself (openai-gpt's Attention); fused Conv1D c_attn as GPT-2; "
+           "post-LN blocks and no final norm"),
+    Family("falcon", ("falcon",), "h", "ln_f", "input_layernorm", "qkv_blocks", fused_proj="self_attention.query_key_value",
+           attention="self_attention", o_proj="self_attention.dense", module_attention=True, eager=True,
+           reason="its attention computes softmax(q.k) itself or calls torch's sdpa directly (FalconAttention; "
+           "loaded eager, Family.eager); multi-query fused query_key_value Linear: [q (n_heads*hd) | k (hd) | v (hd)]"),
+    Family("gpt_neox_japanese", ("gpt_neox_japanese",), "layers", "final_layer_norm", "input_layernorm", "neox_fused",
+           fused_proj="attention.query_key_value", attention="attention", o_proj="attention.dense",
+           module_attention=True,
+           reason="its attention computes softmax(q.k) itself (GPTNeoXJapaneseAttention._attn); fused query_key_value "
+           "interleaved per head as in GPT-NeoX; a causal decoder although its config carries BERT's is_decoder"),
+    Family("git", ("git",), "encoder.layer", None, None, "separate", q_proj="attention.self.query",
+           k_proj="attention.self.key", v_proj="attention.self.value", attention="attention.self",
+           o_proj="attention.output.dense", mlp=None, module_attention=True,
+           reason="its text decoder's attention computes softmax(q.k) itself (GitSelfAttention); BERT-style post-LN "
+           "layers without a final norm; read on text alone (no image tokens)"),
 )
 
 #: CodeGen's model-parallel groups of its fused qkv_proj (``CodeGenAttention.mp_num``, fixed in transformers).
@@ -192,8 +240,6 @@ def family_for(config) -> Family:
     """
     cfg = _text_config(config)
     mt = getattr(cfg, "model_type", None)
-    if mt in _BY_TYPE:
-        return _BY_TYPE[mt]
     why = refusal(config)
     if why:
         raise UnsupportedArchitectureError(
@@ -201,22 +247,56 @@ def family_for(config) -> Family:
             f"verdict: docs/models.md; Family entries (supported: {', '.join(supported_model_types())}), and the "
             "generic path's types there. To read it, add a Family entry in src/llmgeom/models/architectures.py "
             "(and its tiny-model settings in tests/model_types.py)")
-    return GENERIC
+    return _BY_TYPE.get(mt, GENERIC)
+
+
+def attention_implementation(config, requested: str) -> str:
+    """The attention implementation to load a model of ``config`` with: ``requested`` (the workflow's sdpa, or flash
+    attention on a GPU), or "eager" for a model without attention layers (Mamba, Mamba-2, Falcon-Mamba:
+    :func:`config_attention_layers` is empty; transformers refuses sdpa there and no attention function runs) and
+    for a family whose attention probabilities exist only on its eager branch (``Family.eager``: Falcon)."""
+    if not config_attention_layers(config):
+        return "eager"
+    fam = _BY_TYPE.get(getattr(_text_config(config), "model_type", None))
+    return "eager" if fam is not None and fam.eager else requested
+
+
+def _family_refusal(cfg) -> str | None:
+    """Why a config of a ``Family`` entry's type cannot be read after all (a variant whose layout the entry does not
+    describe), or None. ``cfg``: the text config, a transformers config or a namespace of config.json."""
+    mt = getattr(cfg, "model_type", None)
+    if mt == "mpt":
+        ac = getattr(cfg, "attn_config", None)
+        clip = ac.get("clip_qkv") if isinstance(ac, dict) else getattr(ac, "clip_qkv", None)
+        if clip:
+            return (f"MPT with attn_config.clip_qkv = {clip}: its fused Wqkv output is clamped before the split into "
+                    "queries, keys and values, so the keys are not linear in the attention input (no W_K) and the "
+                    "projection's output is not the values")
+    if mt == "falcon":
+        if getattr(cfg, "new_decoder_architecture", False):
+            return ("Falcon's new decoder architecture (Falcon-40B/180B): its fused query_key_value is grouped per key "
+                    "head ([q_1 .. q_r | k | v] per group) and its cache holds the keys broadcast to every query head; "
+                    "not read yet")
+        if not getattr(cfg, "multi_query", True):
+            return ("Falcon without multi-query attention (e.g. falcon-rw): its fused query_key_value is interleaved "
+                    "per head; not read yet")
+    if mt == "bloom" and (getattr(cfg, "pretraining_tp", 1) or 1) > 1 and getattr(cfg, "slow_but_exact", False):
+        return ("BLOOM with slow_but_exact and pretraining_tp > 1: its output projection runs as per-slice F.linear "
+                "calls, bypassing the dense module whose input is the attention output")
+    return None
 
 
 #: Model types that cannot be read, with the reason (what the tiny-model test of every installed type,
 #: tests/test_model_types.py, found; the rules of :func:`refusal` cover whole classes of types).
 REFUSED: dict[str, str] = {
-    'bloom': "its attention computes softmax(q.k) itself (ALiBi scores by alibi.baddbmm in BloomAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'blt': 'not verified: its tiny model needs more than 6 GiB (byte-level patcher with fixed large sizes)',
     'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",
-    'cpmant': "its attention computes softmax(q.k) itself (matmul plus its position bias in CpmAntAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'cpmant': "it prepends prompt_length learned prompt tokens to every input inside CpmAntModel (a segment-aware relative position bias over them) and drops them only from its outputs, so the blocks' positions are not the prompt's tokens that the capture indexes; not read",
     'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
     'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
     'dory': "a looped (recurrent-depth) decoder: its recurrent layers run n_recurrent_loops times per forward, later loops attending over the earlier loops' keys, so a layer has several attention calls and key sets; not read yet",
     'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
-    'falcon': "its attention computes softmax(q.k) itself (torch's scaled_dot_product_attention or ALiBi scores called directly in FalconAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'gemma3n': 'not verified: no tiny model of this type builds here (ImportError: TimmWrapperModel requires the timm library but it was not found in your environment. Yo)',
     'gemma3n_text': 'not verified: no tiny model of this type builds here (ValueError: The set of layer types producing a cache is different than the set of layer types using)',
     'gemma4': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
@@ -225,26 +305,17 @@ REFUSED: dict[str, str] = {
     'gemma4_unified': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'gemma4_unified_assistant': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
     'gemma4_unified_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary across layer)",
-    'git': "its attention computes softmax(q.k) itself (its text decoder's GitSelfAttention; only the image encoder uses the interface), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
-    'gpt_neo': "its attention computes softmax(q.k) itself (GPTNeoSelfAttention._attn, unscaled q.k, or its own flash-attention call), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
-    'gpt_neox_japanese': "a causal decoder (GPT-NeoX style; its config merely carries a BERT-style is_decoder field), but its attention computes softmax(q.k) itself (baddbmm and softmax in GPTNeoXJapaneseAttention._attn, fused query_key_value), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'hrm_text': 'hierarchical recurrent modules: no list of num_hidden_layers decoder layers in the base model',
     'jetmoe': "mixture of attention heads: a router picks each token's query-head experts (top_k of num_experts), so a head index at the attention function is a routed slot, not a fixed head, and the experts' own output projections reduce the attention output",
-    'llama4': 'its text model is itself a *ForCausalLM (the base model returns no last_hidden_state); not read yet',
-    'llama4_text': 'its base model returns no last_hidden_state (MoE causal-LM output); not read yet',
     'longcat_flash': 'each decoder layer holds two attention sublayers and two MLPs beside a shortcut MoE (num_hidden_layers = 2 x num_layers counts the sublayers), so decoder layers and attention layers are not one-to-one; not read yet',
     'mimo_v2_flash': "its sliding-window layers have twice the key/value heads of its full-attention layers (num_key_value_heads * 2 there, MiMoV2FlashAttention), so the contract's one n_kv_heads axis of last_token/keys and last_token/values cannot hold its layers (its attention sinks, s_aux in those layers, are read: last_query_attention's sinks)",
-    'mllama': 'multimodal wrapper whose text model is itself a *ForCausalLM (no last_hidden_state); not separable here',
-    'mpt': "its attention computes softmax(q.k) itself (matmul plus ALiBi bias in MptAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
+    'mllama': "multimodal (Llama-3.2-Vision): its text decoder interleaves cross-attention layers (cross_attention_layers) that attend to the image states and are skipped in a text-only forward (MllamaTextModel: no block output there), so decoder layers and residual-stream layers are not one-to-one",
     'musicgen': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
     'musicgen_melody': "not verified: no tiny model of this type builds here (ValueError: Multiple valid text configs were found in the model config: ['text_encoder', 'decoder'].)",
-    'openai-gpt': "its attention computes softmax(q.k) itself (matmul and softmax in openai-gpt's Attention._attn), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'phi4_multimodal': 'not verified: its tiny model needs more than 6 GiB (audio/vision encoders with fixed large sizes)',
     'prophetnet': 'not verified: no tiny model of this type builds here (NotImplementedError: This model does not support the setting of `num_hidden_layers`. Please set `num)',
     'bailing_hybrid': "not verified: no tiny model of this type builds here (RuntimeError: shape '[-1, 8, 0]' is invalid for input of size 28: its linear-attention layers beside latent attention)",
     'recurrent_gemma': "not verified: its outputs carry no KV cache (recurrent blocks beside local attention), so the tiny-model check cannot compare values and keys with the model's own",
-    'xglm': "its attention computes softmax(q.k) itself (bmm and softmax in XGLMAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
-    'xlm': "its attention computes softmax(q.k) itself (matmul and softmax in XLM's MultiHeadAttention), not through transformers' attention interface, so queries, keys and the attention output cannot be read there",
     'xlnet': 'not verified: no tiny model of this type builds here (NotImplementedError: The model xlnet is one of the few models that has no sequence length limit.)',
     'xlstm': 'not verified: no tiny model of this type builds here (RuntimeError: The size of tensor a (4096) must match the size of tensor b (64) at non-singleton dime)',
     'zamba': "not verified: no tiny model of this type builds here (ValueError: There is an issue with your definition of `tie_weights_keys` for its shared attention block)",
@@ -327,7 +398,8 @@ def refusal(config) -> str | None:
     """Why a model of this config cannot be read, or None when it can (read from the config alone: no
     weights, no model built; what the workflow's config check calls).
 
-    Rules, in order: a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
+    Rules, in order: a type with a ``Family`` entry is read unless the entry does not describe its variant
+    (``_family_refusal``: MPT's clip_qkv, Falcon's grouped or per-head layouts); a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
     ``num_attention_heads_per_layer`` when they differ); an encoder-decoder; an encoder (BERT-style config with an
     ``is_decoder`` switch: bidirectional self-attention used as a decoder); a layer kind in ``layer_types``
     that is neither attention nor a known attention-free kind (:func:`config_attention_layers`); hyper-connections
@@ -344,7 +416,7 @@ def refusal(config) -> str | None:
     cfg = _text_config(config)
     mt = getattr(cfg, "model_type", None)
     if mt in _BY_TYPE:
-        return None
+        return _family_refusal(cfg)
     for m in (mt, getattr(config, "model_type", None)):
         if m in REFUSED:
             return REFUSED[m]
@@ -352,6 +424,13 @@ def refusal(config) -> str | None:
     if per_layer and len(set(per_layer)) > 1:
         return (f"per-layer numbers of query heads (num_attention_heads_per_layer: {sorted(set(per_layer))}); the HDF5 "
                 "contract has one n_heads per model")
+    if mt == "xlm":  # XLMWithLMHeadModel: masked (causal=False, the default) or causal language model
+        if not getattr(cfg, "causal", False):
+            return ("an encoder (bidirectional self-attention: XLM with causal = false, its masked-LM objective); its "
+                    "LM head is not a decoder-only language model")
+        return ("XLM's layers are no modules: XLMModel keeps parallel ModuleLists (attentions, layer_norm1, ffns, "
+                "layer_norm2) and runs them in its own loop, so there is no block output to read the residual stream "
+                "from; not read yet")
     if getattr(config, "is_encoder_decoder", False) or getattr(cfg, "is_encoder_decoder", False):
         return "an encoder-decoder model (its decoder cross-attends to an encoder); only decoder-only models are read"
     if hasattr(cfg, "is_decoder"):
@@ -569,6 +648,8 @@ def summarize(config) -> ArchSummary:
         sliding = tuple(range(n_layers))
     else:
         sliding = ()
+    if getattr(cfg, "model_type", None) == "gpt_neo":  # GPT-Neo: its "local" layers attend within window_size
+        sliding, window = tuple(i for i, t in enumerate(cfg.attention_layers) if t == "local"), cfg.window_size
     if not sliding:
         window = None
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
@@ -596,8 +677,14 @@ def base_model(model):
     base model wraps a text decoder beside other encoders (multimodal wrappers registered as causal LMs,
     e.g. ``gemma3``): that one takes ``input_ids`` and returns the final norm's output."""
     base = model.base_model
+    if base is model:  # base_model_prefix names no attribute (Llama-4's text model: "language_model", the stack
+        base = getattr(model, "model", model)  # is .model): transformers' own attribute for it
     lm = getattr(base, "language_model", None)
-    return lm if lm is not None and hasattr(lm, "forward") else base
+    if lm is None or not hasattr(lm, "forward"):
+        return base
+    if lm is not model and hasattr(lm, "get_output_embeddings") and lm.get_output_embeddings() is not None:
+        return base_model(lm)  # the text model is itself a *ForCausalLM (Llama-4, Mllama): its own stack
+    return lm
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -885,14 +972,14 @@ def final_token_modules(model) -> list[torch.nn.Module]:
     block's residual additions broadcast over T: the block output is the model's at the final tokens only.
     The keys and values of every position are still computed (the final query attends to them).
 
-    Generic models (no ``Family`` entry): none (their blocks may gate, branch or route the flattened stream;
+    Generic models (no ``Family`` entry) and ``Family.module_attention`` ones: none (their blocks may gate, branch or route the flattened stream;
     the final-token values are then those of the full pass, exactly).
 
     Source: issue 21 item 4 (the study keeps the last block's output at the final tokens only; the
     ``logits_to_keep`` idea of transformers, one block earlier)."""
     fam = family_for(model.config)
-    if fam is GENERIC:  # block layouts vary (gates, parallel branches, MoE routing over flattened tokens): no cut
-        return []
+    if fam is GENERIC or fam.module_attention:  # block layouts vary (gates, parallel branches, MoE routing over
+        return []  # flattened tokens, residual adds inside the attention module): no cut
     blk = decoder_layers(model)[-1]
     return [_get(blk, path) for path in (fam.o_proj, fam.mlp) if path]
 
@@ -955,11 +1042,16 @@ def _own_eager(module):
 #:   non-selected keys in, Doge its dynamic mask); None where the call passes none (sdpa with ``is_causal``), a 2-D
 #:   padding mask under flash attention;
 #: - ``sparse_indices``: the ``indices`` of the keys a sparse-attention module selects per query, passed instead of
-#:   merging them into the mask under other implementations than eager/sdpa (DeepSeek Sparse Attention), or None.
+#:   merging them into the mask under other implementations than eager/sdpa (DeepSeek Sparse Attention), or None;
+#: - ``probs``: [B, n_heads, T, T] the attention probabilities the module itself computed (``Family.module_attention``
+#:   families only, :func:`_module_attention_hooks`), else None: the caller computes them from q and k.
+#:
+#: A ``module_attention`` family passes None for the others (its probabilities carry its masks and biases).
 CALL_EXTRAS: dict[str, Callable] = {
     "sinks": lambda mask, kwargs: kwargs.get("s_aux"),
     "mask": lambda mask, kwargs: mask,
     "sparse_indices": lambda mask, kwargs: kwargs.get("indices"),
+    "probs": lambda mask, kwargs: None,
 }
 
 
@@ -980,6 +1072,86 @@ def _attention_interfaces(model) -> list:
     return list(found.values())
 
 
+def _ask_for_probabilities(module):
+    """A forward pre-hook (``with_kwargs``) that calls ``module`` with ``output_attentions=True``, or None where its
+    forward takes no such argument (then it returns its probabilities anyway: MPT)."""
+    import inspect
+
+    params = list(inspect.signature(module.forward).parameters)
+    if "output_attentions" not in params:
+        return None
+    at = params.index("output_attentions")
+
+    def pre(mod, args, kwargs):
+        if len(args) > at:
+            return args[:at] + (True,) + args[at + 1:], kwargs
+        kwargs["output_attentions"] = True
+        return args, kwargs
+
+    return pre
+
+
+def _module_attention_hooks(model, fn: Callable, seen: list, *, with_value: bool, extras: tuple[str, ...]) -> list:
+    """The hooks of :func:`capture_attention` for a ``Family.module_attention`` model (its attention modules compute
+    softmax(q.k) themselves): per attention layer, the query/key/value projections' outputs split into heads, the
+    attention output at ``o_proj``'s input (a pre-hook placed first, before any final-token cut) and, when the
+    attention module returns, ``fn`` with its probabilities (``probs``: the module output's second element). Returns
+    the torch hook handles.
+
+    Raises:
+        UnsupportedArchitectureError: (during the forward) an attention module that returned no probabilities."""
+    fam = family_for(model.config)
+    s = summarize(model.config)
+    blocks = decoder_layers(model)
+    handles = []
+
+    def heads(x, n):  # [B, T, n*hd] -> [B, n, T, hd]
+        return x.reshape(*x.shape[:2], n, -1).transpose(1, 2)
+
+    for i in attention_layers(model):
+        blk, st = blocks[i], {}
+        if fam.qkv == "separate":
+            for name, path, n in (("q", fam.q_proj, s.n_heads), ("k", fam.k_proj, s.n_kv_heads),
+                                  ("v", fam.v_proj, s.n_kv_heads)):
+                handles.append(_get(blk, path).register_forward_hook(
+                    lambda mod, args, out, st=st, name=name, n=n: st.__setitem__(name, heads(out, n))))
+        else:
+            def split(mod, args, out, st=st):
+                q, k, v = split_fused(model, out)
+                st["q"], st["k"], st["v"] = heads(q, s.n_heads), heads(k, s.n_kv_heads), heads(v, s.n_kv_heads)
+            handles.append(_get(blk, fam.fused_proj).register_forward_hook(split))
+        def fire(i, st):  # once both the attention output and the probabilities are there (o_proj may run inside
+            if "o" not in st or "probs" not in st:  # the attention module, BLOOM, or after it, GIT)
+                return
+            seen.append(i)
+            extra = {name: st["probs"] if name == "probs" else None for name in extras}  # CALL_EXTRAS
+            qkv = (st["q"], st["k"], st["v"]) if with_value else (st["q"], st["k"])
+            fn(i, *qkv, st["o"], None, None, **extra)
+            st.clear()
+
+        def z(mod, args, i=i, st=st):
+            st["o"] = args[0].reshape(*args[0].shape[:2], s.n_heads, -1)
+            fire(i, st)
+
+        handles.append(_get(blk, fam.o_proj).register_forward_pre_hook(z, prepend=True))
+        att = _get(blk, fam.attention)
+        ask = _ask_for_probabilities(att)
+        if ask is not None:
+            handles.append(att.register_forward_pre_hook(ask, with_kwargs=True))
+
+        def post(mod, args, out, i=i, st=st):
+            probs = out[1] if isinstance(out, (tuple, list)) and len(out) > 1 else None
+            if probs is None:
+                raise UnsupportedArchitectureError(
+                    f"{type(mod).__name__} (layer {i}) returned no attention probabilities with output_attentions=True;"
+                    " llmgeom reads this family's attention from them (architectures.Family.module_attention)")
+            st["probs"] = probs
+            fire(i, st)
+
+        handles.append(att.register_forward_hook(post))
+    return handles
+
+
 @contextmanager
 def capture_attention(model, fn: Callable, *, with_value: bool = False, before: Callable | None = None,
                       extras: tuple[str, ...] = ()):
@@ -987,7 +1159,7 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
     ``fn(layer, query, key, attn_output, scaling, softcap)`` (``with_value``: ``fn(layer, query, key, value,
     attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]; ``extras``: names of
     ``CALL_EXTRAS``, each also given as that keyword: the call's attention-sink logits, attention mask, sparse
-    indices) with the tensors the model uses;
+    indices, the module's own probabilities) with the tensors the model uses;
     ``before(layer, query, key, value)``, when given, runs before the attention function and may return a tensor
     of the value's shape that the function then receives instead of ``value`` (an edit of the values where no
     module outputs them: multi-head latent attention, ``extract.capture``):
@@ -1006,11 +1178,34 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
     registry where it has one (:func:`_attention_interfaces`; process-wide: calls of other models pass through
     unchanged).
 
+    ``Family.module_attention`` families (the module computes softmax(q.k) itself, bypassing the interface: BLOOM,
+    MPT, XGLM, GPT-Neo, GPT-1, Falcon, GPT-NeoX-Japanese) are read by hooks on their modules instead
+    (:func:`_module_attention_hooks`): ``query``/``key``/``value`` as the projections output them (no RoPE: these
+    families have none, or, Falcon and GPT-NeoX-Japanese, apply it inside the module afterwards), ``attn_output``
+    the output projection's input, ``scaling``/``softcap`` None, ``probs`` the module's own probabilities (with its
+    ALiBi or position bias, local window and mask; the module materializes them anyway, asked with
+    ``output_attentions=True`` where it returns them only then, which takes Falcon's eager branch). ``before`` does not
+    apply there.
+
     Raises:
         UnsupportedArchitectureError: a family whose attention does not use the attention interface.
         KeyError: a name in ``extras`` that ``CALL_EXTRAS`` does not have.
+        ValueError: ``before`` for a ``module_attention`` family.
     """
     getters = {name: CALL_EXTRAS[name] for name in extras}
+    if family_for(model.config).module_attention:
+        if before is not None:
+            raise ValueError("capture_attention(before=...) edits the values at the attention interface, which "
+                             f"{_text_config(model.config).model_type!r} does not call (Family.module_attention)")
+        seen_m: list = []
+        handles = _module_attention_hooks(model, fn, seen_m, with_value=with_value, extras=tuple(getters))
+        try:
+            yield seen_m
+        finally:
+            for h in handles:
+                h.remove()
+        return
+
     # every module of block i counts as block i's attention (the module that calls the interface may sit below
     # the one attention_modules names: e.g. an inner self-attention); a second call in one block is seen twice
     layer_of = {id(sub): i for i, blk in enumerate(decoder_layers(model)) for sub in blk.modules()}

@@ -176,16 +176,15 @@ def clear_model_cache() -> None:
 
 
 def _attn_implementation(weights_path, attn: str) -> str:
-    """``attn``, or "eager" for a model without attention layers (Mamba, Mamba-2, Falcon-Mamba:
-    ``architectures.config_attention_layers`` is empty), which transformers refuses to load with sdpa or flash
-    attention and which runs no attention function anyway."""
+    """``attn``, or "eager" where ``architectures.attention_implementation`` says so (a model without attention
+    layers; Falcon)."""
     from transformers import AutoConfig
 
     from llmgeom.models import architectures as arch
 
     try:
         cfg = AutoConfig.from_pretrained(weights_path)
-        return "eager" if not arch.config_attention_layers(cfg) else attn
+        return arch.attention_implementation(cfg, attn)
     except (OSError, ValueError, arch.UnsupportedArchitectureError):  # the load itself names what is wrong
         return attn
 
