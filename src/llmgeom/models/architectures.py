@@ -21,7 +21,10 @@ exist per head only inside the attention module, so ``extract.capture`` reads th
 keys have no W_K (:func:`no_key_projection`: key orthogonality does not apply). Hybrid and state-space models
 (Jamba, Nemotron-H, Qwen3-Next, Mamba, RWKV, ...): the blocks with attention are :func:`attention_layers` (from
 ``config.layer_types``, checked against the blocks' attention modules); the other blocks carry the residual
-stream only, and their attention accessors raise. ``tests/test_model_types.py``
+stream only, and their attention accessors raise. Masks that carry more than causality, padding and a window
+(DeepSeek Sparse Attention's indexer selection, Doge's dynamic mask) are read as the attention function receives
+them (``CALL_EXTRAS`` ``mask``; a modeling file's own attention registry is wrapped too, :func:`capture_attention`).
+``tests/test_model_types.py``
 builds a tiny random model of every installed causal-LM type, checks the capture against the model's
 own outputs and writes the coverage table ``docs/models.md``.
 
