@@ -39,6 +39,15 @@ TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_h
 _MAMBA2_TINY = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 8}
 _LINEAR_TINY = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
                 "linear_value_head_dim": 16}
+#: DeepSeek Sparse Attention (``indexed_attention`` layers): an indexer of 2 heads keeps index_topk = 3 keys per
+#: query, fewer than the 7 tokens of the longer prompt, so that its selection (merged into the attention mask) hides
+#: causal keys (with T <= index_topk every key is kept)
+_DSA_TINY = {"index_topk": 3, "index_n_heads": 2, "index_head_dim": 16}
+#: Qwen4-Exp's QSA indexer: 1 of the complete blocks of 2 keys per query (indexer_budget / indexer_compress_ratio),
+#: beside the trailing incomplete block (the type is refused by its config for its hyper-connections, so these only
+#: make its tiny config valid)
+_QSA_TINY = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 2,
+             "indexer_compress_ratio": 2}
 
 #: Per model type: attribute -> value set on the text config after ``TINY`` (the tiny config's validity).
 TYPE_SETTINGS: dict[str, dict] = {
@@ -65,7 +74,13 @@ TYPE_SETTINGS: dict[str, dict] = {
     "rwkv": {"attention_hidden_size": 64, "context_length": 128},
     "recurrent_gemma": {"lru_width": 64},  # its recurrent blocks' width (default 2560)
     **{t: _LINEAR_TINY for t in ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-                                 "olmo_hybrid", "lara_mini", "qwen4_exp", "qwen4_exp_text")},
+                                 "olmo_hybrid", "lara_mini")},
+    # masks beyond causality, padding and a window (the entropy reads the mask the attention function receives)
+    **{t: _DSA_TINY for t in ("deepseek_v32", "glm_moe_dsa", "hy_v4")},
+    "axk2": {"n_group": 1, "topk_group": 1, **_DSA_TINY},  # expert groups as axk1's
+    **{t: {**_LINEAR_TINY, **_QSA_TINY} for t in ("qwen4_exp", "qwen4_exp_text")},
+    # Doge's dynamic mask keeps the keep_window_size = 4 top-biased keys of each query (fewer than 7 tokens)
+    "doge": {"keep_window_size": 4},
 }
 
 #: Multi-head latent attention (configs with ``kv_lora_rank``), after ``TINY``: a small latent, value heads of
@@ -366,20 +381,35 @@ def _pre_rope_at_0(model, k0):
     """Keys at position 0 [n_kv, head_dim] as the contract stores them (pre-RoPE): RoPE is the identity there up to
     the rotary embedding's scaling (:func:`_rope_scale_at_0`, undone here), except that DeepSeek's
     ``rope_interleave`` writes the rotary part as [even | odd] coordinates (its
-    ``apply_rotary_pos_emb_interleave``); that permutation is undone here too."""
+    ``apply_rotary_pos_emb_interleave``; :func:`_rope_interleaved`); that permutation is undone here too."""
     from llmgeom.models import architectures as arch
 
     scale = _rope_scale_at_0(model)
     if scale != 1.0:
         k0 = k0 / scale
     lat = arch.latent_dims(model.config)
-    if lat is None or not getattr(arch._text_config(model.config), "rope_interleave", False):
+    if lat is None or not _rope_interleaved(model):
         return k0
     r = k0[..., lat.qk_nope_head_dim:].clone()
     half = r.shape[-1] // 2
     out = k0.clone()
     out[..., lat.qk_nope_head_dim::2], out[..., lat.qk_nope_head_dim + 1::2] = r[..., :half], r[..., half:]
     return out
+
+
+def _rope_interleaved(model) -> bool:
+    """Whether the attention writes RoPE's rotary part as [even | odd] coordinates: DeepSeek-V3's config switch
+    ``rope_interleave`` where the config has one, else whether its attention's forward calls
+    ``apply_rotary_pos_emb_interleave`` (unconditionally: deepseek_v32, glm_moe_dsa, axk2)."""
+    import inspect
+
+    from llmgeom.models import architectures as arch
+
+    cfg = arch._text_config(model.config)
+    if hasattr(cfg, "rope_interleave"):
+        return bool(cfg.rope_interleave)
+    att = next(a for a in arch.attention_modules(model) if a is not None)
+    return "apply_rotary_pos_emb_interleave(" in inspect.getsource(type(att).forward)
 
 
 def _wk_check(model, s) -> str | None:

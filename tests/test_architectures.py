@@ -176,3 +176,31 @@ def test_attention_facts_match_what_the_model_passes(family):
         assert arch.attention_window(m.config, i) == (EXPECTED_WINDOW.get(family) if i in EXPECTED_SLIDING.get(family, ())
                                                       else None)
     assert arch.attention_scaling(m.config, 0) == pytest.approx(1.0 if family.startswith("opt") else s.head_dim ** -0.5)
+
+
+def test_capture_attention_wraps_a_modeling_files_own_registry_and_passes_the_mask():
+    """Doge looks its attention function up in its own ``AttentionInterface`` (``modeling_doge``): capture_attention
+    sees every layer there and restores that registry too; ``extras=("mask",)`` passes the mask the call received,
+    Doge's dynamic mask [B, n_heads, T, T] (a float bias, ``finfo.min`` at the causal keys beyond keep_window_size)."""
+    from transformers import DogeConfig, DogeForCausalLM
+    from transformers.models.doge import modeling_doge
+
+    cfg = DogeConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, keep_window_size=3)
+    torch.manual_seed(0)
+    m = DogeForCausalLM(cfg).eval()
+    before = dict(modeling_doge.ALL_ATTENTION_FUNCTIONS._local_mapping)
+    masks = {}
+    with torch.no_grad(), arch.capture_attention(m, lambda i, q, k, o, sc, cap, mask: masks.__setitem__(i, mask),
+                                                 extras=("mask",)) as seen:
+        m(input_ids=torch.tensor([[1, 5, 6, 7, 8]]), use_cache=False)
+    assert modeling_doge.ALL_ATTENTION_FUNCTIONS._local_mapping == before
+    assert seen == [0, 1]
+    for mask in masks.values():
+        assert mask.shape == (1, 2, 5, 5) and mask.is_floating_point()
+        hidden = mask[0, :, -1] == torch.finfo(mask.dtype).min
+        assert (hidden.sum(-1) == 5 - 3).all()  # the final query keeps its keep_window_size = 3 top keys
+        assert (mask[0, :, -1][~hidden] != 0).all()  # a learned bias where kept, not a 0 / min mask
+    with pytest.raises(KeyError):
+        with arch.capture_attention(m, lambda *a, **k: None, extras=("nonsense",)):
+            pass

@@ -533,9 +533,10 @@ def test_cuda_device_not_looked_up_when_jobs_go_to_a_cluster(good, tmp_path):
      r"model_type 'falcon' .* Falcon's new decoder architecture"),
     ({"model_type": "mpt", "n_layers": 2, "max_seq_len": 2048, "attn_config": {"clip_qkv": 8.0}},
      r"model_type 'mpt' .*attn_config.clip_qkv = 8\.0"),
-    ({"model_type": "deepseek_v32", "kv_lora_rank": 512, "max_position_embeddings": 4096, "num_hidden_layers": 2,
-      "layer_types": ["indexed_attention", "indexed_attention"]},
-     r"model_type 'deepseek_v32' .* sparse attention"),
+    # sparse attention (deepseek_v32's indexed_attention) is read; hyper-connections (parallel residual streams) not
+    ({"model_type": "hy_v4", "kv_lora_rank": 512, "max_position_embeddings": 4096, "num_hidden_layers": 2,
+      "layer_types": ["indexed_attention", "indexed_attention"], "hc_mult": 4},
+     r"model_type 'hy_v4' .* hyper-connections \(4 parallel residual streams"),
 ])
 def test_unreadable_model_type_refused_at_config_time(good, tmp_path, cfg_json, why):
     """A model the workflow cannot read is refused by the config check (before any job), naming the model, its

@@ -338,14 +338,24 @@ def test_attention_entropy_from_hooked_queries_equals_eager(family):
 
 @pytest.mark.parametrize("family", ["gemma3", "mistral"])
 def test_sliding_window_is_applied(family, monkeypatch):
-    """Ignoring the window changes the long prompt's entropies, so the equality above tests it."""
+    """Ignoring the window changes the long prompt's entropies, so the equality above tests it. The window reaches
+    the entropy twice: the rebuilt mask (``attention_window``) and the row of the mask the model passes to its
+    attention function (``final_query_mask_row``, which carries it here); either alone gives eager's entropies,
+    ignoring both does not."""
     m = sdpa_twin(family)
     ref = eager_entropies(tiny(family), [LONG])
     s = arch.summarize(m.config)
     assert s.sliding_layers and s.sliding_window < len(LONG)
     monkeypatch.setattr(arch, "attention_window", lambda config, layer: None)
+    np.testing.assert_allclose(extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"], ref,
+                               atol=1e-5, rtol=0)
+    monkeypatch.setattr(extraction, "final_query_mask_row", lambda mask, last, T_k: None)
     wrong = extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"]
     assert np.abs(wrong - ref)[0, list(s.sliding_layers)].max() > 1e-2
+    monkeypatch.undo()  # the rebuilt window alone
+    monkeypatch.setattr(extraction, "final_query_mask_row", lambda mask, last, T_k: None)
+    np.testing.assert_allclose(extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"], ref,
+                               atol=1e-5, rtol=0)
 
 
 def test_gemma3_query_pre_attn_scalar():
@@ -417,15 +427,21 @@ def test_row_index_gathers_what_advanced_indexing_gathers():
             rows.take(bad, "cpu")
 
 
-def test_last_query_attention_known_answer():
-    """GQA sharing, padding, window and soft-capping on hand-computed scores."""
-    # B=2, H=2 query heads sharing H_kv=1 key head, T=4, hd=1
+def _hand_scores():
+    """Hand-computable inputs of last_query_attention: B=2 prompts, H=2 query heads (queries 1 and 2) sharing H_kv=1
+    key head (keys 0, 1, 2, 3), T=4, hd=1; prompt 0's final token at 3, prompt 1's at 1 (then 2 padding).
+    Returns (q, k, last, key mask, p at scaling 1)."""
     q = torch.zeros(2, 2, 4, 1)
     q[:, 0, :, 0], q[:, 1, :, 0] = 1.0, 2.0
     k = torch.tensor([0.0, 1.0, 2.0, 3.0]).reshape(1, 1, 4, 1).repeat(2, 1, 1, 1)
     last = torch.tensor([3, 1])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    p = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0)
+    return q, k, last, mask, attn_maths.last_query_attention(q, k, last, mask, scaling=1.0)
+
+
+def test_last_query_attention_known_answer():
+    """GQA sharing, padding, window and soft-capping on hand-computed scores."""
+    q, k, last, mask, p = _hand_scores()
     torch.testing.assert_close(p[0, 0], torch.softmax(torch.tensor([0.0, 1, 2, 3]), -1))
     torch.testing.assert_close(p[0, 1], torch.softmax(torch.tensor([0.0, 2, 4, 6]), -1))
     torch.testing.assert_close(p[1, 0], torch.tensor([1, math.e, 0, 0]) / (1 + math.e))
@@ -435,6 +451,43 @@ def test_last_query_attention_known_answer():
     torch.testing.assert_close(pc[0, 1], torch.softmax(2.0 * torch.tanh(torch.tensor([0.0, 2, 4, 6]) / 2.0), -1))
     pm = attn_maths.last_query_attention(q, k, last, mask, scaling=0.5)
     torch.testing.assert_close(pm[0, 1], p[0, 0])
+
+
+def test_last_query_attention_mask_row_known_answer():
+    """The final query's row of the model's own attention mask (DeepSeek Sparse Attention's indexer selection, Doge's
+    dynamic bias): a float row is added to the scaled scores, a bool row hides keys where False, the reconstructed
+    causal / padding mask still applies, an all-zero float row leaves p bit for bit; final_query_mask_row picks row
+    ``last`` of a [B, 1 or H, T_q, T_k] mask and its first T keys."""
+    q, k, last, mask, p = _hand_scores()
+    # a per-head float bias [B, H, T] (Doge): head 0 of prompt 0 gets +1 on key 0, -inf-like finfo.min on key 2
+    bias = torch.zeros(2, 2, 4)
+    bias[0, 0, 0], bias[0, 0, 2] = 1.0, torch.finfo(torch.float32).min
+    bias[1, :, 3] = 5.0  # a bias on a key the causal / padding mask hides: it stays hidden (intersection)
+    pb = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=bias)
+    torch.testing.assert_close(pb[0, 0], torch.tensor([math.e, math.e, 0.0, math.e ** 3]) / (2 * math.e + math.e ** 3))
+    assert torch.equal(pb[0, 1], p[0, 1]) and torch.equal(pb[1], p[1])
+    # a bool row of one head [B, 1, T] (sdpa; DeepSeek Sparse Attention's selection): False hides the key in every head
+    sel = torch.tensor([[True, False, True, True], [False, True, True, True]])[:, None, :]
+    ps = attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=sel)
+    e = torch.tensor([1.0, 0.0, math.e ** 2, math.e ** 3])  # head 0: exp of scores 0, (1 hidden), 2, 3
+    torch.testing.assert_close(ps[0, 0], e / e.sum())
+    e = torch.tensor([1.0, 0.0, math.e ** 4, math.e ** 6])  # head 1: exp of scores 0, (2 hidden), 4, 6
+    torch.testing.assert_close(ps[0, 1], e / e.sum())
+    torch.testing.assert_close(ps[1], torch.tensor([[0.0, 1.0, 0.0, 0.0]] * 2))
+    # the eager additive form of the same selection (0 / finfo.min): the same probabilities
+    add = torch.zeros(2, 1, 4).masked_fill(~sel, torch.finfo(torch.float32).min)
+    torch.testing.assert_close(attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=add), ps)
+    # an all-zero float row (an ordinary model's eager mask at its visible keys): bit for bit the same
+    assert torch.equal(attn_maths.last_query_attention(q, k, last, mask, scaling=1.0, mask_row=torch.zeros(2, 1, 4)), p)
+    # final_query_mask_row: row last[b] of prompt b, its first T_k keys (a longer cache mask), a broadcast batch
+    full = torch.arange(2 * 2 * 4 * 5, dtype=torch.float32).reshape(2, 2, 4, 5)
+    row = attn_maths.final_query_mask_row(full, last, 4)
+    assert row.shape == (2, 2, 4)
+    assert torch.equal(row[0], full[0, :, 3, :4]) and torch.equal(row[1], full[1, :, 1, :4])
+    one = attn_maths.final_query_mask_row(full[:1, :1], last, 4)
+    assert torch.equal(one, torch.stack([full[0, :1, 3, :4], full[0, :1, 1, :4]]))
+    assert attn_maths.final_query_mask_row(None, last, 4) is None
+    assert attn_maths.final_query_mask_row(mask.bool(), last, 4) is None  # flash attention's 2-D padding mask
 
 
 def test_last_query_attention_sink_term_known_answer():

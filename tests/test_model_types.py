@@ -28,6 +28,8 @@ def test_model_type_is_captured_exactly_or_refused(model_type):
 
 
 def test_refusal_is_what_the_family_table_says():
+    from types import SimpleNamespace as NS
+
     from llmgeom.models import architectures as arch
 
     for mt in arch.supported_model_types():  # a Family entry is never refused
@@ -41,16 +43,22 @@ def test_refusal_is_what_the_family_table_says():
     assert "encoder" in arch.refusal_of_json({"model_type": "bert", "is_decoder": False})
     assert arch.refusal_of_json({"model_type": "olmo2"}) is None
     assert arch.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512}) is None  # read (MLA)
+    # sparse attention (DeepSeek Sparse Attention) is read: the entropy reads the mask the attention function
+    # receives; hyper-connections (parallel residual streams) are refused, naming them
     assert arch.refusal_of_json({"model_type": "deepseek_v32", "kv_lora_rank": 512,
-                                 "layer_types": ["indexed_attention"]}).startswith("sparse attention")
+                                 "layer_types": ["indexed_attention"]}) is None
+    assert arch.config_attention_layers(NS(num_hidden_layers=2, model_type="x",
+                                           layer_types=["linear_attention", "indexed_attention"])) == (1,)
+    assert arch.refusal_of_json({"model_type": "hy_v4", "kv_lora_rank": 512, "hc_mult": 4}).startswith(
+        "hyper-connections (4 parallel residual streams")
+    assert arch.refusal_of_json({"model_type": "x", "hc_count": 1}) is None
     assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 64]}).startswith(
         "per-layer numbers of query heads")
     assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 48]}) is None
     # hybrids and state-space models are read (issue 29); a layer kind nobody knows is refused, naming it
     assert arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "linear_attention"]}) is None
     assert arch.refusal_of_json({"model_type": "mamba", "layer_types": ["linear_attention"] * 2}) is None
-    assert "indexed_attention" in arch.refusal_of_json({"model_type": "x", "layer_types": ["indexed_attention"]})
-    from types import SimpleNamespace as NS
+    assert "hybrid_sliding" in arch.refusal_of_json({"model_type": "x", "layer_types": ["hybrid_sliding"]})
 
     assert arch.config_attention_layers(NS(num_hidden_layers=4, model_type="x",
                                            layer_types=["linear_attention", "full_attention", "mlp", "hybrid"])) == (1, 3)

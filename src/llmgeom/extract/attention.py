@@ -5,7 +5,8 @@ never load torch, tests/test_layout.py): the final query's attention row per hea
 Used by ``extract.forward`` (the ``attn.hook_qk`` hook, ``next_token/entropy``).
 
 Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils`` (causal,
-padding, ``sliding_window_overlay``).
+padding, ``sliding_window_overlay``), and the attention mask the model itself passes to its attention function
+(:func:`final_query_mask_row`: sparse or dynamic masks built inside the attention module).
 """
 
 from __future__ import annotations
@@ -48,9 +49,36 @@ def final_query_hidden_keys(last: torch.Tensor, key_mask: torch.Tensor, T: int, 
     return ~visible[:, None, :]
 
 
+def final_query_mask_row(mask: torch.Tensor | None, last: torch.Tensor, T_k: int) -> torch.Tensor | None:
+    """The final query's row of the attention mask a model passed to its attention function.
+
+    Args:
+        mask: the call's ``attention_mask`` (``extract.capture.AttentionCall.mask``): [B or 1, 1 or H, T_q, T_k']
+            (T_k' >= T_k: a cache's mask may be longer than the keys; its first T_k columns are the keys', as
+            transformers' ``sdpa_attention_forward`` / ``eager_attention_forward`` slice it), either bool (True =
+            may attend: sdpa) or additive float (0 where attending, ``finfo.min`` where not: eager; or a learned
+            bias, Doge's dynamic mask ``DogeAttention.prepare_dynamic_mask``); with the masks of
+            ``transformers.masking_utils`` and those a model merges in before the call (DeepSeek Sparse
+            Attention's indexer, ``DeepseekV32Attention.forward``: keys outside each query's index_topk). None, or
+            a mask of another form (the 2-D padding mask flash attention receives, a flex ``BlockMask``): None.
+        last: [B] long, position of each prompt's final token (its query row; T_q = 1: row 0).
+        T_k: number of keys of the call.
+
+    Returns:
+        [B, 1 or H, T_k] (bool, or the mask's float dtype, in its units: logits added to the scaled scores), or None.
+    """
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        return None
+    rows = last.to(mask.device) if mask.shape[2] > 1 else torch.zeros_like(last, device=mask.device)
+    B = last.shape[0]
+    m = mask.expand(B, *mask.shape[1:]) if mask.shape[0] == 1 else mask
+    return m[torch.arange(B, device=mask.device), :, rows, :T_k]
+
+
 def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Tensor, key_mask: torch.Tensor, *,
                          scaling: float, softcap: float | None = None, window: int | None = None,
-                         hidden: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                         hidden: torch.Tensor | None = None, mask_row: torch.Tensor | None = None,
+                         sinks: torch.Tensor | None = None,
                          with_sink: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
     """Attention probabilities of each prompt's final query over its keys, per head, float32.
 
@@ -65,6 +93,11 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
         window: sliding window W (key j visible iff last - W < j <= last), or None (causal).
         hidden: the [B, 1, T] mask of :func:`final_query_hidden_keys` for these arguments, when the caller
             has it already (one per batch and window instead of one per layer).
+        mask_row: [B, 1 or H, T] the final query's row of the mask the model passed to its attention function
+            (:func:`final_query_mask_row`), or None: a float row (logits) is added to the scaled and soft-capped
+            scores, as the attention function adds its additive mask (0 at the keys it attends to leaves them bit
+            for bit; a learned bias, Doge's, shifts them); a bool row hides the keys where it is False. ``hidden``
+            still applies (the keys seen are the intersection). A row of one head broadcasts over the H heads.
         sinks: [H] attention-sink logits (a learned per-head logit outside q.k, the attention function's
             ``s_aux``), or None: one extra logit column per head joins the softmax (not scaled, soft-capped or
             masked) and is dropped after it; the sink carries no value.
@@ -75,8 +108,9 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
         With ``with_sink``: (that, [B, H] p_sink, or None without ``sinks``).
 
     Source: Paper III sec. 4 (final-query attention entropy); masks as ``transformers.masking_utils``
-    (causal, padding, ``sliding_window_overlay``); sinks as transformers' gpt_oss ``eager_attention_forward``
-    (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"; the gpt-oss model card).
+    (causal, padding, ``sliding_window_overlay``) and the model's own mask row (``mask_row``); sinks as
+    transformers' gpt_oss ``eager_attention_forward`` (Xiao et al. 2023, "Efficient Streaming Language Models with
+    Attention Sinks"; the gpt-oss model card).
     """
     B, H, T, hd = query.shape
     H_kv = key.shape[1]
@@ -102,6 +136,10 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     scores = scores.mul_(scaling)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
+    if mask_row is not None:
+        mask_row = mask_row.to(dev)
+        scores = scores.masked_fill_(~mask_row, float("-inf")) if mask_row.dtype == torch.bool \
+            else scores.add_(mask_row.float())
     if hidden is None:
         hidden = final_query_hidden_keys(last, key_mask, T, window, dev)
     scores = scores.masked_fill_(hidden, float("-inf"))

@@ -95,7 +95,12 @@ class AttentionCall:
     [B, n_kv_heads, T, head_dim] (post-RoPE), ``scaling``/``softcap`` (None where the module passes
     none: then ``architectures.attention_scaling`` / ``attention_softcap`` apply), ``sinks`` [n_heads]
     attention-sink logits (the call's ``s_aux``: a learned per-head logit outside q.k that joins the softmax
-    and carries no value), None without sinks (``extract.attention.last_query_attention``). ``probs``
+    and carries no value), None without sinks (``extract.attention.last_query_attention``), ``mask`` the
+    ``attention_mask`` the call receives: [B or 1, 1 or n_heads, T_q, T_k] bool (True = may attend) or additive
+    float (logits: 0 / ``finfo.min``, or a learned bias), with what the module merged in beyond
+    ``transformers.masking_utils``' causal, padding and window masks (DeepSeek Sparse Attention's indexer, Doge's
+    dynamic mask), None where the call passes none (``architectures.CALL_EXTRAS``;
+    ``extract.attention.final_query_mask_row``). ``probs``
     [B, n_heads, T, T]: the attention probabilities the attention module computed itself, for the families that
     bypass the attention interface (``architectures.Family.module_attention``: their query and key are then as
     projected, before any RoPE inside the module), else None: the final query's row is computed from query and key."""
@@ -105,6 +110,7 @@ class AttentionCall:
     scaling: float | None
     softcap: float | None
     sinks: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
     probs: torch.Tensor | None = None
 
 
@@ -383,15 +389,21 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                 kinds = ATTENTION_POINTS + (("attn.hook_k", "attn.hook_v") if lat is not None else ())
                 points = {l: {kd: HookPoint(point_name(kd, l), l) for kd in kinds} for l in attn}
 
-                def on_attention(layer, q, k, o, scaling, softcap, sinks=None, probs=None):
+                def on_attention(layer, q, k, o, scaling, softcap, sinks=None, mask=None, sparse_indices=None,
+                                 probs=None):
                     if layer not in attn:
                         return
                     pts, fns = points[layer], attn[layer]
                     pts["attn.hook_z"].batch = pts["attn.hook_qk"].batch = state["batch"]
                     for fn in fns.get("attn.hook_z", ()):
                         fn(o.reshape(*o.shape[:2], -1), pts["attn.hook_z"])  # [B, T, H*hd]: the o_proj input
+                    if fns.get("attn.hook_qk") and sparse_indices is not None:
+                        raise arch.UnsupportedArchitectureError(
+                            f"layer {layer}: the attention call selects its keys by sparse indices outside the "
+                            f"attention mask (implementation {model.config._attn_implementation!r}), so the keys "
+                            "each query sees cannot be read at hook_qk; load it with attn_implementation='sdpa'")
                     for fn in fns.get("attn.hook_qk", ()):
-                        fn(AttentionCall(q, k, scaling, softcap, sinks, probs), pts["attn.hook_qk"])
+                        fn(AttentionCall(q, k, scaling, softcap, sinks, mask, probs), pts["attn.hook_qk"])
 
                 def latent_kv(layer, q, k, v):  # latent attention: the keys and values before the attention call
                     fns = attn.get(layer, {})
@@ -422,8 +434,8 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                     return None if changed is None else changed.reshape(B, T, H, -1).transpose(1, 2).to(v.dtype)
 
                 state["attention_seen"] = st.enter_context(arch.capture_attention(
-                    model, on_attention, before=latent_kv if lat is not None else None, with_sinks=True,
-                    with_probs=True))
+                    model, on_attention, before=latent_kv if lat is not None else None,
+                    extras=("sinks", "mask", "sparse_indices", "probs")))
                 state["attention_layers"] = sorted(attn)
             yield state
     finally:

@@ -47,7 +47,7 @@ from llmgeom.core.store import DS, CONTRACT, CONTRACT_VERSION, ActivationWriter,
 from llmgeom.core.versions import package_versions
 from llmgeom.extract import capture
 from llmgeom.extract.attention import (attention_row_entropy, entropy_nats, final_query_hidden_keys,
-                                       last_query_attention)
+                                       final_query_mask_row, last_query_attention)
 from llmgeom.extract.capture import Float32Head, rows_at
 from llmgeom.models import architectures as arch
 
@@ -252,10 +252,13 @@ class BatchHooks:
             hk = c.hidden_keys.get(window)
             if hk is None or hk.device != a.query.device:
                 hk = c.hidden_keys[window] = final_query_hidden_keys(c.last, c.valid, c.T, window, a.query.device)
+            # the mask the call received: beyond the reconstructed causal / padding / window keys (hk), what the module
+            # merged in (DeepSeek Sparse Attention's indexer selection, Doge's dynamic bias)
+            row = final_query_mask_row(a.mask, c.last, a.key.shape[2])
             p, sink = last_query_attention(
                 a.query, a.key, c.last, c.valid, softcap=a.softcap if a.softcap is not None else self.softcap,
                 scaling=a.scaling if a.scaling is not None else self.scalings[pt.layer], window=window, hidden=hk,
-                sinks=a.sinks, with_sink=True)
+                mask_row=row, sinks=a.sinks, with_sink=True)
             c.attn_ent[pt.layer] = attention_row_entropy(p, sink).to(dev)  # with sinks: keys plus the sink outcome
 
         # the points, from the contract's declaration (store.DatasetSpec.point): one name per quantity

@@ -21,7 +21,10 @@ exist per head only inside the attention module, so ``extract.capture`` reads th
 keys have no W_K (:func:`no_key_projection`: key orthogonality does not apply). Hybrid and state-space models
 (Jamba, Nemotron-H, Qwen3-Next, Mamba, RWKV, ...): the blocks with attention are :func:`attention_layers` (from
 ``config.layer_types``, checked against the blocks' attention modules); the other blocks carry the residual
-stream only, and their attention accessors raise. ``tests/test_model_types.py``
+stream only, and their attention accessors raise. Masks that carry more than causality, padding and a window
+(DeepSeek Sparse Attention's indexer selection, Doge's dynamic mask) are read as the attention function receives
+them (``CALL_EXTRAS`` ``mask``; a modeling file's own attention registry is wrapped too, :func:`capture_attention`).
+``tests/test_model_types.py``
 builds a tiny random model of every installed causal-LM type, checks the capture against the model's
 own outputs and writes the coverage table ``docs/models.md``.
 
@@ -294,7 +297,6 @@ REFUSED: dict[str, str] = {
     'cpmant': "it prepends prompt_length learned prompt tokens to every input inside CpmAntModel (a segment-aware relative position bias over them) and drops them only from its outputs, so the blocks' positions are not the prompt's tokens that the capture indexes; not read",
     'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
     'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
-    'doge': 'dynamic mask attention: a learned per-key bias (dt_proj of the values, scaled by A) enters the scores through the attention mask, and beyond keep_window_size keys only the top ones are kept, so the attention distribution is not softmax(q.k) over the causal keys (it also calls its own AttentionInterface instance)',
     'dory': "a looped (recurrent-depth) decoder: its recurrent layers run n_recurrent_loops times per forward, later loops attending over the earlier loops' keys, so a layer has several attention calls and key sets; not read yet",
     'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
@@ -339,9 +341,11 @@ def refusal_of_json(cfg: dict) -> str | None:
     return refusal(outer)
 
 
-#: Layer kinds in ``config.layer_types`` that go through the attention interface.
+#: Layer kinds in ``config.layer_types`` that go through the attention interface (``indexed_attention``: DeepSeek
+#: Sparse Attention / Qwen4-Exp QSA, whose indexer's key selection is merged into the attention mask under
+#: eager/sdpa, read there: ``CALL_EXTRAS`` ``mask``).
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention", "chunked_attention",
-                                    "global", "local", "sliding", "full"})
+                                    "global", "local", "sliding", "full", "indexed_attention"})
 #: Layer kinds with an attention module beside an attention-free mixer in the same block (Falcon-H1: attention
 #: and Mamba-2 in parallel; Zamba: a Mamba block with a shared attention block): attention layers, found by
 #: their attention module (:func:`parts`).
@@ -399,11 +403,14 @@ def refusal(config) -> str | None:
     Rules, in order: a type with a ``Family`` entry is read unless the entry does not describe its variant
     (``_family_refusal``: MPT's clip_qkv, Falcon's grouped or per-head layouts); a ``REFUSED`` entry; per-layer numbers of query heads (Laguna's
     ``num_attention_heads_per_layer`` when they differ); an encoder-decoder; an encoder (BERT-style config with an
-    ``is_decoder`` switch: bidirectional self-attention used as a decoder); sparse (indexed) attention
-    (DeepSeek Sparse Attention: an indexer selects the keys each query sees); a layer kind in ``layer_types``
-    that is neither attention nor a known attention-free kind (:func:`config_attention_layers`). Multi-head
+    ``is_decoder`` switch: bidirectional self-attention used as a decoder); a layer kind in ``layer_types``
+    that is neither attention nor a known attention-free kind (:func:`config_attention_layers`); hyper-connections
+    (``hc_mult`` / ``hc_count`` > 1 parallel residual streams: hy_v4, qwen4_exp). Multi-head
     latent attention, hybrid and state-space models are read (issue 29): the residual-stream and logit measures
-    on every layer, the attention measures on :func:`config_attention_layers`.
+    on every layer, the attention measures on :func:`config_attention_layers`; so are masks that carry more than
+    causality, padding and a window (DeepSeek Sparse Attention's ``indexed_attention`` layers, whose indexer
+    keeps index_topk keys per query; Doge's dynamic mask): the entropy reads the mask the attention function
+    receives (``CALL_EXTRAS`` ``mask``).
 
     Returns:
         the reason in words, or None.
@@ -431,15 +438,17 @@ def refusal(config) -> str | None:
     if hasattr(cfg, "is_decoder"):
         return ("an encoder (bidirectional self-attention, BERT-style) used as a decoder; its causal-LM head is "
                 "not a decoder-only language model")
-    if "indexed_attention" in set(getattr(cfg, "layer_types", None) or ()):
-        return ("sparse attention (DeepSeek Sparse Attention, `indexed_attention` layers): a learned indexer keeps "
-                "the index_topk keys of each query, so the attention distribution is not the softmax of q.k over the "
-                "causal keys that the capture computes its entropy from")
     unknown = sorted(set(_layer_kinds(cfg) or ()) - _ATTENTION_LAYER_TYPES - _HYBRID_LAYER_TYPES
                      - _ATTENTION_FREE_LAYER_TYPES)
     if unknown:
         return (f"layer kinds the architectures module does not know ({', '.join(unknown)} in config.layer_types): "
                 "whether and how such a layer attends is not known, so its attention datasets cannot be read")
+    streams = max(int(getattr(cfg, k, None) or 1) for k in ("hc_mult", "hc_count"))
+    if streams > 1:
+        return (f"hyper-connections ({streams} parallel residual streams, hc_mult / hc_count, mixed by learned "
+                "connections around every block): between blocks each token carries [streams, d_model], not the "
+                "one d_model residual vector per layer of the HDF5 contract, and no single stream is the input of the "
+                "final norm")
     return None
 
 
@@ -1025,6 +1034,48 @@ def _own_eager(module):
     return importlib.import_module(type(module).__module__).eager_attention_forward
 
 
+#: The optional keywords :func:`capture_attention` hands to its ``fn`` (those named in its ``extras``), each read
+#: from one attention-function call ``(attention_mask, kwargs)``:
+#:
+#: - ``sinks``: [n_heads] attention-sink logits, the ``s_aux`` the module passes (a learned per-head logit outside
+#:   q.k that joins each query's softmax and carries no value: gpt_oss, flint, granite_swa, mimo_v2_flash's sliding
+#:   layers), or None;
+#: - ``mask``: the ``attention_mask`` the function receives: [B or 1, 1 or n_heads, T_q, T_k] bool (True = may
+#:   attend; sdpa) or additive float (eager: 0 / ``finfo.min``; Doge's learned dynamic bias), as built by
+#:   ``transformers.masking_utils`` and by the module itself (DeepSeek Sparse Attention merges its indexer's
+#:   non-selected keys in, Doge its dynamic mask); None where the call passes none (sdpa with ``is_causal``), a 2-D
+#:   padding mask under flash attention;
+#: - ``sparse_indices``: the ``indices`` of the keys a sparse-attention module selects per query, passed instead of
+#:   merging them into the mask under other implementations than eager/sdpa (DeepSeek Sparse Attention), or None;
+#: - ``probs``: [B, n_heads, T, T] the attention probabilities the module itself computed (``Family.module_attention``
+#:   families only, :func:`_module_attention_hooks`), else None: the caller computes them from q and k.
+#:
+#: A ``module_attention`` family passes None for the others (its probabilities carry its masks and biases).
+CALL_EXTRAS: dict[str, Callable] = {
+    "sinks": lambda mask, kwargs: kwargs.get("s_aux"),
+    "mask": lambda mask, kwargs: mask,
+    "sparse_indices": lambda mask, kwargs: kwargs.get("indices"),
+    "probs": lambda mask, kwargs: None,
+}
+
+
+def _attention_interfaces(model) -> list:
+    """The attention-function registries ``model``'s layers look their function up in: transformers' shared
+    ``ALL_ATTENTION_FUNCTIONS``, and a modeling file's own ``AttentionInterface`` instance where it keeps one (Doge's
+    ``modeling_doge.ALL_ATTENTION_FUNCTIONS``: its local entries first, then the shared global ones)."""
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    found = {id(ALL_ATTENTION_FUNCTIONS): ALL_ATTENTION_FUNCTIONS}
+    for blk in decoder_layers(model):
+        for sub in blk.modules():
+            iface = getattr(sys.modules.get(type(sub).__module__), "ALL_ATTENTION_FUNCTIONS", None)
+            if isinstance(iface, AttentionInterface):
+                found.setdefault(id(iface), iface)
+    return list(found.values())
+
+
 def _ask_for_probabilities(module):
     """A forward pre-hook (``with_kwargs``) that calls ``module`` with ``output_attentions=True``, or None where its
     forward takes no such argument (then it returns its probabilities anyway: MPT)."""
@@ -1044,8 +1095,7 @@ def _ask_for_probabilities(module):
     return pre
 
 
-def _module_attention_hooks(model, fn: Callable, seen: list, *, with_value: bool, with_sinks: bool,
-                            with_probs: bool) -> list:
+def _module_attention_hooks(model, fn: Callable, seen: list, *, with_value: bool, extras: tuple[str, ...]) -> list:
     """The hooks of :func:`capture_attention` for a ``Family.module_attention`` model (its attention modules compute
     softmax(q.k) themselves): per attention layer, the query/key/value projections' outputs split into heads, the
     attention output at ``o_proj``'s input (a pre-hook placed first, before any final-token cut) and, when the
@@ -1078,9 +1128,7 @@ def _module_attention_hooks(model, fn: Callable, seen: list, *, with_value: bool
             if "o" not in st or "probs" not in st:  # the attention module, BLOOM, or after it, GIT)
                 return
             seen.append(i)
-            extra = {"sinks": None} if with_sinks else {}
-            if with_probs:
-                extra["probs"] = st["probs"]
+            extra = {name: st["probs"] if name == "probs" else None for name in extras}  # CALL_EXTRAS
             qkv = (st["q"], st["k"], st["v"]) if with_value else (st["q"], st["k"])
             fn(i, *qkv, st["o"], None, None, **extra)
             st.clear()
@@ -1110,11 +1158,12 @@ def _module_attention_hooks(model, fn: Callable, seen: list, *, with_value: bool
 
 @contextmanager
 def capture_attention(model, fn: Callable, *, with_value: bool = False, before: Callable | None = None,
-                      with_sinks: bool = False, with_probs: bool = False):
+                      extras: tuple[str, ...] = ()):
     """While active, every call of ``model``'s attention function also calls
     ``fn(layer, query, key, attn_output, scaling, softcap)`` (``with_value``: ``fn(layer, query, key, value,
-    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]; ``with_sinks``: also the
-    keyword ``sinks``, the call's attention-sink logits, see below) with the tensors the model uses;
+    attn_output, scaling, softcap)``, ``value`` [B, n_kv_heads, T, value_head_dim]; ``extras``: names of
+    ``CALL_EXTRAS``, each also given as that keyword: the call's attention-sink logits, attention mask, sparse
+    indices, the module's own probabilities) with the tensors the model uses;
     ``before(layer, query, key, value)``, when given, runs before the attention function and may return a tensor
     of the value's shape that the function then receives instead of ``value`` (an edit of the values where no
     module outputs them: multi-head latent attention, ``extract.capture``):
@@ -1125,16 +1174,13 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
       ``o_proj_module`` once the heads are concatenated);
     - ``scaling``/``softcap``: the values the module passes to the attention function (None where it
       passes none: then ``attention_scaling``/``attention_softcap`` apply);
-    - ``sinks`` (``with_sinks``): [n_heads] attention-sink logits, the ``s_aux`` the module passes to the
-      attention function (a learned per-head logit outside q.k that joins each query's softmax and carries no
-      value: gpt_oss, flint, granite_swa, mimo_v2_flash's sliding layers), or None.
-    - ``probs`` (``with_probs``): [B, n_heads, T, T] the attention probabilities the module itself computed
-      (``Family.module_attention`` families only, see below), else None: the caller computes them from q and k.
+    - the ``extras`` keywords: as ``CALL_EXTRAS`` describes them.
 
     The model's attention implementation (sdpa, flash attention, eager) runs unchanged; nothing of
     size T x T is materialized here. Implemented by overriding, for the duration, the entry of the
-    current implementation in ``transformers``' ``ALL_ATTENTION_FUNCTIONS`` (process-wide: calls of
-    other models pass through unchanged).
+    current implementation in ``transformers``' ``ALL_ATTENTION_FUNCTIONS`` and in a modeling file's own
+    registry where it has one (:func:`_attention_interfaces`; process-wide: calls of other models pass through
+    unchanged).
 
     ``Family.module_attention`` families (the module computes softmax(q.k) itself, bypassing the interface: BLOOM,
     MPT, XGLM, GPT-Neo, GPT-1, Falcon, GPT-NeoX-Japanese) are read by hooks on their modules instead
@@ -1147,17 +1193,16 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
 
     Raises:
         UnsupportedArchitectureError: a family whose attention does not use the attention interface.
+        KeyError: a name in ``extras`` that ``CALL_EXTRAS`` does not have.
         ValueError: ``before`` for a ``module_attention`` family.
     """
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
+    getters = {name: CALL_EXTRAS[name] for name in extras}
     if family_for(model.config).module_attention:
         if before is not None:
             raise ValueError("capture_attention(before=...) edits the values at the attention interface, which "
                              f"{_text_config(model.config).model_type!r} does not call (Family.module_attention)")
         seen_m: list = []
-        handles = _module_attention_hooks(model, fn, seen_m, with_value=with_value, with_sinks=with_sinks,
-                                          with_probs=with_probs)
+        handles = _module_attention_hooks(model, fn, seen_m, with_value=with_value, extras=tuple(getters))
         try:
             yield seen_m
         finally:
@@ -1169,32 +1214,35 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
     # the one attention_modules names: e.g. an inner self-attention); a second call in one block is seen twice
     layer_of = {id(sub): i for i, blk in enumerate(decoder_layers(model)) for sub in blk.modules()}
     impl = _text_config(model.config)._attn_implementation or "eager"
-    had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
-    prev_local = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
-    inner = ALL_ATTENTION_FUNCTIONS.get(impl)
     seen = []
 
-    def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
-        f = inner if inner is not None else _own_eager(module)
-        layer = layer_of.get(id(module))
-        if before is not None and layer is not None:
-            new = before(layer, query, key, value)
-            value = value if new is None else new
-        out = f(module, query, key, value, attention_mask, *args, **kwargs)
-        if layer is not None:
-            seen.append(layer)
-            extra = {"sinks": kwargs.get("s_aux")} if with_sinks else {}
-            if with_value:
-                fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
-            else:
-                fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
-        return out
+    def wrap(inner):
+        def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+            f = inner if inner is not None else _own_eager(module)
+            layer = layer_of.get(id(module))
+            if before is not None and layer is not None:
+                new = before(layer, query, key, value)
+                value = value if new is None else new
+            out = f(module, query, key, value, attention_mask, *args, **kwargs)
+            if layer is not None:
+                seen.append(layer)
+                extra = {name: get(attention_mask, kwargs) for name, get in getters.items()}
+                if with_value:
+                    fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
+                else:
+                    fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
+            return out
+        return wrapper
 
-    ALL_ATTENTION_FUNCTIONS[impl] = wrapper
+    saved = []  # (registry, had a local entry, that entry)
     try:
+        for iface in _attention_interfaces(model):
+            saved.append((iface, impl in iface._local_mapping, iface._local_mapping.get(impl)))
+            iface[impl] = wrap(iface.get(impl))
         yield seen
     finally:
-        if had_local:
-            ALL_ATTENTION_FUNCTIONS._local_mapping[impl] = prev_local
-        else:
-            del ALL_ATTENTION_FUNCTIONS[impl]
+        for iface, had_local, prev_local in reversed(saved):
+            if had_local:
+                iface._local_mapping[impl] = prev_local
+            else:
+                del iface._local_mapping[impl]
