@@ -215,9 +215,12 @@ def check_model(model, eager) -> list[str]:
     # attention output (its o_proj input) at those layers, the reference of the sink's share (below)
     eager_atts = arch.attention_modules(eager)
     sink_layers = [l for l in with_attention if getattr(eager_atts[l], "sinks", None) is not None]
+    # differential attention (Family.z_from_o_proj): the attention output is o_proj's input, (A1 - lambda A2) V
+    # group-normed per head pair, not p @ V: its reference is the eager model's own o_proj input
+    z_layers = with_attention if arch.family_for(model.config).z_from_o_proj else sink_layers
     eager_z: dict[int, torch.Tensor] = {}
     handles = [arch.o_proj_module(eager, l).register_forward_pre_hook(
-        lambda mod, args, l=l: eager_z.__setitem__(l, args[0].detach().clone())) for l in sink_layers]
+        lambda mod, args, l=l: eager_z.__setitem__(l, args[0].detach().clone())) for l in z_layers]
     try:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True, use_cache=True)
@@ -310,6 +313,8 @@ def check_model(model, eager) -> list[str]:
                 p_sink = (1 - pb.sum(-1)).clamp_min(0)
                 ent[b] = -(p_sink * torch.log(p_sink.clamp_min(1e-300))).numpy()
             ent[b] += (-(pb * torch.log(pb.clamp_min(1e-300))).sum(-1)).numpy()
+            if layer in z_layers and layer not in sink_layers:  # differential attention: eager's o_proj input
+                zb = eager_z[layer][b, last[b]].double()
             z[b] = zb.reshape(-1).numpy()
         f = f or _close(res["attention/entropy"][:, layer], ent, f"attention entropy {layer} vs eager", atol=1e-4)
         f = f or _close(res["last_token/attn_output"][:, layer], z, f"attention output {layer} vs eager p @ values")

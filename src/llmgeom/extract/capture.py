@@ -388,6 +388,16 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
             if attn:
                 kinds = ATTENTION_POINTS + (("attn.hook_k", "attn.hook_v") if lat is not None else ())
                 points = {l: {kd: HookPoint(point_name(kd, l), l) for kd in kinds} for l in attn}
+                # differential attention (Family.z_from_o_proj): hook_z is o_proj's input, read by a pre-hook placed
+                # before the final-token cut's (the attention function's outputs are the two halves' A V)
+                z_at_o_proj = arch.family_for(model.config).z_from_o_proj
+                for l in (attn if z_at_o_proj else ()):
+                    def z_pre(mod, args, l=l):
+                        pt = points[l]["attn.hook_z"]
+                        pt.batch = state["batch"]
+                        for fn in attn[l].get("attn.hook_z", ()):
+                            fn(args[0], pt)
+                    state["handles"].append(arch.o_proj_module(model, l).register_forward_pre_hook(z_pre, prepend=True))
 
                 def on_attention(layer, q, k, o, scaling, softcap, sinks=None, mask=None, sparse_indices=None,
                                  probs=None):
@@ -395,7 +405,7 @@ def hooked(model, hooks: Mapping[str, Hook | Sequence[Hook]], *, final_token_onl
                         return
                     pts, fns = points[layer], attn[layer]
                     pts["attn.hook_z"].batch = pts["attn.hook_qk"].batch = state["batch"]
-                    for fn in fns.get("attn.hook_z", ()):
+                    for fn in () if z_at_o_proj else fns.get("attn.hook_z", ()):
                         fn(o.reshape(*o.shape[:2], -1), pts["attn.hook_z"])  # [B, T, H*hd]: the o_proj input
                     if fns.get("attn.hook_qk") and sparse_indices is not None:
                         raise arch.UnsupportedArchitectureError(

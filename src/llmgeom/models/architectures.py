@@ -112,6 +112,10 @@ class Family:
     (GPT-1) whose attention reads the residual stream itself. ``eager``: the module returns its probabilities only
     on its eager branch, and asking for them under sdpa is not safe (Falcon: its eager branch then adds sdpa's bool
     mask to the scores), so the model is loaded with the eager implementation (:func:`attention_implementation`).
+    ``z_from_o_proj``: the attention output (``hook_z``) is read at ``o_proj``'s input, not from the attention
+    function's output: differential attention (DiffLlama) calls the function twice per layer, with the same queries
+    and keys and the two halves of the values, and feeds o_proj the group-normed difference of the two outputs
+    ((A1 - lambda A2) V per head pair, Ye et al. 2024, "Differential Transformer", sec. 2.1).
     ``attention`` is the attention module of a layer (the one that calls the attention function,
     ``transformers``' ``AttentionInterface``); ``o_proj`` the output projection whose input is the
     attention output (the attention-weighted sum of values, heads concatenated). ``mlp`` the
@@ -135,6 +139,7 @@ class Family:
     q_proj: str = "self_attn.q_proj"
     module_attention: bool = False
     eager: bool = False
+    z_from_o_proj: bool = False
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -166,6 +171,9 @@ FAMILIES: tuple[Family, ...] = (
            o_proj="attn.out_proj",
            reason="fused qkv_proj Linear in the 4 model-parallel groups CodeGen was trained with, each [q | v | k] "
            "(CodeGenAttention.mp_num); parallel attention/MLP block"),
+    Family("diffllama", ("diffllama",), "layers", "norm", "input_layernorm", "separate", z_from_o_proj=True,
+           reason="differential attention: two attention-function calls per layer (same q and k, each half of the "
+           "values); the attention output is o_proj's input, the group-normed (A1 - lambda A2) V of each head pair"),
     # attention computed inside the module (no attention interface): Family.module_attention
     Family("bloom", ("bloom",), "h", "ln_f", "input_layernorm", "neox_fused",
            fused_proj="self_attention.query_key_value", attention="self_attention", o_proj="self_attention.dense",
@@ -296,7 +304,6 @@ REFUSED: dict[str, str] = {
     'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",
     'cpmant': "it prepends prompt_length learned prompt tokens to every input inside CpmAntModel (a segment-aware relative position bias over them) and drops them only from its outputs, so the blocks' positions are not the prompt's tokens that the capture indexes; not read",
     'dbrx': "not verified: no tiny model of this type builds here (AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta')",
-    'diffllama': 'differential attention: two softmax maps per head are subtracted, so the attention output is not one attention distribution over the values (tiny-model check: attention output vs eager p @ values differs)',
     'dory': "a looped (recurrent-depth) decoder: its recurrent layers run n_recurrent_loops times per forward, later loops attending over the earlier loops' keys, so a layer has several attention calls and key sets; not read yet",
     'dots3_note': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
     'dots3_note_text': "not verified: no tiny model of this type builds here (AmbiguousGlobalPerLayerAttributeError: 'num_attention_heads' is a per-layer attribute and may vary a)",
