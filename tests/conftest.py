@@ -91,3 +91,16 @@ def offline_dry_run_counts(configfile, workdir) -> dict:
     stats = out.split("Job stats:")[1].split("total")[0]
     return {ln.split()[0]: int(ln.split()[1]) for ln in stats.splitlines() if len(ln.split()) == 2
             and ln.split()[1].isdigit()}
+
+
+#: Test files by their running time on CI (longest first; the rest keep their order after them). The README's test
+#: command runs the suite on two pytest-xdist workers with ``--dist loadfile --no-loadscope-reorder``: each file on one
+#: worker (its module fixtures, a tiny study or a SLURM cluster, are set up once), files handed out in this order, so
+#: that the real-SLURM tests, which mostly wait on the scheduler, overlap the CPU-bound ones (docs/testing.md).
+LONGEST_FIRST = ("test_slurm_real.py", "test_families_sweep.py", "test_slurm_nodes.py", "test_workflow.py",
+                 "test_rerun.py", "test_reproducibility.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(Path(str(it.fspath)).name, len(rank)))  # stable: file order kept otherwise
