@@ -38,6 +38,12 @@ def test_refusal_is_what_the_family_table_says():
     from transformers import BertConfig, LlamaConfig
 
     assert arch.refusal(LlamaConfig()) is None
+    from transformers import BloomConfig, MambaConfig
+
+    # the implementation a model is loaded with: the workflow's, or eager where the attention is the module's own
+    # (BLOOM refuses sdpa) or there is none (Mamba)
+    assert [arch.attention_implementation(c(), "sdpa") for c in (LlamaConfig, BloomConfig, MambaConfig)] == \
+        ["sdpa", "eager", "eager"]
     assert "encoder" in arch.refusal(BertConfig())
     assert arch.refusal_of_json({"model_type": "bart", "is_encoder_decoder": True}).startswith("an encoder-decoder")
     assert "encoder" in arch.refusal_of_json({"model_type": "bert", "is_decoder": False})

@@ -109,9 +109,10 @@ class Family:
     the attention probabilities from the module's own output (its second element, [B, n_heads, T, T]: the
     probabilities it multiplies the values by, with its ALiBi or position bias, window and mask), asking for them
     with ``output_attentions=True`` where the module only returns them then. ``input_norm`` None: a post-LN block
-    (GPT-1) whose attention reads the residual stream itself. ``eager``: the module returns its probabilities only
-    on its eager branch, and asking for them under sdpa is not safe (Falcon: its eager branch then adds sdpa's bool
-    mask to the scores), so the model is loaded with the eager implementation (:func:`attention_implementation`).
+    (GPT-1) whose attention reads the residual stream itself. These families are loaded with the eager
+    implementation (:func:`attention_implementation`): their modules compute the softmax themselves whatever the
+    implementation, BLOOM refuses sdpa, and Falcon's sdpa branch returns no probabilities (asking for them there
+    adds sdpa's bool mask to its eager scores).
     ``z_from_o_proj``: the attention output (``hook_z``) is read at ``o_proj``'s input, not from the attention
     function's output: differential attention (DiffLlama) calls the function twice per layer, with the same queries
     and keys and the two halves of the values, and feeds o_proj the group-normed difference of the two outputs
@@ -138,7 +139,6 @@ class Family:
     reason: str = ""
     q_proj: str = "self_attn.q_proj"
     module_attention: bool = False
-    eager: bool = False
     z_from_o_proj: bool = False
 
 
@@ -194,9 +194,9 @@ FAMILIES: tuple[Family, ...] = (
            reason="its attention computes softmax(q.k) itself (openai-gpt's Attention); fused Conv1D c_attn as GPT-2; "
            "post-LN blocks and no final norm"),
     Family("falcon", ("falcon",), "h", "ln_f", "input_layernorm", "qkv_blocks", fused_proj="self_attention.query_key_value",
-           attention="self_attention", o_proj="self_attention.dense", module_attention=True, eager=True,
+           attention="self_attention", o_proj="self_attention.dense", module_attention=True,
            reason="its attention computes softmax(q.k) itself or calls torch's sdpa directly (FalconAttention; "
-           "loaded eager, Family.eager); multi-query fused query_key_value Linear: [q (n_heads*hd) | k (hd) | v (hd)]"),
+           "loaded eager); multi-query fused query_key_value Linear: [q (n_heads*hd) | k (hd) | v (hd)]"),
     Family("gpt_neox_japanese", ("gpt_neox_japanese",), "layers", "final_layer_norm", "input_layernorm", "neox_fused",
            fused_proj="attention.query_key_value", attention="attention", o_proj="attention.dense",
            module_attention=True,
@@ -265,11 +265,12 @@ def attention_implementation(config, requested: str) -> str:
     """The attention implementation to load a model of ``config`` with: ``requested`` (the workflow's sdpa, or flash
     attention on a GPU), or "eager" for a model without attention layers (Mamba, Mamba-2, Falcon-Mamba:
     :func:`config_attention_layers` is empty; transformers refuses sdpa there and no attention function runs) and
-    for a family whose attention probabilities exist only on its eager branch (``Family.eager``: Falcon)."""
+    for a family whose modules compute the attention themselves (``Family.module_attention``: the implementation
+    does not change their softmax; BLOOM refuses sdpa; Falcon returns its probabilities on its eager branch only)."""
     if not config_attention_layers(config):
         return "eager"
     fam = _BY_TYPE.get(getattr(_text_config(config), "model_type", None))
-    return "eager" if fam is not None and fam.eager else requested
+    return "eager" if fam is not None and fam.module_attention else requested
 
 
 def _family_refusal(cfg) -> str | None:
