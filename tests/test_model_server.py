@@ -32,6 +32,14 @@ def setup(tmp_path, monkeypatch):
     ms.stop_server(load)
 
 
+def _socket_bound(d: Path) -> bool:
+    """Whether the server socket of ``d`` is bound: its file, or its abstract address in /proc/net/unix."""
+    addr = ms.socket_address(d)
+    if not addr.startswith("\0"):
+        return Path(addr).exists()
+    return ("@" + addr[1:]) in Path("/proc/net/unix").read_text()
+
+
 def _kw(prepared, prompts, out):
     return dict(model_dir=str(prepared), prompts_path=str(prompts), out_path=str(out), model_name="tiny",
                 dtype="float32", device="cpu", batch_size=2, top_k=10, sample_per_prompt=30, device_map=None)
@@ -53,6 +61,23 @@ def test_two_jobs_one_weight_load_same_values(setup, monkeypatch):
     with h5py.File(outs[1]) as a, h5py.File(ref) as b:
         for k in ("last_token/residual", "last_token/attn_output", "attention/entropy", "next_token/top_logits"):
             np.testing.assert_array_equal(a[k][()], b[k][()], err_msg=k)
+
+
+def test_deep_server_directory_serves_through_an_abstract_socket(setup, monkeypatch):
+    """A server directory whose socket path exceeds AF_UNIX's 107 bytes (a deep $TMPDIR; pytest-xdist's own tmp paths
+    reached it) binds the Linux abstract address of its hash instead of failing with "AF_UNIX path too long"."""
+    tmp, prepared, (p1, _), load = setup
+    deep = tmp / ("d" * 60) / ("e" * 60)
+    monkeypatch.setenv("LLMGEOM_MODEL_SERVER_DIR", str(deep))
+    d = ms.server_dir(load)
+    assert len(str(d / "sock")) > ms._MAX_SOCKET_PATH and ms.socket_address(d).startswith("\0llmgeom-models-")
+    assert ms.socket_address(tmp) == str(tmp / "sock")  # a short one stays a file
+    try:
+        ms.run_task("extract", _kw(prepared, p1, tmp / "deep.h5"), load=load, log=str(tmp / "deep.log"), threads=1)
+        assert "weights loaded for it: 1" in (tmp / "deep.log").read_text() and (tmp / "deep.h5").is_file()
+        assert not (d / "sock").exists() and _socket_bound(d)
+    finally:
+        ms.stop_server(load)
 
 
 def test_failed_task_fails_alone(setup):
@@ -137,12 +162,12 @@ def test_server_sleeps_when_idle_and_exits_with_its_owner(setup, monkeypatch):
         c0 = _cpu_seconds(pid)
         time.sleep(3.0)
         assert _cpu_seconds(pid) - c0 < 0.03  # asleep: at most a few clock ticks in 3 s
-        assert not ms._gone(pid) and ms.server_dir(load).joinpath("sock").exists()
+        assert not ms._gone(pid) and _socket_bound(ms.server_dir(load))
     finally:
         owner.kill()
         owner.wait()
     assert _wait_gone(pid), "the server outlived its owner"
-    assert not ms.server_dir(load).joinpath("sock").exists()
+    assert not _socket_bound(ms.server_dir(load))
 
 
 def test_a_job_killed_mid_task_never_gets_its_output(setup, monkeypatch):

@@ -170,14 +170,29 @@ def server_dir(load: dict) -> Path:
     return servers_root() / key
 
 
+#: the longest socket path bound as a file: AF_UNIX's sun_path holds 108 bytes with the terminating NUL (Linux)
+_MAX_SOCKET_PATH = 107
+
+
+def socket_address(d: Path) -> str:
+    """The AF_UNIX address of the server of ``d``: the file ``d/sock``, or, where that path is longer than
+    ``_MAX_SOCKET_PATH`` bytes (a deep ``$TMPDIR`` or ``$LLMGEOM_MODEL_SERVER_DIR``: binding it would fail with
+    "AF_UNIX path too long"), the Linux abstract address named by a hash of ``d`` (no file; the authkey in ``d``,
+    readable by its owner only, still guards every connection)."""
+    path = str(d / "sock")
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    return "\0llmgeom-models-" + hashlib.sha256(os.fsencode(str(d.resolve()))).hexdigest()[:40]
+
+
 def _connect(d: Path):
     from multiprocessing.connection import Client
 
-    sock, auth = d / "sock", d / "authkey"
-    if not (sock.exists() and auth.exists()):
+    addr, auth = socket_address(d), d / "authkey"
+    if not auth.exists() or not (addr.startswith("\0") or Path(addr).exists()):
         return None
     try:
-        return Client(str(sock), family="AF_UNIX", authkey=bytes.fromhex(auth.read_text().strip()))
+        return Client(addr, family="AF_UNIX", authkey=bytes.fromhex(auth.read_text().strip()))
     except (OSError, EOFError, ValueError):
         return None
 
@@ -479,7 +494,7 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     key = secrets.token_bytes(32)
-    listener = Listener(str(d / "sock"), family="AF_UNIX", authkey=key)
+    listener = Listener(socket_address(d), family="AF_UNIX", authkey=key)
     tmp = d / "authkey.partial"
     tmp.write_text(key.hex())
     tmp.chmod(0o600)
@@ -501,7 +516,7 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
     threading.Thread(target=idle_watchdog, daemon=True).start()
     if owner is not None:
         threading.Thread(target=_exit_when_gone, args=(owner, "the owner", d), daemon=True).start()
-    print(f"[model server] pid {os.getpid()} serving {load} at {d / 'sock'} (owner pid {owner})", flush=True)
+    print(f"[model server] pid {os.getpid()} serving {load} at {socket_address(d)!r} (owner pid {owner})", flush=True)
     from llmgeom.models import loading
     from llmgeom.pipeline.jobs import run_logged, set_threads
 
