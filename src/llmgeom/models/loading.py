@@ -177,7 +177,7 @@ def clear_model_cache() -> None:
 
 def _attn_implementation(weights_path, attn: str) -> str:
     """``attn``, or "eager" where ``architectures.attention_implementation`` says so (a model without attention
-    layers; Falcon)."""
+    layers; a family whose modules compute the attention themselves, ``Family.module_attention``)."""
     from transformers import AutoConfig
 
     from llmgeom.models import architectures as arch
