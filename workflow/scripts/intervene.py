@@ -1,5 +1,5 @@
 # Rule intervene: entropy-axis edits during SULA (Paper III sec. 4.5-4.6). The forward passes run in the
-# model's server process (weights loaded once per allocation; issue 13), or here with LLMGEOM_MODEL_SERVER=0.
+# model's server process (weights loaded once per allocation), or here with LLMGEOM_MODEL_SERVER=0.
 from typing import TYPE_CHECKING
 
 from llmgeom.pipeline.model_server import run_task
@@ -9,7 +9,7 @@ if TYPE_CHECKING:  # the code this job runs (in the server), named for code trac
 
 p = snakemake.params
 load = dict(model_dir=snakemake.input.model, dtype=p.dtype, device=p.device, device_map=p.device_map)
-per_prompt, axes, arrays = run_task(
+run_task(
     "intervene",
     dict(
         model_dir=snakemake.input.model,
@@ -25,12 +25,7 @@ per_prompt, axes, arrays = run_task(
     load=load,
     log=snakemake.log[0],
     threads=snakemake.threads,
+    # written where the task ran (tables and arrays never cross the server's socket)
+    outputs=dict(per_prompt_path=snakemake.output.per_prompt, axes_path=snakemake.output.axes,
+                 vectors_path=snakemake.output.vectors),
 )
-from llmgeom.core.io import write_table
-from llmgeom.interventions.runner import save_axes
-
-write_table(per_prompt, snakemake.output.per_prompt)
-write_table(axes, snakemake.output.axes)
-save_axes(arrays, snakemake.output.vectors)
-with open(snakemake.log[0], "a") as fh:
-    fh.write(axes.to_string(index=False) + "\n")

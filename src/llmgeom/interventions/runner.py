@@ -375,3 +375,16 @@ def save_axes(arrays: dict, path) -> None:
 
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez_compressed(fh, **arrays)
+
+
+def write_intervention_outputs(result, per_prompt_path, axes_path, vectors_path) -> None:
+    """Write what :func:`intervention_experiment` returned to the rule's outputs, each atomically: the two tables
+    (CSV, ``llmgeom.core.io.write_table``) and the axes (:func:`save_axes`); the axes table also to stdout (the
+    job's log). The model server's writer of the "intervene" task (``pipeline.model_server.TASK_WRITERS``)."""
+    from llmgeom.core.io import write_table
+
+    per_prompt, axes, arrays = result
+    write_table(per_prompt, per_prompt_path)
+    write_table(axes, axes_path)
+    save_axes(arrays, vectors_path)
+    print(axes.to_string(index=False), flush=True)

@@ -1,7 +1,7 @@
 """One weight load per model per allocation: a per-model server process that keeps the weights
 loaded while the GPU jobs of that model that run a forward pass (extract, extract_sula, extract_wind_tunnel,
 intervene) hand it their work
-(issue 13 item 1; design: docs/design-notes.md "GPU economy").
+(design: docs/design-notes.md "GPU economy").
 
 Each GPU job stays its own Snakemake job (its own outputs, log, retry and rerun triggers); its script
 calls :func:`run_task`, which
@@ -15,8 +15,8 @@ calls :func:`run_task`, which
    loads fresh weights.
 
 The server runs tasks one at a time with ``reuse_model=True`` (``models.loading.load_prepared(reuse=True)``)
-and writes each task's output to that job's log. Its lifetime follows the jobs that may still need it
-(issue 21 point 5; issue 18): in a local run, the run's plan (:func:`write_plan`, called by the workflow's
+and writes each task's output to that job's log. Its lifetime follows the jobs that may still need it:
+in a local run, the run's plan (:func:`write_plan`, called by the workflow's
 ``onstart`` with the jobs of :data:`SERVER_RULES` in the DAG) lists every job of each model that this run will
 run; after a task, the client asks the server to exit (:func:`stop_server`) once every other planned job of
 its model has written its outputs (:func:`pending_outputs`), so a finished model's weights leave memory while
@@ -26,14 +26,23 @@ task run outside Snakemake) and as a safety net, it exits as soon as its *owner*
 (:func:`srun_prefix`) and ends with the allocation, so no server outlives it. A job killed while its task
 runs (scancel, time limit) takes the task with it: the server stops it at its next batch boundary (an
 extraction keeps its committed batches for the retry) and exits before the task can write that job's
-output, so a later rerun never finds an output of a job that Snakemake saw fail. Stop signals (issue 18):
+output, so a later rerun never finds an output of a job that Snakemake saw fail. Stop signals:
 SLURM's warning ``--signal=USR1@<s>`` reaches the server's step, where the running extraction's handler
 commits the batch in flight and stops (between tasks the server ignores SIGUSR1); the waiting client
 forwards SIGUSR1/SIGTERM as a stop request over its connection (:func:`_forward_stop`) and fails with the
 task's ``ExtractionInterrupted``, so Snakemake retries and the retry resumes. It sleeps between tasks (blocking ``accept`` and a watchdog blocked in ``select`` on
 the owner's pidfd; no polling), and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds (default 3600)
-without a task as a safety net. ``LLMGEOM_MODEL_SERVER=0`` runs every task in the job's own process instead
-(the behaviour before issue 13).
+without a task as a safety net. ``LLMGEOM_MODEL_SERVER=0`` runs every task in the job's own process instead.
+
+**Among other users** (a shared login or compute node; design: docs/design-notes.md "GPU economy", *On a shared node*). The servers' directory ``llmgeom-models-<uid>`` and each server's directory are created 0700 and
+checked before every use (:func:`llmgeom.pipeline.private_ipc.private_dir`: a directory, not a symbolic link, owned by this user, no group or
+other access; a base directory that others may write to must be sticky, like /tmp); the authkey is created 0600
+from its first byte (``O_CREAT | O_EXCL``). Both ends check the other's uid (``SO_PEERCRED``) before they read a
+byte, the client proves the authkey by an HMAC of the server's nonce, and nothing that crosses the socket can run
+code when read: length-prefixed JSON messages (task name, keyword arguments, paths, the traceback of a failure),
+the task's tables and arrays written as files by the task itself (CSV, ``.npz``, HDF5: the job's own outputs).
+Whatever fails a check (:class:`UnsafeModelServer`) is never used: the job says why in its log and runs its task
+in its own process.
 
 The client side imports only the standard library (a GPU job's process starts in well under a second).
 """
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import importlib
 import json
 import os
@@ -58,11 +68,15 @@ TASKS = {
     "extract": "llmgeom.extract.forward:extract_to_hdf5",
     "intervene": "llmgeom.interventions.runner:intervention_experiment",
 }
+#: task name -> "module:function" that writes a task's return value to the job's output files, ``writer(result,
+#: **outputs)``, in the process that ran it: tables and arrays never cross the server's socket (JSON only)
+TASK_WRITERS = {"intervene": "llmgeom.interventions.runner:write_intervention_outputs"}
 
 START_TIMEOUT_S = 300.0
 
 #: the rules whose jobs hand their work to the model server (their scripts call :func:`run_task`): declared with
 #: the other GPU rules in :data:`llmgeom.pipeline.cluster.GPU` (``server_task``)
+from llmgeom.pipeline import private_ipc  # noqa: E402  (standard library only)
 from llmgeom.pipeline.cluster import SERVER_RULES  # noqa: E402  (standard library only)
 from llmgeom.pipeline.schema import call_with_config  # noqa: E402  (standard library only)
 
@@ -152,7 +166,8 @@ def srun_prefix() -> list[str]:
 
 def servers_root() -> Path:
     """The directory of this user's model servers and run plans: ``$LLMGEOM_MODEL_SERVER_DIR`` (else ``$TMPDIR``,
-    else /tmp) / ``llmgeom-models-<uid>``."""
+    else /tmp) / ``llmgeom-models-<uid>``; created and checked private (0700, this user's, no link) before each
+    use, by :func:`llmgeom.pipeline.private_ipc.private_dir`."""
     base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
     return base / f"llmgeom-models-{os.getuid()}"
 
@@ -186,39 +201,60 @@ def socket_address(d: Path) -> str:
 
 
 def _connect(d: Path):
-    from multiprocessing.connection import Client
+    """An authenticated channel to the running server of ``d``, or None when none runs there (no directory,
+    no authkey, nothing listening, or a server that closed on us).
 
-    addr, auth = socket_address(d), d / "authkey"
-    if not auth.exists() or not (addr.startswith("\0") or Path(addr).exists()):
+    The directory and the authkey are checked to be this user's and private, the listener's uid is checked
+    before its nonce is read, and the client proves the key by the HMAC-SHA256 of that nonce (the key itself
+    never crosses the socket).
+
+    Raises:
+        private_ipc.UnsafePath: the directory, the authkey or the listener is not this user's own.
+    """
+    if not os.path.lexists(d):
+        return None
+    private_ipc.check_private_dir(d)
+    try:
+        key = bytes.fromhex(private_ipc.read_secret(d / "authkey").decode())
+    except FileNotFoundError:
+        return None
+    except ValueError:  # half a key: a server still writing it (write_secret renames it whole, so only a stale one)
+        return None
+    addr = socket_address(d)
+    if not addr.startswith("\0") and not os.path.lexists(addr):
         return None
     try:
-        return Client(addr, family="AF_UNIX", authkey=bytes.fromhex(auth.read_text().strip()))
-    except (OSError, EOFError, ValueError):
+        chan = private_ipc.connect(addr)
+    except OSError:
         return None
+    try:
+        hello = chan.recv()
+        chan.send({"auth": hmac.new(key, bytes.fromhex(hello["nonce"]), "sha256").hexdigest()})
+    except (EOFError, OSError, ValueError, KeyError, TypeError):
+        chan.close()
+        return None
+    return chan
 
 
 def _start(d: Path, load: dict):
-    """Connection to a running server for ``d``, starting one if needed (a file lock keeps it to one)."""
+    """Connection to a running server for ``d``, starting one if needed (a file lock keeps it to one).
+
+    Raises:
+        private_ipc.UnsafePath: the servers' directory, ``d`` or a listener at its address is not this user's.
+        RuntimeError: the server exited while starting, or did not start within ``START_TIMEOUT_S``.
+    """
     import fcntl
 
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_ipc.private_dir(servers_root())
+    private_ipc.private_dir(d)
     with open(d / "lock", "w") as lk:
         fcntl.flock(lk, fcntl.LOCK_EX)
         conn = _connect(d)
         if conn is not None:
             return conn
-        for f in ("sock", "authkey"):
-            with contextlib.suppress(FileNotFoundError):
-                (d / f).unlink()
-        log = open(d / "server.log", "a")
-        prefix, env = srun_prefix(), os.environ.copy()
-        if prefix:  # SLURM keeps only allocation-level settings for the new step (as the jobstep plugin does)
-            env = {k: v for k, v in env.items() if not (k.startswith(("SRUN_", "SBATCH_")) or (
-                k.startswith("SLURM_") and k not in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME")))}
-        owner = "" if prefix else str(owner_pid())
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "llmgeom.pipeline.model_server", str(d),
-                                 json.dumps(load), owner], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        _remove_socket(d)
+        _check_address_free(socket_address(d))
+        proc = _spawn(d, load)
         t0 = time.time()
         while time.time() - t0 < START_TIMEOUT_S:
             conn = _connect(d)
@@ -232,42 +268,106 @@ def _start(d: Path, load: dict):
         raise RuntimeError(f"the model server did not start within {START_TIMEOUT_S:.0f} s; see {d / 'server.log'}")
 
 
-def _call(task: str, kwargs: dict, reuse: bool):
-    mod, fn = TASKS[task].split(":")
-    f = getattr(importlib.import_module(mod), fn)
+def _check_address_free(addr: str) -> None:
+    """Before a server binds an abstract address (which has no file permissions: anyone may bind it first):
+    nobody else listens there.
+
+    Raises:
+        private_ipc.UnsafePath: another user's process listens at ``addr``.
+    """
+    if not addr.startswith("\0"):
+        return  # a file in the private directory, removed just before
+    try:
+        private_ipc.connect(addr).close()
+    except OSError:
+        return  # free (a listener of this user's without an authkey makes the new server's bind fail: server.log)
+
+
+def _spawn(d: Path, load: dict) -> subprocess.Popen:
+    """Start the server process of ``d`` (its own job step inside a SLURM allocation, :func:`srun_prefix`)."""
+    log = open(d / "server.log", "a")
+    prefix, env = srun_prefix(), os.environ.copy()
+    if prefix:  # SLURM keeps only allocation-level settings for the new step (as the jobstep plugin does)
+        env = {k: v for k, v in env.items() if not (k.startswith(("SRUN_", "SBATCH_")) or (
+            k.startswith("SLURM_") and k not in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME")))}
+    owner = "" if prefix else str(owner_pid())
+    return subprocess.Popen([*prefix, sys.executable, "-m", "llmgeom.pipeline.model_server", str(d),
+                             json.dumps(load), owner], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+
+
+def _function(name: str):
+    mod, fn = name.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def _call(task: str, kwargs: dict, outputs: dict, reuse: bool):
+    """Run ``task``; with a writer (:data:`TASK_WRITERS`) its result goes to the files ``outputs`` and those
+    paths are returned, else the task's own return value."""
     kwargs = dict(kwargs)
-    return call_with_config(f, kwargs.pop("cfg", {}), **kwargs, reuse_model=reuse)
+    result = call_with_config(_function(TASKS[task]), kwargs.pop("cfg", {}), **kwargs, reuse_model=reuse)
+    if task not in TASK_WRITERS:
+        return result
+    _function(TASK_WRITERS[task])(result, **outputs)
+    return dict(outputs)
 
 
-def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1):
+def _output_files(req: dict) -> list[str]:
+    """The files the task of a request writes: ``out_path`` among its keyword arguments, and its ``outputs``."""
+    out = [req.get("kwargs", {}).get("out_path")] + list((req.get("outputs") or {}).values())
+    return [str(o) for o in out if o]
+
+
+def _run_here(task: str, kwargs: dict, outputs: dict, log: str, threads: int, why: str):
+    """Run ``task`` in this process (the server is off, or refused: ``why``, written to the job's log)."""
+    from llmgeom.pipeline.jobs import run_logged
+
+    from llmgeom.models import loading
+
+    with run_logged(log, threads=threads):  # sets the job's torch / BLAS threads
+        print(f"[model server off] {why}", flush=True)
+        before = sum(loading.LOADS.values())
+        out = _call(task, kwargs, outputs, reuse=False)
+        print(f"[model server off] task {task} in the job's process; weights loaded for it: "
+              f"{sum(loading.LOADS.values()) - before}", flush=True)
+        return out
+
+
+def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1, outputs: dict | None = None):
     """Run ``task`` ("extract" | "intervene") with ``kwargs`` on the model server for ``load``
-    ({"model_dir", "dtype", "device", "device_map"}), or in this process when the server is off.
+    ({"model_dir", "dtype", "device", "device_map"}), or in this process when the server is off or when its
+    directory or socket fails the checks of :mod:`llmgeom.pipeline.private_ipc` (the reason goes to the job's
+    log and to stderr; nothing of the refused path is used).
+
+    ``outputs`` (name -> path): the files that the task's writer (:data:`TASK_WRITERS`) writes its result to,
+    in the process that ran it ("intervene": per_prompt_path, axes_path, vectors_path).
 
     Returns:
-        the task function's return value (``extract_to_hdf5``: the output path; ``intervention_experiment``:
-        (per_prompt DataFrame, axes DataFrame, arrays dict)).
+        the task function's return value, as JSON gives it back (``extract_to_hdf5``: the output path); for a
+        task with a writer, ``outputs``.
 
     Raises:
         ModelServerTaskError: the task failed in the server (its traceback is in the message and the job log).
         ValueError: an unknown task.
+        TypeError: ``kwargs`` hold a value that JSON cannot carry (the server takes JSON only).
     """
     if task not in TASKS:
         raise ValueError(f"unknown model-server task {task!r}; valid: {', '.join(TASKS)}")
+    try:
+        json.dumps([kwargs, outputs])
+    except TypeError as e:
+        raise TypeError(f"the keyword arguments of model-server task {task!r} must be JSON values: {e}") from None
     if not enabled():
-        from llmgeom.pipeline.jobs import run_logged
-
-        from llmgeom.models import loading
-
-        with run_logged(log, threads=threads):  # sets the job's torch / BLAS threads
-            before = sum(loading.LOADS.values())
-            out = _call(task, kwargs, reuse=False)
-            print(f"[model server off] task {task} in the job's process; weights loaded for it: "
-                  f"{sum(loading.LOADS.values()) - before}", flush=True)
-            return out
-    d = server_dir(load)
-    conn = _start(d, load)
+        return _run_here(task, kwargs, outputs or {}, log, threads, "LLMGEOM_MODEL_SERVER=0")
+    try:
+        conn = _start(server_dir(load), load)
+    except private_ipc.UnsafePath as e:
+        print(f"[model server] refused: {e}", file=sys.stderr, flush=True)
+        return _run_here(task, kwargs, outputs or {}, log, threads,
+                         f"the model server is not used, the task runs here: {e}")
     with conn:
-        conn.send({"task": task, "kwargs": kwargs, "log": str(Path(log).resolve()), "threads": int(threads),
+        conn.send({"task": task, "kwargs": kwargs, "outputs": outputs or {}, "log": str(Path(log).resolve()),
+                   "threads": int(threads),
                    "cwd": os.getcwd(), "pid": os.getpid()})
         with _forward_stop(conn):
             reply = conn.recv()
@@ -310,13 +410,17 @@ def _forward_stop(conn):
 
 
 def stop_server(load: dict) -> bool:
-    """Ask the server for ``load`` to exit now (its model is freed); False when none is running."""
-    conn = _connect(server_dir(load))
+    """Ask the server for ``load`` to exit now (its model is freed); False when none is running (or its
+    directory is not this user's private one: then it is not ours to stop)."""
+    try:
+        conn = _connect(server_dir(load))
+    except private_ipc.UnsafePath:
+        return False
     if conn is None:
         return False
     with conn:
         conn.send({"task": "__stop__"})
-        with contextlib.suppress(EOFError, OSError):
+        with contextlib.suppress(EOFError, OSError, ValueError):
             conn.recv()
     return True
 
@@ -324,7 +428,7 @@ def stop_server(load: dict) -> bool:
 # --------------------------------------------------------------------------- the run's plan (local runs)
 
 
-def write_plan(jobs, path: str | os.PathLike | None = None) -> Path:
+def write_plan(jobs, path: str | os.PathLike | None = None) -> Path | None:
     """Write the plan of a local run: for each model directory, the model-server jobs this run will run, and
     point :data:`PLAN_ENV` at it (the run's jobs inherit the variable). Called by the workflow's ``onstart``
     (workflow/rules/common.smk) with the jobs of :data:`SERVER_RULES` in the DAG, so a run that targets a
@@ -334,17 +438,24 @@ def write_plan(jobs, path: str | os.PathLike | None = None) -> Path:
         jobs: iterable of (model_dir, log, outputs): the job's ``model`` input, its log file (which identifies
             the job to :func:`pending_outputs`) and its output files; relative paths are taken from the
             current directory (the run's working directory).
-        path: where to write the plan (JSON); default ``plan-<pid>.json`` beside the servers' directories.
+        path: where to write the plan (JSON); default ``plan-<pid>.json`` in the servers' directory (private:
+            :func:`llmgeom.pipeline.private_ipc.private_dir`).
 
     Returns:
-        the plan file's path.
+        the plan file's path; None when the servers' directory fails its check (said on stderr; the run's
+        tasks then run in their own processes, see :func:`run_task`, and need no plan).
     """
     plan = {"created": time.time(), "models": {}}
     for model_dir, log, outputs in jobs:
         plan["models"].setdefault(str(Path(model_dir).resolve()), []).append(
             {"log": str(Path(log).resolve()), "outputs": [str(Path(o).resolve()) for o in outputs]})
     if path is None:
-        path = servers_root() / f"plan-{os.getpid()}.json"
+        try:
+            path = private_ipc.private_dir(servers_root()) / f"plan-{os.getpid()}.json"
+        except private_ipc.UnsafePath as e:
+            os.environ.pop(PLAN_ENV, None)
+            print(f"[model server] no run plan written: {e}", file=sys.stderr, flush=True)
+            return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(path.name + ".partial")
@@ -480,28 +591,40 @@ def _remove_socket(d: Path) -> None:
             (d / f).unlink()
 
 
-def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = None) -> None:
-    """Serve tasks for one model from ``d`` until ``owner`` (a pid; default: none) exits, a ``__stop__``
-    request, or ``idle_s`` seconds without a task (see the module docstring). A task whose client (the
-    job's process) exits before it ends is abandoned: the server exits without writing its output."""
-    from multiprocessing.connection import Listener
+#: seconds a connecting client has to answer the nonce
+AUTH_TIMEOUT_S = 30.0
 
-    import signal
 
-    idle_s = idle_seconds() if idle_s is None else idle_s
-    # SLURM's warning (--signal=USR1@<s>, to every step) stops an extraction at a batch boundary (its own
-    # handler, while it runs); between tasks or during one without a stop point it must not kill the server
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    key = secrets.token_bytes(32)
-    listener = Listener(socket_address(d), family="AF_UNIX", authkey=key)
-    tmp = d / "authkey.partial"
-    tmp.write_text(key.hex())
-    tmp.chmod(0o600)
-    tmp.replace(d / "authkey")
-    state = {"tasks": 0}
-    activity = threading.Event()  # set on every task start and end: restarts the idle clock
-    busy = threading.Event()
+def _accept(listener, key: bytes):
+    """The next connection of this user's whose HMAC of a fresh nonce proves the authkey, else None (refused
+    and closed: another user's process before a byte is read, a wrong or missing key before any request is
+    read; noted in the server's log)."""
+    try:
+        chan = private_ipc.accept(listener)
+    except (private_ipc.UnsafePath, OSError) as e:
+        print(f"[model server] refused a connection: {e}", flush=True)
+        return None
+    nonce = secrets.token_bytes(32)
+    try:
+        chan.sock.settimeout(AUTH_TIMEOUT_S)
+        chan.send({"nonce": nonce.hex()})
+        msg = chan.recv()
+        chan.sock.settimeout(None)
+        proof = msg.get("auth") if isinstance(msg, dict) else None
+        good = isinstance(proof, str) and hmac.compare_digest(proof, hmac.new(key, nonce, "sha256").hexdigest())
+    except (EOFError, OSError, ValueError) as e:
+        good, proof = False, repr(e)
+    if not good:
+        print("[model server] refused a connection: it did not prove the authkey", flush=True)
+        chan.close()
+        return None
+    return chan
+
+
+def _watchdogs(d: Path, idle_s: float, owner: int | None, state: dict):
+    """Start the idle watchdog (exit after ``idle_s`` s without a task) and, with ``owner``, the thread that
+    exits with it; returns (activity, busy): set ``activity`` on every task start and end, ``busy`` during one."""
+    activity, busy = threading.Event(), threading.Event()
 
     def idle_watchdog():
         while True:
@@ -516,71 +639,129 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
     threading.Thread(target=idle_watchdog, daemon=True).start()
     if owner is not None:
         threading.Thread(target=_exit_when_gone, args=(owner, "the owner", d), daemon=True).start()
-    print(f"[model server] pid {os.getpid()} serving {load} at {socket_address(d)!r} (owner pid {owner})", flush=True)
+    return activity, busy
+
+
+def _abandon_if_gone(req: dict, d: Path) -> None:
+    """Exit the server, removing the task's outputs, when the client of ``req`` has exited: a job Snakemake saw
+    fail never gets an output."""
+    if not (req.get("pid") and _gone(int(req["pid"]))):
+        return
+    for out in _output_files(req):
+        with contextlib.suppress(FileNotFoundError):
+            Path(out).unlink()
+    print(f"[model server] the client of {req['log']} (pid {req['pid']}) exited; its outputs removed; exiting",
+          flush=True)
+    _remove_socket(d)
+    os._exit(1)
+
+
+def _run_request(req: dict, d: Path) -> dict:
+    """Run the task of ``req`` in this process with the job's log, threads and working directory; the reply."""
     from llmgeom.models import loading
     from llmgeom.pipeline.jobs import run_logged, set_threads
 
+    t0 = time.time()
+    before = sum(loading.LOADS.values())
+    try:
+        if req.get("task") not in TASKS:
+            raise ValueError(f"unknown model-server task {req.get('task')!r}")
+        os.chdir(req["cwd"])
+        with run_logged(req["log"], threads=req["threads"]):
+            set_threads(req["threads"])
+            print(f"[model server] pid {os.getpid()}: task {req['task']} (model kept loaded between tasks; "
+                  f"LLMGEOM_MODEL_SERVER=0 runs it in the job's process)", flush=True)
+            result = _call(req["task"], req["kwargs"], req.get("outputs") or {}, reuse=True)
+            _abandon_if_gone(req, d)  # died before the end: no output for it
+            print(f"[model server] task done in {time.time() - t0:.1f} s; weights loaded for it: "
+                  f"{sum(loading.LOADS.values()) - before} (this server: {dict(loading.LOADS)})", flush=True)
+        reply = {"ok": True, "result": _jsonable(result), "pid": os.getpid(), "loads": dict(loading.LOADS)}
+    except Exception as e:
+        loading.clear_model_cache()  # the retry starts from fresh weights
+        reply = {"ok": False, "error": traceback.format_exc(), "pid": os.getpid(),
+                 "exit_code": getattr(e, "exit_code", None)}  # ExtractionInterrupted: 128 + signal
+    print(f"[model server] {req.get('task')} -> {req.get('log')}: {'ok' if reply['ok'] else 'FAILED'} "
+          f"({time.time() - t0:.1f} s)", flush=True)
+    return reply
+
+
+def _jsonable(result):
+    """A task's return value as JSON carries it: paths as strings (tables and arrays never: they are files)."""
+    if isinstance(result, os.PathLike):
+        return os.fspath(result)
+    if isinstance(result, dict):
+        return {str(k): _jsonable(v) for k, v in result.items()}
+    if isinstance(result, (list, tuple)):
+        return [_jsonable(v) for v in result]
+    return result
+
+
+def _serve_connection(chan, d: Path, state: dict) -> None:
+    """One authenticated connection: a ``__stop__`` request, or one task with its stop requests and reply."""
+    done = threading.Event()
+    try:
+        req = chan.recv()
+        if not isinstance(req, dict):
+            raise ValueError(f"a request that is no JSON object: {req!r:.80}")
+        if req.get("task") == "__stop__":
+            print(f"[model server] stopped after {state['tasks']} tasks", flush=True)
+            _remove_socket(d)
+            chan.send({"ok": True})
+            chan.close()
+            os._exit(0)
+        if req.get("pid"):  # the job's process: if it dies mid-task, its output is never written
+            threading.Thread(target=_exit_when_gone, args=(int(req["pid"]), f"the client of {req.get('log')}", d,
+                                                           done), daemon=True).start()
+        reader = threading.Thread(target=_stop_on_request, args=(chan, done), daemon=True)
+        reader.start()
+        reply = _run_request(req, d)
+        if req.get("pid") and _gone(int(req["pid"])):  # stopped because its client went away (_exit_when_gone)
+            print(f"[model server] the client of {req['log']} (pid {req['pid']}) exited; exiting", flush=True)
+            _remove_socket(d)
+            os._exit(1)
+        done.set()  # before the reply: a client that exits once it has it is no abandoned task
+        with contextlib.suppress(OSError):
+            chan.send(reply)
+        reader.join(timeout=5.0)  # the client closes the connection once it has the reply
+    except (EOFError, OSError, ValueError) as e:
+        print(f"[model server] client went away or sent no request: {e!r}", flush=True)
+    finally:
+        done.set()
+
+
+def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = None) -> None:
+    """Serve tasks for one model from ``d`` until ``owner`` (a pid; default: none) exits, a ``__stop__``
+    request, or ``idle_s`` seconds without a task (see the module docstring). A task whose client (the
+    job's process) exits before it ends is abandoned: the server exits without writing its output.
+
+    Raises:
+        private_ipc.UnsafePath: ``d`` is not a private directory of this user's (nothing is bound or written).
+        OSError: the socket address is taken (another listener, possibly another user's, at an abstract name).
+    """
+    import signal
+
+    idle_s = idle_seconds() if idle_s is None else idle_s
+    # SLURM's warning (--signal=USR1@<s>, to every step) stops an extraction at a batch boundary (its own
+    # handler, while it runs); between tasks or during one without a stop point it must not kill the server
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    private_ipc.check_private_dir(d)
+    key = secrets.token_bytes(32)
+    listener = private_ipc.listen(socket_address(d))
+    private_ipc.write_secret(d / "authkey", key.hex().encode())
+    state = {"tasks": 0}
+    activity, busy = _watchdogs(d, idle_s, owner, state)
+    print(f"[model server] pid {os.getpid()} serving {load} at {socket_address(d)!r} (owner pid {owner})", flush=True)
     while True:
-        try:
-            conn = listener.accept()
-        except Exception as e:  # a client that failed authentication or went away
-            print(f"[model server] refused a connection: {e!r}", flush=True)
+        chan = _accept(listener, key)
+        if chan is None:
             continue
         busy.set()
         activity.set()
-        done = threading.Event()
         try:
-            req = conn.recv()
-            if req.get("task") == "__stop__":
-                print(f"[model server] stopped after {state['tasks']} tasks", flush=True)
-                _remove_socket(d)
-                conn.send({"ok": True})
-                conn.close()
-                os._exit(0)
-            if req.get("pid"):  # the job's process: if it dies mid-task, its output is never written
-                threading.Thread(target=_exit_when_gone, args=(int(req["pid"]), f"the client of {req['log']}", d, done),
-                                 daemon=True).start()
-            reader = threading.Thread(target=_stop_on_request, args=(conn, done), daemon=True)
-            reader.start()
-            t0 = time.time()
-            before = sum(loading.LOADS.values())
-            try:
-                os.chdir(req["cwd"])
-                with run_logged(req["log"], threads=req["threads"]):
-                    set_threads(req["threads"])
-                    print(f"[model server] pid {os.getpid()}: task {req['task']} (model kept loaded between tasks; "
-                          f"LLMGEOM_MODEL_SERVER=0 runs it in the job's process)", flush=True)
-                    result = _call(req["task"], req["kwargs"], reuse=True)
-                    if req.get("pid") and _gone(int(req["pid"])):  # died before the end: no output for it
-                        out = req["kwargs"].get("out_path")
-                        if out:
-                            with contextlib.suppress(FileNotFoundError):
-                                Path(out).unlink()
-                        print(f"[model server] the client of {req['log']} exited; its output removed", flush=True)
-                        _remove_socket(d)
-                        os._exit(1)
-                    print(f"[model server] task done in {time.time() - t0:.1f} s; weights loaded for it: "
-                          f"{sum(loading.LOADS.values()) - before} (this server: {dict(loading.LOADS)})", flush=True)
-                reply = {"ok": True, "result": result, "pid": os.getpid(), "loads": dict(loading.LOADS)}
-            except Exception as e:
-                loading.clear_model_cache()  # the retry starts from fresh weights
-                reply = {"ok": False, "error": traceback.format_exc(), "pid": os.getpid(),
-                         "exit_code": getattr(e, "exit_code", None)}  # ExtractionInterrupted: 128 + signal
-            print(f"[model server] {req['task']} -> {req['log']}: {'ok' if reply['ok'] else 'FAILED'} "
-                  f"({time.time() - t0:.1f} s)", flush=True)
-            if req.get("pid") and _gone(int(req["pid"])):  # stopped because its client went away (see _exit_when_gone)
-                print(f"[model server] the client of {req['log']} (pid {req['pid']}) exited; exiting", flush=True)
-                _remove_socket(d)
-                os._exit(1)
-            done.set()  # before the reply: a client that exits once it has it is no abandoned task
-            with contextlib.suppress(OSError):
-                conn.send(reply)
-            reader.join(timeout=5.0)  # the client closes the connection once it has the reply
-        except (EOFError, OSError) as e:
-            print(f"[model server] client went away: {e!r}", flush=True)
+            _serve_connection(chan, d, state)
         finally:
-            done.set()
-            conn.close()
+            chan.close()
             state["tasks"] += 1
             busy.clear()
             activity.set()
