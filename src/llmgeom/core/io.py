@@ -139,6 +139,13 @@ def partial_path(path) -> Path:
     return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
+def reserve_path(path) -> Path:
+    """Where the space held back beside ``path`` while it is written in place lies (:class:`SpaceReserve`):
+    ``<path>.reserve`` (same directory)."""
+    path = Path(path)
+    return path.with_name(path.name + ".reserve")
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -65,6 +65,11 @@ Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; 
 crashed job leaves only the ``.partial`` file, which nothing reads except a resumed extraction with the
 same inputs (``ActivationWriter(resume_key=...)``: committed batches are checked against their sha256).
 
+Full disks: :func:`estimate_nbytes` gives a file's size from its :func:`contract_shapes` (the extraction checks it
+against the free space before it starts); the writer holds ``<path>.reserve`` (``core.io.SpaceReserve``) while it
+writes, flushes a batch's data before recording the batch as committed, and on ENOSPC gives the reserve back so
+that HDF5 can close the partial file intact (:meth:`ActivationWriter.close_after_disk_full`).
+
 Integrity (contract version 2, issue 12): every numeric dataset is chunked with HDF5's per-chunk
 Fletcher-32 checksum filter (``fletcher32=True``; integer datasets after lzf compression, floating-point
 ones uncompressed: lzf saved 0.001% of an activation file and cost ~3% of the extraction), so a stored value that is not
@@ -86,7 +91,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
-from llmgeom.core.io import SpaceReserve, partial_path, sha256_file
+from llmgeom.core.io import SpaceReserve, partial_path, reserve_path, sha256_file
 from llmgeom.core.versions import package_versions
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems; set before h5py import
@@ -450,7 +455,7 @@ class ActivationWriter:
         self.tmp = partial_path(self.path)
         #: space held back while the file is written (``<path>.reserve``), given back at close, or at a full disk
         #: so that the partial file can still be flushed and closed intact (:meth:`close_after_disk_full`)
-        self.reserve = SpaceReserve(self.path.with_name(self.path.name + ".reserve"), reserve_bytes)
+        self.reserve = SpaceReserve(reserve_path(self.path), reserve_bytes)
         self.shapes = {k: (tuple(int(x) for x in shp), dt) for k, (shp, dt) in shapes.items()}
         self.resume_key = resume_key
         self.n_batches = int(n_batches)

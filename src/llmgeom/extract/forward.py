@@ -18,8 +18,10 @@ opens the partial file until the file is committed, and checks it before every b
 
 Named steps (docs/design-notes.md, issue 30 point 5): ``extract_batch`` = ``_forward`` (with the located rerun),
 ``_final_token_results``, ``_next_token_results``, ``_token_stats``; ``extract_to_hdf5`` = ``_load``, ``_plan``
-(tokenize and order), ``_open_output`` (lease, partial file), ``_resume``, ``_batch_loop`` (write-behind:
-``_WriteBehind``), ``_commit``. Hook points and buffers follow the contract's declared points
+(tokenize and order), ``space.check_space`` (the file's size estimated from the contract, against the free space:
+refused before any forward pass), ``_open_output`` (lease, partial file, reserve), ``_resume``, ``_batch_loop``
+(write-behind: ``_WriteBehind``), ``_commit``; a full disk on the way: ``space.disk_full`` (the partial file keeps
+its committed batches). Hook points and buffers follow the contract's declared points
 (``core.store.DatasetSpec.point``, :data:`FINAL_TOKEN_POINTS`); dataset names come from ``core.store.DS``. The
 final-query attention maths are in ``extract.attention``.
 
@@ -43,10 +45,10 @@ import torch
 
 from llmgeom.core.lease import LeaseLost, OutputLease
 from llmgeom.core.progress import progress
-from llmgeom.core.io import DiskFullError, disk_full_error, disk_full_guard, free_bytes, human_bytes, is_disk_full
+from llmgeom.core.io import disk_full_guard, is_disk_full
 from llmgeom.core.store import DS, CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes, estimate_nbytes
 from llmgeom.core.versions import package_versions
-from llmgeom.extract import capture
+from llmgeom.extract import capture, space
 from llmgeom.extract.attention import (attention_row_entropy, entropy_nats, final_query_hidden_keys,
                                        final_query_mask_row, last_query_attention)
 from llmgeom.extract.capture import Float32Head, rows_at
@@ -545,6 +547,11 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         PromptTokenError, NonFiniteActivationError, PromptDataError (via read_prompt_set);
         ValueError: a prompt without valid candidate ids when ``candidates_key`` is given;
         ModelMemoryError: the model cannot fit, before any weight is read.
+        DiskFullError (``core.io``, an OSError with errno ENOSPC): before any forward pass, the file's estimated
+            size (``space.check_space``) does not fit on the output's file system; or the file system filled
+            while the file was written: the partial file keeps the committed batches, closed intact, and a rerun
+            with the same inputs resumes from them. The message names the file, the free space and the bytes
+            needed (the next batch, the rest of the file).
         ExtractionInterrupted: stopped by SIGUSR1/SIGTERM (the partial file keeps the committed batches).
         LeaseHeld: another job holds a live lease on ``out_path`` (``<out_path>.lease``; it names that job and
             host), and it did not end or expire within ``LLMGEOM_LEASE_WAIT_S``.
@@ -560,7 +567,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
               batch_size=batch_size, top_k=top_k, attention=attention, corpus=corpus,
               sample_per_prompt=sample_per_prompt, max_tokens=max_tokens, seed=seed, candidates_key=candidates_key,
               log=log)
-    _check_space(out_path, p)
+    space.check_space(out_path, p)
     lease, w = _open_output(out_path, p, log)
     if write_behind is None:
         write_behind = next(model.parameters()).device.type != "cpu"
@@ -595,7 +602,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         if not is_disk_full(e):
             w.abort()
             raise
-        full = _disk_full(w, p)  # keep the committed batches
+        full = space.disk_full(w, p)  # keep the committed batches
         log(f"[extract] {full}")
         raise full from e
     finally:
@@ -766,74 +773,20 @@ def _sample_positions(seqs, pids, *, seed: int, sample_per_prompt: int, what: st
     return samples, short
 
 
-#: space held back beside a partial activation file (``ActivationWriter``'s reserve): what HDF5 may still have to
-#: write when the disk fills (two of the largest batches), plus this, for its metadata
-RESERVE_MARGIN = 1 << 20
-
-
-def _reserve_bytes(p: _Plan) -> int:
-    return 2 * max((p.batch_nbytes(j) for j in range(len(p.batches))), default=0) + RESERVE_MARGIN
-
-
-def _check_space(out_path, p: _Plan) -> dict:
-    """Step "estimate": the file's estimated size (:meth:`_Plan.nbytes`, from the contract's shapes x dtypes x
-    prompts) and the reserve, against the room on the output's file system (free space plus what a partial file
-    and reserve of an earlier run already hold). Returns the numbers (bytes). Raises DiskFullError with them,
-    before any forward pass, when they do not fit."""
-    out = Path(out_path)
-    held = sum(q.stat().st_size for q in (out.with_name(out.name + ".partial"), out.with_name(out.name + ".reserve"))
-               if q.is_file())
-    need = dict(file=p.nbytes(), reserve=_reserve_bytes(p), free=free_bytes(out), held=held)
-    if need["free"] + held < need["file"] + need["reserve"]:
-        raise disk_full_error(
-            out, need=need["file"] + need["reserve"],
-            what=f"Nothing was computed: the activation file of {p.model_name} on {p.set_name} takes about "
-                 f"{human_bytes(need['file'])} ({len(p.seqs)} prompts; the contract's shapes x dtypes), and "
-                 f"{human_bytes(need['reserve'])} are held back while it is written"
-                 + (f"; a partial file of an earlier run holds {human_bytes(held)}" if held else "") + ".",
-            fix="free that much there (or move results/ to a larger file system), then rerun the same command")
-    return need
-
-
 def _open_output(out_path, p: _Plan, log):
     """One writer per output (issue 31): the lease is taken before the partial file is opened (renewed while the
     extraction runs and checked before every batch's write and commit, ``llmgeom.core.lease``); then the
-    partial file, resumable with ``p.resume_key``, and its reserve (:func:`_reserve_bytes`). Returns (lease,
+    partial file, resumable with ``p.resume_key``, and its reserve (``space.reserve_bytes``). Returns (lease,
     writer)."""
     with disk_full_guard(out_path, need=p.nbytes(), what="Nothing was computed."):
         lease = OutputLease(out_path, log=log).acquire()
         try:
             w = ActivationWriter(out_path, p.attrs, p.shapes, resume_key=p.resume_key, n_batches=len(p.batches),
-                                 reserve_bytes=_reserve_bytes(p), log=log)
+                                 reserve_bytes=space.reserve_bytes(p), log=log)
         except BaseException:
             lease.release()
             raise
     return lease, w
-
-
-def _disk_full(w: ActivationWriter, p: _Plan) -> DiskFullError:
-    """The file system filled during a batch's write or commit, or the final commit: the partial file is closed
-    with the batches committed so far (:meth:`ActivationWriter.close_after_disk_full`); the error names it, the
-    free space, the bytes the next batch and the rest of the file need, and what the rerun does."""
-    try:
-        done = set(w.done_batches().tolist())
-    except (KeyError, OSError, RuntimeError, ValueError):  # closed, or the commit had removed the record
-        done = set()
-    todo = [j for j in range(len(p.batches)) if j not in done]
-    free = free_bytes(w.tmp)  # before the reserve is given back: the room the writer found
-    problem = w.close_after_disk_full()
-    rest = max(p.nbytes() + _reserve_bytes(p) - (w.tmp.stat().st_size if w.tmp.exists() else 0), 0)
-    nxt = (f"the next batch ({todo[0] + 1} of {len(p.batches)}) needs about {human_bytes(p.batch_nbytes(todo[0]))}"
-           if todo else "every batch was written; the commit needs room for the file's last records")
-    keeps = (f"The partial file keeps the {len(done)} committed batches (each with its sha256); a rerun of the "
-             "same extraction verifies them and resumes from there" if problem is None else
-             f"The partial file was kept, but {problem}: a rerun checks it, resumes if its committed batches "
-             "verify against their sha256, and otherwise says so and starts over")
-    return disk_full_error(w.tmp, need=rest, free=free,
-                           what=f"({nxt}; the rest of the file and the space held back while it is written about "
-                                f"{human_bytes(rest)}.) {keeps}.",
-                           fix="free that much there (or move results/ to a larger file system) and rerun the "
-                               "same command")
 
 
 def _resume(w: ActivationWriter, p: _Plan) -> set:
