@@ -106,7 +106,7 @@ def disk_full_error(path, *, need: int | None = None, what: str = "", fix: str =
     free = free_bytes(path) if free is None else int(free)
     needs = f"; it needs {human_bytes(need)}" if need is not None else ""
     what = f" {what.strip()}" if what else ""
-    fix = fix or ("free space there (or move results/ to a larger file system) and rerun the same command; "
+    fix = fix or ("free space there (or put the output on a larger file system) and rerun the same command; "
                   "Snakemake reruns the failed job")
     msg = (f"no space left on the device for {path}: {human_bytes(free)} free on {mount_point(path)}{needs}."
            f"{what} Fix: {fix}")

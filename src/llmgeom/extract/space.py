@@ -49,19 +49,23 @@ def disk_full(w: ActivationWriter, p) -> DiskFullError:
     with the batches committed so far (:meth:`ActivationWriter.close_after_disk_full`); the error names it, the
     free space, the bytes the next batch and the rest of the file need, and what the rerun does."""
     try:
-        done = set(w.done_batches().tolist())
-    except (KeyError, OSError, RuntimeError, ValueError):  # closed, or the commit had removed the record
-        done = set()
-    todo = [j for j in range(len(p.batches)) if j not in done]
+        done, recorded = set(w.done_batches().tolist()), True
+    except (KeyError, OSError, RuntimeError, ValueError):  # the commit had removed the record of the batches
+        done, recorded = set(), False
+    todo = [j for j in range(len(p.batches)) if j not in done] if recorded else []
     free = free_bytes(w.tmp)  # before the reserve is given back: the room the writer found
     problem = w.close_after_disk_full()
     rest = max(p.nbytes() + reserve_bytes(p) - (w.tmp.stat().st_size if w.tmp.exists() else 0), 0)
     nxt = (f"the next batch ({todo[0] + 1} of {len(p.batches)}) needs about {human_bytes(p.batch_nbytes(todo[0]))}"
            if todo else "every batch was written; the commit needs room for the file's last records")
-    keeps = (f"The partial file keeps the {len(done)} committed batches (each with its sha256); a rerun of the "
-             "same extraction verifies them and resumes from there" if problem is None else
-             f"The partial file was kept, but {problem}: a rerun checks it, resumes if its committed batches "
-             "verify against their sha256, and otherwise says so and starts over")
+    if not recorded:
+        keeps = "The commit had begun (the record of the batches removed): a rerun extracts the file again"
+    elif problem is None:
+        keeps = (f"The partial file keeps the {len(done)} committed batches (each with its sha256); a rerun of the "
+                 "same extraction verifies them and resumes from there")
+    else:
+        keeps = (f"The partial file was kept, but {problem}: a rerun checks it, resumes if its committed batches "
+                 "verify against their sha256, and otherwise says so and starts over")
     return disk_full_error(w.tmp, need=rest, free=free,
                            what=f"({nxt}; the rest of the file and the space held back while it is written about "
                                 f"{human_bytes(rest)}.) {keeps}.",
