@@ -315,3 +315,33 @@ def test_dequantized_model_save_on_a_full_disk(small_fs, tmp_path, monkeypatch):
     assert {k: v for k, v in again.items() if k != "created"} == {k: v for k, v in ref.items() if k != "created"}
     for f in ("model.safetensors", "config.json"):
         assert (out / f).read_bytes() == (tmp_path / "ref" / f).read_bytes(), f
+
+
+def test_snakemake_reruns_a_job_that_hit_a_full_disk(small_fs, tmp_path):
+    """What Snakemake sees: a job whose table hit a full disk fails with the DiskFullError's message and leaves no
+    output (nor a partial file), so the next ``snakemake`` runs it again; with space freed it writes the table an
+    undisturbed job writes."""
+    import sys
+
+    fs = small_fs("1m")
+    out = fs / "t.csv"
+    (tmp_path / "Snakefile").write_text(f'''
+rule table:
+    output: {str(out)!r}
+    run:
+        import numpy as np, pandas as pd
+        from llmgeom.core.io import write_table
+        write_table(pd.DataFrame({{"x": np.arange(100_000) * 0.5}}), output[0])
+''')
+    run = lambda: subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "--rerun-incomplete"],  # noqa
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    filler = fill(fs)
+    r = run()
+    assert r.returncode != 0 and "no space left on the device for " + str(out) in r.stdout + r.stderr, r.stderr
+    assert sorted(p.name for p in fs.iterdir() if not p.name.startswith("filler")) == []
+    unfill(filler)
+    r = run()
+    assert r.returncode == 0, r.stderr
+    ref = tmp_path / "ref.csv"
+    core_io.write_table(pd.DataFrame({"x": np.arange(100_000) * 0.5}), ref)
+    assert out.read_bytes() == ref.read_bytes()
