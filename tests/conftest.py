@@ -98,7 +98,7 @@ def offline_dry_run_counts(configfile, workdir) -> dict:
 #: worker (its module fixtures, a tiny study or a SLURM cluster, are set up once), files handed out in this order, so
 #: that the real-SLURM tests, which mostly wait on the scheduler, overlap the CPU-bound ones (docs/testing.md).
 LONGEST_FIRST = ("test_slurm_real.py", "test_families_sweep.py", "test_slurm_nodes.py", "test_workflow.py",
-                 "test_rerun.py", "test_reproducibility.py")
+                 "test_rerun.py", "test_reproducibility.py", "test_full_disk.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -65,6 +65,11 @@ Writes go to ``<path>.partial`` and are renamed by ``ActivationWriter.commit``; 
 crashed job leaves only the ``.partial`` file, which nothing reads except a resumed extraction with the
 same inputs (``ActivationWriter(resume_key=...)``: committed batches are checked against their sha256).
 
+Full disks: :func:`estimate_nbytes` gives a file's size from its :func:`contract_shapes` (the extraction checks it
+against the free space before it starts); the writer holds ``<path>.reserve`` (``core.io.SpaceReserve``) while it
+writes, flushes a batch's data before recording the batch as committed, and on ENOSPC gives the reserve back so
+that HDF5 can close the partial file intact (:meth:`ActivationWriter.close_after_disk_full`).
+
 Integrity (contract version 2, issue 12): every numeric dataset is chunked with HDF5's per-chunk
 Fletcher-32 checksum filter (``fletcher32=True``; integer datasets after lzf compression, floating-point
 ones uncompressed: lzf saved 0.001% of an activation file and cost ~3% of the extraction), so a stored value that is not
@@ -86,7 +91,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
-from llmgeom.core.io import partial_path, sha256_file
+from llmgeom.core.io import SpaceReserve, partial_path, reserve_path, sha256_file
 from llmgeom.core.versions import package_versions
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # network file systems; set before h5py import
@@ -200,6 +205,52 @@ def contract_shapes(sizes: dict, *, attention: bool, candidates: bool, corpus: b
           "candidates": candidates, "corpus": corpus}
     return {name: (tuple(int(sizes[d]) for d in spec.dims), spec.dtype)
             for name, spec in CONTRACT.items() if on[spec.when]}
+
+
+#: estimate_nbytes: bytes on disk besides the values: per file (superblock, root group, attributes), per dataset
+#: (object header, attributes, dimension-scale references), per chunk of a numeric dataset (its Fletcher-32 sum
+#: and chunk-index entry: a version-1 B-tree key of 8 bytes per axis + 24), per variable-length string (its global
+#: heap object header and the dataset's 16-byte heap id)
+_FILE_OVERHEAD, _DATASET_OVERHEAD, _STRING_OVERHEAD = 16384, 2048, 32
+
+
+def estimate_nbytes(shapes: dict, *, n_rows: dict | None = None, string_bytes: int = 0) -> int:
+    """Bytes an activation file (or a part of it) takes on disk, from its :func:`contract_shapes`: every numeric
+    dataset's values (shape x dtype size; floating-point datasets are stored uncompressed, so this is what they
+    take; the lzf-compressed integers take at most this), its chunks' checksums and index entries, the strings'
+    UTF-8 bytes (``string_bytes``, their sum over ``prompts/text`` and ``prompts/meta``) and heap entries, and the
+    file's and datasets' headers.
+
+    Args:
+        shapes: dataset name -> (shape, dtype), as for :class:`ActivationWriter`.
+        n_rows: dataset name -> rows to count (one batch's rows: what the batch writes; the headers are not
+            counted then); None: the whole file.
+        string_bytes: UTF-8 bytes of the string datasets' values (counted with their rows when ``n_rows`` is None).
+
+    Returns:
+        bytes (an estimate within a few percent of the written file for any realistic model; a lower bound on
+        the floating-point data alone).
+    """
+    total = 0 if n_rows is not None else _FILE_OVERHEAD + string_bytes
+    for name, (shape, dtype) in shapes.items():
+        shape = tuple(int(x) for x in shape)
+        rows = shape[0] if n_rows is None else int(n_rows.get(name, 0))
+        if n_rows is None:
+            total += _DATASET_OVERHEAD
+        if dtype == "str":
+            total += rows * _STRING_OVERHEAD
+            continue
+        per_row = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+        chunk_rows = 1 if len(shape) > 1 else max(min(shape[0], NUMERIC_1D_CHUNK), 1)  # as chunk_layout
+        n_chunks = -(-rows // chunk_rows)
+        if n_rows is None:  # whole chunks: the last chunk of a 1-D dataset is stored full size
+            rows = n_chunks * chunk_rows
+        total += rows * per_row + n_chunks * (4 + 24 + 8 * (len(shape) + 1))
+    if n_rows is None:  # the dimension scales (int64, one per named axis)
+        sizes = {d: n for name, (shape, _) in shapes.items() if name in CONTRACT
+                 for d, n in zip(CONTRACT[name].dims, shape)}
+        total += sum(8 * int(n) + _DATASET_OVERHEAD for n in sizes.values())
+    return int(total)
 
 
 class StoreError(ValueError):
@@ -398,10 +449,13 @@ class ActivationWriter:
     """
 
     def __init__(self, path, attrs: dict, shapes: dict, *, resume_key: str | None = None,
-                 n_batches: int = 0, log=print):
+                 n_batches: int = 0, reserve_bytes: int = 0, log=print):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = partial_path(self.path)
+        #: space held back while the file is written (``<path>.reserve``), given back at close, or at a full disk
+        #: so that the partial file can still be flushed and closed intact (:meth:`close_after_disk_full`)
+        self.reserve = SpaceReserve(reserve_path(self.path), reserve_bytes)
         self.shapes = {k: (tuple(int(x) for x in shp), dt) for k, (shp, dt) in shapes.items()}
         self.resume_key = resume_key
         self.n_batches = int(n_batches)
@@ -414,14 +468,29 @@ class ActivationWriter:
         self.attention_free = attention_free_layers(attrs) if "n_layers" in attrs else []
         self.f = None
         self.resumed = False
-        if self.tmp.exists() and resume_key is not None:
-            self.f = self._reopen()
-        if self.f is None:
-            self.tmp.unlink(missing_ok=True)
-            self.f = self._create(attrs)
+        try:
+            if self.tmp.exists() and resume_key is not None:
+                self.f = self._reopen()
+            if self.f is None:
+                self.tmp.unlink(missing_ok=True)
+                self.f = self._create(attrs)
+        except BaseException:
+            self.reserve.release()
+            raise
 
     def _create(self, attrs):
         f = h5py.File(self.tmp, "w")
+        try:
+            return self._fill_new(f, attrs)
+        except BaseException:  # e.g. a full disk: nothing of this file is worth keeping
+            self.reserve.release()  # room for HDF5 to close the file cleanly
+            try:
+                f.close()
+            finally:
+                self.tmp.unlink(missing_ok=True)
+            raise
+
+    def _fill_new(self, f, attrs):
         for k, v in attrs.items():
             f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else ("" if v is None else v)
         f.attrs["contract_version"] = CONTRACT_VERSION
@@ -588,10 +657,13 @@ class ActivationWriter:
 
     def commit_batch(self, j: int) -> None:
         """Record batch ``j`` as complete with the digest of what was written since the last commit, and
-        flush the file (a stop after this point keeps the batch)."""
+        flush the file (a stop after this point keeps the batch). The batch's data are flushed first and the
+        record after them: a flush that fails (a full disk) can lose data HDF5 still held, but never those of a
+        batch already recorded as complete."""
         if self.resume_key is None:
             self._pending.clear()
             return
+        self.f.flush()
         self._dataset("resume/sha256")[j] = batch_digest(self._pending).encode()
         self._dataset("resume/done")[j] = 1
         self._pending.clear()
@@ -601,31 +673,55 @@ class ActivationWriter:
         """Flush and close, keeping ``<path>.partial`` for a later resume (a stop by signal)."""
         self._pending.clear()
         self._forget_datasets()
-        self.f.flush()
-        self.f.close()
+        try:
+            self.f.flush()
+            self.f.close()
+        finally:
+            self.reserve.release()
         return self.tmp
+
+    def close_after_disk_full(self) -> str | None:
+        """After a full disk (ENOSPC from HDF5 in :meth:`write`, :meth:`commit_batch` or :meth:`commit`): give the
+        reserved space back, so that HDF5 can write what it still holds (the batch in flight, its metadata), and
+        close the partial file, keeping it for a resume. Returns None when it closed cleanly (a rerun verifies the
+        committed batches against their sha256 and resumes), else why not (the rerun's checks then decide: a
+        partial that fails them is discarded with a log line and the extraction starts over)."""
+        self.reserve.release()
+        self._pending.clear()
+        self._forget_datasets()
+        if self.f is None or not self.f.id.valid:
+            return None
+        try:
+            self.f.close()
+        except Exception as e:  # noqa: BLE001 - the reason is reported; the rerun's checks decide
+            return f"HDF5 could not close it cleanly ({str(e).splitlines()[0][:200]})"
+        return None
 
     def commit(self) -> Path:
         """Record the sha256 of every string dataset, mark complete, close, and atomically rename
-        to the final path."""
+        to the final path. The digests are flushed before the resume record is removed: a full disk up to
+        that point leaves a partial file that a rerun resumes (and then only commits)."""
         self._forget_datasets()
-        if "resume" in self.f:
-            del self.f["resume"]
-        if "resume_key" in self.f.attrs:
-            del self.f.attrs["resume_key"]
         names = []
         self.f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and _is_string(o) else None)
         for n in names:
             self.f[n].attrs["sha256"] = strings_sha256(self.f[n].asstr()[()] if self.f[n].size else [])
+        self.f.flush()
+        if "resume" in self.f:
+            del self.f["resume"]
+        if "resume_key" in self.f.attrs:
+            del self.f.attrs["resume_key"]
         self.f.attrs["complete"] = True
         self.f.close()
         os.replace(self.tmp, self.path)
+        self.reserve.release()
         return self.path
 
     def abort(self) -> None:
         """Close and delete the partial file."""
         try:
             self._forget_datasets()
+            self.reserve.release()
             self.f.close()
         finally:
             self.tmp.unlink(missing_ok=True)

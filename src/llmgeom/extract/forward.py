@@ -18,8 +18,10 @@ opens the partial file until the file is committed, and checks it before every b
 
 Named steps (docs/design-notes.md, issue 30 point 5): ``extract_batch`` = ``_forward`` (with the located rerun),
 ``_final_token_results``, ``_next_token_results``, ``_token_stats``; ``extract_to_hdf5`` = ``_load``, ``_plan``
-(tokenize and order), ``_open_output`` (lease, partial file), ``_resume``, ``_batch_loop`` (write-behind:
-``_WriteBehind``), ``_commit``. Hook points and buffers follow the contract's declared points
+(tokenize and order), ``space.check_space`` (the file's size estimated from the contract, against the free space:
+refused before any forward pass), ``_open_output`` (lease, partial file, reserve), ``_resume``, ``_batch_loop``
+(write-behind: ``_WriteBehind``), ``_commit``; a full disk on the way: ``space.disk_full`` (the partial file keeps
+its committed batches). Hook points and buffers follow the contract's declared points
 (``core.store.DatasetSpec.point``, :data:`FINAL_TOKEN_POINTS`); dataset names come from ``core.store.DS``. The
 final-query attention maths are in ``extract.attention``.
 
@@ -43,9 +45,10 @@ import torch
 
 from llmgeom.core.lease import LeaseLost, OutputLease
 from llmgeom.core.progress import progress
-from llmgeom.core.store import DS, CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes
+from llmgeom.core.io import disk_full_guard, is_disk_full
+from llmgeom.core.store import DS, CONTRACT, CONTRACT_VERSION, ActivationWriter, contract_shapes, estimate_nbytes
 from llmgeom.core.versions import package_versions
-from llmgeom.extract import capture
+from llmgeom.extract import capture, space
 from llmgeom.extract.attention import (attention_row_entropy, entropy_nats, final_query_hidden_keys,
                                        final_query_mask_row, last_query_attention)
 from llmgeom.extract.capture import Float32Head, rows_at
@@ -544,6 +547,11 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         PromptTokenError, NonFiniteActivationError, PromptDataError (via read_prompt_set);
         ValueError: a prompt without valid candidate ids when ``candidates_key`` is given;
         ModelMemoryError: the model cannot fit, before any weight is read.
+        DiskFullError (``core.io``, an OSError with errno ENOSPC): before any forward pass, the file's estimated
+            size (``space.check_space``) does not fit on the output's file system; or the file system filled
+            while the file was written: the partial file keeps the committed batches, closed intact, and a rerun
+            with the same inputs resumes from them. The message names the file, the free space and the bytes
+            needed (the next batch, the rest of the file).
         ExtractionInterrupted: stopped by SIGUSR1/SIGTERM (the partial file keeps the committed batches).
         LeaseHeld: another job holds a live lease on ``out_path`` (``<out_path>.lease``; it names that job and
             host), and it did not end or expire within ``LLMGEOM_LEASE_WAIT_S``.
@@ -559,6 +567,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
               batch_size=batch_size, top_k=top_k, attention=attention, corpus=corpus,
               sample_per_prompt=sample_per_prompt, max_tokens=max_tokens, seed=seed, candidates_key=candidates_key,
               log=log)
+    space.check_space(out_path, p)
     lease, w = _open_output(out_path, p, log)
     if write_behind is None:
         write_behind = next(model.parameters()).device.type != "cpu"
@@ -588,10 +597,14 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
         if w.f.id.valid:
             w.close_partial()  # keep the committed batches for a resume
         raise
-    except BaseException:
+    except BaseException as e:
         writer.drain(raise_errors=False)
-        w.abort()
-        raise
+        if not is_disk_full(e):
+            w.abort()
+            raise
+        full = space.disk_full(w, p)  # keep the committed batches
+        log(f"[extract] {full}")
+        raise full from e
     finally:
         writer.shutdown()
         lease.release()
@@ -637,6 +650,16 @@ class _Plan:
     corpus: bool
     top_k: int
     resume_key: str = ""
+
+    def nbytes(self) -> int:
+        """Estimated size of the committed file (``store.estimate_nbytes`` of its contract shapes and strings)."""
+        strings = sum(len(t.encode("utf-8")) for t in self.texts) + sum(
+            len(json.dumps(r.get("meta", {}), sort_keys=True).encode("utf-8")) for r in self.records)
+        return estimate_nbytes(self.shapes, string_bytes=strings)
+
+    def batch_nbytes(self, j: int) -> int:
+        """Estimated bytes batch ``j`` writes (its rows of every dataset)."""
+        return estimate_nbytes(self.shapes, n_rows={k: len(v) for k, v in self.rows_of(j).items()})
 
     def rows_of(self, j: int) -> dict:
         """Rows of every dataset that batch ``j`` writes."""
@@ -753,13 +776,16 @@ def _sample_positions(seqs, pids, *, seed: int, sample_per_prompt: int, what: st
 def _open_output(out_path, p: _Plan, log):
     """One writer per output (issue 31): the lease is taken before the partial file is opened (renewed while the
     extraction runs and checked before every batch's write and commit, ``llmgeom.core.lease``); then the
-    partial file, resumable with ``p.resume_key``. Returns (lease, writer)."""
-    lease = OutputLease(out_path, log=log).acquire()
-    try:
-        w = ActivationWriter(out_path, p.attrs, p.shapes, resume_key=p.resume_key, n_batches=len(p.batches), log=log)
-    except BaseException:
-        lease.release()
-        raise
+    partial file, resumable with ``p.resume_key``, and its reserve (``space.reserve_bytes``). Returns (lease,
+    writer)."""
+    with disk_full_guard(out_path, need=p.nbytes(), what="Nothing was computed."):
+        lease = OutputLease(out_path, log=log).acquire()
+        try:
+            w = ActivationWriter(out_path, p.attrs, p.shapes, resume_key=p.resume_key, n_batches=len(p.batches),
+                                 reserve_bytes=space.reserve_bytes(p), log=log)
+        except BaseException:
+            lease.release()
+            raise
     return lease, w
 
 

@@ -30,7 +30,7 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmgeom.core.io import atomic_dir, commit_dir
+from llmgeom.core.io import atomic_dir, commit_dir, disk_full_guard
 from llmgeom.models import architectures as arch
 
 SOURCES = ("package_gguf", "hf_local", "hf_hub")
@@ -499,8 +499,10 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
             del q
             if (gguf_dir / gguf_name).parent == tmp / "_gguf":
                 shutil.rmtree(tmp / "_gguf")
-            plain.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
+            with disk_full_guard(out_dir, need=sum(t.nbytes for t in plain.state_dict().values()),
+                                 what=f"The temporary directory {tmp.name} is removed; {out_dir} is left as it was."):
+                plain.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
             manifest.update(package=spec["package"], gguf_file=spec["gguf_file"], gguf_architecture=garch,
                             source_sha256=digest, weights_path=".",
                             source_version=_dist_version(spec["package"]))

@@ -33,6 +33,9 @@ def _check_record(rec, where: str, ids: set) -> None:
     text = rec.get("text")
     if not isinstance(text, str) or not text.strip():
         raise PromptDataError(f"{where}: record has no non-empty 'text'")
+    if "\0" in text:  # HDF5's variable-length strings end at a NUL: the stored prompt would differ from this one
+        raise PromptDataError(f"{where}: record {rec.get('id')!r} holds a NUL character (position {text.index(chr(0))}"
+                              "); remove it, or rebuild the prompt set")
     bad = format_chars(text)
     if bad:
         raise PromptDataError(f"{where}: record {rec.get('id')!r} holds invisible format characters {bad} "

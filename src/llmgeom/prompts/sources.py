@@ -264,6 +264,54 @@ def _wikitext_heading(line: str) -> tuple[int, str] | None:
 _WIKITEXT_AT = re.compile(r" @([-,.])@ ")
 
 
+#: A "word" (whitespace-free run) longer than this is not prose (base64, minified data, a URL list glued together):
+#: its paragraph is skipped, as one with an invisible format character is (a 10 MB word would reach the tokenizer
+#: as one pre-token)
+MAX_WORD_CHARS = 1000
+
+
+def _read_corpus_text(path) -> tuple[pathlib.Path, str]:
+    """The text of a corpus file, refused (PromptDataError naming the file, the place and the fix) when it is not
+    one UTF-8 text file: missing, a directory (counted), empty, not UTF-8 (byte offset, line, the bytes), or with a
+    NUL byte (binary data or UTF-16 text)."""
+    p = pathlib.Path(path).expanduser()
+    if p.is_dir():
+        with os.scandir(p) as it:
+            n = sum(1 for _ in it)
+        raise PromptDataError(
+            f"corpus prompt set: path {str(path)!r} is a directory ({n:,} entries), not a text file; give one UTF-8 "
+            f"text file, e.g. the files joined in a fixed order: find {p} -type f -print0 | sort -z | "
+            "xargs -0 cat > corpus.txt")
+    if not p.is_file():
+        raise PromptDataError(
+            f"corpus prompt set: path {str(path)!r} does not exist (or is not a file). Download "
+            "WikiText-103 (e.g. the Salesforce/wikitext 'wikitext-103-v1' validation split, file "
+            "wiki.valid.tokens) to that path, or remove 'path' from the prompt set to use the embedded "
+            "Wikipedia summaries"
+        )
+    raw = p.read_bytes()
+    if not raw.strip():
+        raise PromptDataError(f"corpus prompt set: {p} is empty ({len(raw)} bytes, no words); give a text file with "
+                              "passages, or remove 'path' to use the embedded Wikipedia summaries")
+
+    def where(off: int) -> str:
+        return "line " + str(raw.count(b"\n", 0, off) + 1)
+
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise PromptDataError(
+            f"corpus prompt set: {p} holds a NUL byte (byte offset {nul}, {where(nul)}): a binary file, or text "
+            "in UTF-16/UTF-32; convert it to UTF-8 (iconv -f UTF-16 -t UTF-8) or remove the NUL bytes "
+            "(tr -d '\\000')")
+    try:
+        return p, raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptDataError(
+            f"corpus prompt set: {p} is not UTF-8 (byte offset {exc.start}): {where(exc.start)}, bytes "
+            f"{raw[exc.start:exc.start + 4]!r}; convert it (iconv -f LATIN1 -t UTF-8, or the file's real "
+            "encoding) or fix that line") from None
+
+
 def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> list[dict]:
     """Contiguous passages of exactly ``max_words`` words from a local text file.
 
@@ -275,33 +323,32 @@ def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> l
     passage never crosses an article boundary); ``n`` of all passages are drawn with ``rng`` and
     kept in file order.
 
+    Hostile input (docs/troubleshooting.md): a line (paragraph) holding an invisible format character, or a
+    "word" longer than :data:`MAX_WORD_CHARS` characters, is skipped (the latter with a warning giving the count
+    and the first line); a long line of ordinary words (10 MB) is an ordinary paragraph. Refused with a
+    PromptDataError: a directory, an empty file, a file that is not UTF-8 or holds a NUL byte.
+
     Returns:
         records ``{"id": "corpus-<i:05d>", "text", "meta": {source: "file", kind: "corpus", path,
         file_sha256, title, article, passage, n_words}}``.
 
     Raises:
-        PromptDataError: the file does not exist or is not UTF-8, or it yields fewer than ``n``
+        PromptDataError: the file does not exist, is a directory, is empty, is not UTF-8 or holds a NUL byte
+            (the message names the byte offset and line, and the fix), or it yields fewer than ``n``
             passages (the message gives the number and the config keys to change).
 
     Source: LSM (token statistics on WikiText-103 validation).
     """
-    p = pathlib.Path(path).expanduser()
-    if not p.is_file():
-        raise PromptDataError(
-            f"corpus prompt set: path {str(path)!r} does not exist (or is not a file). Download "
-            "WikiText-103 (e.g. the Salesforce/wikitext 'wikitext-103-v1' validation split, file "
-            "wiki.valid.tokens) to that path, or remove 'path' from the prompt set to use the embedded "
-            "Wikipedia summaries"
-        )
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PromptDataError(f"corpus prompt set: {p} is not UTF-8 (byte offset {exc.start})") from exc
+    p, text = _read_corpus_text(path)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     articles: list[tuple[str, list[str]]] = []
     title, words = "", []
-    for line in text.splitlines():
+    long_words = []  # line numbers of the paragraphs skipped for a word over MAX_WORD_CHARS
+    for i, line in enumerate(text.splitlines()):
         if not line.strip() or has_format_char(line):  # invisible format characters: skip the paragraph
+            continue
+        if len(line) > MAX_WORD_CHARS and max(map(len, line.split())) > MAX_WORD_CHARS:
+            long_words.append(i + 1)
             continue
         head = _wikitext_heading(line)
         if head:
@@ -313,14 +360,22 @@ def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> l
         words.extend(_WIKITEXT_AT.sub(r"\1", line).split())
     if words:
         articles.append((title, words))
+    if long_words:
+        import warnings
+
+        warnings.warn(f"corpus prompt set: {p}: {len(long_words)} lines skipped, each with a 'word' of more than "
+                      f"{MAX_WORD_CHARS} characters without a space (not prose: base64, minified data), the first "
+                      f"at line {long_words[0]}", stacklevel=2)
     pool = []
     for a, (t, w) in enumerate(articles):
         for j in range(len(w) // max_words):
             pool.append((a, j, t, w[j * max_words:(j + 1) * max_words]))
     if len(pool) < n:
+        skipped = f"; {len(long_words)} lines were skipped for a word of over {MAX_WORD_CHARS} characters" \
+            if long_words else ""
         raise PromptDataError(
             f"corpus prompt set: {p} gives only {len(pool)} passages of {max_words} words "
-            f"({len(articles)} articles) but n={n} requested; lower the config key 'n' (or 'token_budget') "
+            f"({len(articles)} articles{skipped}) but n={n} requested; lower the config key 'n' (or 'token_budget') "
             "of this prompt set"
         )
     chosen = sorted(rng.sample(range(len(pool)), n))
