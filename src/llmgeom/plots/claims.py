@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from llmgeom.plots.base import plt, save_figure
+from llmgeom.plots.base import panel_grid, plt, save_figure, shared_legend
 
 #: cell colour per verdict; a supported verdict that its null shares is drawn pale and hatched
 VERDICT_COLORS = {"specific finding": "#1a9850", "supported, not specific": "#b8e0b0", "not supported": "#d73027",
@@ -116,11 +115,7 @@ def forest_plots(card: pd.DataFrame, paths) -> None:
     """
     num = card[np.isfinite(pd.to_numeric(card.measured, errors="coerce"))]
     claims = list(dict.fromkeys(num.claim_id))
-    ncol = 3
-    nrow = max(1, math.ceil(len(claims) / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(13, 2.1 * nrow), squeeze=False)
-    for ax in axes.flat[len(claims):]:
-        ax.axis("off")
+    fig, axes, nrow = panel_grid(len(claims), 3, 2.1)
     for ax, c in zip(axes.flat, claims):
         g = num[num.claim_id == c].reset_index(drop=True)
         labels = [f"{_model_label(m)}" + (f" ({s})" if s else "") for m, s in zip(g.model, g.setting)]
@@ -153,13 +148,7 @@ def forest_plots(card: pd.DataFrame, paths) -> None:
         ax.set_ylim(len(g) - 0.5, -0.5)
         ax.set_title(c, fontsize=7)
         ax.tick_params(axis="x", labelsize=6)
-    h, lab = [], []
-    for ax in axes.flat:
-        for hh, ll in zip(*ax.get_legend_handles_labels()):
-            if ll not in lab:
-                h.append(hh), lab.append(ll)
-    fig.legend(h, lab, loc="upper center", ncol=len(lab), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 / nrow))
+    shared_legend(fig, axes, fontsize=7, nrow=nrow, top=0.25)
     save_figure(fig, paths)
 
 

@@ -7,12 +7,10 @@ Drawn from scaling.csv alone (:func:`llmgeom.analyses.scaling.scaling_table`).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from llmgeom.plots.base import plt, save_figure
+from llmgeom.plots.base import panel_grid, plt, save_figure, shared_legend
 
 #: (source in scaling.csv, legend label, marker style), drawn in this order (this run on top)
 SERIES = (("published", "papers' models", dict(marker="s", color="#3182bd", ls="none", ms=4.5)),
@@ -80,18 +78,8 @@ def scaling_overview(df: pd.DataFrame, paths) -> None:
         df: scaling.csv. paths: output files (PNG, PDF).
     """
     stats = list(dict.fromkeys(df.statistic))
-    ncol = 4
-    nrow = max(1, math.ceil(len(stats) / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(13, 2.5 * nrow), squeeze=False)
-    for ax in axes.flat[len(stats):]:
-        ax.axis("off")
+    fig, axes, nrow = panel_grid(len(stats), 4, 2.5)
     for ax, s in zip(axes.flat, stats):
         _panel(ax, df[df.statistic == s], fontsize=8, labels=False)
-    h, lab = [], []
-    for ax in axes.flat:
-        for hh, ll in zip(*ax.get_legend_handles_labels()):
-            if ll not in lab:
-                h.append(hh), lab.append(ll)
-    fig.legend(h, lab, loc="upper center", ncol=len(lab), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / nrow))
+    shared_legend(fig, axes, fontsize=8, nrow=nrow, top=0.3)
     save_figure(fig, paths)
