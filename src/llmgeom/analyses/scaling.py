@@ -113,7 +113,7 @@ STATISTICS = (
               lo="beta_lo", hi="beta_hi", interval="bootstrap over positions", published="lsm_table3_slope"),
     Statistic("eta_r2", "expressibility-gap fit R^2", "dimensionless", "expressibility_gap", "r2",
               published="lsm_table3_r2"),
-    Statistic("perplexity", "corpus perplexity", "perplexity (per token of the model's tokenizer)", "margins",
+    Statistic("perplexity", "corpus perplexity", "perplexity (own tokenizer)", "margins",
               "perplexity"),
     Statistic("sula_entropy_mae", "SULA entropy MAE (all k)", "bits", "sula", "mae_bits", where=_MAIN,
               published="paper3_sula_entropy_mae"),

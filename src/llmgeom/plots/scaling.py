@@ -7,8 +7,11 @@ Drawn from scaling.csv alone (:func:`llmgeom.analyses.scaling.scaling_table`).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import LogLocator, NullFormatter
 
 from llmgeom.plots.base import panel_grid, plt, save_figure, shared_legend
 
@@ -42,9 +45,16 @@ def _panel(ax, g: pd.DataFrame, *, fontsize: float = 8, labels: bool = True) -> 
     ref = g[(g.source == "measured") & np.isfinite(pd.to_numeric(g.reference, errors="coerce"))]
     if len(ref):
         ax.plot(ref.n_params, pd.to_numeric(ref.reference), "x", color="#737373", ms=5,
-                label=str(ref.reference_kind.iloc[0]) or "reference")
-    if (g.n_params > 0).any():
+                label="reference: " + (str(ref.reference_kind.iloc[0]) or "baseline"))
+    x = g.n_params[np.isfinite(g.n_params) & (g.n_params > 0) & np.isfinite(g.value)]
+    if not len(x):
+        ax.text(0.5, 0.5, "no value in this run", ha="center", va="center", fontsize=fontsize, transform=ax.transAxes)
+    else:  # whole decades, so that every panel reads the same way
         ax.set_xscale("log")
+        lo, hi = math.floor(math.log10(x.min())), math.ceil(math.log10(x.max() * TWIN_DODGE))
+        ax.set_xlim(10.0 ** lo / 1.5, 10.0 ** max(hi, lo + 1) * 1.5)
+        ax.xaxis.set_major_locator(LogLocator(base=10, numticks=12))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_title(str(g.label.iloc[0]), fontsize=fontsize)
     ax.set_xlabel("parameters", fontsize=fontsize - 1)
     ax.set_ylabel(str(g.unit.iloc[0]), fontsize=fontsize - 1)
