@@ -240,7 +240,7 @@ def test_scaling_table_reads_the_tables_and_sets_twins_and_papers_beside():
     tw = df[(df.statistic == "twonn_peak_id") & (df.source == "measured")]
     assert (tw.value == 20.0).all()  # the token-position profile, not the last-token one
     ko = df[(df.statistic == "key_orthogonality") & (df.model == "s")].iloc[0]
-    assert ko.reference == 0.03 and "Gaussian" in ko.reference_kind
+    assert ko.reference == 0.03 and "Gaussian W_K" in ko.reference_kind
     # a table the run did not produce: NaN rows that say why, never a missing model
     mg = df[(df.statistic == "margin_median") & (df.source != "published")]
     assert len(mg) == 4 and mg.value.isna().all() and (mg.note == "table margins not produced by this run").all()

@@ -82,7 +82,7 @@ STATISTICS = (
               **_PC),
     Statistic("key_orthogonality", "key orthogonality (mean |cos| between W_K columns)", "mean |cos|", "table2",
               "orth_mean", interval="", where=_LLM, reference="gaussian_expected",
-              reference_kind="Gaussian matrix of W_K's shape, sqrt(2 / (pi d_model))",
+              reference_kind="Gaussian W_K of the same shape",
               published="key_orthogonality_trained"),
     Statistic("attention_focusing_pct", "attention focusing (entropy drop, first to last layer)", "percent", "table2",
               "focusing_pct", where=_LLM, published="paper3_table2_focusing_pct"),

@@ -199,13 +199,15 @@ def matrix_html(card: pd.DataFrame) -> str:
     id; the sentence on hover), a column per model followed by its twin's column (the same claim decided on the
     random-init twin), a stripe per setting with the verdict's colour and symbol (:data:`VERDICT_SYMBOLS`)."""
     esc = html.escape
+    card = card.reset_index(drop=True)
     cols = _columns(card)
     labels = card.model.map(_model_label)
     head = "".join(f'<th class="{"n" if null else "m"}">{esc(h).replace("-", "-<wbr>")}</th>' for h, _, null in cols)
     body = []
     for c in dict.fromkeys(card.claim_id):
-        rows = card[card.claim_id == c]
-        cells = "".join(f'<td class="{"n" if null else "m"}">{_cell(rows[labels == m], null)}</td>'
+        mine = card.claim_id == c
+        rows = card[mine]
+        cells = "".join(f'<td class="{"n" if null else "m"}">{_cell(card[mine & (labels == m)], null)}</td>'
                         for _, m, null in cols)
         body.append(f'<tr><th class="c" title="{esc(str(rows.claim.iloc[0]))}">{esc(c)}</th>{cells}</tr>')
     return f'<table class="vm"><tr><th></th>{head}</tr>{"".join(body)}</table>'
@@ -218,7 +220,7 @@ table.vm{border-collapse:collapse;font-size:11px;line-height:13px} table.vm th,t
 border-bottom:1px solid #eee} table.vm th.c{text-align:left;font-weight:normal;white-space:nowrap}
 table.vm tr:first-child th{vertical-align:bottom;font-size:11px;max-width:78px} table.vm th.n{color:#b2182b}
 table.vm td.n{border-right:1px solid #999} .s{display:inline-block;min-width:13px;text-align:center;margin-right:1px;
-border-radius:2px;font-size:11px} img{max-width:100%} .figs img{width:390px;max-width:32%}"""
+border-radius:2px;font-size:11px} img{max-width:100%} .figs img{max-width:32%}"""
 
 
 def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str = "What this run found",
