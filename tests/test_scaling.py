@@ -252,7 +252,8 @@ def test_scaling_statistics_cover_the_issue():
     for need in ("pc12_mixed", "pc12_restricted", "pc12_mixed_unit_norm", "pc12_restricted_unit_norm",
                  "key_orthogonality", "attention_focusing_pct", "twonn_peak_id", "mle_peak_id",
                  "twonn_peak_relative_depth", "mle_peak_relative_depth", "twonn_final_id", "mle_final_id",
-                 "twonn_peak_id_over_d_model", "margin_median", "margin_q05", "p_margin_below", "eta_slope", "eta_r2",
+                 "twonn_peak_id_over_d_model", "margin_median", "margin_q05", "margin_q25", "margin_q75", "margin_q95",
+                 "p_margin_below", "abs_rho_margin_entropy", "eta_slope", "eta_r2",
                  "perplexity", "sula_entropy_mae"):
         assert need in names, need
     assert set(TABLES) == {"table2", "id_profile", "margins", "expressibility_gap", "sula"}

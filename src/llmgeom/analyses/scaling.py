@@ -43,6 +43,7 @@ class Statistic:
         reference, reference_kind: a column of the same row that holds its baseline (e.g. noise of the same n and d)
             and what that is.
         published: the quantity of published.yaml that holds the papers' per-model values.
+        magnitude: report |value| (a correlation whose sign the paper drops, e.g. LSM's |rho(margin, entropy)|).
     """
 
     name: str
@@ -58,6 +59,7 @@ class Statistic:
     reference: str | None = None
     reference_kind: str = ""
     published: str | None = None
+    magnitude: bool = False
 
 
 _LLM = {"source": ("llm", "null_model")}
@@ -107,8 +109,13 @@ STATISTICS = (
               published="lsm_table3_median_margin"),
     Statistic("margin_q05", "hard core m0.05 (5% margin quantile)", "logits", "margins", "margin_q05",
               published="lsm_table4_margin_q05"),
+    Statistic("margin_q25", "25% margin quantile", "logits", "margins", "margin_q25", published="lsm_table4_margin_q25"),
+    Statistic("margin_q75", "75% margin quantile", "logits", "margins", "margin_q75", published="lsm_table4_margin_q75"),
+    Statistic("margin_q95", "95% margin quantile", "logits", "margins", "margin_q95", published="lsm_table4_margin_q95"),
     Statistic("p_margin_below", "Pr(margin < threshold)", "fraction", "margins", "p_margin_below",
               published="lsm_table3_p_margin_below"),
+    Statistic("abs_rho_margin_entropy", "|Spearman rho(margin, entropy)|", "dimensionless", "margins",
+              "spearman_margin_entropy", magnitude=True, published="lsm_table3_abs_rho"),
     Statistic("eta_slope", "expressibility-gap slope beta", "dimensionless", "expressibility_gap", "beta",
               lo="beta_lo", hi="beta_hi", interval="bootstrap over positions", published="lsm_table3_slope"),
     Statistic("eta_r2", "expressibility-gap fit R^2", "dimensionless", "expressibility_gap", "r2",
@@ -160,7 +167,8 @@ def _model_rows(stat: Statistic, table: pd.DataFrame | None, model: str) -> tupl
     for _, r in g.iterrows():
         note = f"{stat.prefer[0]} = {r[stat.prefer[0]]}" if stat.prefer else ""
         ps = r.get("prompt_set") if "prompt_set" in g else None
-        out.append(dict(value=_num(r, stat.column), lo=_num(r, stat.lo), hi=_num(r, stat.hi),
+        v = _num(r, stat.column)
+        out.append(dict(value=abs(v) if stat.magnitude else v, lo=_num(r, stat.lo), hi=_num(r, stat.hi),
                         reference=_num(r, stat.reference), prompt_set="" if pd.isna(ps) else str(ps or ""),
                         note=note))
     return out, ""
