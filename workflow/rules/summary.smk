@@ -173,12 +173,6 @@ TARGETS += ["results/summary/scaling.csv"] + expand("results/figures/scaling.{ex
 TARGETS += expand("results/figures/scaling/{stat}.png", stat=SCALING_STATS)
 
 
-def scaling_tables(wildcards):
-    """The cross-model tables that scaling.csv reads and this run produces (a missing one: NaN rows, with why)."""
-    made = set(TARGETS)
-    return {t: f"results/summary/{t}.csv" for t in SCALING_TABLES if f"results/summary/{t}.csv" in made}
-
-
 rule scaling:
     """results/summary/scaling.csv: per statistic and model (trained, twin, published) the value with its interval,
     the twin's value, the published value and the model's total / non-embedding parameters, d_model and layers."""
