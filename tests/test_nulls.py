@@ -305,5 +305,6 @@ def test_front_page_shows_the_counts_and_the_matrix(tmp_path):
     findings_page(card, tmp_path / "m.png", tmp_path / "f.png", tmp_path / "index.html")
     page = (tmp_path / "index.html").read_text()
     assert "specific finding: <b>1</b>" in page and "supported, not specific: <b>1</b>" in page
-    assert page.index('class="matrix"') < page.index("forest plots")  # the matrix comes first
+    assert page.index('<table class="vm">') < page.index("forest plots")  # the matrix comes first, as text
+    assert page.count('<span class="s"') == 2 * 2  # one stripe per claim for the model and for its twin
     assert (tmp_path / "m.png").stat().st_size > 1000

@@ -124,6 +124,9 @@ def test_every_published_entry_reaches_a_table():
                        (margins, ("MARGINS_PUBLISHED", "GAP_PUBLISHED"))):
         for n in names:
             mapped |= set(getattr(mod, n).values())
+    from llmgeom.analyses.scaling import STATISTICS
+
+    mapped |= {s.published for s in STATISTICS if s.published}  # scaling.csv: the papers' models as rows
     claimed = {c["published"] for c in load_claims() if c.get("published")}
     pub = load_published()
     # issue 28 point 3: quantities added at the data layer whose table column is still to come (the lead maps

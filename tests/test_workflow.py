@@ -295,5 +295,34 @@ def test_null_models_and_front_page(tiny_run):
     page = (wd / "results/index.html").read_text()
     for k, v in headline(card).items():
         assert f"{k}: <b>{v}</b>" in page
-    assert set(headline(card)) == set(HEADLINE) and 'class="matrix"' in page
+    assert set(headline(card)) == set(HEADLINE) and '<table class="vm">' in page  # the matrix as real text
+    for m in cfg["models"]:  # every model's column beside its twin's
+        assert f"<th class=\"m\">{m.replace('-', '-<wbr>')}</th><th class=\"n\">{m.replace('-', '-<wbr>')}-<wbr>randinit" in page
     assert (wd / "results/figures/claims_matrix.png").stat().st_size > 1000
+
+
+def test_scaling_table_and_figures(tiny_run):
+    """Issue 42: scaling.csv has one row per statistic and model (the two tiny models, their twins) plus the papers'
+    models; sizes from the configs; the across-size claims are decided on it (inconclusive on two models)."""
+    from llmgeom.analyses.scaling import STATISTICS
+
+    wd, cfg = tiny_run
+    df = pd.read_csv(wd / "results/summary/scaling.csv", keep_default_na=False, na_values=[""])
+    ours = df[df.source != "published"]
+    models = sorted(cfg["models"]) + [f"{m}-randinit" for m in sorted(cfg["models"])]
+    names = [s.name for s in STATISTICS]
+    assert sorted(zip(ours.statistic, ours.model)) == sorted((s, m) for s in names for m in models)
+    sizes = ours.groupby("model").n_params.unique()
+    assert sizes["tiny-llama"].tolist() == [24736] and sizes["tiny-gpt2"].tolist() == [61312]
+    assert (ours.groupby("model").d_model.first() == 32).all()
+    twin = ours[(ours.source == "measured") & ours.twin_value.notna()]
+    assert len(twin) and (twin.twin_model == twin.model + "-randinit").all()
+    assert (df[df.source == "published"].n_params > 1e8).all()
+    pc = ours[ours.statistic == "pc12_mixed_unit_norm"]
+    assert pc.value.between(0, 1).all() and pc.lo.notna().all()  # unit-norm shares with their interval
+    for s in names:
+        assert (wd / f"results/figures/scaling/{s}.png").stat().st_size > 1000
+    card = pd.read_csv(wd / "results/summary/claims.csv", keep_default_na=False)
+    rank = card[(card.table == "scaling") & card.rule.str.startswith(("rank_trend", "constant_across_models"))]
+    assert len(rank) >= 4 and (rank.verdict == "inconclusive").all()
+    assert rank.reason.str.contains("needs at least 4").all() and (rank.null_verdict == "inconclusive").all()

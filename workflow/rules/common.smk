@@ -344,3 +344,10 @@ def claim_tables(wildcards):
     """(CLAIM_TABLES: summary.smk) The claims' tables that this run produces (results/summary/<table>.csv among the targets)."""
     made = set(TARGETS)
     return {t: f"results/summary/{t}.csv" for t in CLAIM_TABLES if f"results/summary/{t}.csv" in made}
+
+
+def scaling_tables(wildcards):
+    """(SCALING_TABLES: summary.smk) The cross-model tables that scaling.csv reads and this run produces (a missing
+    one: NaN rows in scaling.csv, with why)."""
+    made = set(TARGETS)
+    return {t: f"results/summary/{t}.csv" for t in SCALING_TABLES if f"results/summary/{t}.csv" in made}

@@ -162,6 +162,73 @@ rule figure_lsm:
         "../scripts/figure_lsm.py"
 
 
+# Scaling study (issue 42): results/summary/scaling.csv (every per-model statistic of llmgeom.analyses.scaling
+# .STATISTICS beside model size, the twin's value and the papers' models), read from the cross-model tables above;
+# one figure per statistic against the parameter count and an overview grid. Code: llmgeom.analyses.scaling,
+# llmgeom.weights.model_size (parameter counts from each model's config), llmgeom.plots.scaling.
+from llmgeom.analyses.scaling import STATISTICS as SCALING_STATISTICS, TABLES as SCALING_TABLES  # no numpy at DAG time
+
+SCALING_STATS = [s.name for s in SCALING_STATISTICS]
+TARGETS += ["results/summary/scaling.csv"] + expand("results/figures/scaling.{ext}", ext=["png", "pdf"])
+TARGETS += expand("results/figures/scaling/{stat}.png", stat=SCALING_STATS)
+
+
+rule scaling:
+    """results/summary/scaling.csv: per statistic and model (trained, twin, published) the value with its interval,
+    the twin's value, the published value and the model's total / non-embedding parameters, d_model and layers."""
+    input:
+        unpack(scaling_tables),
+        models=expand("resources/models/{model}", model=MODELS),
+        code=code("scaling"),
+    output:
+        csv=report("results/summary/scaling.csv", caption="../report/scaling.rst", category="Scaling",
+                   labels={"table": "scaling (csv)"}),
+    params:
+        tables=SCALING_TABLES,
+        models=MODELS,
+        nulls={n: e["null_of"] for n, e in NULLS.items() if e["kind"] == "random_init"},
+    resources:
+        mem_mb=scaled_mem(2000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/scaling.log",
+    benchmark:
+        "results/benchmarks/scaling.tsv",
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/scaling.py"
+
+
+rule figure_scaling:
+    """One figure per scaling statistic against the parameter count (this run, the twins, the papers' models) and
+    the overview grid."""
+    input:
+        csv="results/summary/scaling.csv",
+        code=code("figure_scaling"),
+    output:
+        overview=report("results/figures/scaling.png", caption="../report/scaling.rst", category="Scaling",
+                        labels={"figure": "overview"}),
+        pdf="results/figures/scaling.pdf",
+        **{s: report(f"results/figures/scaling/{s}.png", caption="../report/scaling.rst", category="Scaling",
+                     labels={"figure": s}) for s in SCALING_STATS},
+    resources:
+        mem_mb=scaled_mem(1000),
+        runtime=5,
+    group:
+        "summary"
+    log:
+        "logs/figure_scaling.log",
+    benchmark:
+        "results/benchmarks/figure_scaling.tsv",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/figure_scaling.py"
+
+
 # Claims scorecard (issue 19): every claim of llmgeom/data/claims.yaml decided on the cross-model tables this
 # run produces; a claim whose table is not produced is "not testable here". Code: llmgeom.analyses.claims.
 from llmgeom.core.claims_data import load_claims  # yaml only: light at DAG time
@@ -214,9 +281,11 @@ TARGETS += ["results/index.html"]
 
 rule findings:
     """Front page results/index.html: the headline counts of specific findings / not supported / inconclusive /
-    not testable, the claims x models verdict matrix and one forest plot per numeric claim."""
+    not testable, the claims x models verdict matrix (an HTML table: every model beside its twin), one forest plot
+    per numeric claim and the scaling figures."""
     input:
         card="results/summary/claims.csv",
+        scaling=expand("results/figures/scaling/{stat}.png", stat=SCALING_STATS),
         code=code("findings"),
     output:
         page="results/index.html",

@@ -102,7 +102,8 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
     Returns:
         one row per model: model, attention_type (MHA / GQA / MQA, "+ sliding window (...)" when some
         layers use one), n_layers, restricted_set, restricted_domain, pc12_mixed (+ _bc/_lo/_hi), pc12_restricted
-        (+ _bc/_lo/_hi), delta_pc12 (+ _bc/_lo/_hi) at the final layer; orth_min, orth_max, orth_mean (per-layer mean
+        (+ _bc/_lo/_hi), pc12_mixed_unit_norm / pc12_restricted_unit_norm (+ _lo/_hi: the same shares after every
+        value vector is scaled to unit norm), delta_pc12 (+ _bc/_lo/_hi) at the final layer; orth_min, orth_max, orth_mean (per-layer mean
         over key heads: range over layers), gaussian_min/max, gaussian_expected (sqrt(2/(pi d_model))),
         random_init_min/max/mean (same statistic, same shapes), orth_over_random_init (orth_mean / mean
         random-init baseline), orth_not_applicable (why key orthogonality does not apply to the model, e.g.
@@ -154,7 +155,8 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         r["restricted_set"] = restricted_set
         r["restricted_domain"] = rs.domain.iloc[0] if len(rs) else None
         for tag, g in (("mixed", mx), ("restricted", rs)):
-            for k in ("pc12", "pc12_bc", "pc12_lo", "pc12_hi", "pc12_iso", "pc12_shuffled"):
+            for k in ("pc12", "pc12_bc", "pc12_lo", "pc12_hi", "pc12_iso", "pc12_shuffled", "pc12_unit_norm",
+                      "pc12_unit_norm_lo", "pc12_unit_norm_hi"):
                 ok = len(g) and k in g
                 r[f"{k.replace('pc12', 'pc12_' + tag)}"] = float(g[k].iloc[0]) if ok else float("nan")
         for k in ("delta_pc12", "delta_pc12_bc", "delta_pc12_lo", "delta_pc12_hi"):

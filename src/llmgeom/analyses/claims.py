@@ -313,13 +313,107 @@ def rule_interval_contains_reference(rows, claim, params, model=None) -> dict:
                 f"{int(ok.sum())} rows", verdict=v, reason=f"share {share:.2f} {'>=' if share >= need else '<'} {need}")
 
 
+def min_rank_models(alpha: float) -> int:
+    """The fewest models whose exact one-sided rank test can reach p < ``alpha``: the smallest n with 1 / n! <
+    alpha (alpha = 0.05: 4, since 1/24 = 0.042 while 1/6 = 0.167)."""
+    n, f = 1, 1
+    while 1.0 / f >= alpha:
+        n += 1
+        f *= n
+    return n
+
+
+def _rank_inputs(rows, claim, params):
+    """(x, y, n, alpha, why): the finite (size, value) pairs of the across-model rows, one per model, and the reason
+    they cannot be ranked ("" when they can: at least ``min_models``, default :func:`min_rank_models`)."""
+    xcol = params.get("x", "n_params")
+    alpha = float(params.get("alpha", 0.05))
+    x = pd.to_numeric(rows.get(xcol), errors="coerce")
+    y = pd.to_numeric(rows.get(claim["value"]), errors="coerce")
+    ok = np.isfinite(x.to_numpy(float)) & np.isfinite(y.to_numpy(float)) if x is not None and y is not None else []
+    if not len(ok):
+        return None, None, 0, alpha, f"no column {xcol} / {claim['value']}"
+    x, y = x[ok].to_numpy(float), y[ok].to_numpy(float)
+    need = int(params.get("min_models") or min_rank_models(alpha))
+    if x.size < need:
+        return x, y, x.size, alpha, (f"{x.size} model(s) with a value: a rank test over size needs at least {need} "
+                                     f"(with n models the smallest exact one-sided p is 1/n!, >= {alpha} below {need})")
+    return x, y, x.size, alpha, ""
+
+
+def rule_rank_trend(rows, claim, params, model=None) -> dict:
+    """Across models: the value rises (``expected: increasing``) or falls (``decreasing``) with size (``x``,
+    default n_params), by Spearman's rho with an exact permutation p (:func:`llmgeom.core.stats.spearman_exact`).
+    Supported: one-sided p < ``alpha`` in the expected direction; not supported: p < alpha the other way;
+    inconclusive otherwise, with fewer than ``min_models`` (default :func:`min_rank_models`) or when rho is
+    undefined (constant sizes or values). The reason states rho, n and p; with few models it says the test is weak."""
+    from llmgeom.core.stats import spearman_exact
+
+    exp = params.get("expected", "increasing")
+    if exp not in ("increasing", "decreasing"):
+        raise ClaimsDataError(f"claim {claim['id']}: rule.expected must be increasing or decreasing, got {exp!r}")
+    x, y, n, alpha, why = _rank_inputs(rows, claim, params)
+    if why:
+        return dict(verdict=INCONCLUSIVE, reason=why)
+    want, other = ("greater", "less") if exp == "increasing" else ("less", "greater")
+    rho, p = spearman_exact(x, y, alternative=want)
+    if not np.isfinite(rho):
+        return dict(verdict=INCONCLUSIVE, reason=f"Spearman rho undefined over {n} models: constant sizes or values")
+    p_other = spearman_exact(x, y, alternative=other)[1]
+    text = f"Spearman rho = {_num(rho)} over n = {n} models, exact one-sided p = {p:.3g}"
+    weak = (f"; weak: with {n} models the smallest possible p is {1 / math.factorial(n):.3g}"
+            if n < 2 * min_rank_models(alpha) else "")
+    out = dict(measured=rho, measured_text=text)
+    if p < alpha:
+        return dict(out, verdict=SUPPORTED, reason=f"{text} < {alpha}: {exp} with size{weak}")
+    if p_other < alpha:
+        return dict(out, verdict=NOT_SUPPORTED, reason=f"{text}; the other way p = {p_other:.3g} < {alpha}{weak}")
+    return dict(out, verdict=INCONCLUSIVE, reason=f"{text} >= {alpha}: no rank trend decided{weak}")
+
+
+def rule_constant_across_models(rows, claim, params, model=None) -> dict:
+    """Across models: the value stays about constant while size grows: max / min of the (positive) values <=
+    ``max_ratio`` and no two-sided rank trend with ``x`` (exact p >= ``alpha``); with ``grows`` (a column, e.g.
+    d_model), that column's max / min must exceed the value's. Supported when both hold; not supported when the
+    spread exceeds max_ratio; inconclusive with too few models (:func:`min_rank_models`), non-positive values,
+    equal sizes, a ``grows`` column that does not grow, or a rank trend inside the ratio."""
+    from llmgeom.core.stats import spearman_exact
+
+    x, y, n, alpha, why = _rank_inputs(rows, claim, params)
+    if why:
+        return dict(verdict=INCONCLUSIVE, reason=why)
+    if np.any(y <= 0):
+        return dict(verdict=INCONCLUSIVE, reason=f"values <= 0 among {n} models: max / min undefined")
+    if np.all(x == x[0]):
+        return dict(verdict=INCONCLUSIVE, reason=f"all {n} models have the same {params.get('x', 'n_params')}")
+    ratio, cap = float(y.max() / y.min()), float(params.get("max_ratio", 1.5))
+    rho, p = spearman_exact(x, y, alternative="two-sided")
+    p = 1.0 if not np.isfinite(p) else p  # constant values: no trend
+    text = f"max / min = {_num(ratio)} over n = {n} models spanning {_num(x.max() / x.min())}x in size"
+    out = dict(measured=ratio, measured_text=text + (f", rho = {_num(rho)} (p = {p:.3g})" if np.isfinite(rho) else ""))
+    g = params.get("grows")
+    if g:
+        gv = pd.to_numeric(rows.get(g), errors="coerce").dropna().to_numpy(float) if g in rows else np.array([])
+        gr = float(gv.max() / gv.min()) if gv.size and gv.min() > 0 else float("nan")
+        if not np.isfinite(gr) or gr <= ratio:
+            return dict(out, verdict=INCONCLUSIVE, reason=f"{text}, but {g} grows only {_num(gr)}x")
+        text += f" while {g} grows {_num(gr)}x"
+    if ratio > cap:
+        return dict(out, verdict=NOT_SUPPORTED, reason=f"{text} > {_num(cap)}")
+    if p < alpha:
+        return dict(out, verdict=INCONCLUSIVE, reason=f"{text} <= {_num(cap)} but a rank trend with size (p = {p:.3g})")
+    return dict(out, verdict=SUPPORTED, reason=f"{text} <= {_num(cap)}, no rank trend (p = {p:.3g}; with {n} models a "
+                f"weak test)")
+
+
 #: rule kind (claims.yaml ``rule.kind``) -> function(rows, claim, params, model) -> result dict
 RULES = {"threshold": rule_threshold, "ci_excludes_zero_positive": rule_ci_excludes_zero_positive,
          "ci_excludes_zero_negative": rule_ci_excludes_zero_negative,
          "inside_published_range": rule_inside_published_range, "sign_of": rule_sign_of,
          "compare_columns": rule_compare_columns, "category_in": rule_category_in,
          "same_verdict_all_estimators": rule_same_verdict_all_estimators, "group_greater": rule_group_greater,
-         "interval_contains_reference": rule_interval_contains_reference}
+         "interval_contains_reference": rule_interval_contains_reference, "rank_trend": rule_rank_trend,
+         "constant_across_models": rule_constant_across_models}
 
 
 # ------------------------------------------------------------------------------------------------ scorecard

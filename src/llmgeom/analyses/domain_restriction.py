@@ -131,6 +131,17 @@ def _topics(meta_ds) -> list[str]:
 
 
 _NULL_NAN = dict(pc1_iso=np.nan, pc12_iso=np.nan, pc1_shuffled=np.nan, pc12_shuffled=np.nan, null_reps=0)
+#: the unit-norm shares of a row (:func:`_unit_norm_shares`), NaN off the score layers
+UNIT_NORM_COLUMNS = ("pc1_unit_norm", "pc1_unit_norm_lo", "pc1_unit_norm_hi", "pc12_unit_norm", "pc12_unit_norm_lo",
+                     "pc12_unit_norm_hi")
+
+
+def _unit_norm_shares(X, h, *, n_boot: int, seed: int, standardize: bool, ci: float) -> dict:
+    """PC1 and PC1+PC2 shares (with their bootstrap intervals, same seed) after every row of ``X`` is scaled to unit
+    norm: :class:`llmgeom.measures.pca.ValueManifoldPCA` with ``unit_norm=True``; the columns of
+    :data:`UNIT_NORM_COLUMNS`."""
+    st = geometry.value_manifold_stats(X, h, n_boot=n_boot, seed=seed, standardize=standardize, ci=ci, unit_norm=True)
+    return {f"{k}_unit_norm{t}": st[f"{k}{t}"] for k in ("pc1", "pc12") for t in ("", "_lo", "_hi")}
 
 
 def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, labels: dict | None, n_quantiles: int,
@@ -167,7 +178,10 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         estimates 2 t - mean(replicates), participation_ratio (full spectrum), participation_ratio_top10,
         spearman_rho / spearman_p of the PC1 score vs next-token entropy with PC1's sign fixed so that
         rho >= 0, pc1_sign = "spearman(next_token_entropy) >= 0", ...), boot_seed, the data-level nulls
-        pc1_iso, pc12_iso, pc1_shuffled, pc12_shuffled, null_reps (``data_reps``; NaN / 0 off the score layers), and the change vs the mixed selection at the same representation,
+        pc1_iso, pc12_iso, pc1_shuffled, pc12_shuffled, null_reps (``data_reps``; NaN / 0 off the score layers),
+        the same PC1 / PC1+PC2 shares after every vector is scaled to unit norm, pc1_unit_norm, pc12_unit_norm and
+        their *_lo / *_hi bootstrap bounds (at the ``score_layers``, NaN elsewhere: in pre-LN models PC1 can follow
+        the hidden-state norm), and the change vs the mixed selection at the same representation,
         layer and variant: delta_pc1, delta_pc2, delta_pc12 (restricted - mixed; *_lo/*_hi = basic-bootstrap
         CI of the difference of independent bootstrap replicates; delta_pc1_bc / delta_pc12_bc = 2 delta -
         mean(replicate differences), the centre of that interval), delta_participation_ratio,
@@ -262,6 +276,8 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                     row.update(_NULL_NAN if not (data_reps and std and layer in keep_scores) else
                                geometry.null_shares(X, n_reps=data_reps, seed=derived_seed(seed, s + "/null"),
                                            standardize=True))
+                    row.update(_unit_norm_shares(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std), ci=ci)
+                               if layer in keep_scores else dict.fromkeys(UNIT_NORM_COLUMNS, np.nan))
                     if s == mixed_set:
                         mixed_ref[key] = (st, boot)
                     mst, mboot = mixed_ref[key]

@@ -130,6 +130,37 @@ def load_published(path: str | None = None) -> dict[str, list[dict]]:
     return out
 
 
+_MODEL_FIELDS = {"n_params", "d_model", "n_layers", "source"}
+
+
+@lru_cache(maxsize=4)
+def load_published_models(path: str | None = None) -> dict[str, dict]:
+    """Size facts of the papers' models (the ``models`` section of the data file): the scaling study's
+    x axis for the published series.
+
+    Args:
+        path: the data file; default the package's ``llmgeom/data/published.yaml``.
+
+    Returns:
+        {model_key(name): {"model": name, "n_params": float (total parameters), "d_model": int or None,
+        "n_layers": int or None, "source": str (where the numbers come from)}}; {} without a section.
+
+    Raises:
+        PublishedDataError: an entry that is not a mapping, an unknown field, or no n_params / source.
+    """
+    p = Path(path) if path else _default_path()
+    out = {}
+    for name, e in ((yaml.safe_load(p.read_text(encoding="utf-8")) or {}).get("models") or {}).items():
+        where = f"{p}: models.{name}"
+        if not isinstance(e, dict) or set(e) - _MODEL_FIELDS or not e.get("n_params") or not e.get("source"):
+            raise PublishedDataError(f"{where}: needs n_params and source (fields: {sorted(_MODEL_FIELDS)}), got {e!r}")
+        out[model_key(name)] = {"model": str(name), "n_params": float(e["n_params"]),
+                                "d_model": int(e["d_model"]) if e.get("d_model") else None,
+                                "n_layers": int(e["n_layers"]) if e.get("n_layers") else None,
+                                "source": str(e["source"])}
+    return out
+
+
 def load_papers(path: str | None = None) -> dict[str, str]:
     """The ``papers`` of the data file: key (e.g. "paper3", as in claims.yaml) -> title and authors."""
     p = Path(path) if path else _default_path()

@@ -374,6 +374,10 @@ class ValueManifoldPCA:
         the rows, which inflates the top shares when n < d: the percentile interval then lies above the
         estimate; the basic one corrects that shift (Davison & Hinkley 1997, sec. 5.2).
     pr_top : eigenvalues in ``participation_ratio_top_`` (10: the published Paper III code).
+    unit_norm : scale every row to unit Euclidean norm before anything else (then standardize / centre as
+        above; the bootstrap resamples the scaled rows). In pre-LN transformers the hidden-state norm grows
+        with depth and varies across prompts, and PC1 can follow that norm alone: a share that survives the
+        scaling is about direction, not size (:func:`unit_rows`).
 
     Attributes (after :meth:`fit`)
     ------------------------------
@@ -405,7 +409,7 @@ class ValueManifoldPCA:
 
     def __init__(self, *, standardize: bool = True, n_components: int = 2, sign: SignConvention | None = None,
                  n_boot: int = 0, seed: int | None = None, ci: float | None = None, ci_method: str = "basic",
-                 pr_top: int = PR_TOP):
+                 pr_top: int = PR_TOP, unit_norm: bool = False):
         if int(n_boot) != n_boot or n_boot < 0:
             raise ValueError(f"n_boot must be an integer >= 0, got {n_boot!r}")
         if n_boot and seed is None:
@@ -422,6 +426,7 @@ class ValueManifoldPCA:
             raise ValueError(f"sign must be a SignConvention or None, got {sign!r}")
         self.standardize, self.n_components, self.sign = bool(standardize), int(n_components), sign
         self.n_boot, self.seed, self.ci, self.ci_method, self.pr_top = int(n_boot), seed, ci, ci_method, pr_top
+        self.unit_norm = bool(unit_norm)
 
     def fit(self, X, reference=None) -> "ValueManifoldPCA":
         """Fit on rows ``X`` [n, d] (cast to float64) with the sign reference [n] (required iff ``sign``).
@@ -445,6 +450,8 @@ class ValueManifoldPCA:
                 raise ValueError(f"the sign reference {self.sign.reference!r} contains non-finite values")
         elif reference is not None:
             raise ValueError("a reference was given but sign=None: pass sign=SignConvention(...)")
+        if self.unit_norm:
+            X = unit_rows(X)
 
         Z, kept = standardize_columns(X, self.standardize)
         pca = _fit_pca(Z)
@@ -517,6 +524,24 @@ class ValueManifoldPCA:
         }
 
 
+def unit_rows(X) -> np.ndarray:
+    """``X`` [n, d] with every row divided by its Euclidean norm (float64): the rows' directions only.
+
+    Raises:
+        ValueError: X not 2-D, or a row of norm 0 (it has no direction; the message gives its index).
+
+    Source: the pre-LN norm confound of residual-stream PCA (PC1 can follow the hidden-state norm), issue 42.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D [n_points, n_features], got shape {X.shape}")
+    norm = np.linalg.norm(X, axis=1)
+    zero = np.flatnonzero(~(norm > 0))
+    if zero.size:
+        raise ValueError(f"unit_norm: row(s) {zero[:5].tolist()} of X have norm 0 (or NaN) and no direction")
+    return X / norm[:, None]
+
+
 def explained_variance(X, standardize: bool = True) -> np.ndarray:
     """Explained-variance shares of PCA on ``X`` (:attr:`ValueManifoldPCA.explained_variance_ratio_`).
 
@@ -565,7 +590,7 @@ def pc_scores(X, standardize: bool = True, n_components: int = 2, *, sign: SignC
 
 def value_manifold_stats(X, next_token_entropy, *, n_boot: int, seed: int, ci: float, standardize: bool = True,
                          ci_method: str = "basic", sign: SignConvention = ENTROPY_SIGN,
-                         return_boot: bool = False) -> dict:
+                         return_boot: bool = False, unit_norm: bool = False) -> dict:
     """Value-manifold summary of :class:`ValueManifoldPCA`: PC shares with bootstrap CIs, PR, signed rho.
 
     Parameters
@@ -578,6 +603,7 @@ def value_manifold_stats(X, next_token_entropy, *, n_boot: int, seed: int, ci: f
     standardize, ci_method : as :class:`ValueManifoldPCA`.
     sign : the sign convention (default :data:`ENTROPY_SIGN`, Spearman with next-token entropy).
     return_boot : also return the replicates, float64 [n_boot, 3]: ``(stats, boot)``.
+    unit_norm : scale each row to unit norm first (:class:`ValueManifoldPCA`).
 
     Returns
     -------
@@ -603,7 +629,7 @@ def value_manifold_stats(X, next_token_entropy, *, n_boot: int, seed: int, ci: f
     if int(n_boot) != n_boot or n_boot < 1:
         raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
     est = ValueManifoldPCA(standardize=standardize, n_components=1, sign=sign, n_boot=n_boot, seed=seed, ci=ci,
-                           ci_method=ci_method).fit(X, next_token_entropy)
+                           ci_method=ci_method, unit_norm=unit_norm).fit(X, next_token_entropy)
     stats = est.summary()
     return (stats, est.boot_) if return_boot else stats
 

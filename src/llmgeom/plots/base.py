@@ -7,6 +7,7 @@ family modules writes the same figure as PNG and PDF.
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 
 import matplotlib
@@ -32,3 +33,25 @@ def save_figure(fig, paths) -> None:
                 fig.savefig(tmp, dpi=130, bbox_inches="tight", format=p.suffix.lstrip(".") or "png")
     finally:
         plt.close(fig)
+
+
+def panel_grid(n: int, ncol: int, height: float, width: float = 13.0):
+    """A figure of ``n`` panels in rows of ``ncol`` (each row ``height`` inches, the figure ``width``); the unused
+    panels are switched off. Returns (fig, axes [nrow, ncol], nrow)."""
+    nrow = max(1, math.ceil(n / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(width, height * nrow), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, axes, nrow
+
+
+def shared_legend(fig, axes, *, fontsize: float, nrow: int, top: float) -> None:
+    """One legend above a panel grid with every label of its panels once (first handle wins), then a tight
+    layout that leaves ``top / nrow`` of the height for it."""
+    h, lab = [], []
+    for ax in axes.flat:
+        for hh, ll in zip(*ax.get_legend_handles_labels()):
+            if ll not in lab:
+                h.append(hh), lab.append(ll)
+    fig.legend(h, lab, loc="upper center", ncol=len(lab), fontsize=fontsize, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - top / nrow))

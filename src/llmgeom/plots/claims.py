@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from llmgeom.plots.base import plt, save_figure
+from llmgeom.plots.base import panel_grid, plt, save_figure, shared_legend
 
 #: cell colour per verdict; a supported verdict that its null shares is drawn pale and hatched
 VERDICT_COLORS = {"specific finding": "#1a9850", "supported, not specific": "#b8e0b0", "not supported": "#d73027",
@@ -116,11 +115,7 @@ def forest_plots(card: pd.DataFrame, paths) -> None:
     """
     num = card[np.isfinite(pd.to_numeric(card.measured, errors="coerce"))]
     claims = list(dict.fromkeys(num.claim_id))
-    ncol = 3
-    nrow = max(1, math.ceil(len(claims) / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(13, 2.1 * nrow), squeeze=False)
-    for ax in axes.flat[len(claims):]:
-        ax.axis("off")
+    fig, axes, nrow = panel_grid(len(claims), 3, 2.1)
     for ax, c in zip(axes.flat, claims):
         g = num[num.claim_id == c].reset_index(drop=True)
         labels = [f"{_model_label(m)}" + (f" ({s})" if s else "") for m, s in zip(g.model, g.setting)]
@@ -153,13 +148,7 @@ def forest_plots(card: pd.DataFrame, paths) -> None:
         ax.set_ylim(len(g) - 0.5, -0.5)
         ax.set_title(c, fontsize=7)
         ax.tick_params(axis="x", labelsize=6)
-    h, lab = [], []
-    for ax in axes.flat:
-        for hh, ll in zip(*ax.get_legend_handles_labels()):
-            if ll not in lab:
-                h.append(hh), lab.append(ll)
-    fig.legend(h, lab, loc="upper center", ncol=len(lab), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 / nrow))
+    shared_legend(fig, axes, fontsize=7, nrow=nrow, top=0.25)
     save_figure(fig, paths)
 
 
@@ -167,39 +156,113 @@ def _img(path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
 
 
-def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str = "What this run found") -> None:
-    """The front page (``results/index.html``): the headline counts, the verdict matrix (first screen), the
-    forest plots and the list of specific findings, one self-contained HTML file (figures embedded).
+#: one symbol per headline category, so that a cell reads without its colour
+VERDICT_SYMBOLS = {"specific finding": "\u2713", "supported, not specific": "=", "not supported": "\u2717",
+                   "inconclusive": "?", "not testable here": "\u2013"}
+
+
+def _columns(card: pd.DataFrame) -> list[tuple[str, str, bool]]:
+    """Columns of the HTML verdict matrix: (header, model label, null) per model, each trained model followed by
+    its twin (the null verdicts of its rows), "all models" (across-model claims) and the twins' series last."""
+    models = [m for m in dict.fromkeys(_model_label(m) for m in card.model) if m != "(any)"]
+    models = [m for m in models if m != "all models"] + (["all models"] if "all models" in models else [])
+    nulls = dict(zip(card.model.map(_model_label), card.null_model))
+    cols = []
+    for m in models + (["(any)"] if (card.model == "(any)").any() else []):
+        cols.append((m, m, False))
+        twin = nulls.get(m, "")
+        cols.append(("twins" if m == "all models" else (twin if isinstance(twin, str) and twin else "twin"), m, True))
+    return cols
+
+
+def _null_category(r) -> str:
+    v = r["null_verdict"] if isinstance(r["null_verdict"], str) and r["null_verdict"] else "not testable here"
+    return "supported, not specific" if v == "supported" else v
+
+
+def _cell(g: pd.DataFrame, null: bool) -> str:
+    """One cell: a stripe per setting (prompt set, run, ...) with the category's colour and symbol; the title (on
+    hover) gives setting, verdict and reason."""
+    esc = html.escape
+    parts = []
+    for _, r in g.iterrows():
+        cat = _null_category(r) if null else cell_category(r)
+        why = r["null_reason"] if null else r["reason"]
+        tip = f"{r['setting'] + ': ' if r['setting'] else ''}{cat}; {why}"
+        parts.append(f'<span class="s" style="background:{VERDICT_COLORS[cat]}" title="{esc(str(tip))}">'
+                     f"{VERDICT_SYMBOLS[cat]}</span>")
+    return "".join(parts)
+
+
+def matrix_html(card: pd.DataFrame) -> str:
+    """The claims x models verdict matrix as an HTML table (real text, readable at any zoom): a row per claim (its
+    id; the sentence on hover), a column per model followed by its twin's column (the same claim decided on the
+    random-init twin), a stripe per setting with the verdict's colour and symbol (:data:`VERDICT_SYMBOLS`)."""
+    esc = html.escape
+    card = card.reset_index(drop=True)
+    cols = _columns(card)
+    labels = card.model.map(_model_label)
+    head = "".join(f'<th class="{"n" if null else "m"}">{esc(h).replace("-", "-<wbr>")}</th>' for h, _, null in cols)
+    body = []
+    for c in dict.fromkeys(card.claim_id):
+        mine = card.claim_id == c
+        rows = card[mine]
+        cells = "".join(f'<td class="{"n" if null else "m"}">{_cell(card[mine & (labels == m)], null)}</td>'
+                        for _, m, null in cols)
+        body.append(f'<tr><th class="c" title="{esc(str(rows.claim.iloc[0]))}">{esc(c)}</th>{cells}</tr>')
+    return f'<table class="vm"><tr><th></th>{head}</tr>{"".join(body)}</table>'
+
+
+_STYLE = """body{font-family:sans-serif;margin:6px 10px;font-size:12px} h1{font-size:16px;margin:2px 0 4px}
+h2{font-size:15px} p{margin:4px 0} .wrap{display:flex;gap:12px;align-items:flex-start}
+.side{flex:1 1 220px;min-width:200px} .chip{display:block;padding:2px 6px;border-radius:4px;margin:2px 0;font-size:12px}
+table.vm{border-collapse:collapse;font-size:11px;line-height:13px} table.vm th,table.vm td{padding:1px 3px;
+border-bottom:1px solid #eee} table.vm th.c{text-align:left;font-weight:normal;white-space:nowrap}
+table.vm tr:first-child th{vertical-align:bottom;font-size:11px;max-width:78px} table.vm th.n{color:#b2182b}
+table.vm td.n{border-right:1px solid #999} .s{display:inline-block;min-width:13px;text-align:center;margin-right:1px;
+border-radius:2px;font-size:11px} img{max-width:100%} .figs img{max-width:32%}"""
+
+
+def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str = "What this run found",
+                  scaling_pngs=()) -> None:
+    """The front page (``results/index.html``): the headline counts and the verdict matrix on the first screen (an
+    HTML table, :func:`matrix_html`, readable at 1280 x 800 with eight models and their twins), then the forest
+    plots, the scaling figures and the list of specific findings: one self-contained HTML file (figures embedded).
 
     Args:
-        card: the scorecard; matrix_png / forest_png: :func:`verdict_matrix` / :func:`forest_plots` PNGs;
-        out: the HTML path (written atomically).
+        card: the scorecard; matrix_png / forest_png: :func:`verdict_matrix` / :func:`forest_plots` PNGs (the
+        matrix PNG is the report's copy: linked, not shown); out: the HTML path (written atomically);
+        scaling_pngs: the scaling figures (:func:`llmgeom.plots.scaling.scaling_figures`), shown in a grid.
     """
     from llmgeom.analyses.claims import headline
     from llmgeom.core.io import write_text
 
     counts = headline(card)
     esc = html.escape
-    chips = " ".join(f'<span class="chip" style="background:{VERDICT_COLORS[k]}">{esc(k)}: <b>{v}</b></span>'
-                     for k, v in counts.items())
+    chips = "".join(f'<span class="chip" style="background:{VERDICT_COLORS[k]}">{VERDICT_SYMBOLS[k]} {esc(k)}: '
+                    f"<b>{v}</b></span>" for k, v in counts.items())
     spec = card[card.apply(cell_category, axis=1) == "specific finding"]
     items = "".join(f"<li><b>{esc(r.claim_id)}</b> on {esc(str(r.model))}{' (' + esc(str(r.setting)) + ')' if isinstance(r.setting, str) and r.setting else ''}: "
                     f"{esc(str(r.measured_text))}; null {esc(str(r.null_model))}: {esc(str(r.null_verdict))} "
                     f"({esc(str(r.specific_reason))})</li>" for r in spec.itertuples()) or "<li>none</li>"
+    figs = "".join(f'<img alt="{esc(Path(p).stem)}" src="{_img(p)}">' for p in scaling_pngs)
+    scaling = (f"<h2>Scaling: each statistic against the parameter count (this run, random-init twins, the papers' "
+               f"models)</h2><p>Table: results/summary/scaling.csv; across-size claims: the rows of the matrix above "
+               f"decided on it (docs/claims.md).</p><div class=\"figs\">{figs}</div>" if figs else "")
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{esc(title)}</title>
-<style>body{{font-family:sans-serif;margin:12px 20px}} .chip{{padding:2px 8px;border-radius:4px;margin-right:6px;
-font-size:14px}} img{{max-width:100%}} img.matrix{{max-height:72vh}} h1{{font-size:20px;margin:4px 0}} p{{margin:4px 0;font-size:13px}}</style>
-</head><body>
+<style>{_STYLE}</style></head><body>
 <h1>{esc(title)}: {len(card)} verdicts on {card.claim_id.nunique()} claims</h1>
-<p>{chips}</p>
-<p>A supported verdict is a <b>finding</b> only when it is specific: its null (the model's seeded random-init twin
-run through the same prompts and analyses, and where the claim has one, noise of the same n and d) reads otherwise,
-or the measured interval excludes the null's value. Scorecard: results/summary/claims.csv | .html; columns and
-rules: docs/claims.md.</p>
-<img class="matrix" alt="claims x models verdict matrix" src="{_img(matrix_png)}">
+<div class="wrap"><div>{matrix_html(card)}</div><div class="side">{chips}
+<p>Columns: each model, then its <span style="color:#b2182b">random-init twin</span> (the same claim decided on the
+twin: its null); <i>all models</i>: the across-model claims, then the twins' series. Stripes: the claim's settings
+(prompt set, run); hover a stripe for its verdict and reason, a claim for its sentence.</p>
+<p>A supported verdict is a <b>finding</b> (\u2713) only when it is specific: its null reads otherwise, or the measured
+interval excludes the null's value; "=" marks one its null shares. Scorecard: results/summary/claims.csv | .html;
+columns and rules: docs/claims.md; the matrix as a figure: results/figures/claims_matrix.png.</p></div></div>
 <h2>Specific findings</h2><ul>{items}</ul>
 <h2>Forest plots: measured (interval), null model, noise, published range, official code</h2>
 <img alt="forest plots" src="{_img(forest_png)}">
+{scaling}
 </body></html>
 """
     write_text(page, out)
