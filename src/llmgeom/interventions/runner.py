@@ -20,6 +20,7 @@ from llmgeom.core.store import DS
 from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
 from llmgeom.interventions.edits import AXES, EDIT_NAMES, ValueEdit, value_edit_hooks
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 
 
 def intervention_conditions(single_layers: Sequence[int], multi_layers: Sequence[int] | None,
@@ -332,7 +333,7 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
     keep = [i for i, m in enumerate(meta) if n_per_k is None or int(m.get("i", 0)) < n_per_k]
     model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device, device_map=device_map,
                                reuse=reuse_model)
-    s = arch.summarize(model.config)
+    s = families.summarize(model.config)
     seqs = tokenize_prompts(tok, [records[i]["text"] for i in keep], [records[i].get("id", str(i)) for i in keep],
                             max_tokens=None, truncate=False, context=s.max_positions)
     cands = [meta[i][CANDIDATES_KEY] for i in keep]
