@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgeom.pipeline.derived import WIND_TUNNEL_SET, resolve_domain_sets, token_budgets
+from llmgeom.pipeline.derived import WIND_TUNNEL_SET, prompt_set_params, resolve_domain_sets
 from llmgeom.pipeline.schema import ConfigError, show_value
 
 
@@ -167,8 +167,8 @@ def check_gpu_config(config: dict) -> None:
     Raises:
         ConfigError: naming the model, the value and the fix.
     """
-    for name, spec in sorted(config.get("models", {}).items()):
-        if int(spec.get("gpus") or 1) > 1 and spec.get("device_map") != "auto":
+    for name, spec in sorted(config["models"].items()):
+        if spec["gpus"] > 1 and spec.get("device_map") != "auto":
             raise ConfigError(f"models.{name}.gpus = {spec['gpus']} needs models.{name}.device_map = auto "
                               "(without it the model runs on one GPU); valid: gpus: 1, or add device_map: auto")
 
@@ -187,7 +187,7 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
     source's ``config.json`` or GGUF header. An ``hf_hub`` model not yet in the local cache is skipped here
     (rule ``prepare_model`` reports it with the download command), unless ``HF_HUB_OFFLINE=1`` (then it
     cannot be fetched: refused, except in a ``dry_run``). A ``config.json`` whose model type cannot be read (encoder, encoder-decoder,
-    a layer that bypasses the attention interface, ...; ``llmgeom.models.architectures.refusal``) is refused
+    a layer that bypasses the attention interface, ...; ``llmgeom.models.families.refusal``) is refused
     here, naming the model, its model_type and why (issue 29 item 3).
 
     Returns:
@@ -206,7 +206,7 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
     from llmgeom.core.layers import select_layers
     from llmgeom.models.sources import model_facts
 
-    budgets = token_budgets(config)
+    budgets = {s: v["token_budget"] for s, v in prompt_set_params(config).items()}
     contexts, problems, layer_problems = {}, [], []
     for name, spec in sorted(config["models"].items()):
         facts = model_facts(name, spec, prepared_dir=Path(root) / "resources" / "models" / name,
@@ -224,7 +224,7 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
             continue
         for key in LAYER_KEYS:
             sec, sub = key.split(".")
-            spec_l = (config.get(sec) or {}).get(sub)
+            spec_l = config[sec].get(sub)
             if spec_l is None or spec_l == []:
                 continue
             try:
@@ -305,7 +305,7 @@ def check_prompt_sources(config: dict, root=".") -> None:
     from llmgeom.prompts.io import PromptDataError
     from llmgeom.prompts.sources import resolve_topics
 
-    budgets = token_budgets(config)
+    budgets = {s: v["token_budget"] for s, v in prompt_set_params(config).items()}
     problems, pool = [], None
     for s, spec in config["prompts"]["sets"].items():
         key = f"prompts.sets.{s}"
@@ -377,7 +377,7 @@ def check_device(config: dict, *, here: bool = True) -> None:
     """
     import re
 
-    dev = (config.get("extract") or {}).get("device", "auto")
+    dev = config["extract"]["device"]
     if not re.fullmatch(_DEVICE, str(dev)):
         raise ConfigError(f"extract.device = {show_value(dev)} is not a device; valid: \"auto\" (CUDA when present, "
                           "else CPU), \"cpu\", \"cuda\", \"cuda:<index>\" or \"mps\"")
@@ -479,7 +479,7 @@ def check_wind_tunnel(config: dict) -> dict:
     Raises:
         ConfigError: naming the key (``wind_tunnel.tasks.<name>.V`` ...), the value and what is valid.
     """
-    wt = config.get("wind_tunnel") or {}
+    wt = config["wind_tunnel"]
     tasks = {}
     if wt.get("tasks"):
         from llmgeom.prompts.wind_tunnel import check_task
@@ -489,7 +489,7 @@ def check_wind_tunnel(config: dict) -> dict:
                 tasks[name] = check_task(name, spec)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-    llm = set(config.get("models", {}))
+    llm = set(config["models"])
     models = wt.get("models") or {}
     entries = set(models)
     for name, spec in models.items():
@@ -503,24 +503,24 @@ def check_wind_tunnel(config: dict) -> dict:
         if a["d_model"] % a["n_heads"]:
             raise ConfigError(f"{key}.arch.n_heads = {a['n_heads']}: must divide arch.d_model = {a['d_model']}")
         if "n_kv_heads" in a:
-            if a.get("family", "llama") == "gpt2":
+            if a["family"] == "gpt2":
                 raise ConfigError(f"{key}.arch.n_kv_heads: GPT-2 has no grouped-query attention; drop it or use "
                                   "family: llama")
             if a["n_heads"] % a["n_kv_heads"]:
                 raise ConfigError(f"{key}.arch.n_kv_heads = {a['n_kv_heads']}: must divide arch.n_heads = "
                                   f"{a['n_heads']}")
         steps = spec["training"]["steps"]
-        bad = [k for k in spec.get("checkpoints", []) if k > steps]
+        bad = [k for k in spec["checkpoints"] if k > steps]
         if bad:
             raise ConfigError(f"{key}.checkpoints = {spec['checkpoints']}: step {bad[0]} is beyond "
                               f"training.steps = {steps}; valid: 1..{steps}")
-        for k in spec.get("checkpoints", []):
+        for k in spec["checkpoints"]:
             ck = f"{name}-step{k}"
             if ck in entries or ck in llm:
                 raise ConfigError(f"{key}.checkpoints: the checkpoint entry {ck!r} collides with another model "
                                   "name; rename one of them")
             entries.add(ck)
-    cuts = (wt.get("prompts") or {}).get("cut_positions", "all")
+    cuts = wt["prompts"]["cut_positions"]
     if cuts != "all":
         for tname in sorted({m["task"] for m in models.values()}):
             lo, hi = _wt_cut_range(tasks[tname])
