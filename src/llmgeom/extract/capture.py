@@ -55,10 +55,9 @@ Source: DESIGN.md sections 2 and 4 (one capture API); issue 17 item 2; Transform
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
-
-import contextlib
 
 import torch
 import torch.nn.functional as F

@@ -152,9 +152,9 @@ def final_rows(t: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 def on_o_proj_input(model, layer: int, fn: Callable) -> Any:
     """Register a forward pre-hook on block ``layer``'s attention output projection that calls ``fn(z)`` with its
-    input z [B, T, n_heads*value_head_dim] (the attention output, ``hook_z`` where it is read there:
-    ``Family.module_attention`` and ``Family.z_from_o_proj``), placed before any other pre-hook (the final-token cut's); returns the handle. The one
-    reading of ``hook_z`` at ``o_proj``."""
+    input z [B, T, n_heads*value_head_dim] (the attention output where ``hook_z`` is read there:
+    ``Family.module_attention`` and ``Family.z_from_o_proj``), placed before any other pre-hook (the final-token
+    cut's); returns the handle. The one reading of ``hook_z`` at ``o_proj``."""
     def pre(mod, args):
         fn(args[0])  # returns None: the projection's input stays as it is
 
