@@ -34,7 +34,7 @@ from llmgeom.analyses.attention_focusing import attention_focusing_tables, focus
 from llmgeom.analyses.bayes_tables import markdown_tables_html, table1, table2, to_markdown
 from llmgeom.measures.orthogonality import gaussian_baseline, gaussian_expectation, orthogonality
 from llmgeom.measures.pca import value_manifold_stats
-from llmgeom.pipeline.checks import check_bayes_config
+from llmgeom.pipeline.checks import check_attention_focusing, check_domain_restriction
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -416,6 +416,11 @@ def test_config_checks():
                                 "code": {"kind": "code"}, "corpus": {"kind": "corpus"}}},
            "domain_restriction": {"mixed_set": "mixed", "restricted_sets": None, "summary_set": None},
            "attention_focusing": {"prompt_set": "mixed"}}
+
+    def check_bayes_config(c):
+        check_domain_restriction(c)
+        check_attention_focusing(c)
+
     check_bayes_config(cfg)
     from llmgeom.pipeline.derived import resolve_domain_sets
 

@@ -123,7 +123,7 @@ def apply_size_defaults(config: dict) -> dict:
     """For model entries with ``params_b`` and no explicit ``mem_mb`` / ``runtime``: derive them from
     the size (``size_resources``; a model without ``dtype`` is sized as float32, the worst case of the schema's
     ``auto``). Run before the schema defaults are filled in. Mutates ``config``."""
-    for spec in config["models"].values():
+    for spec in (config.get("models") or {}).values():  # before validation: a config without models is refused there
         if spec.get("params_b"):
             for key, value in size_resources(float(spec["params_b"]), spec.get("dtype")).items():
                 spec.setdefault(key, value)
