@@ -550,30 +550,10 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
                 h.remove()
         return
 
-    # every module of block i counts as block i's attention (the module that calls the interface may sit below
-    # the one attention_modules names: e.g. an inner self-attention); a second call in one block is seen twice
     layer_of = {id(sub): i for i, blk in enumerate(arch.decoder_layers(model)) for sub in blk.modules()}
     impl = families.text_config(model.config)._attn_implementation or "eager"
-    seen = []
-
-    def wrap(inner):
-        def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
-            f = inner if inner is not None else _own_eager(module)
-            layer = layer_of.get(id(module))
-            if before is not None and layer is not None:
-                new = before(layer, query, key, value)
-                value = value if new is None else new
-            out = f(module, query, key, value, attention_mask, *args, **kwargs)
-            if layer is not None:
-                seen.append(layer)
-                extra = {name: get(attention_mask, kwargs) for name, get in getters.items()}
-                if with_value:
-                    fn(layer, query, key, value, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
-                else:
-                    fn(layer, query, key, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
-            return out
-        return wrapper
-
+    seen: list = []
+    wrap = _interface_wrapper(fn, seen, layer_of, with_value=with_value, before=before, getters=getters)
     saved = []  # (registry, had a local entry, that entry)
     try:
         for iface in _attention_interfaces(model):
@@ -586,3 +566,29 @@ def capture_attention(model, fn: Callable, *, with_value: bool = False, before: 
                 iface._local_mapping[impl] = prev_local
             else:
                 del iface._local_mapping[impl]
+
+
+def _interface_wrapper(fn: Callable, seen: list, layer_of: dict, *, with_value: bool, before: Callable | None,
+                       getters: dict) -> Callable:
+    """``wrap(inner) -> wrapper``: an attention function that runs ``before``, then ``inner`` (the registry's entry;
+    None: the calling module's own ``eager_attention_forward``), then ``fn`` with what the call received and
+    returned (:func:`capture_attention`). Every module of block i counts as block i's attention (``layer_of``: the
+    module that calls the interface may sit below the one ``architectures.attention_modules`` names, e.g. an
+    inner self-attention); a second call in one block is seen twice."""
+    def wrap(inner):
+        def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+            f = inner if inner is not None else _own_eager(module)
+            layer = layer_of.get(id(module))
+            if before is not None and layer is not None:
+                new = before(layer, query, key, value)
+                value = value if new is None else new
+            out = f(module, query, key, value, attention_mask, *args, **kwargs)
+            if layer is not None:
+                seen.append(layer)
+                extra = {name: get(attention_mask, kwargs) for name, get in getters.items()}
+                qkv = (query, key, value) if with_value else (query, key)
+                fn(layer, *qkv, out[0], kwargs.get("scaling"), kwargs.get("softcap"), **extra)
+            return out
+        return wrapper
+    return wrap
+

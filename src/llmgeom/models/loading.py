@@ -92,15 +92,6 @@ def count_parameters(config) -> int:
     return int(sum(p.numel() for p in m.parameters()))
 
 
-def estimate_model_bytes(config, dtype) -> int:
-    """Bytes of the weights of ``config`` in ``dtype`` (torch dtype or config name; "auto" counts as
-    float32, the CPU choice)."""
-    import torch
-
-    td = resolve_dtype(dtype, "cpu") if isinstance(dtype, str) else dtype
-    return count_parameters(config) * torch.empty((), dtype=td).element_size()
-
-
 def check_memory(model_dir: str | Path, *, dtype: str, device: str, device_map=None,
                  mem_mb: int | None = None, name: str | None = None) -> dict:
     """Check, before loading, that the weights fit where they will live.
