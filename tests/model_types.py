@@ -115,7 +115,7 @@ def tiny_config(model_type: str):
     """The default config of ``model_type`` made tiny (``TINY``, then ``TYPE_SETTINGS``)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
     cfg = CONFIG_MAPPING[model_type]()
     tc = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -131,8 +131,8 @@ def tiny_config(model_type: str):
     if getattr(tc, "layer_types", None) is not None and len(tc.layer_types) != tc.num_hidden_layers:
         lt = list(tc.layer_types)
         n = tc.num_hidden_layers
-        free = [k for k in lt if k in arch._ATTENTION_FREE_LAYER_TYPES]
-        attn = [k for k in lt if k not in arch._ATTENTION_FREE_LAYER_TYPES]
+        free = [k for k in lt if k in families._ATTENTION_FREE_LAYER_TYPES]
+        attn = [k for k in lt if k not in families._ATTENTION_FREE_LAYER_TYPES]
         # a hybrid keeps both kinds in its tiny model: attention-free, attention, attention-free (layer 1 attends)
         tc.layer_types = [free[0], attn[0], free[0]][:n] + lt[:max(n - 3, 0)] if free and attn else (lt * n)[:n]
     return cfg
@@ -186,8 +186,9 @@ def check_model(model, eager) -> list[str]:
 
     from llmgeom.extract import forward
     from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
-    s = arch.summarize(model.config)
+    s = families.summarize(model.config)
     L, hd, nkv, H = s.n_layers, s.head_dim, s.n_kv_heads, s.n_heads
     fails: list[str] = []
     with_attention = list(arch.attention_layers(model))
@@ -217,7 +218,7 @@ def check_model(model, eager) -> list[str]:
     sink_layers = [l for l in with_attention if getattr(eager_atts[l], "sinks", None) is not None]
     # differential attention (Family.z_from_o_proj): the attention output is o_proj's input, (A1 - lambda A2) V
     # group-normed per head pair, not p @ V: its reference is the eager model's own o_proj input
-    z_layers = with_attention if arch.family_for(model.config).z_from_o_proj else sink_layers
+    z_layers = with_attention if families.family_for(model.config).z_from_o_proj else sink_layers
     eager_z: dict[int, torch.Tensor] = {}
     handles = [arch.o_proj_module(eager, l).register_forward_pre_hook(
         lambda mod, args, l=l: eager_z.__setitem__(l, args[0].detach().clone())) for l in z_layers]
@@ -250,8 +251,8 @@ def check_model(model, eager) -> list[str]:
         fails.append(_close(R[:, L], at(hs[L - 1]), f"residual {L} vs hidden_states[{L - 1}]"))
     fn = arch.final_norm(model)
     head = arch.head_transform(model) or (lambda x: x)  # the unembedding's input (ModernBERT-decoder's prediction head)
-    fam = arch.family_for(model.config)
-    if fn is None and fam is not arch.GENERIC and fam.final_norm is None:  # a family without one (GPT-1, post-LN)
+    fam = families.family_for(model.config)
+    if fn is None and fam is not families.GENERIC and fam.final_norm is None:  # a family without one (GPT-1, post-LN)
         fn = (lambda x: x)
     if fn is None:
         fails.append("no final norm found")
@@ -344,6 +345,27 @@ def check_model(model, eager) -> list[str]:
     return [f for f in fails if f]
 
 
+def key_value_extractors(model) -> list:
+    """Per layer: (key_module, key_fn, value_module, value_fn), or None for a layer without attention
+    (``architectures.attention_layers``): ``key_fn(output) -> keys [..., n_kv_heads*head_dim]`` and ``value_fn``
+    likewise, applied to the forward output of the corresponding module (pre-RoPE keys, before any k_norm: the
+    reference the tests read the model's own projections with; ``architectures.qkv_part`` splits a fused one).
+
+    Raises:
+        KeyProjectionNotApplicable: multi-head latent attention (keys and values exist per head only inside the
+            attention module: the capture reads them at the attention interface)."""
+    from llmgeom.models import architectures as arch
+    from llmgeom.models import families
+
+    if families.summarize(model.config).latent_attention:
+        raise families.KeyProjectionNotApplicable("multi-head latent attention: keys and values are read at the "
+                                                  "attention interface, not from one projection's output")
+    with_attention = set(arch.attention_layers(model))
+    return [(arch.kv_module(model, i), lambda o: arch.qkv_part(model, o, "k"),
+             arch.v_module(model, i), lambda o: arch.qkv_part(model, o, "v")) if i in with_attention else None
+            for i in range(len(arch.decoder_layers(model)))]
+
+
 def _cache_kv(model, cache, layer: int):
     """(keys, values) [B, n_kv_heads, T, head_dim / value_head_dim] as the attention function receives them, from the
     model's KV cache: its own tensors, or under multi-head latent attention (whose cache holds the normed latent and
@@ -352,21 +374,21 @@ def _cache_kv(model, cache, layer: int):
     projection of block ``layer``'s input (through the input norm where the block has one), split as the family's
     layout says (the values are checked independently, through the attention output = eager p @ values)."""
     from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
     import torch
 
     if isinstance(cache, tuple):  # hidden_states: no KV cache
-        s = arch.summarize(model.config)
+        s = families.summarize(model.config)
         with torch.no_grad():
             x = cache[layer]
             norm = arch.input_norm(model, layer)
             x = norm(x) if norm is not None else x
-            k, v = arch.kv_module(model, layer)(x), arch.v_module(model, layer)(x)
-            if arch.family_for(model.config).qkv != "separate":
-                k, v = arch.split_fused(model, k)[1], arch.split_fused(model, v)[2]
+            km, kfn, vm, vfn = key_value_extractors(model)[layer]
+            k, v = kfn(km(x)), vfn(vm(x))
         return tuple(t.reshape(*t.shape[:2], s.n_kv_heads, -1).transpose(1, 2) for t in (k, v))
     c = cache.layers[layer]
-    if arch.latent_dims(model.config) is None:
+    if families.latent_dims(model.config) is None:
         return c.keys, c.values
     with torch.no_grad():
         return arch.attention_modules(model)[layer].expand_kv(c.keys, c.values)
@@ -390,12 +412,12 @@ def _pre_rope_at_0(model, k0):
     the rotary embedding's scaling (:func:`_rope_scale_at_0`, undone here), except that DeepSeek's
     ``rope_interleave`` writes the rotary part as [even | odd] coordinates (its
     ``apply_rotary_pos_emb_interleave``; :func:`_rope_interleaved`); that permutation is undone here too."""
-    from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
     scale = _rope_scale_at_0(model)
     if scale != 1.0:
         k0 = k0 / scale
-    lat = arch.latent_dims(model.config)
+    lat = families.latent_dims(model.config)
     if lat is None or not _rope_interleaved(model):
         return k0
     r = k0[..., lat.qk_nope_head_dim:].clone()
@@ -412,8 +434,9 @@ def _rope_interleaved(model) -> bool:
     import inspect
 
     from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
-    cfg = arch._text_config(model.config)
+    cfg = families.text_config(model.config)
     if hasattr(cfg, "rope_interleave"):
         return bool(cfg.rope_interleave)
     att = next(a for a in arch.attention_modules(model) if a is not None)
@@ -424,12 +447,14 @@ def _wk_check(model, s) -> str | None:
     import torch
 
     from llmgeom.models import architectures as arch
+    from llmgeom.models import families
+    from llmgeom.extract import hooks
 
-    why = arch.no_key_projection(model.config)
+    why = families.no_key_projection(model.config)
     if why:  # no W_K: w_k_heads must say so (key orthogonality writes 'not applicable' rows with the reason)
         try:
             arch.w_k_heads(model, 0)
-        except arch.KeyProjectionNotApplicable as e:
+        except families.KeyProjectionNotApplicable as e:
             return None if str(e) == why else f"w_k_heads raised {e!r}, not the reason {why!r}"
         return "w_k_heads returned heads for a model without a key projection"
 
@@ -447,7 +472,7 @@ def _wk_check(model, s) -> str | None:
 
     hs = [a.register_forward_pre_hook(pre, with_kwargs=True) for a in atts if a is not None]
     try:
-        with torch.no_grad(), arch.capture_attention(model, lambda i, q, k, o, sc, cap: got.setdefault(i, k)):
+        with torch.no_grad(), hooks.capture_attention(model, lambda i, q, k, o, sc, cap: got.setdefault(i, k)):
             arch.base_model(model)(input_ids=torch.ones(d + 1, 1, dtype=torch.long), use_cache=False)
     finally:
         for h in hs:
@@ -458,9 +483,7 @@ def _wk_check(model, s) -> str | None:
             return f"w_k_heads({layer}): {len(heads)} heads, not n_kv_heads = {s.n_kv_heads}"
         if _has_qk_norm(atts[layer]):  # the interface sees k_norm(x W_K): the reference is the key projection
             with torch.no_grad():
-                k = arch.kv_module(model, layer)(basis[:, 0])
-                if arch.family_for(model.config).qkv != "separate":
-                    k = arch.split_fused(model, k)[1]
+                k = arch.qkv_part(model, arch.kv_module(model, layer)(basis[:, 0]), "k")
                 k = k.reshape(d + 1, s.n_kv_heads, s.head_dim).transpose(0, 1)
         else:
             k = got.get(layer)
@@ -486,20 +509,20 @@ def verify(model_type: str) -> Row:
     """Build, check and classify one model type (cached: the table and the per-type tests share it)."""
     import torch
 
-    from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
     torch.set_num_threads(1)
-    if model_type in arch.REFUSED:  # refused by name: not built (some cannot be, here)
-        return Row(model_type, "refused", "nothing", arch.REFUSED[model_type])
+    if model_type in families.REFUSED:  # refused by name: not built (some cannot be, here)
+        return Row(model_type, "refused", "nothing", families.REFUSED[model_type])
     try:
         cfg = tiny_config(model_type)
     except Exception as e:  # noqa: BLE001 - recorded in the table
         return Row(model_type, "not built", "nothing", f"default config fails: {type(e).__name__}: {_short(e)}")
-    why = arch.refusal(cfg)
+    why = families.refusal(cfg)
     if why:
         return Row(model_type, "refused", "nothing", why)
     try:
-        impl = arch.attention_implementation(cfg, "sdpa")  # what the workflow loads it with (Falcon: eager)
+        impl = families.attention_implementation(cfg, "sdpa")  # what the workflow loads it with (Falcon: eager)
         try:
             model = build(model_type, impl)
         except ValueError as e:
@@ -518,10 +541,10 @@ def verify(model_type: str) -> Row:
         fails = [f"capture failed: {type(e).__name__}: {_short(e)}"]
     if fails:
         return Row(model_type, "wrong", "nothing", "; ".join(fails))
-    fam = arch.family_for(model.config)
-    how = f"family entry `{fam.name}`" if fam is not arch.GENERIC else "generic path"
+    fam = families.family_for(model.config)
+    how = f"family entry `{fam.name}`" if fam is not families.GENERIC else "generic path"
     runs = what_runs(model)
-    no_wk = arch.no_key_projection(model.config)
+    no_wk = families.no_key_projection(model.config)
     if no_wk:
         runs = "every measure but key orthogonality" if runs == "every measure" else f"{runs} (no key orthogonality)"
         return Row(model_type, "captured", runs, f"{how}; key orthogonality not applicable: {no_wk}")
@@ -532,9 +555,10 @@ def what_runs(model) -> str:
     """The "what runs" cell of docs/models.md: every measure, or for a hybrid / state-space model the
     residual-stream and logit measures on every layer and the attention measures on its attention layers."""
     from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
     with_attention = arch.attention_layers(model)
-    if len(with_attention) == arch.summarize(model.config).n_layers:
+    if len(with_attention) == families.summarize(model.config).n_layers:
         return "every measure"
     if not with_attention:
         return "residual-stream and logit measures (no attention layers)"

@@ -8,9 +8,12 @@ itself computes in a forward pass.
 import pytest
 import torch
 
+from llmgeom.extract import hooks
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.models import tiny as testing
 from llmgeom.extract.capture import pad_batch
+from model_types import key_value_extractors
 
 FAMILIES = testing.FAMILIES
 
@@ -35,7 +38,7 @@ def _model(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_summarize(family):
     m = testing.tiny_model(family)
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     assert s.n_layers == 2
     assert s.d_model == 32
     assert s.n_heads == 4
@@ -65,8 +68,8 @@ def test_summarize(family):
 def test_w_k_heads_reproduce_model_keys(family):
     """input_norm(h_in) @ W + b == the model's own keys for every layer and key head."""
     m = _model(family)
-    s = arch.summarize(m.config)
-    fam = arch.family_for(m.config)
+    s = families.summarize(m.config)
+    fam = families.family_for(m.config)
     layers = arch.decoder_layers(m)
     ids, mask, pos = pad_batch([[1, 5, 6, 7, 8, 9, 10], [1, 20, 21]], 0, "cpu")
     h_in, k_out = {}, {}
@@ -120,14 +123,14 @@ def test_w_k_heads_reproduce_model_keys(family):
 def test_split_fused_values_match_extractors(family):
     """key_value_extractors' value function is the v block of the fused projection."""
     m = _model(family)
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     x = torch.randn(2, 3, 3 * s.n_heads * s.head_dim)
     q, k, v = arch.split_fused(m, x)
     d = s.n_heads * s.head_dim
     assert q.shape == k.shape == v.shape == (2, 3, d)
     # the three parts are a permutation of the input's features
     torch.testing.assert_close(torch.sort(torch.cat([q, k, v], -1), -1).values, torch.sort(x, -1).values)
-    km, kfn, vm, vfn = arch.key_value_extractors(m)[0]
+    km, kfn, vm, vfn = key_value_extractors(m)[0]
     assert km is vm
     torch.testing.assert_close(kfn(x), k)
     torch.testing.assert_close(vfn(x), v)
@@ -141,14 +144,14 @@ def test_split_fused_rejects_separate_projections():
 def test_unsupported_model_type_lists_supported():
     from transformers import BertConfig
 
-    with pytest.raises(arch.UnsupportedArchitectureError) as ei:
-        arch.summarize(BertConfig())
+    with pytest.raises(families.UnsupportedArchitectureError) as ei:
+        families.summarize(BertConfig())
     msg = str(ei.value)
     assert "'bert'" in msg
     for t in ("gpt2", "gpt_neox", "llama", "mistral", "gemma3_text", "phi", "opt"):
         assert t in msg
     assert isinstance(ei.value, ValueError)
-    assert set(arch.supported_model_types()) >= {"gpt2", "gpt_neox", "llama", "mistral", "gemma3_text", "phi", "opt"}
+    assert set(families.supported_model_types()) >= {"gpt2", "gpt_neox", "llama", "mistral", "gemma3_text", "phi", "opt"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -158,11 +161,11 @@ def test_attention_facts_match_what_the_model_passes(family):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     m = testing.tiny_model(family, attn="sdpa")
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     calls = {}
     before = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
     ids, mask, pos = pad_batch([[1, 5, 6, 7, 8], [1, 9]], 0, "cpu")
-    with torch.no_grad(), arch.capture_attention(m, lambda i, q, k, o, sc, cap: calls.__setitem__(
+    with torch.no_grad(), hooks.capture_attention(m, lambda i, q, k, o, sc, cap: calls.__setitem__(
             i, (q.shape, k.shape, o.shape, sc, cap))) as seen:
         m(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
     assert ALL_ATTENTION_FUNCTIONS._local_mapping == before
@@ -171,11 +174,11 @@ def test_attention_facts_match_what_the_model_passes(family):
         assert tuple(qs) == (2, s.n_heads, 5, s.head_dim)
         assert tuple(ks) == (2, s.n_kv_heads, 5, s.head_dim)
         assert tuple(os_) == (2, 5, s.n_heads, s.head_dim)
-        assert sc == pytest.approx(arch.attention_scaling(m.config, i))
-        assert cap == arch.attention_softcap(m.config)
-        assert arch.attention_window(m.config, i) == (EXPECTED_WINDOW.get(family) if i in EXPECTED_SLIDING.get(family, ())
+        assert sc == pytest.approx(families.attention_scaling(m.config, i))
+        assert cap == families.attention_softcap(m.config)
+        assert families.attention_window(m.config, i) == (EXPECTED_WINDOW.get(family) if i in EXPECTED_SLIDING.get(family, ())
                                                       else None)
-    assert arch.attention_scaling(m.config, 0) == pytest.approx(1.0 if family.startswith("opt") else s.head_dim ** -0.5)
+    assert families.attention_scaling(m.config, 0) == pytest.approx(1.0 if family.startswith("opt") else s.head_dim ** -0.5)
 
 
 def test_capture_attention_wraps_a_modeling_files_own_registry_and_passes_the_mask():
@@ -191,7 +194,7 @@ def test_capture_attention_wraps_a_modeling_files_own_registry_and_passes_the_ma
     m = DogeForCausalLM(cfg).eval()
     before = dict(modeling_doge.ALL_ATTENTION_FUNCTIONS._local_mapping)
     masks = {}
-    with torch.no_grad(), arch.capture_attention(m, lambda i, q, k, o, sc, cap, mask: masks.__setitem__(i, mask),
+    with torch.no_grad(), hooks.capture_attention(m, lambda i, q, k, o, sc, cap, mask: masks.__setitem__(i, mask),
                                                  extras=("mask",)) as seen:
         m(input_ids=torch.tensor([[1, 5, 6, 7, 8]]), use_cache=False)
     assert modeling_doge.ALL_ATTENTION_FUNCTIONS._local_mapping == before
@@ -202,5 +205,5 @@ def test_capture_attention_wraps_a_modeling_files_own_registry_and_passes_the_ma
         assert (hidden.sum(-1) == 5 - 3).all()  # the final query keeps its keep_window_size = 3 top keys
         assert (mask[0, :, -1][~hidden] != 0).all()  # a learned bias where kept, not a 0 / min mask
     with pytest.raises(KeyError):
-        with arch.capture_attention(m, lambda *a, **k: None, extras=("nonsense",)):
+        with hooks.capture_attention(m, lambda *a, **k: None, extras=("nonsense",)):
             pass

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.analyses import domain_restriction as bg
 from llmgeom.weights import key_orthogonality as keys
 from llmgeom.models import tiny as testing
@@ -33,7 +34,7 @@ from llmgeom.analyses.attention_focusing import attention_focusing_tables, focus
 from llmgeom.analyses.bayes_tables import markdown_tables_html, table1, table2, to_markdown
 from llmgeom.measures.orthogonality import gaussian_baseline, gaussian_expectation, orthogonality
 from llmgeom.measures.pca import value_manifold_stats
-from llmgeom.pipeline.checks import check_bayes_config
+from llmgeom.pipeline.checks import check_attention_focusing, check_domain_restriction
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +77,7 @@ def test_gaussian_baseline_matches_expectation_and_is_seeded():
 # ------------------------------------------------------------------ key orthogonality: models, every family
 
 def _share(family):
-    s = arch.summarize(testing.tiny_config(family))
+    s = families.summarize(testing.tiny_config(family))
     return s.n_heads // s.n_kv_heads
 
 
@@ -86,7 +87,7 @@ def test_key_orthogonality_table_known_answers_every_family(family):
     that reproduces the model's own keys) and one head with parallel columns: the table reads 0
     everywhere except 1 at exactly that (layer, kv_head)."""
     m = testing.tiny_model(family)
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     rng = np.random.default_rng(0)
     target = (s.n_layers - 1, s.n_kv_heads - 1)
     with torch.no_grad():
@@ -152,7 +153,7 @@ def test_zero_queries_give_uniform_attention_log_n_keys(family):
     """W_Q = 0 makes every score equal: the stored final-query entropy is log(number of visible keys);
     the sliding-window layer of tiny Gemma 3 (window 4) sees 4 keys."""
     m = testing.tiny_model(family)
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     with torch.no_grad():
         for blk in arch.decoder_layers(m):
             if family == "gpt_neox":
@@ -415,6 +416,11 @@ def test_config_checks():
                                 "code": {"kind": "code"}, "corpus": {"kind": "corpus"}}},
            "domain_restriction": {"mixed_set": "mixed", "restricted_sets": None, "summary_set": None},
            "attention_focusing": {"prompt_set": "mixed"}}
+
+    def check_bayes_config(c):
+        check_domain_restriction(c)
+        check_attention_focusing(c)
+
     check_bayes_config(cfg)
     from llmgeom.pipeline.derived import resolve_domain_sets
 

@@ -587,3 +587,15 @@ def test_dry_run_requested_reads_the_command_line():
     for argv in (["snakemake", "--cores", "1"], ["snakemake", "-p", "-j", "4"], ["x", "--profile", "slurm"]):
         assert not dry_run_requested(argv), argv
     assert dry_run_requested(["snakemake"], executor_says=True)
+
+
+def test_the_config_check_walks_the_sections_once_in_the_schema_order():
+    """check_config runs one check per section (pipeline.checks.SECTION_CHECKS), in the order the schema lists the
+    sections, each named ``check_*`` and defined in pipeline.checks."""
+    from llmgeom.pipeline import checks
+    from llmgeom.pipeline.schema import read_schema
+
+    order = list(read_schema()["properties"])
+    sections = [s for s, _ in checks.SECTION_CHECKS]
+    assert sections == sorted(sections, key=order.index) and len(set(sections)) == len(sections)
+    assert all(f.__module__ == checks.__name__ and f.__name__.startswith("check_") for _, f in checks.SECTION_CHECKS)

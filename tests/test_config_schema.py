@@ -43,12 +43,13 @@ def _norm(v):
 
 
 def _package_defaults():
-    """(module:function, parameter, literal default) of every function and method outside llmgeom.pipeline with a
-    default (an expression default: its source text)."""
-    for f in sorted(PACKAGE.rglob("*.py")):
-        mod = ".".join(f.relative_to(PACKAGE).with_suffix("").parts)
-        if mod.startswith("pipeline"):
-            continue
+    """(place, name, literal default) of every default in the package (llmgeom.pipeline included) and the workflow's
+    scripts: a function's or method's parameter default (place ``module:function``; an expression default: its
+    source text) and the fallback of a ``.get("key", default)`` call (place ``module:line``, ``get`` marks it)."""
+    scripts = sorted((REPO / "workflow" / "scripts").glob("*.py"))
+    for f in sorted(PACKAGE.rglob("*.py")) + scripts:
+        mod = (f"workflow.scripts.{f.stem}" if f in scripts
+               else ".".join(f.relative_to(PACKAGE).with_suffix("").parts))
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.FunctionDef):
                 a = node.args
@@ -62,6 +63,14 @@ def _package_defaults():
                     except ValueError:
                         value = ast.unparse(d)
                     yield f"{mod}:{node.name}", x.arg, value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                  and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)
+                  and isinstance(node.args[0].value, str)):
+                try:
+                    value = ast.literal_eval(node.args[1])
+                except ValueError:
+                    continue  # a computed fallback (another key's value), not a literal copy
+                yield f"{mod}:{node.lineno} get", node.args[0].value, value
 
 
 SECTIONS = section_functions(SCHEMA)
@@ -104,18 +113,32 @@ def test_every_schema_key_reaches_its_function_without_a_second_default(section)
                 "signature (notebooks: llmgeom.defaults(section))")
 
 
+#: (module, name) whose default is not a copy of the schema key of the same name, with the reason.
+NOT_COPIES = {
+    ("pipeline.jobs", "threads"): "a job's CPU threads, not fisher.threads / decoding.threads",
+    ("pipeline.model_server", "threads"): "a served task's CPU threads, not fisher.threads / decoding.threads",
+    # model specs reach these from tests and notebooks unfilled: absent dtype reads as auto there (the check
+    # refuses a missing one otherwise); to move to the schema with the sources module's own change
+    ("models.sources", "dtype"): "check_source / prepare_model on an unfilled model spec",
+}
+
+
 def test_no_package_function_repeats_a_schema_default():
-    """No literal default in the package equals the schema default of a key of the same name (a second copy that
-    could drift): the caller passes the config's value, a notebook takes ``llmgeom.defaults(section)``. None
-    (meaning "not given") and the seeds (every seed of the schema and of the package is 0:
-    test_seeds_default_to_zero) are not copies."""
+    """No literal default in the package (llmgeom.pipeline and the workflow's scripts included) equals the schema
+    default of a key of the same name (a second copy that could drift), neither a parameter default nor the
+    fallback of a ``.get(key, literal)`` (the config reaches the code with its defaults filled in: such a fallback
+    never fires): the caller passes the config's value, a notebook takes ``llmgeom.defaults(section)``. None
+    (meaning "not given") and the seeds of function signatures (every seed of the schema and of the package is 0:
+    test_seeds_default_to_zero) are not copies; a ``.get("seed", 0)`` is."""
     names = {}
     for dotted, node in _rows(SCHEMA, ""):
         if isinstance(node, dict) and "default" in node and not isinstance(node["default"], dict):
             names.setdefault(dotted.rsplit(".", 1)[-1], []).append((dotted, _norm(node["default"])))
     copies = []
     for func, param, default in _package_defaults():
-        if param == "seed" or default is None or param not in names:
+        if (param == "seed" and not func.endswith(" get")) or default is None or param not in names:
+            continue
+        if (func.split(":")[0], param) in NOT_COPIES:
             continue
         copies += [f"{func}({param}={default!r}) = {key}" for key, d in names[param] if _norm(default) == d]
     assert not copies, f"package defaults that copy the schema's: {copies}"
@@ -225,3 +248,37 @@ def test_apply_defaults_fills_per_name_maps_and_keeps_given_values():
     assert cfg["value_manifold"]["n_boot"] == 100 and cfg["wind_tunnel"]["prompts"]["cut_positions"] == "all"
     w["checkpoints"].append(3)  # defaults are copies: the schema is not changed through the config
     assert schema_node("wind_tunnel.models.<name>.checkpoints")["default"] == []
+
+
+def _repeated_defaults(node, schema: dict, path: str = "") -> list[str]:
+    """Dotted keys of ``node`` (a config as written) whose value equals the schema's default at that key (per-name
+    maps: ``additionalProperties``). A model entry with ``params_b`` derives ``mem_mb`` / ``runtime`` from its size
+    (``cluster.apply_size_defaults``), so a value there is not the static default's repeat."""
+    out = []
+    if not isinstance(node, dict) or not isinstance(schema, dict):
+        return out
+    props = schema.get("properties") or {}
+    for key, value in node.items():
+        sub = props.get(key, schema.get("additionalProperties"))
+        if not isinstance(sub, dict):
+            continue
+        sized = key in ("mem_mb", "runtime") and node.get("params_b")
+        if key in props and "default" in sub and value == sub["default"] and not sized:
+            out.append(f"{path}{key} = {value!r}")
+        else:
+            out += _repeated_defaults(value, sub, f"{path}{key}.")
+    return out
+
+
+def test_the_embedded_config_holds_only_what_differs_from_the_schema():
+    """config/config.yaml holds the models, the prompt sets and the real overrides; a value equal to its schema
+    default is a second copy of it (the schema is the one home of the defaults; config/README.md lists them)."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    repeats = _repeated_defaults(cfg, SCHEMA)
+    assert not repeats, f"config/config.yaml repeats these schema defaults (delete them): {repeats}"
+    # the check sees a repeat where there is one, and not a size-derived resource
+    assert _repeated_defaults({"extract": {"top_k": 10}, "models": {"m": {"dtype": "auto", "params_b": 7,
+                                                                            "mem_mb": 8000}}}, SCHEMA) \
+        == ["extract.top_k = 10", "models.m.dtype = 'auto'"]

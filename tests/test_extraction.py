@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.extract import capture
 from llmgeom.extract import attention as attn_maths, forward as extraction
 from llmgeom.models import sources as models, tiny as testing
@@ -75,7 +76,7 @@ def unembed_input(model, family, h):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_extract_batch_shapes_and_values(family):
     m = tiny(family)
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     L, d, hd = s.n_layers, s.d_model, s.head_dim
     seqs = [SEQ7, SEQ3, SEQ9]
     B = len(seqs)
@@ -131,8 +132,8 @@ def test_extract_batch_shapes_and_values(family):
 def test_values_and_keys_are_the_projections_at_the_last_token(family):
     """values/keys equal the k/v projection outputs at the last real token (pre-RoPE)."""
     m = tiny(family)
-    s = arch.summarize(m.config)
-    fam = arch.family_for(m.config)
+    s = families.summarize(m.config)
+    fam = families.family_for(m.config)
     seqs = [SEQ3, SEQ7]
     got = {}
     handles = []
@@ -250,7 +251,7 @@ def test_hdf5_independent_of_padding_side_and_batch_size(family, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_attention_rows_and_entropy(family):
     m = tiny(family)
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     seqs = [SEQ3, SEQ9, SEQ7]
     ids, mask, out = own_forward(m, seqs, output_attentions=True)
     att = out.attentions
@@ -344,9 +345,9 @@ def test_sliding_window_is_applied(family, monkeypatch):
     ignoring both does not."""
     m = sdpa_twin(family)
     ref = eager_entropies(tiny(family), [LONG])
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     assert s.sliding_layers and s.sliding_window < len(LONG)
-    monkeypatch.setattr(arch, "attention_window", lambda config, layer: None)
+    monkeypatch.setattr(families, "attention_window", lambda config, layer: None)
     np.testing.assert_allclose(extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"], ref,
                                atol=1e-5, rtol=0)
     monkeypatch.setattr(extraction, "final_query_mask_row", lambda mask, last, T_k: None)
@@ -367,7 +368,7 @@ def test_gemma3_query_pre_attn_scalar():
     eager = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32).eval()
     sdpa = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa", dtype=torch.float32).eval()
     sdpa.load_state_dict(eager.state_dict())
-    assert arch.attention_scaling(cfg, 0) == pytest.approx(32 ** -0.5)
+    assert families.attention_scaling(cfg, 0) == pytest.approx(32 ** -0.5)
     seqs = [LONG, SEQ7]
     np.testing.assert_allclose(extract_batch(sdpa, seqs, attention=True, top_k=10)["attention/entropy"],
                                eager_entropies(eager, seqs), atol=1e-5, rtol=0)
@@ -551,7 +552,7 @@ def test_attention_outside_the_interface_is_refused():
     for blk in arch.decoder_layers(m):
         blk.attn.reorder_and_upcast_attn = True
     before = n_hooks(m)
-    with pytest.raises(arch.UnsupportedArchitectureError, match=r"layers \[0, 1\].*sdpa"):
+    with pytest.raises(families.UnsupportedArchitectureError, match=r"layers \[0, 1\].*sdpa"):
         extract_batch(m, [SEQ3], attention=True, top_k=10)
     assert n_hooks(m) == before
     assert extract_batch(testing.tiny_model("llama", attn="sdpa"), [SEQ3], attention=False, top_k=10)["last_token/residual"].shape == (1, 3, 32)
@@ -562,7 +563,7 @@ def test_attn_output_is_the_o_proj_input(family):
     """Issue 14 item 5: last_token attn_output equals the input of o_proj/dense/out_proj/c_proj at the
     final real token, and the attention-weighted sum of values under eager weights."""
     m = sdpa_twin(family)
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     seqs = [SEQ9, SEQ3, LONG]
     got, handles = {}, []
 
@@ -776,7 +777,7 @@ def test_non_finite_in_second_prompt_names_it():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_corpus_token_stats(family):
     m = tiny(family)
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     seqs = [SEQ9, SEQ3, SEQ7]
     samples = [[1, 4, 8], [2], [0, 3, 6]]
     r = extract_batch(m, seqs, attention=False, top_k=10, sample_positions=samples, token_stats=True)
@@ -866,7 +867,7 @@ def test_embedded_models_attention_entropy_equals_eager(name):
         pytest.skip(f"{name} not prepared (set LLMGEOM_PREPARED_MODELS or run the workflow's prepare_model)")
     eager, _ = load_prepared(d, dtype="float32", attn="eager", device="cpu")
     sdpa, _ = load_prepared(d, dtype="float32", attn="sdpa", device="cpu")
-    s = arch.summarize(eager.config)
+    s = families.summarize(eager.config)
     T = 600 if s.sliding_window else 80
     assert not s.sliding_window or T > s.sliding_window
     g = np.random.default_rng(0)
@@ -885,7 +886,7 @@ def test_hook_points_buffers_and_datasets_follow_the_contract():
     declared = {spec.point for spec in CONTRACT.values() if spec.point}
     assert declared <= set(capture.EDITABLE + capture.ATTENTION_POINTS)
     m = tiny("llama")
-    L = arch.summarize(m.config).n_layers
+    L = families.summarize(m.config).n_layers
     with extraction.BatchHooks(m, attention=True) as hk:
         want = {capture.point_name("hook_resid_pre", 0)} | {capture.point_name(p, l) for p in declared
                                                              for l in range(L)}

@@ -70,9 +70,9 @@ def test_tiny_family_sweep_runs_every_kind_of_measure(sweep_run, name):
     "not applicable" with the reason for latent attention (no W_K)."""
     from transformers import AutoConfig
 
-    from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
-    s = arch.summarize(AutoConfig.from_pretrained(sweep_run / "models" / name))
+    s = families.summarize(AutoConfig.from_pretrained(sweep_run / "models" / name))
     A = set(s.attention_layers)
     assert A == ({1} if name == "jamba-tiny-dev" else set() if name == "mamba-130m" else {0, 1, 2})
     t = {k: pd.read_csv(sweep_run / f"results/{name}/tables/{k}.csv") for k in TABLES}

@@ -17,6 +17,7 @@ from llmgeom.core import store
 from llmgeom.core.store import DS, open_activations
 from llmgeom.extract import forward as extraction
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.models import sources, tiny
 from llmgeom.prompts.io import write_prompt_set
 
@@ -111,7 +112,7 @@ def test_state_space_model_has_no_attention_datasets(tmp_path):
     from llmgeom.analyses.value_manifold import value_manifold_table
 
     m, h5 = _extract(tmp_path, "mamba")
-    assert arch.attention_layers(m) == () and arch.summarize(m.config).attention_type == "none"
+    assert arch.attention_layers(m) == () and families.summarize(m.config).attention_type == "none"
     with open_activations(h5, model="mamba") as f:
         assert store.attention_layers(f) == [] and int(f.attrs["n_heads"]) == 0
         assert not (store.ATTENTION_LAYER_DATASETS & {n for n in store.CONTRACT if n in f})

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.interventions import edits as iv
 from llmgeom.models import tiny as testing
 from llmgeom.extract.capture import pad_batch
@@ -36,8 +37,8 @@ def n_hooks(model):
 
 
 def vdim(model):
-    s = arch.summarize(model.config)
-    return (s.n_heads if arch.family_for(model.config).qkv != "separate" else s.n_kv_heads) * s.head_dim
+    s = families.summarize(model.config)
+    return (s.n_heads if families.family_for(model.config).qkv != "separate" else s.n_kv_heads) * s.head_dim
 
 
 def unit(d, seed=0):
@@ -102,7 +103,7 @@ def tuple_model(monkeypatch):
     architectures.v_module pointing at the tuple-returning TupleOut."""
     def make(family):
         m = testing.tiny_model(family, attn="sdpa")
-        fam = arch.family_for(m.config)
+        fam = families.family_for(m.config)
         path = fam.fused_proj or fam.v_proj
         parent_path, name = path.rsplit(".", 1)
         inner = {}

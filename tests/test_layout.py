@@ -96,6 +96,56 @@ def test_no_private_names_imported_across_modules():
     assert not bad, "\n".join(bad)
 
 
+def _module_aliases(tree) -> dict[str, str]:
+    """Local name -> llmgeom module path for the package modules a file imports (``from llmgeom.a import b as c``,
+    ``import llmgeom.a.b as c``)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llmgeom"):
+            base = PKG.joinpath(*node.module.split(".")[1:])
+            for a in node.names:
+                if (base / f"{a.name}.py").is_file() or (base / a.name / "__init__.py").is_file():
+                    out[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("llmgeom.") and a.asname:
+                    out[a.asname] = a.name
+    return out
+
+
+def test_no_private_names_used_across_modules():
+    """``module._private`` of another package module is not read either (a private name stays in its module)."""
+    bad = []
+    for p in sorted(PKG.rglob("*.py")) + sorted((PKG.parents[1] / "workflow" / "scripts").glob("*.py")):
+        tree = ast.parse(p.read_text())
+        aliases = _module_aliases(tree)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{p.name}:{node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+#: The one module that registers torch hooks and patches transformers' attention interface (DESIGN.md sec. 1).
+HOOK_MODULE = "extract/hooks.py"
+
+
+def test_torch_hooks_and_attention_patching_live_in_one_module():
+    """Every ``register_*hook`` call and every use of transformers' attention-function registry
+    (``ALL_ATTENTION_FUNCTIONS``, ``AttentionInterface``) is in :data:`HOOK_MODULE`, and that module has them."""
+    import re
+
+    found = defaultdict(list)
+    for p in sorted(PKG.rglob("*.py")) + sorted((PKG.parents[1] / "workflow" / "scripts").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            name = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
+                    else node.name if isinstance(node, ast.alias) else None)
+            if name and (re.fullmatch(r"register_\w*hook", name) or name in (
+                    "ALL_ATTENTION_FUNCTIONS", "AttentionInterface", "_local_mapping")):
+                found[str(p.relative_to(PKG)) if PKG in p.parents else p.name].append(f"{name}:{node.lineno}")
+    assert set(found) == {HOOK_MODULE}, {k: v for k, v in found.items() if k != HOOK_MODULE}
+
+
 def _body_key(fn: ast.FunctionDef) -> str:
     body = fn.body[1:] if ast.get_docstring(fn) else fn.body
     return hashlib.sha256(ast.dump(ast.Module(body=body, type_ignores=[])).encode()).hexdigest()

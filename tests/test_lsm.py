@@ -4,6 +4,7 @@ expressibility gap, the Fisher information metric, the LSM tables and the WikiTe
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -23,7 +24,7 @@ from llmgeom.core.store import ActivationWriter
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.curvature import curvature_table
 from llmgeom.analyses.margins import margin_tables, margin_vs_perplexity_table
-from llmgeom.pipeline.checks import check_lsm_config
+from llmgeom.pipeline.checks import check_curvature, check_fisher, check_margins
 from llmgeom.pipeline.schema import ConfigError
 
 
@@ -486,6 +487,13 @@ def test_fraction_below_known_answers_and_intervals():
 
 
 def test_check_lsm_config():
+    from llmgeom.pipeline.schema import apply_defaults, read_schema
+
+    def check_lsm_config(c):  # the LSM sections' checks, on the config with its defaults filled in
+        c = apply_defaults(json.loads(json.dumps(c)), read_schema())
+        for check in (check_curvature, check_margins, check_fisher):
+            check(c)
+
     cfg = {"prompts": {"sets": {"corpus": {"kind": "corpus"}, "mixed": {"kind": "mixed"}}},
            "margins": {"prompt_set": "corpus", "eps_min": 1e-3, "eps_max": 10, "fit_eps_max": 0.5},
            "fisher": {"prompt_set": "corpus"}, "curvature": {"id_estimator": "twonn"},

@@ -2,7 +2,7 @@
 
 Per type (``tests/model_types.py``): a tiny random model is built and its capture compared with the model's
 own outputs (residual stream, values, keys, W_K, logits, attention entropy and output, padding invariance),
-unless ``architectures.refusal`` refuses the type up front. The table test renders ``docs/models.md`` from
+unless ``families.refusal`` refuses the type up front. The table test renders ``docs/models.md`` from
 the same rows and fails when the committed file differs (regenerate with ``LLMGEOM_WRITE_MODELS_MD=1``).
 """
 
@@ -30,46 +30,46 @@ def test_model_type_is_captured_exactly_or_refused(model_type):
 def test_refusal_is_what_the_family_table_says():
     from types import SimpleNamespace as NS
 
-    from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
-    for mt in arch.supported_model_types():  # a Family entry is never refused
-        assert mt not in arch.REFUSED
-    assert "bert" not in arch.supported_model_types()
+    for mt in families.supported_model_types():  # a Family entry is never refused
+        assert mt not in families.REFUSED
+    assert "bert" not in families.supported_model_types()
     from transformers import BertConfig, LlamaConfig
 
-    assert arch.refusal(LlamaConfig()) is None
+    assert families.refusal(LlamaConfig()) is None
     from transformers import BloomConfig, MambaConfig
 
     # the implementation a model is loaded with: the workflow's, or eager where the attention is the module's own
     # (BLOOM refuses sdpa) or there is none (Mamba)
-    assert [arch.attention_implementation(c(), "sdpa") for c in (LlamaConfig, BloomConfig, MambaConfig)] == \
+    assert [families.attention_implementation(c(), "sdpa") for c in (LlamaConfig, BloomConfig, MambaConfig)] == \
         ["sdpa", "eager", "eager"]
-    assert "encoder" in arch.refusal(BertConfig())
-    assert arch.refusal_of_json({"model_type": "bart", "is_encoder_decoder": True}).startswith("an encoder-decoder")
-    assert "encoder" in arch.refusal_of_json({"model_type": "bert", "is_decoder": False})
-    assert arch.refusal_of_json({"model_type": "olmo2"}) is None
-    assert arch.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512}) is None  # read (MLA)
+    assert "encoder" in families.refusal(BertConfig())
+    assert families.refusal_of_json({"model_type": "bart", "is_encoder_decoder": True}).startswith("an encoder-decoder")
+    assert "encoder" in families.refusal_of_json({"model_type": "bert", "is_decoder": False})
+    assert families.refusal_of_json({"model_type": "olmo2"}) is None
+    assert families.refusal_of_json({"model_type": "deepseek_v3", "kv_lora_rank": 512}) is None  # read (MLA)
     # sparse attention (DeepSeek Sparse Attention) is read: the entropy reads the mask the attention function
     # receives; hyper-connections (parallel residual streams) are refused, naming them
-    assert arch.refusal_of_json({"model_type": "deepseek_v32", "kv_lora_rank": 512,
+    assert families.refusal_of_json({"model_type": "deepseek_v32", "kv_lora_rank": 512,
                                  "layer_types": ["indexed_attention"]}) is None
-    assert arch.config_attention_layers(NS(num_hidden_layers=2, model_type="x",
+    assert families.config_attention_layers(NS(num_hidden_layers=2, model_type="x",
                                            layer_types=["linear_attention", "indexed_attention"])) == (1,)
-    assert arch.refusal_of_json({"model_type": "hy_v4", "kv_lora_rank": 512, "hc_mult": 4}).startswith(
+    assert families.refusal_of_json({"model_type": "hy_v4", "kv_lora_rank": 512, "hc_mult": 4}).startswith(
         "hyper-connections (4 parallel residual streams")
-    assert arch.refusal_of_json({"model_type": "x", "hc_count": 1}) is None
-    assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 64]}).startswith(
+    assert families.refusal_of_json({"model_type": "x", "hc_count": 1}) is None
+    assert families.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 64]}).startswith(
         "per-layer numbers of query heads")
-    assert arch.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 48]}) is None
+    assert families.refusal_of_json({"model_type": "laguna", "num_attention_heads_per_layer": [48, 48]}) is None
     # hybrids and state-space models are read (issue 29); a layer kind nobody knows is refused, naming it
-    assert arch.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "linear_attention"]}) is None
-    assert arch.refusal_of_json({"model_type": "mamba", "layer_types": ["linear_attention"] * 2}) is None
-    assert "hybrid_sliding" in arch.refusal_of_json({"model_type": "x", "layer_types": ["hybrid_sliding"]})
+    assert families.refusal_of_json({"model_type": "x", "layer_types": ["full_attention", "linear_attention"]}) is None
+    assert families.refusal_of_json({"model_type": "mamba", "layer_types": ["linear_attention"] * 2}) is None
+    assert "hybrid_sliding" in families.refusal_of_json({"model_type": "x", "layer_types": ["hybrid_sliding"]})
 
-    assert arch.config_attention_layers(NS(num_hidden_layers=4, model_type="x",
+    assert families.config_attention_layers(NS(num_hidden_layers=4, model_type="x",
                                            layer_types=["linear_attention", "full_attention", "mlp", "hybrid"])) == (1, 3)
-    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="llama", num_attention_heads=4)) == (0, 1, 2)
-    assert arch.config_attention_layers(NS(num_hidden_layers=3, model_type="mamba", state_size=16)) == ()  # no heads
+    assert families.config_attention_layers(NS(num_hidden_layers=3, model_type="llama", num_attention_heads=4)) == (0, 1, 2)
+    assert families.config_attention_layers(NS(num_hidden_layers=3, model_type="mamba", state_size=16)) == ()  # no heads
 
 
 #: refusal reasons (their openings) of the types that are not decoder-only text models that build here: encoders and
@@ -112,7 +112,7 @@ def render(rows) -> str:
         "(value manifold, attention focusing, key orthogonality, SULA value geometry, domain restriction, value",
         "interventions) on the attention layers.",
         "*refused*: the workflow's config check refuses a model of this type before any job, with the reason below",
-        "(`llmgeom.models.architectures.refusal`).",
+        "(`llmgeom.models.families.refusal`).",
         "",
         "| model_type | verdict | what runs | how / why not |",
         "|---|---|---|---|",
@@ -145,10 +145,11 @@ def test_key_orthogonality_runs_on_generic_types():
     import numpy as np
 
     from llmgeom.models import architectures as arch
+    from llmgeom.models import families
     from llmgeom.weights.key_orthogonality import key_orthogonality_table
 
     m = mtypes.build("olmo2", "sdpa")
-    assert arch.family_for(m.config) is arch.GENERIC
+    assert families.family_for(m.config) is families.GENERIC
     df = key_orthogonality_table(m, model_name="olmo2", seed=0, random_init=True)
     assert list(zip(df.layer, df.kv_head)) == [(l, h) for l in range(3) for h in range(2)]
     assert (df.n_query_heads_sharing == 2).all() and (df.attention_type == "GQA").all()
@@ -176,10 +177,11 @@ def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_appl
     from llmgeom.core.store import CONTRACT, contract_shapes
     from llmgeom.extract import capture, forward
     from llmgeom.models import architectures as arch
+    from llmgeom.models import families
     from llmgeom.weights.key_orthogonality import key_orthogonality_table
 
     m = mtypes.build("deepseek_v3", "sdpa")
-    s = arch.summarize(m.config)
+    s = families.summarize(m.config)
     assert (s.latent_attention, s.n_heads, s.n_kv_heads, s.head_dim, s.value_head_dim) == (True, 4, 4, 24, 12)
     shapes = contract_shapes(dict(forward.model_axis_sizes(s), prompt=2, layer=3, resid_layer=4, d_model=64,
                                   d_unembed=64, rank=3), attention=True, candidates=False, corpus=False)
@@ -276,7 +278,7 @@ def test_codegen_fused_groups_split_as_codegen_does_and_a_value_edit_reaches_the
     assert torch.equal(q, g[..., :16].reshape(2, 3, 64)) and torch.equal(v, g[..., 16:32].reshape(2, 3, 64))
     assert torch.equal(k, g[..., 32:].reshape(2, 3, 64))
     assert torch.equal(out[..., arch.k_columns(m)], k) and torch.equal(out[..., arch.v_columns(m)], v)
-    cols = torch.cat([arch._fused_columns(m, 0), arch.k_columns(m), arch.v_columns(m)])
+    cols = torch.cat([arch.qkv_columns(m, "q"), arch.k_columns(m), arch.v_columns(m)])
     assert torch.equal(cols.sort().values, torch.arange(192))
     z = {}
     capture.run(m, capture.make_batch(m, mtypes.SEQS), {"blocks.0.attn.hook_v": lambda t, pt: torch.zeros_like(t),

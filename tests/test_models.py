@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.models.sources import ModelSourceError, check_source
 from llmgeom.models.loading import load_prepared, resolve_device, resolve_dtype
@@ -103,9 +103,9 @@ def test_hf_local_unsupported_model_type(tmp_path):
     msg = str(ei.value)
     assert msg.startswith("models.m1: model_type 'bert' is not supported")
     assert "supported: " in msg
-    for t in arch.supported_model_types():
+    for t in families.supported_model_types():
         assert t in msg
-    assert "src/llmgeom/models/architectures.py" in msg  # the file's real path (issue 29)
+    assert "src/llmgeom/models/families.py" in msg  # the file's real path (issue 29)
 
 
 def test_hf_local_model_type_unknown_to_transformers(tmp_path):
@@ -133,7 +133,7 @@ def test_prepare_and_load_hf_local(family, tmp_path):
     assert man["model"] == family and man["source"] == "hf_local" and man["dtype"] == "float32"
     assert man["weights_path"] == str(src.resolve())
     assert re.fullmatch(r"[0-9a-f]{64}", man["source_sha256"])
-    s = arch.summarize(testing.tiny_config(family))
+    s = families.summarize(testing.tiny_config(family))
     assert man["architecture"] == s.as_dict()
     assert man["architecture"]["n_layers"] == 2 and man["architecture"]["d_model"] == 32
 

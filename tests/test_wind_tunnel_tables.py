@@ -227,7 +227,7 @@ def test_tiny_model_trained_extracted_and_tabulated(tmp_path, spec, cuts):
 
     model = tmp_path / "models" / "wt"
     train_wind_tunnel(spec, model, seed=0, steps=60, batch_size=16, lr=3e-3, warmup_steps=5, weight_decay=0.0,
-                      clip_norm=1.0, arch={"n_layers": 2, "d_model": 32, "n_heads": 4}, threads=1, n_val=32,
+                      clip_norm=1.0, arch={"family": "llama", "n_layers": 2, "d_model": 32, "n_heads": 4}, threads=1, n_val=32,
                       log=lambda s: None, checkpoints=(), schedule="cosine", min_lr_ratio=0.1)
     prompts = tmp_path / "prompts.jsonl"
     records = prompt_records(spec, n_sequences=8, cut_positions=cuts, seed=0, name="task")

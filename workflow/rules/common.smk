@@ -18,7 +18,7 @@ from llmgeom.pipeline.derived import (
     model_source_params,
     null_entries,
     null_of_models,
-    token_budgets,
+    prompt_set_params,
     wind_tunnel_cuts,
     wind_tunnel_entries,
 )
@@ -147,9 +147,15 @@ def get_attention(wildcards):
     return not get_is_corpus(wildcards)
 
 
-def get_max_tokens(wildcards):
-    """params.max_tokens of extract: the set's token_budget, else prompts.token_budget."""
-    return token_budgets(config)[wildcards.promptset]
+def get_token_budget(wildcards):
+    """params.token_budget of build_prompts and max_tokens of extract: the set's token_budget, else
+    prompts.token_budget (llmgeom.pipeline.derived.prompt_set_params)."""
+    return prompt_set_params(config)[wildcards.promptset]["token_budget"]
+
+
+def get_set_seed(wildcards):
+    """params.seed of build_prompts and extract: the set's seed, else prompts.seed."""
+    return prompt_set_params(config)[wildcards.promptset]["seed"]
 
 
 # Null models (issue 28): what a random-init twin runs of the rules the claims read (DR: domain_restriction.smk,

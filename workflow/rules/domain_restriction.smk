@@ -2,7 +2,7 @@
 # value-manifold statistics of each. Code: llmgeom.analyses.domain_restriction. Definitions: DESIGN.md sec. 3.
 from llmgeom.pipeline.derived import resolve_domain_sets  # light: no numpy/pandas at DAG time
 
-DR = resolve_domain_sets(config)  # checked in common.smk (check_bayes_config)
+DR = resolve_domain_sets(config)  # checked in common.smk (checks.check_domain_restriction)
 DR_SETS = [DR["mixed"], *DR["restricted"]]
 
 summarize("domain_restriction", "domain_selection", "pc_scores", family="bayes", nulls=True)

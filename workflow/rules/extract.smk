@@ -14,8 +14,8 @@ rule extract:
         corpus=get_is_corpus,
         attention=get_attention,
         candidates_key=None,
-        max_tokens=get_max_tokens,
-        seed=config["prompts"]["seed"],
+        max_tokens=get_token_budget,
+        seed=get_set_seed,
     threads: GPU_THREADS
     resources:
         **GPU_RESOURCES,

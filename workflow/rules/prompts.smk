@@ -6,8 +6,8 @@ rule build_prompts:
         "resources/prompts/{promptset}.jsonl",
     params:
         spec=get_prompt_spec,
-        seed=config["prompts"]["seed"],
-        token_budget=config["prompts"]["token_budget"],
+        seed=get_set_seed,
+        token_budget=get_token_budget,
     priority: PRIORITY["build_prompts"]
     resources:
         mem_mb=scaled_mem(2000),

@@ -52,6 +52,8 @@ rule extract_sula:
         attention=False,  # SULA needs no attention weights: sdpa
         corpus=False,
         candidates_key=CANDIDATES_KEY,
+        max_tokens=None,  # not a corpus set: no prompt is cut
+        seed=config["sula"]["seed"],  # the seed the SULA prompts were drawn with
     threads: GPU_THREADS
     resources:
         **GPU_RESOURCES,

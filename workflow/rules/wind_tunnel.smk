@@ -111,6 +111,8 @@ rule extract_wind_tunnel:
         attention=True,  # attention entropies for attention focusing
         corpus=False,
         candidates_key=CANDIDATES_KEY,
+        max_tokens=None,  # not a corpus set: no prompt is cut
+        seed=config["wind_tunnel"]["prompts"]["seed"],  # the seed the task's sequences were drawn with
     threads: GPU_THREADS
     resources:
         **GPU_RESOURCES,

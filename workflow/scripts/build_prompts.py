@@ -8,8 +8,8 @@ with run_logged(snakemake.log[0]):
     records = build_prompt_set(
         spec["kind"],
         n=spec["n"],
-        seed=spec.get("seed", snakemake.params.seed),
-        token_budget=spec.get("token_budget", snakemake.params.token_budget),
+        seed=snakemake.params.seed,  # the set's own seed / token_budget, else the prompts section's
+        token_budget=snakemake.params.token_budget,
         topics=spec.get("topics"),
         path=spec.get("path"),
     )

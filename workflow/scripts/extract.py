@@ -24,8 +24,8 @@ run_task(
         attention=p.attention,
         corpus=p.corpus,
         candidates_key=p.candidates_key,
-        max_tokens=p.get("max_tokens"),
-        seed=p.get("seed", 0),
+        max_tokens=p.max_tokens,
+        seed=p.seed,
         mem_mb=getattr(snakemake.resources, "mem_mb", None),  # checked against the model's size before loading
     ),
     load=load,

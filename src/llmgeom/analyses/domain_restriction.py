@@ -32,7 +32,7 @@ from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.progress import progress
 from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed
 from llmgeom.core.store import DS, attention_layers, open_activations, read_finite
-from llmgeom.measures import pca as geometry
+from llmgeom.measures import pca
 
 # ---------------------------------------------------------------------------------------------
 # config helpers (called at DAG construction: must stay cheap and never touch a model or the hub)
@@ -115,7 +115,7 @@ def stratified_sample(entropy, *, n_quantiles: int, per_quantile: int, seed: int
 
 def _diff_ci(a: np.ndarray, b: np.ndarray, ci: float, estimate: float) -> tuple[float, float]:
     """Basic-bootstrap CI of a - b from independent bootstrap replicates (rows paired by index);
-    ``estimate`` is the observed difference (see geometry.bootstrap_interval)."""
+    ``estimate`` is the observed difference (see pca.bootstrap_interval)."""
     return bootstrap_interval(estimate, a - b, ci=ci, method="basic")
 
 
@@ -140,7 +140,7 @@ def _unit_norm_shares(X, h, *, n_boot: int, seed: int, standardize: bool, ci: fl
     """PC1 and PC1+PC2 shares (with their bootstrap intervals, same seed) after every row of ``X`` is scaled to unit
     norm: :class:`llmgeom.measures.pca.ValueManifoldPCA` with ``unit_norm=True``; the columns of
     :data:`UNIT_NORM_COLUMNS`."""
-    st = geometry.value_manifold_stats(X, h, n_boot=n_boot, seed=seed, standardize=standardize, ci=ci, unit_norm=True)
+    st = pca.value_manifold_stats(X, h, n_boot=n_boot, seed=seed, standardize=standardize, ci=ci, unit_norm=True)
     return {f"{k}_unit_norm{t}": st[f"{k}{t}"] for k in ("pc1", "pc12") for t in ("", "_lo", "_hi")}
 
 
@@ -173,7 +173,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         entropy_mean, entropy_median (nats, of the selection), representation ("values" = last-token
         value vectors concatenated over key heads; "attn_output" = attention output at the final token, the
         o_proj input; "residual_stream" = output of the block), layer,
-        relative_depth ((layer+1)/L), standardized, every key of ``geometry.value_manifold_stats`` (pc1,
+        relative_depth ((layer+1)/L), standardized, every key of ``pca.value_manifold_stats`` (pc1,
         pc2, pc12 fractions of variance with *_lo/*_hi basic-bootstrap bounds and *_bc bias-corrected
         estimates 2 t - mean(replicates), participation_ratio (full spectrum), participation_ratio_top10,
         spearman_rho / spearman_p of the PC1 score vs next-token entropy with PC1's sign fixed so that
@@ -208,8 +208,27 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         raise ValueError(f"mixed_set {mixed_set!r} is not among the prompt sets {list(h5_paths)}")
     labels = dict(labels or {})
     order = [mixed_set] + [s for s in h5_paths if s != mixed_set]
+    ent, topics, sel, sel_rows = _select(h5_paths, order, model=model, labels=labels, n_quantiles=n_quantiles,
+                                         per_quantile=per_quantile, edges=edges, seed=seed, log=log)
+    rows, score_rows, mixed_ref = [], [], {}
+    for s in order:  # the mixed set first: its rows are the reference of the deltas
+        common = dict(model=model, prompt_set=s, domain=labels.get(s, s),
+                      role="mixed" if s == mixed_set else "restricted", edges=edges, n_quantiles=int(n_quantiles),
+                      per_quantile=int(per_quantile), n_candidates=int(ent[s].size))
+        r, sc = _set_statistics(h5_paths[s], common, ent[s], topics[s], sel[s], mixed_ref, model=model, seed=seed,
+                                n_boot=n_boot, ci=ci, layers=layers, data_reps=data_reps, standardize=standardize,
+                                score_layers=score_layers)
+        rows += r
+        score_rows += sc
+    return {"stats": pd.DataFrame(rows), "selection": pd.DataFrame(sel_rows), "scores": pd.DataFrame(score_rows)}
 
-    # pass 1: entropies and topics of every candidate; bin edges; seeded selections
+
+def _select(h5_paths: dict, order: list, *, model, labels, n_quantiles, per_quantile, edges, seed, log):
+    """Pass 1 of :func:`domain_restriction_tables`: entropies and topics of every candidate, the bin edges and the
+    seeded entropy-stratified selection of each set. Returns (entropies, topics, selections, selection rows).
+
+    Raises:
+        ValueError: a selection with < 3 prompts."""
     ent, topics = {}, {}
     for s in order:
         with open_activations(h5_paths[s], model=model) as f:
@@ -226,7 +245,7 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
             msg = (f"{model} / {s}: quantile bin(s) {short} hold only {r['n_available'][short].tolist()} candidates "
                    f"(< per_quantile={per_quantile}, edges={edges}); took all of them: n = {r['indices'].size}")
             log(f"[domain_restriction] WARNING {msg}")
-            warnings.warn(msg, stacklevel=2)
+            warnings.warn(msg, stacklevel=3)
         if r["indices"].size < 3:
             raise ValueError(f"{model} / {s}: only {r['indices'].size} prompts selected; need >= 3 "
                              f"(candidates: {ent[s].size}; n_quantiles={n_quantiles}, per_quantile={per_quantile})")
@@ -239,68 +258,76 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
                                  next_token_entropy=ent[s][i], entropy_quantile=b, quantile_lo=ext[b], quantile_hi=ext[b + 1],
                                  n_available=int(r["n_available"][b]), edges=edges, selection_seed=sseed,
                                  selected=bool(chosen[i])))
+    return ent, topics, sel, sel_rows
 
-    # pass 2: statistics on the selections
-    rows, score_rows, mixed_ref = [], [], {}
-    for s in order:
-        idx = sel[s]["indices"]
-        h = ent[s][idx]
-        bseed = derived_seed(seed, s + "/boot")
-        with open_activations(h5_paths[s], model=model) as f:
-            with_attention = set(attention_layers(f)) if DS.LAST_TOKEN_VALUES in f else set()
-            # [n, L, F] / [n, L, H*hd]: NaN at the layers without attention (hybrid models), which are skipped
-            vals = read_finite(f, DS.LAST_TOKEN_VALUES, idx) if with_attention else None
-            attn = read_finite(f, DS.LAST_TOKEN_ATTN_OUTPUT, idx) if with_attention else None
-            resid = read_finite(f, DS.LAST_TOKEN_RESIDUAL, idx)   # [n, L+1, d]
-        L = resid.shape[1] - 1
-        keep_scores = set(select_layers(score_layers, L))
-        sel_layers = select_layers(layers, L)
-        bar = progress(total=sum(3 if l in with_attention else 1 for l in sel_layers) * len(standardize),
-                       unit="bootstrap", desc=f"domain restriction {model} {s} (n_boot={n_boot})")
-        for layer in sel_layers:
-            reps = {"values": vals[:, layer, :], "attn_output": attn[:, layer, :]} if layer in with_attention else {}
-            reps["residual_stream"] = resid[:, layer + 1, :]  # every layer (attention-free ones too)
-            for rep, X in reps.items():
-                for std in standardize:
-                    st, boot = geometry.value_manifold_stats(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std),
-                                                             ci=ci, return_boot=True)
-                    key = (rep, layer, bool(std))
-                    row = dict(model=model, prompt_set=s, domain=labels.get(s, s),
-                               role="mixed" if s == mixed_set else "restricted", edges=edges,
-                               n_quantiles=int(n_quantiles), per_quantile=int(per_quantile),
-                               n_candidates=int(ent[s].size), entropy_mean=float(h.mean()),
-                               entropy_median=float(np.median(h)), representation=rep, layer=layer,
-                               relative_depth=relative_depth(layer, L), **st)
-                    row["standardized"] = bool(std)
-                    row["boot_seed"] = bseed
-                    row.update(_NULL_NAN if not (data_reps and std and layer in keep_scores) else
-                               geometry.null_shares(X, n_reps=data_reps, seed=derived_seed(seed, s + "/null"),
-                                           standardize=True))
-                    row.update(_unit_norm_shares(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std), ci=ci)
-                               if layer in keep_scores else dict.fromkeys(UNIT_NORM_COLUMNS, np.nan))
-                    if s == mixed_set:
-                        mixed_ref[key] = (st, boot)
-                    mst, mboot = mixed_ref[key]
-                    for j, k in enumerate(("pc1", "pc2", "pc12")):
-                        row[f"delta_{k}"] = st[k] - mst[k]
-                        if k != "pc2":
-                            row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = _diff_ci(boot[:, j], mboot[:, j], ci, row[f"delta_{k}"])
-                            row[f"delta_{k}_bc"] = bias_corrected(row[f"delta_{k}"], boot[:, j] - mboot[:, j])
-                    row["delta_participation_ratio"] = st["participation_ratio"] - mst["participation_ratio"]
-                    row["delta_participation_ratio_top10"] = (st["participation_ratio_top10"]
-                                                              - mst["participation_ratio_top10"])
-                    row["delta_spearman_rho"] = st["spearman_rho"] - mst["spearman_rho"]
-                    rows.append(row)
-                    bar.update(1)
-                if layer in keep_scores:
-                    S = geometry.pc_scores(X, True, 2, sign=geometry.ENTROPY_SIGN, reference=h)
-                    for i, pi in enumerate(idx):
-                        score_rows.append(dict(model=model, prompt_set=s, domain=labels.get(s, s), representation=rep,
-                                               layer=layer, standardized=True, prompt_index=int(pi),
-                                               topic=topics[s][pi], next_token_entropy=h[i],
-                                               entropy_quantile=int(sel[s]["bins"][pi]), pc1=S[i, 0], pc2=S[i, 1],
-                                               pc1_sign=geometry.ENTROPY_SIGN.label, pc2_sign=geometry.ENTROPY_SIGN.label))
-        bar.close()
-    return {"stats": pd.DataFrame(rows), "selection": pd.DataFrame(sel_rows), "scores": pd.DataFrame(score_rows)}
+
+def _set_statistics(path, common: dict, ent, topics, sel, mixed_ref: dict, *, model, seed, n_boot, ci, layers,
+                    data_reps, standardize, score_layers) -> tuple[list, list]:
+    """Pass 2 of :func:`domain_restriction_tables` for one prompt set: the statistics rows of its selection per
+    (representation, layer, variant), with the change vs the mixed selection (``mixed_ref``: filled by the mixed
+    set, read by the others), and the PC scores at ``score_layers``. Returns (stats rows, score rows)."""
+    s = common["prompt_set"]
+    idx = sel["indices"]
+    h = ent[idx]
+    bseed = derived_seed(seed, s + "/boot")
+    with open_activations(path, model=model) as f:
+        with_attention = set(attention_layers(f)) if DS.LAST_TOKEN_VALUES in f else set()
+        # [n, L, F] / [n, L, H*hd]: NaN at the layers without attention (hybrid models), which are skipped
+        vals = read_finite(f, DS.LAST_TOKEN_VALUES, idx) if with_attention else None
+        attn = read_finite(f, DS.LAST_TOKEN_ATTN_OUTPUT, idx) if with_attention else None
+        resid = read_finite(f, DS.LAST_TOKEN_RESIDUAL, idx)   # [n, L+1, d]
+    L = resid.shape[1] - 1
+    keep_scores = set(select_layers(score_layers, L))
+    sel_layers = select_layers(layers, L)
+    bar = progress(total=sum(3 if l in with_attention else 1 for l in sel_layers) * len(standardize),
+                   unit="bootstrap", desc=f"domain restriction {model} {s} (n_boot={n_boot})")
+    rows, score_rows = [], []
+    for layer in sel_layers:
+        reps = {"values": vals[:, layer, :], "attn_output": attn[:, layer, :]} if layer in with_attention else {}
+        reps["residual_stream"] = resid[:, layer + 1, :]  # every layer (attention-free ones too)
+        for rep, X in reps.items():
+            for std in standardize:
+                st, boot = pca.value_manifold_stats(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std), ci=ci,
+                                                    return_boot=True)
+                key = (rep, layer, bool(std))
+                row = dict(common, entropy_mean=float(h.mean()), entropy_median=float(np.median(h)),
+                           representation=rep, layer=layer, relative_depth=relative_depth(layer, L), **st)
+                row["standardized"] = bool(std)
+                row["boot_seed"] = bseed
+                row.update(_NULL_NAN if not (data_reps and std and layer in keep_scores) else
+                           pca.null_shares(X, n_reps=data_reps, seed=derived_seed(seed, s + "/null"), standardize=True))
+                row.update(_unit_norm_shares(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std), ci=ci)
+                           if layer in keep_scores else dict.fromkeys(UNIT_NORM_COLUMNS, np.nan))
+                if common["role"] == "mixed":
+                    mixed_ref[key] = (st, boot)
+                row.update(_delta_vs_mixed(st, boot, *mixed_ref[key], ci))
+                rows.append(row)
+                bar.update(1)
+            if layer in keep_scores:
+                S = pca.pc_scores(X, True, 2, sign=pca.ENTROPY_SIGN, reference=h)
+                for i, pi in enumerate(idx):
+                    score_rows.append(dict(model=model, prompt_set=s, domain=common["domain"], representation=rep,
+                                           layer=layer, standardized=True, prompt_index=int(pi), topic=topics[pi],
+                                           next_token_entropy=h[i], entropy_quantile=int(sel["bins"][pi]),
+                                           pc1=S[i, 0], pc2=S[i, 1], pc1_sign=pca.ENTROPY_SIGN.label,
+                                           pc2_sign=pca.ENTROPY_SIGN.label))
+    bar.close()
+    return rows, score_rows
+
+
+def _delta_vs_mixed(st: dict, boot, mst: dict, mboot, ci: float) -> dict:
+    """The change of a selection's statistics vs the mixed selection's at the same representation, layer and
+    variant: delta_pc1/pc2/pc12 (with the basic-bootstrap CI of independent replicate differences and the
+    bias-corrected delta, not for pc2), delta_participation_ratio(_top10), delta_spearman_rho."""
+    out = {}
+    for j, k in enumerate(("pc1", "pc2", "pc12")):
+        out[f"delta_{k}"] = st[k] - mst[k]
+        if k != "pc2":
+            out[f"delta_{k}_lo"], out[f"delta_{k}_hi"] = _diff_ci(boot[:, j], mboot[:, j], ci, out[f"delta_{k}"])
+            out[f"delta_{k}_bc"] = bias_corrected(out[f"delta_{k}"], boot[:, j] - mboot[:, j])
+    out["delta_participation_ratio"] = st["participation_ratio"] - mst["participation_ratio"]
+    out["delta_participation_ratio_top10"] = st["participation_ratio_top10"] - mst["participation_ratio_top10"]
+    out["delta_spearman_rho"] = st["spearman_rho"] - mst["spearman_rho"]
+    return out
 
 

@@ -116,45 +116,52 @@ def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int,
     rng = np.random.default_rng(seed)
     n = len(base)
     boot_idx = rng.integers(0, n, size=(n_boot, n))
-    rows = []
-    for cond, g in per_prompt.groupby("condition", sort=False):
-        g = g.set_index("prompt").loc[base.index]
-        # a column of single layers reads back from CSV as float ("1.0"); "1+2" stays a string
-        layers = [int(float(x)) for x in str(g.layers.iloc[0]).split("+") if x not in ("", "nan")]
-        le = layers[-1] if layers else None
-        hb = base.h_bayes_bits.to_numpy(np.float64)
-        hm, hm0 = g.h_model_bits.to_numpy(np.float64), base.h_model_bits.to_numpy(np.float64)
-        pf, pf0 = g[f"proj_L{final}"].to_numpy(np.float64), base[f"proj_L{final}"].to_numpy(np.float64)
-        pe = g[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
-        pe0 = base[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
-        args = (sig.get(le, np.nan), sig[final])
-        rc = f"pc1_recomputed_L{final}"  # absent in tables written before issue 28
-        qf = g[rc].to_numpy(np.float64) if rc in g else None
-        qf0 = base[rc].to_numpy(np.float64) if rc in base else None
-        st = _cond_stats(hm, hb, pe, pf, *args, qf)
-        st0 = _cond_stats(hm0, hb, pe0, pf0, *args, qf0)
-        keys = _DELTA_KEYS
-        boots = np.full((n_boot, len(keys)), np.nan)
-        for b in range(n_boot):
-            ix = boot_idx[b]
-            s1 = _cond_stats(hm[ix], hb[ix], pe[ix] if pe is not None else None, pf[ix], *args)
-            s0 = _cond_stats(hm0[ix], hb[ix], pe0[ix] if pe0 is not None else None, pf0[ix], *args)
-            boots[b] = [s1[k] - s0[k] for k in keys]
-        row = dict(model=g.model.iloc[0], run=g.run.iloc[0], layers=str(g.layers.iloc[0]) if layers else "",
-                   axis=g.axis.iloc[0], edit=g.edit.iloc[0], shift_sigmas=float(g.shift_sigmas.iloc[0]),
-                   positions=g.positions.iloc[0], n=n, probe_layer_edited=le if le is not None else np.nan,
-                   probe_layer_final=final, **st,
-                   final_layer_edited=final in layers,
-                   mean_abs_dh_model_bits=float(np.mean(np.abs(hm - hm0))),
-                   mean_label_mass=float(g.label_mass.mean()))
-        for k in keys:
-            row[f"{k}_base"] = st0[k]
-            row[f"delta_{k}"] = st[k] - st0[k]
-            col = boots[:, keys.index(k)]
-            d = row[f"delta_{k}"]
-            lo, hi = bootstrap_interval(d, col, ci=ci, method="basic") if np.isfinite(d) else (np.nan, np.nan)
-            row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = lo, hi
-            row[f"delta_{k}_bc"] = bias_corrected(d, col)
-        row.update(n_boot=n_boot, ci=ci, seed=seed)
-        rows.append(row)
+    rows = [_condition_summary(g.set_index("prompt").loc[base.index], base, sig, final, boot_idx, n=n, n_boot=n_boot,
+                               ci=ci, seed=seed)
+            for _cond, g in per_prompt.groupby("condition", sort=False)]
     return pd.DataFrame(rows)
+
+
+def _condition_summary(g, base, sig: dict, final: int, boot_idx, *, n: int, n_boot: int, ci: float, seed: int) -> dict:
+    """One condition's row of :func:`intervention_summary`: its statistics, the baseline's, their change with the
+    basic-bootstrap interval over the paired prompt resamples ``boot_idx`` [n_boot, n] and the bias-corrected
+    change. ``g`` / ``base``: the condition's and the baseline's per-prompt rows, in the same prompt order."""
+    # a column of single layers reads back from CSV as float ("1.0"); "1+2" stays a string
+    layers = [int(float(x)) for x in str(g.layers.iloc[0]).split("+") if x not in ("", "nan")]
+    le = layers[-1] if layers else None
+    hb = base.h_bayes_bits.to_numpy(np.float64)
+    hm, hm0 = g.h_model_bits.to_numpy(np.float64), base.h_model_bits.to_numpy(np.float64)
+    pf, pf0 = g[f"proj_L{final}"].to_numpy(np.float64), base[f"proj_L{final}"].to_numpy(np.float64)
+    pe = g[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
+    pe0 = base[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
+    args = (sig.get(le, np.nan), sig[final])
+    rc = f"pc1_recomputed_L{final}"  # absent in tables written before issue 28
+    qf = g[rc].to_numpy(np.float64) if rc in g else None
+    qf0 = base[rc].to_numpy(np.float64) if rc in base else None
+    st = _cond_stats(hm, hb, pe, pf, *args, qf)
+    st0 = _cond_stats(hm0, hb, pe0, pf0, *args, qf0)
+    keys = _DELTA_KEYS
+    boots = np.full((n_boot, len(keys)), np.nan)
+    for b in range(n_boot):
+        ix = boot_idx[b]
+        s1 = _cond_stats(hm[ix], hb[ix], pe[ix] if pe is not None else None, pf[ix], *args)
+        s0 = _cond_stats(hm0[ix], hb[ix], pe0[ix] if pe0 is not None else None, pf0[ix], *args)
+        boots[b] = [s1[k] - s0[k] for k in keys]
+    row = dict(model=g.model.iloc[0], run=g.run.iloc[0], layers=str(g.layers.iloc[0]) if layers else "",
+               axis=g.axis.iloc[0], edit=g.edit.iloc[0], shift_sigmas=float(g.shift_sigmas.iloc[0]),
+               positions=g.positions.iloc[0], n=n, probe_layer_edited=le if le is not None else np.nan,
+               probe_layer_final=final, **st,
+               final_layer_edited=final in layers,
+               mean_abs_dh_model_bits=float(np.mean(np.abs(hm - hm0))),
+               mean_label_mass=float(g.label_mass.mean()))
+    for k in keys:
+        row[f"{k}_base"] = st0[k]
+        row[f"delta_{k}"] = st[k] - st0[k]
+        col = boots[:, keys.index(k)]
+        d = row[f"delta_{k}"]
+        lo, hi = bootstrap_interval(d, col, ci=ci, method="basic") if np.isfinite(d) else (np.nan, np.nan)
+        row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = lo, hi
+        row[f"delta_{k}_bc"] = bias_corrected(d, col)
+    row.update(n_boot=n_boot, ci=ci, seed=seed)
+    return row
+

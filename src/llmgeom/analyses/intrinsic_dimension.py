@@ -22,7 +22,7 @@ import pandas as pd
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.published import add_published
 from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
-from llmgeom.measures import intrinsic_dimension as manifold
+from llmgeom.measures import intrinsic_dimension
 from llmgeom.measures.neighbors import TooFewPointsError
 from llmgeom.measures.pca import explained_variance, participation_ratio
 
@@ -129,7 +129,7 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
                              note=f"no profile: {len(g)} measured layer(s) ({'blocks' if profile_layers == 'blocks' else 'all'}"
                                   " with a finite id_mean), at least 2 needed"))
             continue
-        s = manifold.id_profile_shape(g.relative_depth.to_numpy(), g.id_mean.to_numpy(), tol=shape_tol)
+        s = intrinsic_dimension.id_profile_shape(g.relative_depth.to_numpy(), g.id_mean.to_numpy(), tol=shape_tol)
         lay = g.layer.to_numpy()
         rows.append(dict(
             **key,
@@ -167,7 +167,7 @@ def _linear_dimensions(pts) -> dict:
 def _id_rows(pts, *, estimators, n_subsamples, subsample_size, seed, min_points, mle_k, gride_max_rank,
              gride_plateau_tol, base: dict, scale_rows: list) -> tuple[list, int]:
     """Rows of one layer (all estimators, one neighbour graph per subset) and GRIDE's scale curve."""
-    res = manifold.id_subsamples(pts, estimator=estimators, n_subsamples=n_subsamples,
+    res = intrinsic_dimension.id_subsamples(pts, estimator=estimators, n_subsamples=n_subsamples,
                                  subsample_size=subsample_size, seed=seed, min_points=min_points, mle_k=mle_k,
                                  gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol)
     lin = _linear_dimensions(pts)
@@ -182,7 +182,7 @@ def _id_rows(pts, *, estimators, n_subsamples, subsample_size, seed, min_points,
             curves = np.asarray([x["ids"] for x in r["results"]], dtype=np.float64)  # [subsets, scales]
             n1 = r["results"][0]["n1"]
             mean = curves.mean(axis=0)
-            i, j, val = manifold.gride_plateau(mean, tol=gride_plateau_tol)
+            i, j, val = intrinsic_dimension.gride_plateau(mean, tol=gride_plateau_tol)
             for s_, (n, v, sd) in enumerate(zip(n1, mean, curves.std(axis=0))):
                 scale_rows.append(dict(base, n1=n, n2=2 * n, id_mean=float(v), id_std=float(sd),
                                        in_plateau=i <= s_ <= j, plateau_n1_min=n1[i], plateau_n1_max=n1[j],
@@ -226,11 +226,11 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
         (:func:`gride_scale_columns`; empty without "gride"): ``(table, scale_table)``.
 
     Raises:
-        StoreError: untrusted file. manifold.TooFewPointsError: too few distinct points in a layer.
+        StoreError: untrusted file. intrinsic_dimension.TooFewPointsError: too few distinct points in a layer.
 
     ``gride_max_rank`` and ``gride_plateau_tol``: see :func:`llmgeom.measures.intrinsic_dimension.gride_scaling`.
     """
-    estimators = list(dict.fromkeys(manifold.canonical_estimator(e) for e in estimators))  # 'mle' = 'mle_mg'
+    estimators = list(dict.fromkeys(intrinsic_dimension.canonical_estimator(e) for e in estimators))  # 'mle' = 'mle_mg'
     rows, scale, short = [], [], []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)
@@ -278,15 +278,15 @@ def _id_nulls(pts, *, seed: int, **kw) -> dict:
     shuf = np.take_along_axis(X, rng.random(X.shape).argsort(axis=0), axis=0)
     out = {}
     try:
-        ri = manifold.id_subsamples(iso, estimator=kw["estimators"], n_subsamples=kw["n_subsamples"],
+        ri = intrinsic_dimension.id_subsamples(iso, estimator=kw["estimators"], n_subsamples=kw["n_subsamples"],
                                     subsample_size=kw["subsample_size"], seed=seed, min_points=kw["min_points"],
                                     mle_k=kw["mle_k"], gride_max_rank=kw["gride_max_rank"],
                                     plateau_tol=kw["gride_plateau_tol"])
-        rs = manifold.id_subsamples(shuf, estimator=kw["estimators"], n_subsamples=kw["n_subsamples"],
+        rs = intrinsic_dimension.id_subsamples(shuf, estimator=kw["estimators"], n_subsamples=kw["n_subsamples"],
                                     subsample_size=kw["subsample_size"], seed=seed, min_points=kw["min_points"],
                                     mle_k=kw["mle_k"], gride_max_rank=kw["gride_max_rank"],
                                     plateau_tol=kw["gride_plateau_tol"])
-    except manifold.TooFewPointsError:
+    except intrinsic_dimension.TooFewPointsError:
         return {e: (np.nan, np.nan) for e in kw["estimators"]}
     return {e: (ri[e]["id_mean"], rs[e]["id_mean"]) for e in ri}
 
@@ -317,7 +317,7 @@ def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle
 
     Source: Cheng, Vaidya & Antonello (ICML 2026): GRIDE on last-token states; issue 20 item 3.
     """
-    estimators = list(dict.fromkeys(manifold.canonical_estimator(e) for e in estimators))
+    estimators = list(dict.fromkeys(intrinsic_dimension.canonical_estimator(e) for e in estimators))
     rows, scale = [], []
     with open_activations(h5_path, model=model) as f:
         a = attrs_dict(f)

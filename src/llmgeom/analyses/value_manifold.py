@@ -16,7 +16,7 @@ import pandas as pd
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.progress import progress
 from llmgeom.core.store import DS, attention_layers, open_activations, read_finite
-from llmgeom.measures import pca as geometry
+from llmgeom.measures import pca
 
 
 def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, ci: float, layers,
@@ -64,7 +64,7 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
                     for rep, read in reps.items():
                         X = read()
                         for std in standardize:
-                            st = geometry.value_manifold_stats(X, ent, n_boot=n_boot,
+                            st = pca.value_manifold_stats(X, ent, n_boot=n_boot,
                                                                seed=seed, standardize=bool(std), ci=ci)
                             st["standardized"] = bool(std)
                             rows.append(dict(model=model, prompt_set=pset, representation=rep, layer=layer,

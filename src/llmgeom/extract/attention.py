@@ -88,7 +88,7 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
             h // (H / H_kv) (GQA/MQA, as ``repeat_kv``).
         last: [B] long, position of each prompt's final token (its query row).
         key_mask: [B, T] bool/0-1, real tokens (False = padding).
-        scaling: factor on q.k (``architectures.attention_scaling``).
+        scaling: factor on q.k (``families.attention_scaling``).
         softcap: c in c * tanh(score / c) before masking (Gemma 2), or None.
         window: sliding window W (key j visible iff last - W < j <= last), or None (causal).
         hidden: the [B, 1, T] mask of :func:`final_query_hidden_keys` for these arguments, when the caller

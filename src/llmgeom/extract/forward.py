@@ -53,6 +53,7 @@ from llmgeom.extract.attention import (attention_row_entropy, entropy_nats, fina
                                        final_query_mask_row, last_query_attention)
 from llmgeom.extract.capture import Float32Head, rows_at
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 
 
 class NonFiniteActivationError(FloatingPointError):
@@ -108,7 +109,7 @@ FINAL_TOKEN_POINTS = {spec.point: name for name, spec in CONTRACT.items()
 
 
 def model_axis_sizes(s) -> dict:
-    """Sizes of the contract's per-model feature axes (``core.store.DIMS``) from an ``architectures.summarize``
+    """Sizes of the contract's per-model feature axes (``core.store.DIMS``) from an ``families.summarize``
     result: value_feature = kv_head x value_head_dim (the stored values), kv_head x head_dim (the stored keys),
     attn_feature = head x value_head_dim (the attention output). value_head_dim = head_dim except under multi-head
     latent attention (v_head_dim vs qk_nope + qk_rope head dims; ``architectures.ArchSummary``). One home for both
@@ -194,7 +195,7 @@ class BatchHooks:
         self.final_token_only = bool(final_token_only)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.summary = s = arch.summarize(model.config)
+        self.summary = s = families.summarize(model.config)
         L = s.n_layers
         #: the blocks with attention (``architectures.attention_layers``): the ``attn.*`` points are hooked there
         #: only (every block of an attention-only model; none of a state-space model)
@@ -206,75 +207,80 @@ class BatchHooks:
         self.features = {name: int(np.prod(shape)) for name, shape in self.feature_shapes.items()}
         if attention:  # per layer, once (not per hook call): window, and the scaling / softcap the attention
             cfg = model.config  # function applies when the module passes none
-            self.windows = [arch.attention_window(cfg, l) for l in range(L)]
-            self.scalings = [arch.attention_scaling(cfg, l) if l in self.attention_layers else None for l in range(L)]
-            self.softcap = arch.attention_softcap(cfg)
+            self.windows = [families.attention_window(cfg, l) for l in range(L)]
+            self.scalings = [families.attention_scaling(cfg, l) if l in self.attention_layers else None for l in range(L)]
+            self.softcap = families.attention_softcap(cfg)
         self.cur: _BatchBuffers | None = None
         self.session: dict | None = None
         self._cm = None
-        dev = self.device
+        self.hooks = self._points()
 
-        def embeddings(h, pt):
-            c = self.cur
-            if c is None:  # a forward outside extract_batch while registered: nothing kept
-                return
-            if c.locate:
-                c.check(h, "embeddings (layer 0)")
-            c.rows_all.take(h, dev, out=c.resid[0])
-
-        def block_out(h, pt):
-            c = self.cur
-            if c is None:  # a forward outside extract_batch while registered: nothing kept
-                return
-            where = f"block {pt.layer} output (residual layer {pt.layer + 1})"
-            if pt.layer == L - 1 and self.final_token_only:  # the model's values only at the final tokens
-                c.check(c.rows_all.take(h, dev, out=c.resid[L]), where)
-                return
-            if c.locate or pt.layer == L - 1:
-                c.check(h, where)
-            c.rows_all.take(h, dev, out=c.resid[pt.layer + 1])
-
-        def store(name):
-            def fn(t, pt):
-                c = self.cur
-                if c is None:  # a forward outside extract_batch while registered: nothing kept
-                    return
-                c.rows_last.take(t, dev, out=c.stored[name][pt.layer])
-            return fn
-
-        def entropy(a, pt):
-            c = self.cur
-            if c is None:  # a forward outside extract_batch while registered: nothing kept
-                return
-            if a.probs is not None:  # the module's own probabilities (architectures.Family.module_attention)
-                dev_a = a.probs.device
-                p = a.probs[torch.arange(a.probs.shape[0], device=dev_a), :, c.last.to(dev_a)]  # [B, H, T]
-                c.attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
-                return
-            window = self.windows[pt.layer]
-            hk = c.hidden_keys.get(window)
-            if hk is None or hk.device != a.query.device:
-                hk = c.hidden_keys[window] = final_query_hidden_keys(c.last, c.valid, c.T, window, a.query.device)
-            # the mask the call received: beyond the reconstructed causal / padding / window keys (hk), what the module
-            # merged in (DeepSeek Sparse Attention's indexer selection, Doge's dynamic bias)
-            row = final_query_mask_row(a.mask, c.last, a.key.shape[2])
-            p, sink = last_query_attention(
-                a.query, a.key, c.last, c.valid, softcap=a.softcap if a.softcap is not None else self.softcap,
-                scaling=a.scaling if a.scaling is not None else self.scalings[pt.layer], window=window, hidden=hk,
-                mask_row=row, sinks=a.sinks, with_sink=True)
-            c.attn_ent[pt.layer] = attention_row_entropy(p, sink).to(dev)  # with sinks: keys plus the sink outcome
-
-        # the points, from the contract's declaration (store.DatasetSpec.point): one name per quantity
+    def _points(self) -> dict:
+        """Point name -> hook, from the contract's declaration (store.DatasetSpec.point): one name per quantity."""
         P = capture.point_name
-        self.hooks = {P("hook_resid_pre", 0): embeddings}
-        stores = {point: store(name) for point, name in FINAL_TOKEN_POINTS.items()}
-        for i in range(L):
-            self.hooks[P(CONTRACT[DS.LAST_TOKEN_RESIDUAL].point, i)] = block_out
+        hooks = {P("hook_resid_pre", 0): self._embeddings}
+        stores = {point: self._store(name) for point, name in FINAL_TOKEN_POINTS.items()}
+        for i in range(self.summary.n_layers):
+            hooks[P(CONTRACT[DS.LAST_TOKEN_RESIDUAL].point, i)] = self._block_out
         for i in self.attention_layers:  # hybrid / state-space models: the blocks with attention only
             for point, fn in stores.items():
-                self.hooks[P(point, i)] = fn
-            if attention:
-                self.hooks[P(CONTRACT[DS.ATTENTION_ENTROPY].point, i)] = entropy
+                hooks[P(point, i)] = fn
+            if self.attention:
+                hooks[P(CONTRACT[DS.ATTENTION_ENTROPY].point, i)] = self._entropy
+        return hooks
+
+    # each hook: nothing kept for a forward outside extract_batch while registered (no current buffers)
+    def _embeddings(self, h, pt):
+        c = self.cur
+        if c is None:
+            return
+        if c.locate:
+            c.check(h, "embeddings (layer 0)")
+        c.rows_all.take(h, self.device, out=c.resid[0])
+
+    def _block_out(self, h, pt):
+        c = self.cur
+        if c is None:
+            return
+        L = self.summary.n_layers
+        where = f"block {pt.layer} output (residual layer {pt.layer + 1})"
+        if pt.layer == L - 1 and self.final_token_only:  # the model's values only at the final tokens
+            c.check(c.rows_all.take(h, self.device, out=c.resid[L]), where)
+            return
+        if c.locate or pt.layer == L - 1:
+            c.check(h, where)
+        c.rows_all.take(h, self.device, out=c.resid[pt.layer + 1])
+
+    def _store(self, name):
+        def fn(t, pt):
+            c = self.cur
+            if c is None:
+                return
+            c.rows_last.take(t, self.device, out=c.stored[name][pt.layer])
+        return fn
+
+    def _entropy(self, a, pt):
+        c = self.cur
+        if c is None:
+            return
+        dev = self.device
+        if a.probs is not None:  # the module's own probabilities (families.Family.module_attention)
+            dev_a = a.probs.device
+            p = a.probs[torch.arange(a.probs.shape[0], device=dev_a), :, c.last.to(dev_a)]  # [B, H, T]
+            c.attn_ent[pt.layer] = attention_row_entropy(p).to(dev)
+            return
+        window = self.windows[pt.layer]
+        hk = c.hidden_keys.get(window)
+        if hk is None or hk.device != a.query.device:
+            hk = c.hidden_keys[window] = final_query_hidden_keys(c.last, c.valid, c.T, window, a.query.device)
+        # the mask the call received: beyond the reconstructed causal / padding / window keys (hk), what the module
+        # merged in (DeepSeek Sparse Attention's indexer selection, Doge's dynamic bias)
+        row = final_query_mask_row(a.mask, c.last, a.key.shape[2])
+        p, sink = last_query_attention(
+            a.query, a.key, c.last, c.valid, softcap=a.softcap if a.softcap is not None else self.softcap,
+            scaling=a.scaling if a.scaling is not None else self.scalings[pt.layer], window=window, hidden=hk,
+            mask_row=row, sinks=a.sinks, with_sink=True)
+        c.attn_ent[pt.layer] = attention_row_entropy(p, sink).to(dev)  # with sinks: keys plus the sink outcome
 
     def __enter__(self) -> "BatchHooks":
         self._cm = capture.hooked(self.model, self.hooks, final_token_only=self.final_token_only)
@@ -493,7 +499,8 @@ def tokenize_prompts(tok, texts: list[str], ids: list[str], *, max_tokens: int |
             if not truncate:
                 raise PromptTokenError(
                     f"prompt {pid!r} has {len(t)} tokens, more than the limit {limit} "
-                    f"(extract.max_tokens={max_tokens}, model context={context}); lower prompts.token_budget")
+                    f"(token budget {max_tokens}, model context {context}); lower the set's token budget "
+                    "(prompts.sets.<name>.token_budget, else prompts.token_budget)")
             t = t[:limit]
         out.append(t)
     return out
@@ -676,7 +683,7 @@ class _Plan:
 def _plan(model, tok, records, sha, manifest, *, prompts_path, model_name, batch_size, top_k, attention, corpus,
           sample_per_prompt, max_tokens, seed, candidates_key, log) -> _Plan:
     """Tokenize, check the candidates, sample the corpus positions, size the file and order the batches."""
-    s = arch.summarize(model.config)
+    s = families.summarize(model.config)
     texts = [r["text"] for r in records]
     pids = [r.get("id", str(i)) for i, r in enumerate(records)]
     # token_budget is a target when prompts are built; here it only truncates corpus passages
@@ -704,7 +711,7 @@ def _plan(model, tok, records, sha, manifest, *, prompts_path, model_name, batch
     attrs = dict(model=model_name, source=manifest.get("source"), revision=manifest.get("revision"),
                  source_sha256=manifest.get("source_sha256"), torch_dtype=str(model.dtype).replace("torch.", ""),
                  device=str(next(model.parameters()).device),
-                 attn_implementation=str(arch._text_config(model.config)._attn_implementation),
+                 attn_implementation=str(families.text_config(model.config)._attn_implementation),
                  n_layers=L, d_model=d, d_unembed=int(d_unembed), n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                  head_dim=s.head_dim, vocab_size=s.vocab_size, architecture=s.as_dict(),
                  attention_layers=with_attention,

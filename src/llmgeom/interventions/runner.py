@@ -20,6 +20,7 @@ from llmgeom.core.store import DS
 from llmgeom.interventions.axes import EntropyAxis, entropy_axis, random_axis
 from llmgeom.interventions.edits import AXES, EDIT_NAMES, ValueEdit, value_edit_hooks
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 
 
 def intervention_conditions(single_layers: Sequence[int], multi_layers: Sequence[int] | None,
@@ -295,19 +296,59 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
     """
     import pandas as pd
 
-    from llmgeom.core.store import attention_layers, open_activations
     from llmgeom.extract.forward import tokenize_prompts
-    from llmgeom.prompts.io import read_prompt_set
-    from llmgeom.prompts.io import CANDIDATES_KEY
-    from llmgeom.measures.bayes import model_label_entropy
     from llmgeom.models.loading import load_prepared
+    from llmgeom.prompts.io import CANDIDATES_KEY, read_prompt_set
 
     records, sha = read_prompt_set(prompts_path)
+    fit = _fit_axes(h5_path, sha, model_name=model_name, layers=layers, multi_layers=multi_layers, seed=seed, log=log)
+    if fit is None:  # a state-space model: no values to edit; the tables say so
+        return not_applicable_outputs(NO_ATTENTION_LAYERS)
+    single, multi, edited, axes, rnd, probe = fit
+    meta = [r.get("meta", {}) for r in records]
+    keep = [i for i, m in enumerate(meta) if n_per_k is None or int(m.get("i", 0)) < n_per_k]
+    model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device, device_map=device_map,
+                               reuse=reuse_model)
+    s = families.summarize(model.config)
+    seqs = tokenize_prompts(tok, [records[i]["text"] for i in keep], [records[i].get("id", str(i)) for i in keep],
+                            max_tokens=None, truncate=False, context=s.max_positions)
+    cands = [meta[i][CANDIDATES_KEY] for i in keep]
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    conds = intervention_conditions(single, multi, edits)
+    log(f"[interventions] {model_name}: layers {single}, multi {multi}, {len(conds)} conditions, "
+        f"{len(keep)} prompts, positions={positions}, dtype {model.dtype}, device {next(model.parameters()).device}")
+    res = run_interventions(model, seqs, cands, conds, axes, rnd, probe_layers=probe, shift_scale=shift_scale,
+                            positions=positions, batch_size=batch_size, pad_id=pad_id, log=log)
+    kept = {"prompt": [records[i].get("id", str(i)) for i in keep],
+            **{k: [meta[i][k] for i in keep] for k in ("k", "n_L1", "n_L2", "h_bayes_bits")}}
+    per_prompt = pd.concat([_condition_rows(c, res[c["condition"]], kept, probe, model_name=model_name,
+                                            shift_scale=shift_scale, positions=positions) for c in conds],
+                           ignore_index=True)
+    ax_rows = [dict(model=model_name, layer=l, edited=l in edited, sigma=a.sigma, corr_fit=a.corr, pc1=a.pc1, pc1_sign=a.sign,
+                    n_fit=a.n_fit, flipped=a.flipped,
+                    random_dot_u=float(abs(rnd[l] @ a.u)) if l in rnd else np.nan,
+                    random_norm=float(np.linalg.norm(rnd[l])) if l in rnd else np.nan)
+               for l, a in sorted(axes.items())]
+    arrays = {f"u_L{l}": a.u for l, a in axes.items()}
+    arrays.update({f"random_L{l}": r for l, r in rnd.items()})
+    return per_prompt, pd.DataFrame(ax_rows), arrays
+
+
+def _fit_axes(h5_path, sha: str, *, model_name: str, layers, multi_layers, seed: int, log):
+    """Step 1 of :func:`intervention_experiment`: the edited layers and the entropy / random axes fit on the SULA
+    main activations, or None for a model without attention layers. Returns (single, multi, edited, axes, random
+    axes, probe layers).
+
+    Raises:
+        StoreError / ValueError: as :func:`intervention_experiment` says."""
+    from llmgeom.core.store import attention_layers, open_activations
+    from llmgeom.measures.bayes import model_label_entropy
+
     with open_activations(h5_path, model=model_name, prompt_set_sha256=sha) as f:
         with_attention = attention_layers(f)
-        if not with_attention:  # a state-space model: no values to edit; the tables say so
+        if not with_attention:
             log(f"[interventions] {model_name}: not applicable, {NO_ATTENTION_LAYERS}")
-            return not_applicable_outputs(NO_ATTENTION_LAYERS)
+            return None
         if DS.LAST_TOKEN_VALUES not in f:
             raise ValueError(f"{h5_path}: no {DS.LAST_TOKEN_VALUES} although model {model_name!r} has attention "
                              f"layers {with_attention}; re-extract it")
@@ -327,45 +368,27 @@ def intervention_experiment(model_dir, prompts_path, h5_path, *, model_name: str
     for l in probe:
         if l not in axes:
             axes[l] = entropy_axis(V[:, l, :], h_fit, layer=l)
+    return single, multi, edited, axes, rnd, probe
 
-    meta = [r.get("meta", {}) for r in records]
-    keep = [i for i, m in enumerate(meta) if n_per_k is None or int(m.get("i", 0)) < n_per_k]
-    model, tok = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device, device_map=device_map,
-                               reuse=reuse_model)
-    s = arch.summarize(model.config)
-    seqs = tokenize_prompts(tok, [records[i]["text"] for i in keep], [records[i].get("id", str(i)) for i in keep],
-                            max_tokens=None, truncate=False, context=s.max_positions)
-    cands = [meta[i][CANDIDATES_KEY] for i in keep]
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    conds = intervention_conditions(single, multi, edits)
-    log(f"[interventions] {model_name}: layers {single}, multi {multi}, {len(conds)} conditions, "
-        f"{len(keep)} prompts, positions={positions}, dtype {model.dtype}, device {next(model.parameters()).device}")
-    res = run_interventions(model, seqs, cands, conds, axes, rnd, probe_layers=probe, shift_scale=shift_scale,
-                            positions=positions, batch_size=batch_size, pad_id=pad_id, log=log)
-    rows = []
-    for c in conds:
-        lp = res[c["condition"]]["logp"]
-        p, h = model_label_entropy(lp[:, 0], lp[:, 1])
-        d = {"model": model_name, "condition": c["condition"], "run": c["run"],
-             "layers": "+".join(str(l) for l in c["layers"]), "axis": c["axis"], "edit": c["edit"],
-             "shift_sigmas": c["shift_sign"] * shift_scale, "positions": positions,
-             "prompt": [records[i].get("id", str(i)) for i in keep], "k": [meta[i]["k"] for i in keep],
-             "n_L1": [meta[i]["n_L1"] for i in keep], "n_L2": [meta[i]["n_L2"] for i in keep],
-             "h_bayes_bits": [meta[i]["h_bayes_bits"] for i in keep], "logp_l1": lp[:, 0], "logp_l2": lp[:, 1],
-             "p_model": p, "h_model_bits": h, "label_mass": np.exp(lp[:, 0]) + np.exp(lp[:, 1])}
-        for l in probe:
-            d[f"proj_L{l}"] = res[c["condition"]]["proj"][l]
-        d[f"pc1_recomputed_L{probe[-1]}"] = recomputed_pc1(res[c["condition"]]["final_values"], h, probe[-1])
-        rows.append(pd.DataFrame(d))
-    per_prompt = pd.concat(rows, ignore_index=True)
-    ax_rows = [dict(model=model_name, layer=l, edited=l in edited, sigma=a.sigma, corr_fit=a.corr, pc1=a.pc1, pc1_sign=a.sign,
-                    n_fit=a.n_fit, flipped=a.flipped,
-                    random_dot_u=float(abs(rnd[l] @ a.u)) if l in rnd else np.nan,
-                    random_norm=float(np.linalg.norm(rnd[l])) if l in rnd else np.nan)
-               for l, a in sorted(axes.items())]
-    arrays = {f"u_L{l}": a.u for l, a in axes.items()}
-    arrays.update({f"random_L{l}": r for l, r in rnd.items()})
-    return per_prompt, pd.DataFrame(ax_rows), arrays
+
+def _condition_rows(c: dict, res: dict, kept: dict, probe: list, *, model_name: str, shift_scale: float,
+                    positions: str):
+    """The per-prompt rows of one condition (:func:`intervention_experiment`'s per_prompt table)."""
+    import pandas as pd
+
+    from llmgeom.measures.bayes import model_label_entropy
+
+    lp = res["logp"]
+    p, h = model_label_entropy(lp[:, 0], lp[:, 1])
+    d = {"model": model_name, "condition": c["condition"], "run": c["run"],
+         "layers": "+".join(str(l) for l in c["layers"]), "axis": c["axis"], "edit": c["edit"],
+         "shift_sigmas": c["shift_sign"] * shift_scale, "positions": positions, **kept,
+         "logp_l1": lp[:, 0], "logp_l2": lp[:, 1], "p_model": p, "h_model_bits": h,
+         "label_mass": np.exp(lp[:, 0]) + np.exp(lp[:, 1])}
+    for l in probe:
+        d[f"proj_L{l}"] = res["proj"][l]
+    d[f"pc1_recomputed_L{probe[-1]}"] = recomputed_pc1(res["final_values"], h, probe[-1])
+    return pd.DataFrame(d)
 
 
 def save_axes(arrays: dict, path) -> None:

@@ -109,16 +109,7 @@ def fisher_metrics(H, W, b=None, softcap=None, *, max_tokens: int, tail_mass: fl
 
     Source: LSM (Fisher information metric on the latent semantic manifold).
     """
-    H = np.asarray(H, np.float32)
-    W = np.asarray(W, np.float32)
-    if b is not None:
-        b = np.asarray(b, np.float32)
-    if H.ndim != 2 or W.ndim != 2 or H.shape[1] != W.shape[1]:
-        raise ValueError(f"H [n, d] and W [V, d] must share d, got {tuple(H.shape)} and {tuple(W.shape)}")
-    if b is not None and b.shape != (W.shape[0],):
-        raise ValueError(f"bias must be [V={W.shape[0]}], got {tuple(b.shape)}")
-    if int(max_tokens) < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
+    H, W, b = _fisher_inputs(H, W, b, max_tokens)
     n, d = H.shape
     V = W.shape[0]
     K = min(int(max_tokens), V)
@@ -152,28 +143,55 @@ def fisher_metrics(H, W, b=None, softcap=None, *, max_tokens: int, tail_mass: fl
             for c0 in range(0, V, vocab_chunk):
                 mu += ps[:, c0:c0 + vocab_chunk] @ W[c0:c0 + vocab_chunk].astype(np.float64)
         trace = term1 - (mu * mu).sum(-1)
-        pk, ik = _topk_desc(p, K)  # [B, K] descending
-        cum = np.cumsum(pk, -1)
-        for i in range(len(h)):
-            k_i = int(np.searchsorted(cum[i], 1.0 - tail_mass, side="left")) + 1
-            k_i = min(max(k_i, 1), K)
-            idx = ik[i, :k_i]
-            J = W64[idx] if W64 is not None else W[idx].astype(np.float64)
-            if sc is not None:
-                J = J * sc[i, idx, None]
-            B_ = (J - mu[i]) * np.sqrt(pk[i, :k_i, None])  # [k_i, d]
-            gram = B_ @ B_.T if k_i <= d else B_.T @ B_
-            ev = np.linalg.eigvalsh(gram)
-            st = spectrum_stats(ev)
-            j = s0 + i
-            tr_k = float(np.clip(ev, 0, None).sum())
-            out["trace"][j] = float(trace[i])
-            out["trace_topk"][j] = tr_k
-            out["trace_fraction_topk"][j] = tr_k / float(trace[i]) if trace[i] > 0 else np.nan
-            out["effective_rank"][j] = st["effective_rank"]
-            out["participation_ratio"][j] = st["participation_ratio"]
-            out["top_eigenvalue"][j] = st["top_eigenvalue"]
-            out["n_tokens"][j] = k_i
-            out["mass_topk"][j] = float(cum[i, k_i - 1])
+        _topk_spectra(out, s0, p, mu, trace, sc, W, W64, K=K, tail_mass=tail_mass)
     out["n_tokens"] = out["n_tokens"].astype(np.int64)
     return out
+
+
+def _fisher_inputs(H, W, b, max_tokens):
+    """``H`` [n, d], ``W`` [V, d] and ``b`` [V] (or None) as float32 arrays, checked (:func:`fisher_metrics`).
+
+    Raises:
+        ValueError: shapes that do not match, max_tokens < 1."""
+    H = np.asarray(H, np.float32)
+    W = np.asarray(W, np.float32)
+    if b is not None:
+        b = np.asarray(b, np.float32)
+    if H.ndim != 2 or W.ndim != 2 or H.shape[1] != W.shape[1]:
+        raise ValueError(f"H [n, d] and W [V, d] must share d, got {tuple(H.shape)} and {tuple(W.shape)}")
+    if b is not None and b.shape != (W.shape[0],):
+        raise ValueError(f"bias must be [V={W.shape[0]}], got {tuple(b.shape)}")
+    if int(max_tokens) < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
+    return H, W, b
+
+
+def _topk_spectra(out: dict, s0: int, p, mu, trace, sc, W, W64, *, K: int, tail_mass: float) -> None:
+    """Per row i of a batch starting at position ``s0``: the spectrum of G restricted to the most probable tokens
+    (the fewest of at most ``K`` that carry 1 - ``tail_mass`` of p), written into ``out`` with the full trace
+    (:func:`fisher_metrics`). ``p`` [B, V] probabilities, ``mu`` [B, d] = J^T p, ``sc`` the soft-cap slopes or
+    None, ``W64`` the float64 W or None (then rows of ``W`` are converted)."""
+    d = mu.shape[1]
+    pk, ik = _topk_desc(p, K)  # [B, K] descending
+    cum = np.cumsum(pk, -1)
+    for i in range(len(p)):
+        k_i = int(np.searchsorted(cum[i], 1.0 - tail_mass, side="left")) + 1
+        k_i = min(max(k_i, 1), K)
+        idx = ik[i, :k_i]
+        J = W64[idx] if W64 is not None else W[idx].astype(np.float64)
+        if sc is not None:
+            J = J * sc[i, idx, None]
+        B_ = (J - mu[i]) * np.sqrt(pk[i, :k_i, None])  # [k_i, d]
+        gram = B_ @ B_.T if k_i <= d else B_.T @ B_
+        ev = np.linalg.eigvalsh(gram)
+        st = spectrum_stats(ev)
+        j = s0 + i
+        tr_k = float(np.clip(ev, 0, None).sum())
+        out["trace"][j] = float(trace[i])
+        out["trace_topk"][j] = tr_k
+        out["trace_fraction_topk"][j] = tr_k / float(trace[i]) if trace[i] > 0 else np.nan
+        out["effective_rank"][j] = st["effective_rank"]
+        out["participation_ratio"][j] = st["participation_ratio"]
+        out["top_eigenvalue"][j] = st["top_eigenvalue"]
+        out["n_tokens"][j] = k_i
+        out["mass_topk"][j] = float(cum[i, k_i - 1])

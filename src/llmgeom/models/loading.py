@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.models.sources import read_manifest
 
 
@@ -39,7 +39,7 @@ def _fp16_guard(weights_path: Path, device: str, model_dir):
     import torch
     from transformers import AutoConfig
 
-    if not arch.fp16_overflows(AutoConfig.from_pretrained(weights_path)):
+    if not families.fp16_overflows(AutoConfig.from_pretrained(weights_path)):
         return torch.float16
     dev = str(device)
     up = torch.bfloat16 if (dev.startswith("cuda") and torch.cuda.is_available()
@@ -90,15 +90,6 @@ def count_parameters(config) -> int:
     with torch.device("meta"):
         m = AutoModelForCausalLM.from_config(config)
     return int(sum(p.numel() for p in m.parameters()))
-
-
-def estimate_model_bytes(config, dtype) -> int:
-    """Bytes of the weights of ``config`` in ``dtype`` (torch dtype or config name; "auto" counts as
-    float32, the CPU choice)."""
-    import torch
-
-    td = resolve_dtype(dtype, "cpu") if isinstance(dtype, str) else dtype
-    return count_parameters(config) * torch.empty((), dtype=td).element_size()
 
 
 def check_memory(model_dir: str | Path, *, dtype: str, device: str, device_map=None,
@@ -180,12 +171,12 @@ def _attn_implementation(weights_path, attn: str) -> str:
     layers; a family whose modules compute the attention themselves, ``Family.module_attention``)."""
     from transformers import AutoConfig
 
-    from llmgeom.models import architectures as arch
+    from llmgeom.models import families
 
     try:
         cfg = AutoConfig.from_pretrained(weights_path)
-        return arch.attention_implementation(cfg, attn)
-    except (OSError, ValueError, arch.UnsupportedArchitectureError):  # the load itself names what is wrong
+        return families.attention_implementation(cfg, attn)
+    except (OSError, ValueError, families.UnsupportedArchitectureError):  # the load itself names what is wrong
         return attn
 
 
@@ -205,7 +196,7 @@ def load_prepared(model_dir: str | Path, *, dtype: str, attn: str = "sdpa", devi
         device: "cpu", "cuda", "cuda:<i>" or "auto" (:func:`resolve_device`); required (schema key
             ``extract.device``).
         attn: attention implementation (extraction needs no eager weights: attention entropies come from
-            hooked queries and keys, ``architectures.capture_attention``); a model without attention layers
+            hooked queries and keys, ``extract.hooks.capture_attention``); a model without attention layers
             (state-space) is loaded with "eager" whatever ``attn`` says (transformers refuses sdpa there).
         device_map: e.g. "auto" to spread a large model over the GPUs of a node. Without it, a model
             for a CUDA device is loaded straight onto that device (host memory holds no copy).

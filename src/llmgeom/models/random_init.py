@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from llmgeom.core.io import atomic_dir
-from llmgeom.models import architectures as arch
+from llmgeom.models import families
 
 #: ``source`` of a twin's model entry and manifest
 RANDOM_INIT = "random_init"
@@ -109,10 +109,10 @@ def prepare_random_init(name: str, base_dir: str | Path, seed: int, out_dir: str
         model.save_pretrained(tmp)
         load_tokenizer(base_dir).save_pretrained(tmp)
         manifest = {"model": name, "source": RANDOM_INIT, "null_of": base.get("model"), "seed": int(seed),
-                    "dtype": base.get("dtype", "auto"), "weights_path": ".",
+                    "dtype": base.get("dtype"),  # the base model's manifest always has it "weights_path": ".",
                     "init": f"{type(model).__name__}._init_weights via from_config under torch.manual_seed({int(seed)})",
                     "created": datetime.now(timezone.utc).isoformat(),
-                    "architecture": arch.summarize(model.config).as_dict()}
+                    "architecture": families.summarize(model.config).as_dict()}
         commit_prepared(tmp, manifest, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from llmgeom.core.io import atomic_dir, commit_dir, disk_full_guard
-from llmgeom.models import architectures as arch
+from llmgeom.models import families
 
 SOURCES = ("package_gguf", "hf_local", "hf_hub")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -227,11 +227,11 @@ def _check_config_supported(name, path):
     except (ValueError, KeyError, OSError) as e:  # model_type unknown to transformers, invalid JSON
         raise ModelSourceError(
             f"models.{name}: cannot read {Path(path) / 'config.json'} ({str(e).splitlines()[0]}); "
-            f"supported model types: {', '.join(arch.supported_model_types())}"
+            f"supported model types: {', '.join(families.supported_model_types())}"
         ) from None
     try:
-        arch.family_for(config)
-    except arch.UnsupportedArchitectureError as e:
+        families.family_for(config)
+    except families.UnsupportedArchitectureError as e:
         raise ModelSourceError(f"models.{name}: {e}") from None
 
 
@@ -241,14 +241,14 @@ def _hub_offline() -> bool:
 
 
 def check_readable(name: str, cfg: dict, where) -> None:
-    """Refuse, before any job, a model whose architecture llmgeom cannot read (``architectures.refusal``:
+    """Refuse, before any job, a model whose architecture llmgeom cannot read (``families.refusal``:
     encoder, encoder-decoder, latent attention, attention-free layers, a fused layout without an entry, a
     layer that bypasses the attention interface, ...), from its ``config.json`` dict alone.
 
     Raises:
         ModelSourceError: naming the model, its model_type, why, and where the config was read.
     """
-    why = arch.refusal_of_json(cfg)
+    why = families.refusal_of_json(cfg)
     if why:
         mt = (cfg.get("text_config") or {}).get("model_type") or cfg.get("model_type")
         raise ModelSourceError(f"models.{name}: model_type {mt!r} is not supported ({where}): {why}. "
@@ -479,7 +479,7 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
                         with open(p, "rb") as f:
                             shutil.copyfileobj(f, out, 1 << 20)
             garch = gguf_architecture(gguf_dir / gguf_name)
-            if garch not in _GGUF_TO_MODEL_TYPE or _GGUF_TO_MODEL_TYPE[garch] not in arch.supported_model_types():
+            if garch not in _GGUF_TO_MODEL_TYPE or _GGUF_TO_MODEL_TYPE[garch] not in families.supported_model_types():
                 raise ModelSourceError(
                     f"models.{name}: GGUF architecture {garch!r} is not supported; supported GGUF architectures: "
                     f"{', '.join(sorted(_GGUF_TO_MODEL_TYPE))}. Use a Hugging Face source for this model instead"
@@ -514,7 +514,7 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
             config = AutoConfig.from_pretrained(wp)
             manifest.update(weights_path=str(wp), repo_id=spec.get("repo_id"),
                             source_sha256=_dir_digest(wp))
-        manifest["architecture"] = arch.summarize(config).as_dict()
+        manifest["architecture"] = families.summarize(config).as_dict()
         commit_prepared(tmp, manifest, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

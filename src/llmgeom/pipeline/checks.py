@@ -1,8 +1,9 @@
 """Every config check that runs while Snakemake builds the DAG, before any job (issue 7; issue 29 point 3).
 
 :func:`check_config_files` reads the YAML text first (duplicate keys; the Snakefile), then common.smk runs
-``schema.validate_config`` -> ``schema.apply_defaults`` -> Snakemake's ``validate`` -> :func:`check_config`
-(cross-key, model sources, prompt data, wind tunnel, device, the two studies' keys). Each problem is a
+``schema.validate_config`` -> ``schema.apply_defaults`` -> Snakemake's ``validate`` -> :func:`check_config`: one
+check per section, in the schema's order (:data:`SECTION_CHECKS`: model sources and sizes, prompt names and data,
+the device, each analysis's cross-key constraints, the wind tunnel), each calling the rooms below it and returning. Each problem is a
 ``ConfigError`` naming the key, the value and what is valid. The Wikipedia topic pool that the prompt check
 counts is cached in the user's cache directory (:func:`cache_dir`).
 
@@ -15,18 +16,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgeom.pipeline.derived import WIND_TUNNEL_SET, resolve_domain_sets, token_budgets
+from llmgeom.pipeline.derived import WIND_TUNNEL_SET, prompt_set_params, resolve_domain_sets
 from llmgeom.pipeline.schema import ConfigError, show_value
 
 
 def check_config(config: dict, *, here: bool = True, root=".", dry_run: bool = False) -> dict:
-    """Every check of a schema-valid config with its defaults filled in, before any job runs.
-
-    In order: :func:`check_cross_keys`, :func:`check_gpu_config`, :func:`check_models`,
-    :func:`check_prompt_sources`, :func:`check_wind_tunnel`, :func:`check_device` (``here``: the jobs run
-    on this machine), :func:`check_lsm_config`, :func:`check_bayes_config`. ``dry_run`` (no job runs:
-    ``snakemake -n``, ``--list-rules``, ``--lint``, ...; :func:`dry_run_requested`): an ``hf_hub`` model not in
-    the local cache is not refused while ``HF_HUB_OFFLINE=1``.
+    """Every check of a schema-valid config with its defaults filled in, before any job runs: one check per
+    section, in the schema's order (:data:`SECTION_CHECKS`); each calls the rooms below it (``derived``,
+    ``models.sources``, ``prompts``, ``core.layers``) and returns. ``here`` (the jobs run on this machine) goes to
+    :func:`check_device`, ``root`` (the working directory) to :func:`check_models` and :func:`check_prompts`;
+    ``dry_run`` (no job runs: ``snakemake -n``, ``--list-rules``, ``--lint``, ...; :func:`dry_run_requested`): an
+    ``hf_hub`` model not in the local cache is not refused while ``HF_HUB_OFFLINE=1``.
 
     Returns:
         the normalized wind-tunnel task specs (:func:`check_wind_tunnel`).
@@ -35,15 +35,14 @@ def check_config(config: dict, *, here: bool = True, root=".", dry_run: bool = F
         ConfigError: the first failing check's problems (key, value, what is valid).
         llmgeom.models.sources.ModelSourceError: a model source that cannot be read (names the fix).
     """
-    check_cross_keys(config)
-    check_gpu_config(config)
-    check_models(config, root=root, dry_run=dry_run)  # sources exist, token budgets and layer indices fit (no weights read)
-    check_prompt_sources(config, root=root)  # Wikipedia topics, pool sizes and corpus files (no prompt built)
-    tasks = check_wind_tunnel(config)
-    check_device(config, here=here)
-    check_lsm_config(config)
-    check_bayes_config(config)
-    return tasks
+    import inspect
+
+    given = {"here": here, "root": root, "dry_run": dry_run}
+    out = None
+    for _section, check in SECTION_CHECKS:
+        params = inspect.signature(check).parameters
+        out = check(config, **{k: v for k, v in given.items() if k in params})
+    return out
 
 
 #: Snakemake options under which no job runs (the DAG is only shown, listed, linted or reported).
@@ -68,91 +67,121 @@ def dry_run_requested(argv, executor_says: bool = False) -> bool:
     return False
 
 
-def check_cross_keys(config: dict) -> None:
-    """Cross-key checks that JSON schema cannot express.
+def _prompt_set_named(config: dict, key: str, name: str, *, corpus: bool | None) -> None:
+    """``key`` names prompt set ``name``: it must be in ``prompts.sets`` and, ``corpus`` True / False, of kind corpus
+    / not of kind corpus (None: any kind).
 
     Raises:
-        ConfigError: an analysis names a prompt set that is not defined, the
-            intrinsic-dimension set is not a corpus set, a prompt set uses a reserved name
-            (``wind_tunnel``, ``sula_*``), or sizes that no estimator accepts.
-    """
+        ConfigError: naming the key, the value and the fix."""
     sets = config["prompts"]["sets"]
-    for s in sets:
+    if name not in sets:
+        raise ConfigError(f"{key} names prompt set {name!r}, which is not in prompts.sets "
+                          f"({', '.join(sorted(sets))}); add it under prompts.sets or change {key}")
+    if corpus is True and sets[name]["kind"] != "corpus":
+        raise ConfigError(f"{key} is {name!r}; it must name a prompt set of kind corpus in prompts.sets "
+                          f"(defined: {', '.join(sorted(sets))})")
+    if corpus is False and sets[name]["kind"] == "corpus":
+        raise ConfigError(f"{key} names {name!r}, a corpus set (no last-token or attention data); "
+                          "use a set of kind mixed, domain or code")
+
+
+def check_prompts(config: dict, root=".") -> None:
+    """``prompts``: no set takes a reserved name (``wind_tunnel``, ``sula_*``), and the data each set is built from
+    exists and is large enough (:func:`check_prompt_sources`).
+
+    Raises:
+        ConfigError: naming the key, the value and what is valid.
+        llmgeom.prompts.io.PromptDataError: the Wikipedia package is missing (names the fix).
+    """
+    for s in config["prompts"]["sets"]:
         if s == WIND_TUNNEL_SET:
             raise ConfigError(f"prompts.sets.{s}: the name is reserved for the wind-tunnel activation files "
                               f"(results/{{model}}/activations/{s}.h5); rename the prompt set")
         if s.startswith("sula_"):
             raise ConfigError(f"prompts.sets.{s}: names starting with 'sula_' are reserved for the SULA activation "
                               "files (results/{model}/activations/sula_{condition}.h5); rename the prompt set")
+    check_prompt_sources(config, root=root)
+
+
+def check_value_manifold(config: dict) -> None:
+    """``value_manifold.prompt_sets`` are defined prompt sets.
+
+    Raises:
+        ConfigError: a set that ``prompts.sets`` does not define."""
+    sets = config["prompts"]["sets"]
     for s in config["value_manifold"]["prompt_sets"]:
         if s not in sets:
             raise ConfigError(f"value_manifold.prompt_sets contains {s!r}, which is not in prompts.sets "
                               f"({', '.join(sorted(sets))}); add it under prompts.sets or remove it")
-    ids = config["intrinsic_dimension"]["prompt_set"]
+
+
+def check_intrinsic_dimension(config: dict) -> None:
+    """``intrinsic_dimension``: its prompt set is a corpus set, and a subsample can reach ``min_points``.
+
+    Raises:
+        ConfigError: naming the key, the value and what is valid."""
+    idc = config["intrinsic_dimension"]
+    ids = idc["prompt_set"]
+    sets = config["prompts"]["sets"]
     if ids not in sets or sets[ids]["kind"] != "corpus":
         raise ConfigError(f"intrinsic_dimension.prompt_set is {ids!r}; it must name a prompt set of kind "
                           "corpus in prompts.sets")
-    # sizes that can never work: every subsample / point set would be rejected by the estimator
-    idc = config["intrinsic_dimension"]
-    if idc["subsample_size"] < idc["min_points"]:
+    if idc["subsample_size"] < idc["min_points"]:  # every subsample would be rejected by the estimator
         raise ConfigError(f"intrinsic_dimension.subsample_size = {idc['subsample_size']} is smaller than "
                           f"intrinsic_dimension.min_points = {idc['min_points']}; valid: subsample_size >= "
                           f"{idc['min_points']} (or lower min_points)")
-    cv = config.get("curvature")
-    if cv and cv.get("n_points") is not None and cv.get("min_points") is not None:
-        if cv["n_points"] < cv["min_points"]:
-            raise ConfigError(f"curvature.n_points = {cv['n_points']} is smaller than curvature.min_points = "
-                              f"{cv['min_points']}; valid: n_points >= {cv['min_points']}")
-        if cv.get("k") is not None and cv["k"] >= cv["n_points"]:
-            raise ConfigError(f"curvature.k = {cv['k']} nearest neighbours needs more points than "
-                              f"curvature.n_points = {cv['n_points']}; valid: k < {cv['n_points']}")
 
 
-def check_lsm_config(config: dict) -> None:
-    """Cross-key checks for the LSM sections of the config.
+def check_curvature(config: dict) -> None:
+    """``curvature``: sizes a local PCA accepts, and its ID estimator among ``intrinsic_dimension.estimators``.
 
     Raises:
-        ConfigError: ``margins.prompt_set`` / ``fisher.prompt_set`` not a corpus prompt set;
-            ``curvature.id_estimator`` not among ``intrinsic_dimension.estimators``;
-            ``margins.fit_eps_max`` outside [eps_min, eps_max].
-    """
-    sets = config["prompts"]["sets"]
-    for sec in ("margins", "fisher"):
-        ps = config[sec]["prompt_set"]
-        if ps not in sets or sets[ps]["kind"] != "corpus":
-            raise ConfigError(f"{sec}.prompt_set is {ps!r}; it must name a prompt set of kind corpus in "
-                                 f"prompts.sets (defined: {', '.join(sorted(sets))})")
-    est = config["curvature"]["id_estimator"]
+        ConfigError: naming the key, the value and what is valid."""
+    cv = config["curvature"]
+    if cv["n_points"] < cv["min_points"]:
+        raise ConfigError(f"curvature.n_points = {cv['n_points']} is smaller than curvature.min_points = "
+                          f"{cv['min_points']}; valid: n_points >= {cv['min_points']}")
+    if cv["k"] >= cv["n_points"]:
+        raise ConfigError(f"curvature.k = {cv['k']} nearest neighbours needs more points than "
+                          f"curvature.n_points = {cv['n_points']}; valid: k < {cv['n_points']}")
+    est = cv["id_estimator"]
     alias = {"mle": "mle_mg"}  # = llmgeom.measures.intrinsic_dimension.ESTIMATOR_ALIASES (skdim not imported at DAG time)
     if alias.get(est, est) not in {alias.get(e, e) for e in config["intrinsic_dimension"]["estimators"]}:
         raise ConfigError(f"curvature.id_estimator is {est!r} but intrinsic_dimension.estimators is "
-                             f"{config['intrinsic_dimension']['estimators']}; add it there or change it")
+                          f"{config['intrinsic_dimension']['estimators']}; add it there or change it")
+
+
+def check_margins(config: dict) -> None:
+    """``margins``: its prompt set is a corpus set and ``fit_eps_max`` lies in (eps_min, eps_max].
+
+    Raises:
+        ConfigError: naming the key, the value and what is valid."""
+    _prompt_set_named(config, "margins.prompt_set", config["margins"]["prompt_set"], corpus=True)
     mg = config["margins"]
     if not (mg["eps_min"] < mg["fit_eps_max"] <= mg["eps_max"]):
         raise ConfigError(f"margins.fit_eps_max={mg['fit_eps_max']} must lie in (eps_min={mg['eps_min']}, "
-                             f"eps_max={mg['eps_max']}]")
+                          f"eps_max={mg['eps_max']}]")
 
 
-def check_bayes_config(config: dict) -> None:
-    """Cross-key checks of the Bayesian-geometry sections that JSON schema cannot express.
+def check_fisher(config: dict) -> None:
+    """``fisher.prompt_set`` is a corpus set.
 
     Raises:
-        ConfigError: a named prompt set is missing from ``prompts.sets`` or is
-            a corpus set; no restricted set; ``summary_set`` not among the restricted sets.
-    """
-    sets = config["prompts"]["sets"]
+        ConfigError: naming the key and the value."""
+    _prompt_set_named(config, "fisher.prompt_set", config["fisher"]["prompt_set"], corpus=True)
+
+
+def check_domain_restriction(config: dict) -> None:
+    """``domain_restriction``: the mixed and restricted sets are defined sets that are not corpus sets, there is a
+    restricted set, and the summary set is one of them (``derived.resolve_domain_sets``).
+
+    Raises:
+        ConfigError: naming the key, the value and what is valid."""
     r = resolve_domain_sets(config)
-    named = {"domain_restriction.mixed_set": [r["mixed"]],
-             "domain_restriction.restricted_sets": r["restricted"],
-             "attention_focusing.prompt_set": [config["attention_focusing"]["prompt_set"]]}
-    for key, names in named.items():
+    for key, names in (("domain_restriction.mixed_set", [r["mixed"]]),
+                       ("domain_restriction.restricted_sets", r["restricted"])):
         for s in names:
-            if s not in sets:
-                raise ConfigError(f"{key} names prompt set {s!r}, which is not in prompts.sets "
-                                  f"({', '.join(sorted(sets))}); add it under prompts.sets or change {key}")
-            if sets[s]["kind"] == "corpus":
-                raise ConfigError(f"{key} names {s!r}, a corpus set (no last-token or attention data); "
-                                  "use a set of kind mixed, domain or code")
+            _prompt_set_named(config, key, s, corpus=False)
     if not r["restricted"]:
         raise ConfigError("domain_restriction: no restricted prompt set (define a set of kind domain or code, "
                           "or list them in domain_restriction.restricted_sets)")
@@ -161,14 +190,23 @@ def check_bayes_config(config: dict) -> None:
                           f"sets {r['restricted']}")
 
 
+def check_attention_focusing(config: dict) -> None:
+    """``attention_focusing.prompt_set`` is a defined set that is not a corpus set.
+
+    Raises:
+        ConfigError: naming the key and the value."""
+    _prompt_set_named(config, "attention_focusing.prompt_set", config["attention_focusing"]["prompt_set"],
+                      corpus=False)
+
+
 def check_gpu_config(config: dict) -> None:
     """``gpus`` > 1 needs ``device_map: auto`` (else the model would use one GPU and the others sit idle).
 
     Raises:
         ConfigError: naming the model, the value and the fix.
     """
-    for name, spec in sorted(config.get("models", {}).items()):
-        if int(spec.get("gpus") or 1) > 1 and spec.get("device_map") != "auto":
+    for name, spec in sorted(config["models"].items()):
+        if spec["gpus"] > 1 and spec.get("device_map") != "auto":
             raise ConfigError(f"models.{name}.gpus = {spec['gpus']} needs models.{name}.device_map = auto "
                               "(without it the model runs on one GPU); valid: gpus: 1, or add device_map: auto")
 
@@ -179,15 +217,15 @@ LAYER_KEYS = ("value_manifold.layers", "domain_restriction.layers", "sula.layers
 
 
 def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
-    """Before any job starts: cheap source checks, token budgets against each model's context and layer
-    indices against each model's number of layers.
+    """``models``, before any job starts: GPUs and device map (:func:`check_gpu_config`), cheap source checks, token
+    budgets against each model's context and layer indices against each model's number of layers.
 
     Context and number of layers are read without weights (``llmgeom.models.sources.model_facts``): from
     the prepared manifest ``<root>/resources/models/<model>/manifest.json`` when present, else from the
     source's ``config.json`` or GGUF header. An ``hf_hub`` model not yet in the local cache is skipped here
     (rule ``prepare_model`` reports it with the download command), unless ``HF_HUB_OFFLINE=1`` (then it
     cannot be fetched: refused, except in a ``dry_run``). A ``config.json`` whose model type cannot be read (encoder, encoder-decoder,
-    a layer that bypasses the attention interface, ...; ``llmgeom.models.architectures.refusal``) is refused
+    a layer that bypasses the attention interface, ...; ``llmgeom.models.families.refusal``) is refused
     here, naming the model, its model_type and why (issue 29 item 3).
 
     Returns:
@@ -206,7 +244,8 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
     from llmgeom.core.layers import select_layers
     from llmgeom.models.sources import model_facts
 
-    budgets = token_budgets(config)
+    check_gpu_config(config)
+    budgets = {s: v["token_budget"] for s, v in prompt_set_params(config).items()}
     contexts, problems, layer_problems = {}, [], []
     for name, spec in sorted(config["models"].items()):
         facts = model_facts(name, spec, prepared_dir=Path(root) / "resources" / "models" / name,
@@ -224,7 +263,7 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
             continue
         for key in LAYER_KEYS:
             sec, sub = key.split(".")
-            spec_l = (config.get(sec) or {}).get(sub)
+            spec_l = config[sec].get(sub)
             if spec_l is None or spec_l == []:
                 continue
             try:
@@ -305,7 +344,7 @@ def check_prompt_sources(config: dict, root=".") -> None:
     from llmgeom.prompts.io import PromptDataError
     from llmgeom.prompts.sources import resolve_topics
 
-    budgets = token_budgets(config)
+    budgets = {s: v["token_budget"] for s, v in prompt_set_params(config).items()}
     problems, pool = [], None
     for s, spec in config["prompts"]["sets"].items():
         key = f"prompts.sets.{s}"
@@ -366,7 +405,7 @@ _DEVICE = r"auto|cpu|mps|cuda(:[0-9]+)?"
 
 
 def check_device(config: dict, *, here: bool = True) -> None:
-    """``extract.device`` (used by the GPU rules extract, extract_sula, intervene) names a device that exists.
+    """``extract``: ``extract.device`` (used by the GPU rules extract, extract_sula, intervene) names a device that exists.
 
     The form is always checked; with ``here`` (the jobs run on this machine: a local run) a CUDA device is
     also looked up with ``torch.cuda.device_count()`` (torch imported only then, ~1-2 s). On a cluster
@@ -377,7 +416,7 @@ def check_device(config: dict, *, here: bool = True) -> None:
     """
     import re
 
-    dev = (config.get("extract") or {}).get("device", "auto")
+    dev = config["extract"]["device"]
     if not re.fullmatch(_DEVICE, str(dev)):
         raise ConfigError(f"extract.device = {show_value(dev)} is not a device; valid: \"auto\" (CUDA when present, "
                           "else CPU), \"cpu\", \"cuda\", \"cuda:<index>\" or \"mps\"")
@@ -465,7 +504,7 @@ def _wt_cut_range(spec: dict) -> tuple[int, int]:
 
 
 def check_wind_tunnel(config: dict) -> dict:
-    """Checks of the ``wind_tunnel`` section before any job runs (part of :func:`check_config`).
+    """``wind_tunnel``: its checks before any job runs (the last of :data:`SECTION_CHECKS`).
 
     Task values go through :func:`llmgeom.prompts.wind_tunnel.check_task` (numpy only): V < 2, n_pairs < 1 or
     > V, bad HMM sizes, a transition / emission / initial that is not stochastic. Models: a task that is not
@@ -479,7 +518,7 @@ def check_wind_tunnel(config: dict) -> dict:
     Raises:
         ConfigError: naming the key (``wind_tunnel.tasks.<name>.V`` ...), the value and what is valid.
     """
-    wt = config.get("wind_tunnel") or {}
+    wt = config["wind_tunnel"]
     tasks = {}
     if wt.get("tasks"):
         from llmgeom.prompts.wind_tunnel import check_task
@@ -489,7 +528,7 @@ def check_wind_tunnel(config: dict) -> dict:
                 tasks[name] = check_task(name, spec)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-    llm = set(config.get("models", {}))
+    llm = set(config["models"])
     models = wt.get("models") or {}
     entries = set(models)
     for name, spec in models.items():
@@ -503,24 +542,24 @@ def check_wind_tunnel(config: dict) -> dict:
         if a["d_model"] % a["n_heads"]:
             raise ConfigError(f"{key}.arch.n_heads = {a['n_heads']}: must divide arch.d_model = {a['d_model']}")
         if "n_kv_heads" in a:
-            if a.get("family", "llama") == "gpt2":
+            if a["family"] == "gpt2":
                 raise ConfigError(f"{key}.arch.n_kv_heads: GPT-2 has no grouped-query attention; drop it or use "
                                   "family: llama")
             if a["n_heads"] % a["n_kv_heads"]:
                 raise ConfigError(f"{key}.arch.n_kv_heads = {a['n_kv_heads']}: must divide arch.n_heads = "
                                   f"{a['n_heads']}")
         steps = spec["training"]["steps"]
-        bad = [k for k in spec.get("checkpoints", []) if k > steps]
+        bad = [k for k in spec["checkpoints"] if k > steps]
         if bad:
             raise ConfigError(f"{key}.checkpoints = {spec['checkpoints']}: step {bad[0]} is beyond "
                               f"training.steps = {steps}; valid: 1..{steps}")
-        for k in spec.get("checkpoints", []):
+        for k in spec["checkpoints"]:
             ck = f"{name}-step{k}"
             if ck in entries or ck in llm:
                 raise ConfigError(f"{key}.checkpoints: the checkpoint entry {ck!r} collides with another model "
                                   "name; rename one of them")
             entries.add(ck)
-    cuts = (wt.get("prompts") or {}).get("cut_positions", "all")
+    cuts = wt["prompts"]["cut_positions"]
     if cuts != "all":
         for tname in sorted({m["task"] for m in models.values()}):
             lo, hi = _wt_cut_range(tasks[tname])
@@ -529,3 +568,20 @@ def check_wind_tunnel(config: dict) -> dict:
                 raise ConfigError(f"wind_tunnel.prompts.cut_positions = {cuts}: {bad[0]} is not an answer position "
                                   f"of task {tname!r}; valid: {lo}..{hi}")
     return tasks
+
+
+#: The check of each config section that has one, in the schema's order of the sections (:func:`check_config`
+#: runs them in turn; tests/test_config_errors.py checks the order against the schema).
+SECTION_CHECKS = (
+    ("models", check_models),
+    ("prompts", check_prompts),
+    ("extract", check_device),
+    ("value_manifold", check_value_manifold),
+    ("intrinsic_dimension", check_intrinsic_dimension),
+    ("curvature", check_curvature),
+    ("margins", check_margins),
+    ("fisher", check_fisher),
+    ("domain_restriction", check_domain_restriction),
+    ("attention_focusing", check_attention_focusing),
+    ("wind_tunnel", check_wind_tunnel),
+)

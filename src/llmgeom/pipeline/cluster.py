@@ -109,7 +109,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}  # auto: fl
 # --------------------------------------------------------------------------- resources
 
 
-def size_resources(params_b: float, dtype: str = "auto") -> dict:
+def size_resources(params_b: float, dtype: str | None) -> dict:
     """Host memory (MB) and runtime (minutes) of one GPU-rule job for a model of ``params_b`` billion
     parameters: mem_mb = 4000 + 1.25 x weight bytes (weights pass through host memory while loading,
     plus tokenizer, prompts and HDF5 buffers); runtime = 20 + 30 min per billion parameters (one prompt
@@ -121,10 +121,11 @@ def size_resources(params_b: float, dtype: str = "auto") -> dict:
 
 def apply_size_defaults(config: dict) -> dict:
     """For model entries with ``params_b`` and no explicit ``mem_mb`` / ``runtime``: derive them from
-    the size (``size_resources``). Run before the schema defaults are filled in. Mutates ``config``."""
-    for spec in config.get("models", {}).values():
+    the size (``size_resources``; a model without ``dtype`` is sized as float32, the worst case of the schema's
+    ``auto``). Run before the schema defaults are filled in. Mutates ``config``."""
+    for spec in (config.get("models") or {}).values():  # before validation: a config without models is refused there
         if spec.get("params_b"):
-            for key, value in size_resources(float(spec["params_b"]), spec.get("dtype", "auto")).items():
+            for key, value in size_resources(float(spec["params_b"]), spec.get("dtype")).items():
                 spec.setdefault(key, value)
     return config
 
@@ -190,17 +191,17 @@ def gpu_job_resources(models: dict, slots: dict | None = None) -> dict:
     plain value 1; with several (a local run) each slot is a function that gives 1 to the jobs of its models
     and None (omitted) to the others.
 
-    >>> res = gpu_job_resources({"a": {"mem_mb": 4000, "runtime": 30}, "b": {"mem_mb": 4000, "runtime": 30}})
+    >>> res = gpu_job_resources({m: {"gpus": 1, "mem_mb": 4000, "runtime": 30} for m in "ab"})
     >>> res["gpu"], res["gpu_slot_0"], "gpu_model" in res
     (1, 1, False)
     """
     slots = gpu_slots(models, None) if slots is None else slots
-    gpus = {int(spec.get("gpus", 1)) for spec in models.values()}
+    gpus = {int(spec["gpus"]) for spec in models.values()}
     kinds = {spec.get("gpu_model") for spec in models.values()}
     mems = {spec["mem_mb"] for spec in models.values()}
     times = {int(spec["runtime"]) for spec in models.values()}
     res = {
-        "gpu": gpus.pop() if len(gpus) == 1 else (lambda w: int(models[w.model].get("gpus", 1))),
+        "gpu": gpus.pop() if len(gpus) == 1 else (lambda w: int(models[w.model]["gpus"])),
         "mem_mb": scaled_mem(mems.pop() if len(mems) == 1 else (lambda w: models[w.model]["mem_mb"])),
         "runtime": scaled_runtime(times.pop() if len(times) == 1 else (lambda w: int(models[w.model]["runtime"]))),
     }

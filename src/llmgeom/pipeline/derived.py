@@ -1,4 +1,5 @@
-"""Values the rules derive from a checked config: model source parameters, prompt-set labels and token budgets,
+"""Values the rules derive from a checked config (its schema defaults filled in: ``schema.apply_defaults``; no
+fallback here repeats one): model source parameters, prompt-set labels and token budgets,
 the domain-restriction selections, the null models (random-init twins) and the wind-tunnel entries and cuts.
 
 Pure Python on the config dict (imported while Snakemake builds the DAG; no heavy imports).
@@ -12,10 +13,15 @@ from llmgeom.pipeline.schema import ConfigError
 SOURCE_KEYS = ("source", "package", "gguf_file", "path", "repo_id", "revision")
 
 
-def token_budgets(config: dict) -> dict:
-    """Prompt set -> its token budget (the set's own ``token_budget`` or ``prompts.token_budget``)."""
-    default = config["prompts"].get("token_budget", 48)
-    return {s: spec.get("token_budget", default) for s, spec in config["prompts"]["sets"].items()}
+#: The keys a prompt set may set for itself, else it takes the ``prompts`` section's (schema: no default of their own).
+SET_LEVEL_KEYS = ("seed", "token_budget")
+
+
+def prompt_set_params(config: dict) -> dict:
+    """Prompt set -> {"seed", "token_budget"}: the set's own value, else the ``prompts`` section's; the one
+    resolution of the set-level keys (``SET_LEVEL_KEYS``) for the rules that build a set and extract it."""
+    p = config["prompts"]
+    return {s: {k: spec.get(k, p[k]) for k in SET_LEVEL_KEYS} for s, spec in p["sets"].items()}
 
 
 def model_source_params(spec: dict) -> dict:
@@ -73,17 +79,17 @@ def null_entries(config: dict) -> dict:
     Raises:
         ConfigError: a configured model already has a twin's name.
     """
-    nl = config.get("nulls") or {}
-    if not nl.get("random_init", True):
+    nl = config["nulls"]
+    if not nl["random_init"]:
         return {}
     out = {}
-    for m in config.get("models") or {}:
+    for m in config["models"]:
         name = m + NULL_SUFFIX
         if name in config["models"]:
             raise ConfigError(f"models.{name}: this name is the random-init twin of models.{m} (nulls.random_init); "
                               "rename the model, or set nulls.random_init: false")
-        out[name] = dict(null_of=m, kind="random_init", seed=int(nl.get("seed", 0)))
-    for m in ((config.get("wind_tunnel") or {}).get("models") or {}):
+        out[name] = dict(null_of=m, kind="random_init", seed=int(nl["seed"]))
+    for m in config["wind_tunnel"].get("models") or {}:
         out[f"{m}-step0"] = dict(null_of=m, kind="step0", seed=None)
     return out
 
@@ -108,12 +114,12 @@ def wind_tunnel_entries(config: dict) -> dict:
         gpu_model, batch_size, threads) and dtype "float32", device_map None}; finals first, in config order, each followed by its checkpoints.
     """
     out = {}
-    for name, spec in ((config.get("wind_tunnel") or {}).get("models") or {}).items():
+    for name, spec in (config["wind_tunnel"].get("models") or {}).items():
         res = {k: spec.get(k) for k in ("mem_mb", "runtime", "gpus", "gpu_model", "batch_size", "threads")}
         res.update(dtype="float32", device_map=None)  # trained and analysed in float32, one device
         out[name] = dict(base=name, step=spec["training"]["steps"], checkpoint=False, task=spec["task"], **res)
-        steps0 = [0] if (config.get("nulls") or {}).get("random_init", True) else []  # the null (issue 28)
-        for k in sorted(set(spec.get("checkpoints", [])) | set(steps0)):
+        steps0 = [0] if config["nulls"]["random_init"] else []  # the null (issue 28)
+        for k in sorted(set(spec["checkpoints"]) | set(steps0)):
             out[f"{name}-step{k}"] = dict(base=name, step=k, checkpoint=True, task=spec["task"], **res)
     return out
 

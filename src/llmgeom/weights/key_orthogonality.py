@@ -22,7 +22,7 @@ i.e. the mean absolute off-diagonal entry of the column Gram matrix of the norma
   model.
 
 A model whose keys have no W_K (multi-head latent attention: the key latent passes a norm before it is
-decompressed per head; :func:`llmgeom.models.architectures.no_key_projection`) gets rows that say so: the same
+decompressed per head; :func:`llmgeom.models.families.no_key_projection`) gets rows that say so: the same
 columns, NaN statistics and the reason in ``not_applicable`` (empty for every measured row), so that the tables
 built on them (``analyses.bayes_tables.table2``) and the claims decide "not testable here" with that reason.
 """
@@ -40,6 +40,7 @@ from llmgeom.measures.orthogonality import (
     orthogonality,
 )
 from llmgeom.models import architectures as arch
+from llmgeom.models import families
 from llmgeom.models.random_init import random_init_skeleton  # noqa: F401  (one home: models.random_init)
 
 
@@ -109,12 +110,12 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
         ``architectures.no_key_projection``) one row per (layer, kv_head) with NaN statistics and the reason here.
 
     Raises:
-        UnsupportedArchitectureError: a family the architectures module does not describe.
+        UnsupportedArchitectureError: a family llmgeom.models.families does not describe.
         RuntimeError: the random-init rule leaves W_K unset (see ``_random_init_layer_heads``).
     """
-    s = arch.summarize(model.config)
+    s = families.summarize(model.config)
     share = s.n_heads // s.n_kv_heads if s.n_kv_heads else 0  # 0: a state-space model (no rows)
-    why = arch.no_key_projection(model.config)
+    why = families.no_key_projection(model.config)
     if why:
         nan = float("nan")
         rows = [dict(model=model_name, layer=layer, relative_depth=relative_depth(layer, s.n_layers), kv_head=h,

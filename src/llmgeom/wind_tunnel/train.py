@@ -39,6 +39,7 @@ are renamed into place before the final directory, so a final directory implies 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -89,7 +90,7 @@ def check_arch(arch: Mapping, where: str = "arch") -> dict:
     """Validate and normalize an architecture dict.
 
     Args:
-        arch: ``{"family": "llama" | "gpt2" (default llama), "n_layers": int >= 1, "d_model": int,
+        arch: ``{"family": "llama" | "gpt2", "n_layers": int >= 1, "d_model": int,
             "n_heads": int dividing d_model, "n_kv_heads": int dividing n_heads (llama only; default
             n_heads), "d_ff": int (default 4 * d_model)}``.
         where: config path prefix used in messages (e.g. ``wind_tunnel.models.wt_bij.arch``).
@@ -105,7 +106,7 @@ def check_arch(arch: Mapping, where: str = "arch") -> dict:
     unknown = sorted(set(arch) - _ARCH_KEYS)
     if unknown:
         raise ValueError(f"{where}.{unknown[0]}: unknown key; allowed: {', '.join(sorted(_ARCH_KEYS))}")
-    out = {"family": arch.get("family", "llama")}
+    out = {"family": arch.get("family")}  # its default lives in the schema (wind_tunnel.models.<name>.arch.family)
     if out["family"] not in FAMILIES:
         raise ValueError(f"{where}.family = {out['family']!r}: must be one of {', '.join(FAMILIES)}")
 
@@ -194,9 +195,9 @@ def checkpoint_dir(out_dir, step: int) -> Path:
 
 
 def _arch_summary(config) -> dict:
-    from llmgeom.models import architectures as arch_mod
+    from llmgeom.models import families
 
-    return arch_mod.summarize(config).as_dict()
+    return families.summarize(config).as_dict()
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,6 +319,63 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
     arch_n = check_arch(arch)
     out_dir = Path(out_dir)
     name = name or out_dir.name
+    ckpts = _check_training(steps=steps, batch_size=batch_size, warmup_steps=warmup_steps, threads=threads,
+                            n_val=n_val, lr=lr, clip_norm=clip_norm, weight_decay=weight_decay, schedule=schedule,
+                            checkpoints=checkpoints)
+    eval_every = int(eval_every or max(1, steps // 10))
+    log_every = int(log_every or max(1, steps // 20))
+    tmp = _partial_dir(out_dir)
+    try:
+        with _deterministic(threads, seed):
+            tok = build_tokenizer(spec_n)
+            check_tokenizer(tok, spec_n)
+            config = build_config(spec_n, arch_n)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+            model.train()
+            n_params = sum(p.numel() for p in model.parameters())
+            training = dict(seed=int(seed), steps=int(steps), batch_size=int(batch_size), lr=float(lr),
+                            warmup_steps=int(warmup_steps), weight_decay=float(weight_decay),
+                            clip_norm=float(clip_norm), schedule=schedule, min_lr_ratio=float(min_lr_ratio),
+                            betas=list(betas), optimizer="AdamW", eval_every=eval_every, log_every=log_every,
+                            n_val=int(n_val), threads=int(threads),
+                            loss="cross-entropy (nats, full vocabulary) at answer positions only",
+                            seeds={"torch_init": int(seed), "train_stream": [int(seed), tasks.STREAM_TRAIN],
+                                   "valid_stream": [int(seed), tasks.STREAM_VALID]})
+            log(f"wind tunnel {name}: {spec_n['kind']} task, {arch_n['family']} {arch_n['n_layers']}x"
+                f"{arch_n['d_model']} ({arch_n['n_heads']} heads), {n_params} parameters, {steps} steps x "
+                f"{batch_size}, lr {lr}, seed {seed}")
+            ckpt_tmp: dict[int, Path] = {}
+
+            def save_checkpoint(step, ev, wall_s, rows):  # a full HF directory of this step, committed at the end
+                path = tmp / ".checkpoints" / f"step{step}"
+                path.mkdir(parents=True)
+                _save_dir(path, model, tok, _manifest(checkpoint_dir(out_dir, step).name, spec_n, training, arch_n,
+                                                      config, ev, step, wall_s, n_params, checkpoint_of=name), rows)
+                ckpt_tmp[step] = path
+
+            rows, last_eval, wall = _train_steps(
+                model, spec_n, seed=seed, steps=steps, batch_size=batch_size, n_val=n_val, betas=betas,
+                weight_decay=weight_decay, clip_norm=clip_norm, ckpts=ckpts, eval_every=eval_every,
+                log_every=log_every, log=log, save_checkpoint=save_checkpoint,
+                sched=dict(lr=lr, steps=steps, warmup_steps=warmup_steps, schedule=schedule,
+                           min_lr_ratio=min_lr_ratio))
+            manifest = _manifest(name, spec_n, training, arch_n, config, last_eval, steps, wall, n_params)
+            _save_dir(tmp, model, tok, manifest, rows)
+            check_tokenizer(AutoTokenizer.from_pretrained(tmp), spec_n)
+            done = _commit_training(tmp, out_dir, ckpt_tmp)
+        log(f"wind tunnel {name}: saved {out_dir} ({wall:.1f} s training, val MAE {last_eval['mae_bits']:.4f} bits)")
+        return {"model_dir": out_dir, "manifest": manifest, "checkpoints": done}
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _check_training(*, steps, batch_size, warmup_steps, threads, n_val, lr, clip_norm, weight_decay, schedule,
+                    checkpoints) -> list[int]:
+    """The training settings' checks (before anything is built); returns the sorted checkpoint steps.
+
+    Raises:
+        ValueError: naming the argument and what is valid."""
     for key, val, lo in (("steps", steps, 1), ("batch_size", batch_size, 1), ("warmup_steps", warmup_steps, 0),
                          ("threads", threads, 1), ("n_val", n_val, 1)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < lo:
@@ -333,17 +391,16 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
     if any(not 0 <= k <= steps for k in ckpts):
         raise ValueError(f"checkpoints = {list(checkpoints)!r}: every step must lie in 0..steps = {steps} "
                          "(0: the initialization, the null model of issue 28)")
-    eval_every = int(eval_every or max(1, steps // 10))
-    log_every = int(log_every or max(1, steps // 20))
+    return ckpts
 
+
+@contextlib.contextmanager
+def _deterministic(threads: int, seed: int):
+    """torch with ``threads`` intra-op threads, deterministic algorithms and seed ``seed`` for the block; the
+    previous settings come back after it."""
     prev_threads = torch.get_num_threads()
     prev_det = torch.are_deterministic_algorithms_enabled()
     prev_fill = torch.utils.deterministic.fill_uninitialized_memory
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the final directory gets ordinary permissions
     try:
         torch.set_num_threads(int(threads))
         torch.use_deterministic_algorithms(True)
@@ -351,109 +408,98 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
         # trainer never reads uninitialized memory, so the weights are bit-identical without it
         torch.utils.deterministic.fill_uninitialized_memory = False
         torch.manual_seed(int(seed))
-
-        tok = build_tokenizer(spec_n)
-        check_tokenizer(tok, spec_n)
-        config = build_config(spec_n, arch_n)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-        model.train()
-        n_params = sum(p.numel() for p in model.parameters())
-        hmm_params = tasks.hmm_parameters(spec_n) if spec_n["kind"] == "hmm" else None
-        train_rng = tasks.stream_rng(seed, tasks.STREAM_TRAIN)
-        val = tasks.sample_batch(spec_n, n_val, tasks.stream_rng(seed, tasks.STREAM_VALID), hmm_params=hmm_params)
-        cand = tasks.answer_token_ids(spec_n)
-        pos = torch.as_tensor(tasks.query_positions(spec_n))
-
-        # foreach: one multi-tensor kernel per update instead of a Python loop over the parameters
-        # (same arithmetic per element: bit-identical weights, checked in tests/test_wind_tunnel.py)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay,
-                                foreach=True)
-        sched = dict(lr=lr, steps=steps, warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio)
-        training = dict(seed=int(seed), steps=int(steps), batch_size=int(batch_size), lr=float(lr),
-                        warmup_steps=int(warmup_steps), weight_decay=float(weight_decay), clip_norm=float(clip_norm),
-                        schedule=schedule, min_lr_ratio=float(min_lr_ratio), betas=list(betas),
-                        optimizer="AdamW", eval_every=eval_every, log_every=log_every, n_val=int(n_val),
-                        threads=int(threads), loss="cross-entropy (nats, full vocabulary) at answer positions only",
-                        seeds={"torch_init": int(seed), "train_stream": [int(seed), tasks.STREAM_TRAIN],
-                               "valid_stream": [int(seed), tasks.STREAM_VALID]})
-        log(f"wind tunnel {name}: {spec_n['kind']} task, {arch_n['family']} {arch_n['n_layers']}x{arch_n['d_model']} "
-            f"({arch_n['n_heads']} heads), {n_params} parameters, {steps} steps x {batch_size}, lr {lr}, seed {seed}")
-
-        rows: list[dict] = []
-        ckpt_tmp: dict[int, Path] = {}
-        run_loss, run_n = 0.0, 0
-        last_eval: dict = {}
-        t0 = time.perf_counter()
-        if 0 in ckpts:  # the initialization itself (the null model): no training step, no RNG drawn
-            last_eval = evaluate(model, val, cand)
-            model.train()
-            path = tmp / ".checkpoints" / "step0"
-            path.mkdir(parents=True)
-            row0 = {"step": 0, "loss": "", "lr": 0.0, "val_mae_bits": last_eval["mae_bits"],
-                    "val_answer_mass": last_eval["answer_mass"], "val_kl_bits": last_eval["kl_bits"], "wall_s": 0.0}
-            _save_dir(path, model, tok, _manifest(checkpoint_dir(out_dir, 0).name, spec_n, training, arch_n, config,
-                                                  last_eval, 0, 0.0, n_params, checkpoint_of=name), [row0])
-            ckpt_tmp[0] = path
-        for step in range(1, steps + 1):
-            cur_lr = lr_at(step, **sched)
-            for g in opt.param_groups:
-                g["lr"] = cur_lr
-            b = tasks.sample_batch(spec_n, batch_size, train_rng, exact=False, hmm_params=hmm_params)
-            ids = torch.from_numpy(b["ids"])
-            logits = model(input_ids=ids).logits[:, pos]  # [B, P, vocab]
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     torch.from_numpy(b["targets"]).reshape(-1))
-            if not torch.isfinite(loss):
-                raise RuntimeError(f"non-finite training loss at step {step}; lower lr ({lr})")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm, foreach=True)
-            opt.step()
-            run_loss += loss.item()
-            run_n += 1
-            do_log = step % log_every == 0 or step == steps
-            do_eval = step % eval_every == 0 or step == steps or step in ckpts
-            if not (do_log or do_eval):
-                continue
-            row = {"step": step, "loss": run_loss / run_n, "lr": cur_lr, "val_mae_bits": "",
-                   "val_answer_mass": "", "val_kl_bits": "", "wall_s": round(time.perf_counter() - t0, 3)}
-            run_loss, run_n = 0.0, 0
-            msg = f"step {step}/{steps} loss {row['loss']:.4f} lr {cur_lr:.3e}"
-            if do_eval:
-                last_eval = evaluate(model, val, cand)
-                row.update(val_mae_bits=last_eval["mae_bits"], val_answer_mass=last_eval["answer_mass"],
-                           val_kl_bits=last_eval["kl_bits"])
-                msg += (f" val_mae_bits {last_eval['mae_bits']:.4f} answer_mass {last_eval['answer_mass']:.4f}"
-                        f" kl_bits {last_eval['kl_bits']:.4f}")
-            rows.append(row)
-            log(msg + f" ({row['wall_s']:.1f} s)")
-            if step in ckpts:
-                path = tmp / ".checkpoints" / f"step{step}"
-                path.mkdir(parents=True)
-                man = _manifest(checkpoint_dir(out_dir, step).name, spec_n, training, arch_n, config, last_eval,
-                                step, row["wall_s"], n_params, checkpoint_of=name)
-                _save_dir(path, model, tok, man, rows)
-                ckpt_tmp[step] = path
-        wall = time.perf_counter() - t0
-        manifest = _manifest(name, spec_n, training, arch_n, config, last_eval, steps, wall, n_params)
-        _save_dir(tmp, model, tok, manifest, rows)
-        check_tokenizer(AutoTokenizer.from_pretrained(tmp), spec_n)
-        done: dict[int, Path] = {}
-        for step, path in ckpt_tmp.items():
-            final = checkpoint_dir(out_dir, step)
-            _commit(path, final)
-            done[step] = final
-        shutil.rmtree(tmp / ".checkpoints", ignore_errors=True)
-        _commit(tmp, out_dir)
-        log(f"wind tunnel {name}: saved {out_dir} ({wall:.1f} s training, val MAE {last_eval['mae_bits']:.4f} bits)")
-        return {"model_dir": out_dir, "manifest": manifest, "checkpoints": done}
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        yield
     finally:
         torch.set_num_threads(prev_threads)
         torch.use_deterministic_algorithms(prev_det)
         torch.utils.deterministic.fill_uninitialized_memory = prev_fill
+
+
+def _partial_dir(out_dir: Path) -> Path:
+    """A fresh ``.<name>.*.partial`` directory beside ``out_dir`` with ordinary permissions (mkdtemp makes 0700)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
+def _train_steps(model, spec_n, *, seed, steps, batch_size, n_val, betas, weight_decay, clip_norm, ckpts,
+                 eval_every, log_every, log, save_checkpoint, sched) -> tuple[list[dict], dict, float]:
+    """The training loop of :func:`train_wind_tunnel`: AdamW steps on cross-entropy at the answer positions, a log
+    row every ``log_every`` steps, validation every ``eval_every`` (and at each checkpoint and the last step),
+    ``save_checkpoint(step, eval, wall_s, rows)`` at the steps of ``ckpts`` (step 0: before any step). Returns
+    (log rows, the last validation, wall seconds).
+
+    Raises:
+        RuntimeError: a non-finite loss."""
+    hmm_params = tasks.hmm_parameters(spec_n) if spec_n["kind"] == "hmm" else None
+    train_rng = tasks.stream_rng(seed, tasks.STREAM_TRAIN)
+    val = tasks.sample_batch(spec_n, n_val, tasks.stream_rng(seed, tasks.STREAM_VALID), hmm_params=hmm_params)
+    cand = tasks.answer_token_ids(spec_n)
+    pos = torch.as_tensor(tasks.query_positions(spec_n))
+    lr = sched["lr"]
+    # foreach: one multi-tensor kernel per update instead of a Python loop over the parameters
+    # (same arithmetic per element: bit-identical weights, checked in tests/test_wind_tunnel.py)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay, foreach=True)
+    rows: list[dict] = []
+    run_loss, run_n = 0.0, 0
+    last_eval: dict = {}
+    t0 = time.perf_counter()
+    if 0 in ckpts:  # the initialization itself (the null model): no training step, no RNG drawn
+        last_eval = evaluate(model, val, cand)
+        model.train()
+        save_checkpoint(0, last_eval, 0.0, [{"step": 0, "loss": "", "lr": 0.0, "val_mae_bits": last_eval["mae_bits"],
+                                              "val_answer_mass": last_eval["answer_mass"],
+                                              "val_kl_bits": last_eval["kl_bits"], "wall_s": 0.0}])
+    for step in range(1, steps + 1):
+        cur_lr = lr_at(step, **sched)
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        b = tasks.sample_batch(spec_n, batch_size, train_rng, exact=False, hmm_params=hmm_params)
+        logits = model(input_ids=torch.from_numpy(b["ids"])).logits[:, pos]  # [B, P, vocab]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.from_numpy(b["targets"]).reshape(-1))
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"non-finite training loss at step {step}; lower lr ({lr})")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm, foreach=True)
+        opt.step()
+        run_loss += loss.item()
+        run_n += 1
+        do_eval = step % eval_every == 0 or step == steps or step in ckpts
+        if not (do_eval or step % log_every == 0):
+            continue
+        row = {"step": step, "loss": run_loss / run_n, "lr": cur_lr, "val_mae_bits": "",
+               "val_answer_mass": "", "val_kl_bits": "", "wall_s": round(time.perf_counter() - t0, 3)}
+        run_loss, run_n = 0.0, 0
+        msg = f"step {step}/{steps} loss {row['loss']:.4f} lr {cur_lr:.3e}"
+        if do_eval:
+            last_eval = evaluate(model, val, cand)
+            row.update(val_mae_bits=last_eval["mae_bits"], val_answer_mass=last_eval["answer_mass"],
+                       val_kl_bits=last_eval["kl_bits"])
+            msg += (f" val_mae_bits {last_eval['mae_bits']:.4f} answer_mass {last_eval['answer_mass']:.4f}"
+                    f" kl_bits {last_eval['kl_bits']:.4f}")
+        rows.append(row)
+        log(msg + f" ({row['wall_s']:.1f} s)")
+        if step in ckpts:
+            save_checkpoint(step, last_eval, row["wall_s"], rows)
+    return rows, last_eval, time.perf_counter() - t0
+
+
+def _commit_training(tmp: Path, out_dir: Path, ckpt_tmp: dict) -> dict:
+    """Move the checkpoints' and the final model's complete directories into place (checkpoints first); returns
+    step -> checkpoint directory."""
+    done: dict[int, Path] = {}
+    for step, path in ckpt_tmp.items():
+        final = checkpoint_dir(out_dir, step)
+        _commit(path, final)
+        done[step] = final
+    shutil.rmtree(tmp / ".checkpoints", ignore_errors=True)
+    _commit(tmp, out_dir)
+    return done
 
 
 def _manifest(name, spec, training, arch, config, ev, step, wall, n_params, checkpoint_of=None) -> dict:
