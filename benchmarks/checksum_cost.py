@@ -65,7 +65,7 @@ def data(shp: dict) -> dict:
 
 
 def write(path: Path, shp: dict, arrays: dict) -> float:
-    from llmgeom.core.store import ActivationWriter
+    from llmgeom.core.writer import ActivationWriter
 
     t0 = time.perf_counter()
     w = ActivationWriter(path, {"model": "bench", "prompt_set": "bench"}, shp)

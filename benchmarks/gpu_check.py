@@ -194,7 +194,8 @@ def entropy_vs_eager(model_dir: Path, prompts: Path, dtype: str, device: str, n:
 
     from llmgeom.extract.capture import pad_batch
     from llmgeom.extract.attention import attention_row_entropy
-    from llmgeom.extract.forward import extract_batch, tokenize_prompts
+    from llmgeom.extract.batch import extract_batch
+    from llmgeom.extract.forward import tokenize_prompts
     from llmgeom.prompts.io import read_prompt_set
     from llmgeom.models.loading import load_prepared
 

@@ -233,7 +233,8 @@ def _extraction_costs(full, passes: int) -> dict:
     final commit and rename)."""
     import collections
 
-    import llmgeom.core.store as store
+    import llmgeom.core.writer as writer
+    import llmgeom.extract.batch as batch_mod
     import llmgeom.extract.capture as capture
     import llmgeom.extract.forward as fwd
 
@@ -257,9 +258,9 @@ def _extraction_costs(full, passes: int) -> dict:
         restore.append((owner, name, orig))
 
     for owner, name, key in ((fwd, "extract_batch", "extract_batch"), (capture, "run", "run"),
-                             (capture.Float32Head, "__call__", "head"), (fwd, "last_query_attention", "lqa"),
-                             (fwd, "attention_row_entropy", "entr"), (store.ActivationWriter, "write", "write"),
-                             (store.ActivationWriter, "commit_batch", "commit_batch")):
+                             (capture.Float32Head, "__call__", "head"), (batch_mod, "last_query_attention", "lqa"),
+                             (batch_mod, "attention_row_entropy", "entr"), (writer.ActivationWriter, "write", "write"),
+                             (writer.ActivationWriter, "commit_batch", "commit_batch")):
         wrap(owner, name, key)
     per: dict = collections.defaultdict(list)
     try:

@@ -184,7 +184,7 @@ def check_model(model, eager) -> list[str]:
     import numpy as np
     import torch
 
-    from llmgeom.extract import forward
+    from llmgeom.extract import batch as forward_batch
     from llmgeom.models import architectures as arch
     from llmgeom.models import families
 
@@ -195,7 +195,7 @@ def check_model(model, eager) -> list[str]:
     free = [l for l in range(L) if l not in with_attention]
     if with_attention != list(s.attention_layers):
         fails.append(f"attention layers of the structure {with_attention} != the config's {list(s.attention_layers)}")
-    res = forward.extract_batch(model, SEQS, attention=True, top_k=5)
+    res = forward_batch.extract_batch(model, SEQS, attention=True, top_k=5)
     per_layer_attention = ("last_token/values", "last_token/keys", "last_token/attn_output", "attention/entropy")
     for k in per_layer_attention:  # the contract at attention-free layers: NaN; a model without attention: absent
         if not with_attention:
@@ -279,7 +279,7 @@ def check_model(model, eager) -> list[str]:
         # (its projection split by our layout is what the capture stores): skipped there, its values are checked
         # through attention output = eager p @ values above and below
         if not _has_qk_norm(arch.attention_modules(model)[layer]) and not isinstance(cache, tuple):
-            one = forward.extract_batch(model, [[1]], attention=False, top_k=1)
+            one = forward_batch.extract_batch(model, [[1]], attention=False, top_k=1)
             with torch.no_grad():
                 o1 = model(input_ids=torch.tensor([[1]]), use_cache=True, output_hidden_states=True)
                 c1 = getattr(o1, "past_key_values", None) or o1.hidden_states
@@ -331,7 +331,7 @@ def check_model(model, eager) -> list[str]:
     # padding / batch invariance (the residual stream and logits on every layer; the attention datasets on the
     # attention layers)
     for b, q in enumerate(SEQS):
-        alone = forward.extract_batch(model, [q], attention=True, top_k=5)
+        alone = forward_batch.extract_batch(model, [q], attention=True, top_k=5)
         for k in ("last_token/residual", *per_layer_attention, "next_token/top_logits", "last_token/final_normed"):
             if k not in res:
                 continue

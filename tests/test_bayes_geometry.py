@@ -27,8 +27,8 @@ from llmgeom.analyses import domain_restriction as bg
 from llmgeom.weights import key_orthogonality as keys
 from llmgeom.models import tiny as testing
 from llmgeom.extract.attention import attention_row_entropy
-from llmgeom.extract.forward import extract_batch
-from llmgeom.core.store import ActivationWriter
+from llmgeom.extract.batch import extract_batch
+from llmgeom.core.writer import ActivationWriter
 from llmgeom.pipeline.schema import ConfigError
 from llmgeom.analyses.attention_focusing import attention_focusing_tables, focusing_summary
 from llmgeom.analyses.bayes_tables import markdown_tables_html, table1, table2, to_markdown

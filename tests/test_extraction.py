@@ -21,7 +21,7 @@ from llmgeom.extract import capture
 from llmgeom.extract import attention as attn_maths, forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.capture import last_positions, pad_batch
-from llmgeom.extract.forward import NonFiniteActivationError, extract_batch
+from llmgeom.extract.batch import NonFiniteActivationError, extract_batch
 from llmgeom.prompts.io import write_prompt_set
 
 FAMILIES = testing.FAMILIES
@@ -380,7 +380,7 @@ def test_hooks_registered_once_give_the_values_of_one_registration_per_batch(fam
     for bit, what three extract_batch calls with their own registration give; a forward outside extract_batch
     while the hooks are registered keeps nothing and fails nothing; every hook is gone on exit; a BatchHooks that
     is inactive or for the other attention setting is refused, and so are a session plus other hooks in one pass."""
-    from llmgeom.extract.forward import BatchHooks
+    from llmgeom.extract.batch import BatchHooks
 
     m = tiny(family)
     batches = [[SEQ7, SEQ3], [LONG], [SEQ9, SEQ3, SEQ7]]
@@ -607,7 +607,7 @@ def test_final_token_only_cuts_the_last_block_and_keeps_the_values(family):
     row per prompt, its final token, instead of B*T rows (OPT: the projection only; its block flattens the stream
     before the MLP); every array equals the full pass's to float rounding and the top ids are the same. A
     registration with it refuses a corpus batch (sampled positions need the whole last block)."""
-    from llmgeom.extract.forward import BatchHooks
+    from llmgeom.extract.batch import BatchHooks
 
     m = tiny(family)
     seqs = [SEQ7, SEQ3, SEQ9]

@@ -22,7 +22,8 @@ import pytest
 
 from llmgeom.core import io as core_io
 from llmgeom.core.io import DiskFullError
-from llmgeom.core.store import ActivationWriter, StoreError, estimate_nbytes, open_activations
+from llmgeom.core.store import StoreError, estimate_nbytes, open_activations
+from llmgeom.core.writer import ActivationWriter
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.prompts.io import write_prompt_set

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import model_types as mtypes
-from llmgeom.core import store
+from llmgeom.core import store, writer
 from llmgeom.core.store import DS, open_activations
 from llmgeom.extract import forward as extraction
 from llmgeom.models import architectures as arch
@@ -94,7 +94,7 @@ def test_hybrid_file_residual_and_attention_measures(jamba):
 
 def test_writer_refuses_numbers_at_attention_free_layers(tmp_path):
     shapes = {DS.LAST_TOKEN_VALUES: ((2, 3, 4), "float32")}
-    w = store.ActivationWriter(tmp_path / "x.h5", {"n_layers": 3, "attention_layers": [1]}, shapes)
+    w = writer.ActivationWriter(tmp_path / "x.h5", {"n_layers": 3, "attention_layers": [1]}, shapes)
     v = np.full((2, 3, 4), np.nan, np.float32)
     v[:, 1] = 1.0
     w.write(DS.LAST_TOKEN_VALUES, np.arange(2), v)  # the contract: NaN at layers 0 and 2

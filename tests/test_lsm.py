@@ -20,7 +20,7 @@ from llmgeom.measures.curvature import local_pca_residuals
 from llmgeom.prompts.builders import build_prompt_set
 from llmgeom.prompts.io import PromptDataError
 from llmgeom.prompts.sources import text_file_passages
-from llmgeom.core.store import ActivationWriter
+from llmgeom.core.writer import ActivationWriter
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.curvature import curvature_table
 from llmgeom.analyses.margins import margin_tables, margin_vs_perplexity_table

@@ -175,7 +175,7 @@ def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_appl
     from llmgeom.analyses.bayes_tables import table2
     from llmgeom.analyses.claims import claims_table
     from llmgeom.core.store import CONTRACT, contract_shapes
-    from llmgeom.extract import capture, forward
+    from llmgeom.extract import batch, capture
     from llmgeom.models import architectures as arch
     from llmgeom.models import families
     from llmgeom.weights.key_orthogonality import key_orthogonality_table
@@ -183,9 +183,9 @@ def test_latent_attention_shapes_read_only_points_and_key_orthogonality_not_appl
     m = mtypes.build("deepseek_v3", "sdpa")
     s = families.summarize(m.config)
     assert (s.latent_attention, s.n_heads, s.n_kv_heads, s.head_dim, s.value_head_dim) == (True, 4, 4, 24, 12)
-    shapes = contract_shapes(dict(forward.model_axis_sizes(s), prompt=2, layer=3, resid_layer=4, d_model=64,
+    shapes = contract_shapes(dict(batch.model_axis_sizes(s), prompt=2, layer=3, resid_layer=4, d_model=64,
                                   d_unembed=64, rank=3), attention=True, candidates=False, corpus=False)
-    res = forward.extract_batch(m, mtypes.SEQS, attention=True, top_k=3)
+    res = batch.extract_batch(m, mtypes.SEQS, attention=True, top_k=3)
     for name in ("last_token/values", "last_token/keys", "last_token/attn_output"):
         assert res[name].shape == (2,) + shapes[name][0][1:] and np.isfinite(res[name]).all(), name
     assert res["last_token/values"].shape == (2, 3, 48) and res["last_token/keys"].shape == (2, 3, 4, 24)

@@ -72,7 +72,7 @@ def test_table_takes_the_token_position_ids_beside_k_rd(tmp_path):
     import pandas as pd
 
     from llmgeom.analyses.rate_distortion import rate_distortion_table
-    from llmgeom.core.store import ActivationWriter
+    from llmgeom.core.writer import ActivationWriter
 
     rng = np.random.default_rng(3)
     n, L, d = 400, 2, 12

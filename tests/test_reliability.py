@@ -28,7 +28,8 @@ from llmgeom.models import architectures as arch
 from llmgeom.models import families
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
-from llmgeom.extract.forward import NonFiniteActivationError, PromptTokenError, extract_batch, tokenize_prompts
+from llmgeom.extract.batch import NonFiniteActivationError, extract_batch
+from llmgeom.extract.forward import PromptTokenError, tokenize_prompts
 from llmgeom.models.sources import ModelSourceError
 from llmgeom.prompts.builders import build_prompt_set
 from llmgeom.prompts.io import PromptDataError, read_prompt_set, write_prompt_set
@@ -263,7 +264,7 @@ def test_id_subsample_larger_than_points_warns_and_records(tmp_path):
 
     rng = np.random.default_rng(0)
     p = tmp_path / "c.h5"
-    from llmgeom.core.store import ActivationWriter
+    from llmgeom.core.writer import ActivationWriter
 
     w = ActivationWriter(p, {"model": "m", "prompt_set": "corpus"},
                          {"tokens/residual_sample": ((60, 2, 8), "float32")})
@@ -343,7 +344,7 @@ def test_outputs_follow_the_umask(ws, tmp_path, umask):
 
     matplotlib.use("Agg")
     from llmgeom.core.io import write_table, write_text
-    from llmgeom.core.store import ActivationWriter
+    from llmgeom.core.writer import ActivationWriter
     from llmgeom.interventions.runner import save_axes
     from llmgeom.plots.base import plt, save_figure
     from llmgeom.pipeline import provenance

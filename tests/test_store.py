@@ -18,7 +18,7 @@ import pytest
 from llmgeom.models import families
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
-from llmgeom.core import store
+from llmgeom.core import store, writer
 from llmgeom.core.store import CONTRACT_VERSION, StoreError, open_activations
 from llmgeom.prompts.io import write_prompt_set
 from llmgeom.models.loading import load_prepared
@@ -212,14 +212,14 @@ def test_write_behind_writes_the_same_file(setup, tmp_path, corpus, monkeypatch)
 def test_write_behind_error_is_raised_and_the_partial_removed(setup, monkeypatch, tmp_path):
     """A write that fails on the writer thread (batch 1 of 5) stops the extraction with that error, and no
     file or partial is left."""
-    real = store.ActivationWriter.commit_batch
+    real = writer.ActivationWriter.commit_batch
 
     def failing(self, j):
         if j == 1:
             raise ValueError("refusing to store non-finite values in simulated")
         return real(self, j)
 
-    monkeypatch.setattr(store.ActivationWriter, "commit_batch", failing)
+    monkeypatch.setattr(writer.ActivationWriter, "commit_batch", failing)
     out = tmp_path / "w.h5"
     with pytest.raises(ValueError, match="simulated"):
         extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, model_name="tiny-llama",
@@ -415,7 +415,7 @@ def test_writer_handles_follow_a_recreated_partial(tmp_path):
     which then holds only them."""
     shapes = {"last_token/residual": ((4, 2, 3), "float32")}
     logs = []
-    w = store.ActivationWriter(tmp_path / "w.h5", {"model": "m"}, shapes, resume_key="k", n_batches=2,
+    w = writer.ActivationWriter(tmp_path / "w.h5", {"model": "m"}, shapes, resume_key="k", n_batches=2,
                                log=logs.append)
     w.begin_batch()
     w.write("last_token/residual", np.array([0, 2]), np.ones((2, 2, 3), np.float32))
@@ -432,7 +432,7 @@ def test_writer_handles_follow_a_recreated_partial(tmp_path):
 
 def test_writer_refuses_non_finite_and_abort_removes_partial(tmp_path):
     out = tmp_path / "w.h5"
-    w = store.ActivationWriter(out, {"model": "m", "architecture": {"a": 1}, "revision": None},
+    w = writer.ActivationWriter(out, {"model": "m", "architecture": {"a": 1}, "revision": None},
                                {"last_token/residual": ((3, 2, 4), "float32"), "prompts/text": ((3,), "str")})
     assert w.tmp.exists() and not out.exists()
     w.write("last_token/residual", np.array([2, 0]), np.stack([np.full((2, 4), 2.0), np.full((2, 4), 0.0)]))
@@ -447,7 +447,7 @@ def test_writer_refuses_non_finite_and_abort_removes_partial(tmp_path):
         assert [_str(t) for t in f["prompts/text"][()]] == ["x", "ÿ", "z"]
         a = store.attrs_dict(f)
         assert a["architecture"] == {"a": 1} and a["revision"] == ""
-    w2 = store.ActivationWriter(tmp_path / "v.h5", {"model": "m"}, {"next_token/entropy": ((2,), "float32")})
+    w2 = writer.ActivationWriter(tmp_path / "v.h5", {"model": "m"}, {"next_token/entropy": ((2,), "float32")})
     w2.abort()
     assert not (tmp_path / "v.h5").exists() and not (tmp_path / "v.h5.partial").exists()
 
@@ -775,7 +775,7 @@ def test_signal_after_the_last_batch_started(setup, uninterrupted, tmp_path, mon
     complete (the same bytes as an uninterrupted run, no ``.partial`` left) with a log line naming the signal; the
     process is never killed half way through the commit (SIGTERM's default action); the handler is restored. The
     same with the writer thread (``write_behind``, the default on accelerators)."""
-    from llmgeom.core.store import ActivationWriter
+    from llmgeom.core.writer import ActivationWriter
 
     out, logs = tmp_path / "r.h5", []
     n_batches = len(PROMPTS)  # batch_size 1

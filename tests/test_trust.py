@@ -8,7 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from llmgeom.core.store import ActivationWriter, NonFiniteDataError, StoreError, open_activations, read_finite
+from llmgeom.core.store import NonFiniteDataError, StoreError, open_activations, read_finite
+from llmgeom.core.writer import ActivationWriter
 
 
 @pytest.fixture()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmgeom.core.io import DiskFullError, disk_full_error, free_bytes, human_bytes, partial_path, reserve_path
-from llmgeom.core.store import ActivationWriter
+from llmgeom.core.writer import ActivationWriter
 
 
 #: space held back beside a partial activation file (``ActivationWriter``'s reserve): what HDF5 may still have to

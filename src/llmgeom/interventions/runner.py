@@ -113,7 +113,7 @@ def forward_probe(model, seqs: list[list[int]], candidates: list[list[int]], *, 
         NonFiniteActivationError: non-finite logits.
     """
     from llmgeom.extract import capture
-    from llmgeom.extract.forward import NonFiniteActivationError
+    from llmgeom.extract.batch import NonFiniteActivationError
 
     batch = capture.make_batch(model, seqs, pad_id)
     dev = batch.ids.device
