@@ -9,7 +9,7 @@ from __future__ import annotations
 from llmgeom.pipeline.schema import ConfigError
 
 
-SOURCE_KEYS = ("source", "package", "gguf_file", "path", "repo_id", "revision")
+SOURCE_KEYS = ("source", "package", "gguf_file", "parts", "sha256", "bytes", "path", "repo_id", "revision")
 
 
 def token_budgets(config: dict) -> dict:

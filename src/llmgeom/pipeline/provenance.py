@@ -97,7 +97,7 @@ def collect(config: dict, *, models: list[str], prompt_sets: list[str], root: st
         entry = {k: man.get(k) for k in ("source", "repo_id", "package", "gguf_file", "gguf_architecture",
                                          "source_version", "revision", "source_sha256")}
         entry["resolved_revision"] = resolved_revision(man.get("weights_path"))
-        entry["weights_path"] = man.get("weights_path") if man.get("source") != "package_gguf" else None
+        entry["weights_path"] = man.get("weights_path") if man.get("source") not in ("package_gguf", "split_gguf") else None
         entry["model_type"] = (man.get("architecture") or {}).get("model_type")
         entry["dtype_requested"] = (config.get("models", {}).get(m) or {}).get("dtype")
         entry["extractions"] = {}
