@@ -227,3 +227,14 @@ def test_prepare_real_gguf_from_parts(tmp_path, monkeypatch):
         assert torch.equal(saved[hf_name], ref.reshape(saved[hf_name].shape))
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["hidden_size"]) == ("llama", 30, 576)
+    # provenance names every part (results/provenance.json) and the range of them (provenance.md)
+    from llmgeom.pipeline import provenance
+
+    root = tmp_path / "root"
+    (root / "resources" / "models" / "smol").mkdir(parents=True)
+    shutil.copy(out / "manifest.json", root / "resources" / "models" / "smol" / "manifest.json")
+    rec = provenance.collect({"models": {"smol": spec}}, models=["smol"], prompt_sets=[], root=root)
+    assert [p["package"] for p in rec["models"]["smol"]["parts"]] == [p["package"] for p in man["parts"]]
+    assert rec["models"]["smol"]["weights_path"] is None
+    assert ("split_gguf: llmgeom_test_smol_part1 .. llmgeom_test_smol_part3 (3 parts)==None / smol.gguf"
+            in provenance.to_markdown(rec))
