@@ -238,3 +238,29 @@ def test_prepare_real_gguf_from_parts(tmp_path, monkeypatch):
     assert rec["models"]["smol"]["weights_path"] is None
     assert ("split_gguf: llmgeom_test_smol_part1 .. llmgeom_test_smol_part3 (3 parts)==None / smol.gguf"
             in provenance.to_markdown(rec))
+
+
+def test_scaling_config_valid_and_its_parts_are_the_opt_in_requirements():
+    """config/scaling.yaml validates against the schema, runs the four models of the scaling study, and every part
+    package its split_gguf entries name is pinned, at the entry's version, in requirements-scaling.txt (what
+    ``bash install.sh --scaling`` installs); the default install (requirements-embedded.txt) names none of them."""
+    from pathlib import Path
+
+    import yaml
+
+    from llmgeom.pipeline.schema import SCHEMA_PATH, read_schema, validate_config
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg = yaml.safe_load((repo / "config" / "scaling.yaml").read_text())
+    validate_config(cfg, read_schema(SCHEMA_PATH))
+    assert list(cfg["models"]) == ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+    pins = dict(line.split("==") for line in (repo / "requirements-scaling.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    named = {}
+    for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        spec = cfg["models"][name]
+        for pkg in sources.part_packages(spec["parts"]):
+            named[pkg.replace("_", "-")] = spec["parts"]["version"]
+    assert named == pins and len(pins) == 6 + 22
+    embedded = (repo / "requirements-embedded.txt").read_text()
+    assert not any(p in embedded for p in pins)
