@@ -3,6 +3,8 @@
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/run_benchmarks.py            # all
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/run_benchmarks.py extraction dryrun id
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/run_benchmarks.py extraction --model qwen2.5-coder-1.5b \
+        --config config/scaling.yaml --long-n 2     # any prepared model by name
 
 * ``extraction``: the full extraction (``extract_to_hdf5``: residual stream, values, keys, attention
   entropy, logit statistics, HDF5 write) against a bare ``model(input_ids, attention_mask)`` forward and the
@@ -634,13 +636,35 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _resolve_model(a) -> None:
+    """``--model NAME``: the model directory, batch size and output file of a named prepared model (in place)."""
+    if a.model:
+        import yaml
+
+        a.model_dir = str(REPO / "resources" / "models" / a.model)
+        if not (Path(a.model_dir) / "manifest.json").is_file():
+            raise SystemExit(f"{a.model_dir} is not a prepared model: run `snakemake --configfile {a.config} "
+                             f"--cores 2 resources/models/{a.model}` first")
+        entry = (yaml.safe_load(Path(a.config).read_text()).get("models") or {}).get(a.model) or {}
+        a.batch = a.batch or entry.get("batch_size")
+        a.out = a.out or str(OUT / f"benchmarks-{a.model}.json")
+    a.batch = a.batch or 16
+    a.out = a.out or str(OUT / "benchmarks.json")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("parts", nargs="*", default=["extraction", "dryrun", "id", "growth"])
+    ap.add_argument("--model", default=None, help="a prepared model by name: resources/models/<MODEL> (e.g. "
+                    "qwen2.5-coder-1.5b after the scaling study's prepare_model); its batch size is the entry's "
+                    "batch_size in --config unless --batch is given; results go to benchmarks-<MODEL>.json")
+    ap.add_argument("--config", default=str(REPO / "config" / "config.yaml"),
+                    help="with --model: the config holding its entry (config/scaling.yaml for the Qwen models)")
     ap.add_argument("--model-dir", default=str(REPO / "resources" / "models" / "smollm2-135m"))
     ap.add_argument("--prompts", default=str(REPO / "resources" / "prompts" / "mixed.jsonl"))
     ap.add_argument("--corpus-prompts", default=str(REPO / "resources" / "prompts" / "corpus.jsonl"))
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=None, help="prompts per forward pass (default 16, or the --model "
+                    "entry's batch_size)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rounds", type=int, default=5, help="throughput: rounds of bare / body / full in one process "
@@ -658,11 +682,13 @@ def main(argv=None):
     ap.add_argument("--growth-prompts", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--dry-repeats", type=int, default=3)
     ap.add_argument("--id-points", type=int, nargs="+", default=[500, 1000, 2000, 4000, 8000])
-    ap.add_argument("--out", default=str(OUT / "benchmarks.json"))
+    ap.add_argument("--out", default=None, help="default benchmarks/results/benchmarks.json (with --model: "
+                    "benchmarks-<MODEL>.json)")
     # child process
     ap.add_argument("--variant", choices=["bare", "full", "body", "pairs"])
     ap.add_argument("--corpus", action="store_true")
     a = ap.parse_args(argv)
+    _resolve_model(a)
     if a.parts and a.parts[0] == "_child":
         a.out = a.out
         print(json.dumps(child_pairs(a) if a.variant == "pairs" else child(a)))

@@ -109,7 +109,7 @@ BAD = [
     ("null-model-list", {"models": None},
      ["models = null", "wrong type", "a mapping"]),
     ("bad-model-source", {"models.tiny.source": "huggingface"},
-     ['models.tiny.source = "huggingface"', '"package_gguf", "hf_local", "hf_hub"']),
+     ['models.tiny.source = "huggingface"', '"package_gguf", "split_gguf", "hf_local", "hf_hub"']),
     ("source-missing-its-key", {"models.tiny.path": _DELETE},
      ["models.tiny", "missing the required key 'path'", "source hf_local"]),
     ("bad-model-name", {"models.my model": {"source": "hf_hub", "repo_id": "x/y"}},

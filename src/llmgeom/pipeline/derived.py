@@ -10,7 +10,7 @@ from __future__ import annotations
 from llmgeom.pipeline.schema import ConfigError
 
 
-SOURCE_KEYS = ("source", "package", "gguf_file", "path", "repo_id", "revision")
+SOURCE_KEYS = ("source", "package", "gguf_file", "parts", "sha256", "bytes", "path", "repo_id", "revision")
 
 
 #: The keys a prompt set may set for itself, else it takes the ``prompts`` section's (schema: no default of their own).

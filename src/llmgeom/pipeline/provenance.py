@@ -60,7 +60,7 @@ def collect(config: dict, *, models: list[str], prompt_sets: list[str], root: st
 
     Returns:
         dict with ``created`` (UTC), ``config_sha256``, ``config``, ``packages``, ``platform``,
-        ``workflow_git``, ``models`` (per model: source, repo_id, package, gguf_file, source_version,
+        ``workflow_git``, ``models`` (per model: source, repo_id, package, gguf_file, parts (split_gguf), source_version,
         revision, resolved_revision, source_sha256, model_type, dtype requested, and per extracted set
         the dtype/device used and the package versions at extraction), ``prompt_sets`` (per set:
         sha256, n_records) and ``mismatches`` (HDF5 files extracted from another prompt-set version).
@@ -96,8 +96,9 @@ def collect(config: dict, *, models: list[str], prompt_sets: list[str], root: st
         man = json.loads(man_path.read_text()) if man_path.is_file() else {}
         entry = {k: man.get(k) for k in ("source", "repo_id", "package", "gguf_file", "gguf_architecture",
                                          "source_version", "revision", "source_sha256")}
+        entry["parts"] = man.get("parts")  # split_gguf: every part package, its version, file and size
         entry["resolved_revision"] = resolved_revision(man.get("weights_path"))
-        entry["weights_path"] = man.get("weights_path") if man.get("source") != "package_gguf" else None
+        entry["weights_path"] = man.get("weights_path") if man.get("source") not in ("package_gguf", "split_gguf") else None
         entry["model_type"] = (man.get("architecture") or {}).get("model_type")
         entry["dtype_requested"] = (config.get("models", {}).get(m) or {}).get("dtype")
         entry["extractions"] = {}
@@ -125,8 +126,10 @@ def to_markdown(rec: dict) -> str:
     lines += ["", "## Models", "", "| model | source | revision | resolved revision | source sha256 | dtype |",
               "|---|---|---|---|---|---|"]
     for m, e in rec["models"].items():
-        src = e.get("repo_id") or (f"{e.get('package')}=={e.get('source_version')} / {e.get('gguf_file')}"
-                                   if e.get("package") else e.get("weights_path"))
+        pkg = (f"{e['parts'][0]['package']} .. {e['parts'][-1]['package']} ({len(e['parts'])} parts)"
+               if e.get("parts") else e.get("package"))
+        src = e.get("repo_id") or (f"{pkg}=={e.get('source_version')} / {e.get('gguf_file')}"
+                                   if pkg else e.get("weights_path"))
         dtypes = sorted({str(x.get("torch_dtype")) for x in e["extractions"].values()}) or [str(e["dtype_requested"])]
         lines.append(f"| {m} | {e.get('source')}: {src} | {e.get('revision') or ''} | {e.get('resolved_revision') or ''} "
                      f"| `{(e.get('source_sha256') or '')[:16]}` | {', '.join(dtypes)} |")
