@@ -9,7 +9,7 @@ created (UTC), contract_version, complete (True only once every dataset is writt
 attention_layers (JSON list of the 0-based decoder blocks that have attention; absent in older files: every
 layer, :func:`attention_layers`).
 
-Attention-free layers (hybrid and state-space models, issue 29): the per-layer attention datasets
+Attention-free layers (hybrid and state-space models): the per-layer attention datasets
 (:data:`ATTENTION_LAYER_DATASETS`: ``last_token/values``, ``last_token/keys``, ``last_token/attn_output``,
 ``attention/entropy``) keep the layer axis of every block, and their rows of a layer outside
 ``attention_layers`` are NaN, every element (the writer requires it; everywhere else it refuses non-finite
@@ -28,7 +28,7 @@ Datasets (float32 unless stated; each has ``units`` and ``axes`` attributes):
 - ``last_token/keys`` [n_prompts, n_layers, n_kv_heads, head_dim] (pre-RoPE)
 - ``last_token/attn_output`` [n_prompts, n_layers, n_heads*value_head_dim] (contract 3): the attention output at
   the final token, i.e. the attention-weighted sum of values with heads concatenated, the input of
-  o_proj / dense / out_proj / c_proj (issue 14 item 5)
+  o_proj / dense / out_proj / c_proj
 
 value_head_dim == head_dim (the root attribute) except under multi-head latent attention (DeepSeek-V2/V3 MLA;
 the ``architecture`` attribute's ``latent_attention`` and ``value_head_dim``): there n_kv_heads = n_heads (the
@@ -70,7 +70,7 @@ against the free space before it starts); the writer holds ``<path>.reserve`` (`
 writes, flushes a batch's data before recording the batch as committed, and on ENOSPC gives the reserve back so
 that HDF5 can close the partial file intact (:meth:`ActivationWriter.close_after_disk_full`).
 
-Integrity (contract version 2, issue 12): every numeric dataset is chunked with HDF5's per-chunk
+Integrity (contract version 2): every numeric dataset is chunked with HDF5's per-chunk
 Fletcher-32 checksum filter (``fletcher32=True``; integer datasets after lzf compression, floating-point
 ones uncompressed: lzf saved 0.001% of an activation file and cost ~3% of the extraction), so a stored value that is not
 what was written is detected when its chunk is read: :func:`open_activations` returns a file whose
@@ -305,7 +305,7 @@ def chunk_layout(shape: tuple, dtype) -> dict:
     Numeric datasets with rows: chunked (one row per chunk for N-D, ``NUMERIC_1D_CHUNK`` elements
     for 1-D) and Fletcher-32 checksummed; integer datasets (indices, token ids, the dimension scales) are
     lzf-compressed first, floating-point ones are not (activations' mantissas do not compress: lzf saved
-    2 bytes of 191,891 per prompt on SmolLM2's ``mixed`` file and cost ~3% of the extraction's time, issue 21).
+    2 bytes of 191,891 per prompt on SmolLM2's ``mixed`` file and cost ~3% of the extraction's time).
     Empty datasets and strings: contiguous (HDF5 cannot filter variable-length data; strings get a
     recorded sha256 instead).
     """
@@ -462,7 +462,7 @@ class NoAttentionLayerError(ValueError):
 def attention_layers(f) -> list[int]:
     """The 0-based decoder blocks of an activation file's model that have attention: the root attribute
     ``attention_layers`` (JSON list), or every block ``0..n_layers-1`` for a file without it (written before
-    issue 29: every layer had attention; n_layers from the attribute, else the layer axis of the values).
+    the contract recorded it, when every layer had attention; n_layers from the attribute, else the layer axis of the values).
 
     Args:
         f: an open activation file (or a dict of its root attributes, :func:`attrs_dict`).
@@ -482,7 +482,7 @@ def attention_layers(f) -> list[int]:
 def attention_free_layers(f) -> list[int]:
     """The 0-based decoder blocks without attention (the complement of :func:`attention_layers`)."""
     a = f if isinstance(f, dict) else f.attrs
-    if a.get("attention_layers") is None:  # files before issue 29 (and attention-only models' files): none
+    if a.get("attention_layers") is None:  # files from before the attribute (and attention-only models' files): none
         return []
     with_attention = set(attention_layers(f))
     return [l for l in range(int(a["n_layers"])) if l not in with_attention]
@@ -491,7 +491,7 @@ def attention_free_layers(f) -> list[int]:
 def read_finite(f: h5py.File, name: str, rows=None, *, layer: int | None = None, dtype=np.float64) -> np.ndarray:
     """Read a numeric dataset of an open activation file and refuse non-finite values.
 
-    The one reading helper of every analysis (issue 11): a NaN or inf is reported with the file, the
+    The one reading helper of every analysis: a NaN or inf is reported with the file, the
     dataset, the layer and the first bad row, instead of numpy's "X contains non-finite values" later.
 
     Args:

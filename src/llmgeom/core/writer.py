@@ -78,7 +78,7 @@ class ActivationWriter:
     axes as HDF5 dimension scales (datasets at the file's root named as the axis, values 0..size-1), so
     ``xarray.open_dataset(path, engine="h5netcdf", group=...)`` gives labelled arrays.
 
-    Resumable writing (issue 18 item 3): with ``resume_key`` (a digest of everything that determines the
+    Resumable writing: with ``resume_key`` (a digest of everything that determines the
     file's content: prompt-set sha256, model, settings) and ``n_batches``, the partial file records, per
     batch, whether it is complete (``resume/done``) and the :func:`batch_digest` of what it wrote
     (``resume/sha256``), flushed by :meth:`commit_batch`. A later writer with the same key and shapes

@@ -186,8 +186,7 @@ def load_prepared(model_dir: str | Path, *, dtype: str, attn: str = "sdpa", devi
 
     With ``reuse=True`` the last model loaded with ``reuse=True`` is kept in this process and returned
     again for the same (directory and weights mtime, dtype, attention, device, device_map): one weight
-    load for all the GPU jobs of a model that run in one process (``llmgeom.pipeline.model_server``;
-    issue 13). A different key replaces it (one model in memory at a time). Callers must not modify
+    load for all the GPU jobs of a model that run in one process (``llmgeom.pipeline.model_server``). A different key replaces it (one model in memory at a time). Callers must not modify
     the returned model (extraction and interventions only add hooks that they remove).
 
     Args:
