@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 
 def defaults(section: str, function=None) -> dict:
-    """The config schema's defaults of one section as keyword arguments of its analysis (issue 30), e.g.
+    """The config schema's defaults of one section as keyword arguments of its analysis, e.g.
     ``margin_tables(h5, model="m", **llmgeom.defaults("margins"))``: the values the workflow passes when the
     config leaves the section alone (``llmgeom.pipeline.schema.defaults``; no torch import)."""
     from llmgeom.pipeline.schema import defaults as _defaults

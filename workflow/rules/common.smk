@@ -51,7 +51,7 @@ WT_TASKS = check_config(config, here=workflow.is_main_process and workflow.resou
 
 MODELS = sorted(config["models"])
 
-# Null models (issue 28; llmgeom.pipeline.derived.null_entries): each model's random-init twin <model>-randinit
+# Null models (llmgeom.pipeline.derived.null_entries): each model's random-init twin <model>-randinit
 # (an entry of config["models"] like any other, with the trained model's resources; kept out of MODELS) and each
 # wind-tunnel model's step-0 checkpoint <model>-step0 (a checkpoint entry of WT below). They run only the prompt
 # sets and analyses that the claims read (NULL_TABLES below); the scorecard sets every verdict beside its null's.
@@ -158,7 +158,7 @@ def get_set_seed(wildcards):
     return prompt_set_params(config)[wildcards.promptset]["seed"]
 
 
-# Null models (issue 28): what a random-init twin runs of the rules the claims read (DR: domain_restriction.smk,
+# Null models: what a random-init twin runs of the rules the claims read (DR: domain_restriction.smk,
 # SULA_CONDITIONS: sula.smk, IV: interventions.smk; looked up when the DAG is built, after every include).
 def get_dr_sets(wildcards):
     """Prompt sets of domain_restriction: the mixed set and every restricted set; a null model only the two
@@ -243,7 +243,7 @@ def get_wt_step(wildcards):
 
 # threads of the GPU rules except train_wind_tunnel (wind_tunnel.models.<name>.threads: bit-identical per thread
 # count): extract.threads on a cluster; in a local run (no --jobs / executor: Snakemake's own `nodes` is unset) at
-# most half of --cores, so a GPU job leaves a core to the other model's GPU jobs or an analysis (issue 21).
+# most half of --cores, so a GPU job leaves a core to the other model's GPU jobs or an analysis.
 LOCAL_CORES = workflow.resource_settings.cores if workflow.resource_settings.nodes is None else None
 GPU_THREADS = gpu_rule_threads(config["extract"]["threads"], LOCAL_CORES)
 
@@ -254,12 +254,10 @@ GPU_THREADS = gpu_rule_threads(config["extract"]["threads"], LOCAL_CORES)
 GPU_MODELS = {**config["models"], **WT}
 GPU_SLOTS = gpu_slots(GPU_MODELS, LOCAL_CORES)
 GPU_RESOURCES = gpu_job_resources(GPU_MODELS, GPU_SLOTS)
-# GPU rules are in group "gpu_{model}" (cluster.GPU_GROUP, set by declare_gpu_rules): one SLURM submission per model. Each GPU job holds a
-# GPU slot (limit 1), so the jobs of a submission run one after another on the model's GPUs, in one model-server
-# process that loads the weights once (docs/design-notes.md "GPU economy"). On a cluster one slot for all models,
-# scoped "local" in the submitting run: it stacks each group job in series but is not counted across submissions,
-# so different models' submissions run side by side; inside an allocation (remote_exec) it is counted ("global"),
-# one GPU job at a time. Locally a slot per model (a local run counts every resource, whatever its scope).
+# The GPU jobs of a model form one SLURM submission (group cluster.GPU_GROUP) and each holds a GPU slot (limit 1):
+# they run one after another in one model server that loads the weights once (docs/design-notes.md "GPU economy").
+# A cluster has one slot, scoped "local" where jobs are submitted (models' submissions run side by side) and
+# "global" inside an allocation; a local run counts every resource whatever its scope, so it has one per model.
 for _slot, _n in gpu_slot_limits(GPU_SLOTS).items():
     workflow.register_resource(_slot, _n)
 
@@ -269,7 +267,7 @@ resource_scopes:
 
 
 # `priority:` of the CPU rules (higher first; Snakemake's scheduler picks the ready jobs with the highest sum; others
-# 0): the longest chains first (issue 21). Model preparation and prompts head every chain; the GPU rules' own
+# 0): the longest chains first. Model preparation and prompts head every chain; the GPU rules' own
 # priorities (corpus extraction first, then the SULA conditions and the interventions, the wind-tunnel training
 # before the analyses) are declared with them in llmgeom.pipeline.cluster.GPU and set by declare_gpu_rules at the
 # end of the Snakefile; the analyses fill the remaining gaps (the longest ones first).

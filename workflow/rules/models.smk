@@ -1,7 +1,7 @@
 rule prepare_model:
     """Model source (GGUF in a package, local HF directory or HF id) -> plain HF directory + manifest."""
     input:
-        unpack(get_prepare_inputs),  # a random-init twin (issue 28): its trained model's prepared directory
+        unpack(get_prepare_inputs),  # a random-init twin: its trained model's prepared directory
         code=code("prepare_model"),
     output:
         directory("resources/models/{model}"),

@@ -1,4 +1,4 @@
-# Provenance of the run (issue 6): package versions, model revisions, config and prompt-set hashes.
+# Provenance of the run: package versions, model revisions, config and prompt-set hashes.
 # Its input is every other final target (an input function, evaluated once all rule files are included),
 # so provenance is written last and reflects the finished run.
 from llmgeom.pipeline.provenance import config_sha256

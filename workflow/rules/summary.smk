@@ -10,8 +10,8 @@ TARGETS += ["results/summary/bayes_tables.html"]
 TARGETS += expand("results/figures/{fig}.{ext}", fig=BAYES_FIGURES + LSM_FIGURES, ext=["png", "pdf"])
 
 
-# One aggregate job per family of tables (summarize(..., family=...)): a few ~1 s jobs instead of one per table
-# (issue 21); the caption's paragraph is the family's (params.family). Rules aggregate_<family>.
+# One aggregate job per family of tables (summarize(..., family=...)): a few ~1 s jobs instead of one per table;
+# the caption's paragraph is the family's (params.family). Rules aggregate_<family>.
 SUMMARY_FAMILIES = {}
 for _t, _spec in SUMMARY_TABLES.items():
     SUMMARY_FAMILIES.setdefault(_spec["family"], []).append(_t)
@@ -162,7 +162,7 @@ rule figure_lsm:
         "../scripts/figure_lsm.py"
 
 
-# Scaling study (issue 42): results/summary/scaling.csv (every per-model statistic of llmgeom.analyses.scaling
+# Scaling study: results/summary/scaling.csv (every per-model statistic of llmgeom.analyses.scaling
 # .STATISTICS beside model size, the twin's value and the papers' models), read from the cross-model tables above;
 # one figure per statistic against the parameter count and an overview grid. Code: llmgeom.analyses.scaling,
 # llmgeom.weights.model_size (parameter counts from each model's config), llmgeom.plots.scaling.
@@ -229,7 +229,7 @@ rule figure_scaling:
         "../scripts/figure_scaling.py"
 
 
-# Claims scorecard (issue 19): every claim of llmgeom/data/claims.yaml decided on the cross-model tables this
+# Claims scorecard: every claim of llmgeom/data/claims.yaml decided on the cross-model tables this
 # run produces; a claim whose table is not produced is "not testable here". Code: llmgeom.analyses.claims.
 from llmgeom.core.claims_data import load_claims  # yaml only: light at DAG time
 
@@ -257,7 +257,7 @@ rule claims:
     params:
         tables=CLAIM_TABLES,
         models=MODELS + WT_FINALS,
-        nulls={n: e["null_of"] for n, e in NULLS.items()},  # null model -> trained model (issue 28)
+        nulls={n: e["null_of"] for n, e in NULLS.items()},  # null model -> trained model
         null_for=NULL_OF,  # trained model (and wind-tunnel checkpoint) -> its null
     resources:
         mem_mb=scaled_mem(1000),
@@ -274,7 +274,7 @@ rule claims:
         "../scripts/claims.py"
 
 
-# The answer on one screen (issue 28 point 4): results/index.html (headline counts, the claims x models verdict
+# The answer on one screen: results/index.html (headline counts, the claims x models verdict
 # matrix, the forest plots); README and the report's landing page point to it. Code: llmgeom.plots.claims.
 TARGETS += ["results/index.html"]
 

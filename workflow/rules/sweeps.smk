@@ -1,4 +1,4 @@
-# Training-checkpoint sweeps (issue 7): model entries whose revision is a training step ("step1000") are
+# Training-checkpoint sweeps: model entries whose revision is a training step ("step1000") are
 # checkpoints of one run (config/pythia_checkpoints.yaml). Their cross-model summaries (one row per model)
 # are joined by step, so geometry can be traced over training. Adding a checkpoint later reruns only its
 # own jobs, the summaries and this table. Included last: it reads the summary targets of the other files.

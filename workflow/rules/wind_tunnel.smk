@@ -1,4 +1,4 @@
-# Wind tunnel (Papers I-III; issue 14): small transformers trained on tasks with exact posteriors, measured by the
+# Wind tunnel (Papers I-III): small transformers trained on tasks with exact posteriors, measured by the
 # same rules as the LLMs. Model entries: WT_MODELS (common.smk; finals and their checkpoints <name>-step<k>), kept
 # out of MODELS (no Wikipedia, SULA or LSM extraction). Code: llmgeom.prompts.wind_tunnel (tasks, prompt records),
 # llmgeom.measures.bayes (exact posteriors), llmgeom.wind_tunnel.train (training), llmgeom.analyses.wind_tunnel

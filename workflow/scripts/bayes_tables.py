@@ -9,10 +9,10 @@ with run_logged(snakemake.log[0]):
 
     o = snakemake.output
     dr = pd.read_csv(snakemake.input.dr)
-    nulls = snakemake.params.nulls  # null model -> the trained model it is the null of (issue 28)
+    nulls = snakemake.params.nulls  # null model -> the trained model it is the null of
     t1 = table1(dr, nulls=nulls)
     i = snakemake.input
-    wt = pd.read_csv(i.wt) if i.get("wt") else None  # wind-tunnel rows (issue 14), when the config has any
+    wt = pd.read_csv(i.wt) if i.get("wt") else None  # wind-tunnel rows, when the config has any
     if wt is not None:
         wt = wt[wt.model.isin(list(snakemake.params.wt_finals) + list(nulls))]
     t2 = table2(dr, pd.read_csv(i.ko), pd.read_csv(i.af), restricted_set=snakemake.params.restricted_set, wt=wt,

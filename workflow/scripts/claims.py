@@ -1,4 +1,4 @@
-"""Rule claims: the claims scorecard (issue 19) from the cross-model tables; published.csv."""
+"""Rule claims: the claims scorecard from the cross-model tables; published.csv."""
 from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):

@@ -1,5 +1,5 @@
 # Rules extract and extract_sula: one model, one prompt set -> HDF5 activations (DESIGN.md section 2).
-# The work runs in the model's server process (weights loaded once per allocation; issue 13), or here
+# The work runs in the model's server process (weights loaded once per allocation), or here
 # with LLMGEOM_MODEL_SERVER=0.
 from typing import TYPE_CHECKING
 

@@ -1,4 +1,4 @@
-"""Rule figure_scaling: one figure per scaling statistic and the overview grid (issue 42)."""
+"""Rule figure_scaling: one figure per scaling statistic and the overview grid."""
 from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):

@@ -1,5 +1,5 @@
 """Rule findings: the front page results/index.html with the verdict matrix, the forest plots and the scaling
-figures (issues 28, 42)."""
+figures."""
 from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):

@@ -3,7 +3,7 @@ from llmgeom.models.sources import prepare_model
 
 with run_logged(snakemake.log[0]):
     spec = snakemake.params.spec
-    if spec["source"] == "random_init":  # the null model of issue 28
+    if spec["source"] == "random_init":  # a random-init twin: the null model of its trained model
         from llmgeom.models.random_init import prepare_random_init
 
         prepare_random_init(snakemake.wildcards.model, snakemake.input.base, spec["seed"], snakemake.output[0])

@@ -1,4 +1,4 @@
-"""Rule scaling: results/summary/scaling.csv from the cross-model tables and the models' parameter counts (issue 42)."""
+"""Rule scaling: results/summary/scaling.csv from the cross-model tables and the models' parameter counts."""
 from llmgeom.pipeline.jobs import run_logged
 
 with run_logged(snakemake.log[0]):

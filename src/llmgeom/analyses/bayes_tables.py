@@ -50,7 +50,7 @@ def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bo
 
     Args:
         dr: concatenated ``domain_restriction`` stats tables (all models).
-        nulls: null model -> the trained model it is the null of (issue 28); their rows get ``null_of``.
+        nulls: null model -> the trained model it is the null of; their rows get ``null_of``.
 
     Returns:
         one row per (model, prompt_set), mixed first: model, prompt_set, domain, role, n, layer, relative_depth
@@ -96,8 +96,9 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         dr: concatenated domain_restriction stats; ko: concatenated key_orthogonality tables;
         af: concatenated attention_focusing_summary tables; restricted_set: prompt set of the
             "restricted" column (e.g. domain_mathematics).
-        nulls: null model -> the trained model it is the null of (issue 28): their rows have source "null_model" (NULL_SOURCE; not "null", which CSV readers take for a missing value)
-            and ``null_of``; a wind-tunnel null (step 0) needs its rows in ``wt`` too.
+        nulls: null model -> the trained model it is the null of: their rows have source "null_model"
+            (NULL_SOURCE; not "null", which CSV readers take for a missing value) and ``null_of``; a wind-tunnel
+            null (step 0) needs its rows in ``wt`` too.
 
     Returns:
         one row per model: model, attention_type (MHA / GQA / MQA, "+ sliding window (...)" when some
@@ -115,7 +116,7 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         models, its wind-tunnel row and its random-init / Gaussian baselines), the published number in the same
         column and unit (``llmgeom/data/published.yaml``, :func:`llmgeom.core.published.add_published`).
 
-        Wind-tunnel models (issue 14; ``wt``: concatenated ``wind_tunnel`` tables, ``wt_geometry``:
+        Wind-tunnel models (``wt``: concatenated ``wind_tunnel`` tables, ``wt_geometry``:
         ``wind_tunnel_geometry`` tables, both of :mod:`llmgeom.analyses.wind_tunnel`) are rows beside the LLMs
         (after them): ``source`` = "wind_tunnel" (LLMs: "llm"), ``task``, ``step``, ``entropy_mae_bits`` and
         ``entropy_pearson_r`` (model entropy over the answer symbols vs the exact posterior entropy, all
@@ -214,7 +215,7 @@ def _ko_af_columns(k: pd.DataFrame, a) -> dict:
     return r
 
 
-WIND_TUNNEL_NOTE = ("Wind-tunnel rows (issue 14): small transformers trained on a task with an exact posterior; "
+WIND_TUNNEL_NOTE = ("Wind-tunnel rows: small transformers trained on a task with an exact posterior; "
                     "entropy MAE = mean |H_model - H_exact| in bits over held-out prompts (H_model over the answer "
                     "symbols), max |rho| = largest |Spearman rho(PC1, H_exact)| over layers per representation "
                     "(n/a: not in the activation file); their value manifold is measured on the task's prompts, so "
@@ -258,18 +259,18 @@ def _pub_cell(r, col: str, pct: bool = False) -> str:
     return txt
 
 
-#: ``source`` of a null model's Table-2 row (issue 28). Not "null": pandas.read_csv reads that as NaN.
+#: ``source`` of a null model's Table-2 row. Not "null": pandas.read_csv reads that as NaN.
 NULL_SOURCE = "null_model"
 
 
 def _pub_source(r) -> str:
-    """Source cell of a published row: "published (paper)", "published (official code)", ... (issue 28 point 3)."""
+    """Source cell of a published row: "published (paper)", "published (official code)", ..."""
     k = getattr(r, "source_kind", "")
     return "published (" + (str(k).replace("_", " ") if isinstance(k, str) and k else "paper") + ")"
 
 
 def _run_source(r) -> str:
-    """Source cell of one of this run's rows: "this run", or "null: random-init twin of <model>" (issue 28)."""
+    """Source cell of one of this run's rows: "this run", or "null: random-init twin of <model>"."""
     n = getattr(r, "null_of", "")
     return f"null: random-init twin of {n}" if isinstance(n, str) and n else "this run"
 

@@ -1,4 +1,4 @@
-"""claims.csv: what this run found, claim by claim (issue 19). The claims are data
+"""claims.csv: what this run found, claim by claim. The claims are data
 (``llmgeom/data/claims.yaml``: sentence, paper and section, table and columns, rule and its parameters); this
 module holds the rule engine that decides each claim on the cross-model tables and the scorecard it writes.
 Tables in, tables out; never torch.
@@ -434,7 +434,7 @@ def _filter(df: pd.DataFrame, where: dict | None) -> pd.DataFrame:
 
 
 def _official_code_text(q: str, model, kind) -> str:
-    """The official code's committed values of quantity ``q`` (issue 28 point 3), beside the paper's: "value
+    """The official code's committed values of quantity ``q``, beside the paper's: "value
     (model; source)", "; "-separated; "" when the official code gives none."""
     ents = entries_by_kind(q, model or None, kind).get("official_code", []) or entries_by_kind(q, None, kind).get(
         "official_code", [])
@@ -697,8 +697,8 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
             table this run did not produce (its claims are "not testable here: table not produced by this run").
         models: the run's models (rows of a claim whose table is missing).
         path: a claims file instead of the package's ``llmgeom/data/claims.yaml``.
-        nulls: null model -> the trained model it is the null of (random-init twins, step-0 checkpoints; issue
-            28). Their rows are taken out of the tables' rows and decided by the same rule into the null columns.
+        nulls: null model -> the trained model it is the null of (random-init twins, step-0 checkpoints).
+            Their rows are taken out of the tables' rows and decided by the same rule into the null columns.
         null_for: trained model -> its null model, for models that share one (a wind-tunnel model's checkpoints
             and the model itself: its step-0 checkpoint); default: the inverse of ``nulls``.
 
@@ -718,7 +718,7 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
     Raises:
         ClaimsDataError: a malformed claims file.
 
-    Source: issue 19; the claims' papers and sections are in the file.
+    Source: the claims' papers and sections are in the file.
     """
     rows = []
     nulls = dict(nulls or {})
@@ -764,7 +764,7 @@ def to_markdown(df: pd.DataFrame) -> str:
                                                         r.measured_text or "-", null, spec, pub,
                                                         r.comparison_flags or "-", r.reason)) + " |")
     n = headline(df) if "specific" in df else {v: int((df.verdict == v).sum()) for v in VERDICTS}
-    legend = ("Claims scorecard (issues 19, 28): each claim of llmgeom/data/claims.yaml decided on this run's tables; "
+    legend = ("Claims scorecard: each claim of llmgeom/data/claims.yaml decided on this run's tables; "
               + ", ".join(f"{v}: {int(x)}" for v, x in n.items()) + ". A supported verdict is a finding only when it "
               "is specific: the model's null (its seeded random-init twin, through the same prompts and analyses; "
               "noise of the same n and d where the claim has one) reads otherwise, or the interval excludes the null's "

@@ -14,7 +14,7 @@ from llmgeom.measures.neighbors import deduplicate
 
 
 def known_geometry_references(n: int, d: int, m: int, k: int, *, seed: int = 0) -> dict:
-    """The curvature proxy on clouds of known geometry at the same n, d, m and k (issue 28: the nulls of
+    """The curvature proxy on clouds of known geometry at the same n, d, m and k (the nulls of
     ``smooth_low_curvature``).
 
     * ``curvature_flat``: n points uniform in an m-dimensional unit cube, rotated into R^d (a flat subspace):
@@ -33,7 +33,7 @@ def known_geometry_references(n: int, d: int, m: int, k: int, *, seed: int = 0) 
     Raises:
         ValueError: m >= d, or k >= n (as :func:`llmgeom.measures.curvature.local_pca_residuals`).
 
-    Source: LSM sec. 13.3 (curvature proxy); issue 28 point 1.
+    Source: LSM sec. 13.3 (curvature proxy).
     """
     if not 1 <= m < d:
         raise ValueError(f"known-geometry clouds need 1 <= m < d, got m={m}, d={d}")

@@ -1,4 +1,4 @@
-"""Margin-adaptive decoding table (LSM; issue 20 item 2): ``decoding.csv``.
+"""Margin-adaptive decoding table (LSM): ``decoding.csv``.
 
 Reads the corpus activation file and takes the unembedding as arrays (loaded by
 :func:`llmgeom.weights.unembedding.load_unembedding` in the rule's script, as the Fisher rule does).

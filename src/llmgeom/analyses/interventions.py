@@ -135,7 +135,7 @@ def _condition_summary(g, base, sig: dict, final: int, boot_idx, *, n: int, n_bo
     pe = g[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
     pe0 = base[f"proj_L{le}"].to_numpy(np.float64) if le is not None else None
     args = (sig.get(le, np.nan), sig[final])
-    rc = f"pc1_recomputed_L{final}"  # absent in tables written before issue 28
+    rc = f"pc1_recomputed_L{final}"  # absent in tables written by older versions
     qf = g[rc].to_numpy(np.float64) if rc in g else None
     qf0 = base[rc].to_numpy(np.float64) if rc in base else None
     st = _cond_stats(hm, hb, pe, pf, *args, qf)

@@ -1,4 +1,4 @@
-"""intrinsic_dimension.csv, id_last_token.csv, gride_scale.csv and id_profile.csv (LSM; issue 20 item 3): intrinsic
+"""intrinsic_dimension.csv, id_last_token.csv, gride_scale.csv and id_profile.csv (LSM): intrinsic
 dimension of the residual stream per layer, at corpus token positions and at the last token of each prompt of a
 second set, GRIDE's scale curve, and the shape of each profile over depth.
 
@@ -96,9 +96,10 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
         first_id (first layer of the profile), final_id (last block), mean_id (over the profile),
         spearman_depth (ID vs depth; NaN for a constant profile), shape ("rise-then-fall", "fall-then-rise",
         "increasing", "decreasing", "flat"), shape_tol, embeddings_included (True: layer 0 is part of the
-        profile), id_iso / id_over_d_model_iso (the estimator on isotropic Gaussian points of the last block's n and
-        d, and over d_model: the data-level null of issue 28; NaN for last-token rows), note ("" or why there is no profile: an estimator with fewer than two measured layers, e.g.
-        too few distinct points, gets a row with NaN values and the reason); agrees_with (';'-joined estimators
+        profile), id_iso / id_over_d_model_iso (the estimator on isotropic Gaussian points of the last block's n
+        and d, and over d_model: the data-level null; NaN for last-token rows), note ("" or why there is no
+        profile: an estimator with fewer than two measured layers, e.g. too few distinct points, gets a row with
+        NaN values and the reason); agrees_with (';'-joined estimators
         of the same model, prompt set and points with the same shape and a peak depth within
         ``peak_depth_tol``, this one included), n_estimators (those with a profile), estimators_agree (all of
         them agree), shape_verdict (the common shape when they agree, else "none (estimators disagree)"; "none
@@ -108,7 +109,7 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
         Relative depth = layer / L for residual-stream layer l (output of block l; 0 = embeddings).
 
     Source: LSM (universal ID profile over relative depth); Cheng, Vaidya & Antonello (ICML 2026);
-    DESIGN.md sec. 3; issue 20 item 3.
+    DESIGN.md sec. 3.
     """
     if profile_layers not in ("blocks", "all"):
         raise ValueError(f"profile_layers must be 'blocks' or 'all', got {profile_layers!r}")
@@ -222,7 +223,7 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
         over the estimators at that layer; NaN with one estimator), estimators_disagree (estimator_ratio >
         disagreement_factor), disagreement_factor, id_iso / id_shuffled (at the last block only, NaN elsewhere: the
         estimator on isotropic Gaussian points / on the points with every coordinate shuffled, same n and d; the
-        data-level nulls of issue 28). With ``return_scale`` also GRIDE's scale curve
+        data-level nulls). With ``return_scale`` also GRIDE's scale curve
         (:func:`gride_scale_columns`; empty without "gride"): ``(table, scale_table)``.
 
     Raises:
@@ -253,7 +254,7 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
                               f"intrinsic_dimension.subsample_size={subsample_size}: every subsample is all of "
                               "them (id_std = 0; column subsample_size_used). Extract more corpus positions "
                               "(prompts.sets.<corpus>.n, extract.sample_per_prompt) for a spread", stacklevel=2)
-        # data-level nulls (issue 28) at the last block, same n and d: isotropic Gaussian, each coordinate shuffled
+        # data-level nulls at the last block, same n and d: isotropic Gaussian, each coordinate shuffled
         nulls = _id_nulls(pts, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size,
                           seed=seed, min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
                           gride_plateau_tol=gride_plateau_tol)
@@ -268,7 +269,7 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
 
 def _id_nulls(pts, *, seed: int, **kw) -> dict:
     """estimator -> (ID of isotropic Gaussian points, ID of ``pts`` with every coordinate shuffled across points),
-    both of the same shape as the distinct points of ``pts`` (issue 28: what noise of the same n and d reads);
+    both of the same shape as the distinct points of ``pts`` (what noise of the same n and d reads);
     (NaN, NaN) where an estimator cannot run."""
     from llmgeom.measures.neighbors import deduplicate
 
@@ -315,7 +316,7 @@ def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle
         StoreError: untrusted file. KeyError: no ``last_token/residual``. A layer with fewer distinct points than
         ``min_points`` (e.g. layer 0: the final tokens' embeddings) gets NaN IDs and the reason in ``note``.
 
-    Source: Cheng, Vaidya & Antonello (ICML 2026): GRIDE on last-token states; issue 20 item 3.
+    Source: Cheng, Vaidya & Antonello (ICML 2026): GRIDE on last-token states.
     """
     estimators = list(dict.fromkeys(intrinsic_dimension.canonical_estimator(e) for e in estimators))
     rows, scale = [], []

@@ -45,7 +45,7 @@ def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, mode
     Raises:
         StoreError: untrusted file. KeyError: not a corpus file. TooFewPointsError: too few distinct points.
 
-    Source: LSM Theorem 10.8 (D(N) >= c_k (vol M / N)^(2/k)); issue 20 item 1.
+    Source: LSM Theorem 10.8 (D(N) >= c_k (vol M / N)^(2/k)).
     """
     rows = []
     with open_activations(h5_path, model=model) as f:

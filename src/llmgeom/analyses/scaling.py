@@ -1,5 +1,5 @@
 """scaling.csv: the per-model statistics of this run set against model size, beside each model's random-init twin
-and the papers' own models (issue 42). Tables in, tables out; never torch, and no statistic is recomputed here:
+and the papers' own models. Tables in, tables out; never torch, and no statistic is recomputed here:
 each value, and its interval, is read from the cross-model table that owns it (:data:`STATISTICS` names the table
 and columns), the sizes from :func:`llmgeom.weights.model_size.parameter_counts`, the papers' values and their
 models' sizes from ``llmgeom/data/published.yaml``.
@@ -69,7 +69,7 @@ _TOKENS = {"points": "token positions"}
 _MLE = ("estimator", ("mle_lb", "mle_mg", "mle"))  # LSM's MLE is Levina-Bickel's: mle_lb first
 _MAIN = {"condition": "main", "k": "all"}
 
-#: the statistics of scaling.csv (issue 42 point 4), in the order of the table and the figures
+#: the statistics of scaling.csv, in the order of the table and the figures
 STATISTICS = (
     Statistic("pc12_mixed", "PC1+PC2, mixed prompts (final-layer values)", column="pc12_mixed", lo="pc12_mixed_lo",
               hi="pc12_mixed_hi", reference="pc12_mixed_iso", reference_kind="isotropic noise, same n and d",

@@ -32,7 +32,7 @@ def value_manifold_table(h5_paths: dict, *, model: str, n_boot: int, seed: int, 
     Returns:
         DataFrame with columns model, prompt_set, representation ("values" = last-token value vectors
         concatenated over key heads [n_prompts, n_kv_heads*head_dim]; "attn_output" = the attention output
-        at the final token, the o_proj input [n_prompts, n_heads*head_dim] (issue 14 item 5: where small
+        at the final token, the o_proj input [n_prompts, n_heads*head_dim] (where small
         transformers carry the entropy ordering); "residual_stream" = output of the
         block [n_prompts, d_model]; hybrid and state-space models: values and attn_output rows only at the layers
         with attention, the file's ``attention_layers``, residual_stream rows at every layer),

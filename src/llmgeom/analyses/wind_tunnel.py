@@ -18,7 +18,7 @@ Tables:
   participation ratio, Spearman rho(PC1, exact entropy), pc1_sign.
 
 Source: Paper I ("The Bayesian Geometry of Transformer Attention": entropy calibration in bits, value
-manifolds ordered by posterior entropy), Paper III sec. 4 (the same statistics on LLMs); issue 14.
+manifolds ordered by posterior entropy), Paper III sec. 4 (the same statistics on LLMs).
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers, ste
         DataFrame with :data:`GEOMETRY_COLUMNS`; relative_depth = (layer + 1) / L for blocks, layer / L
         for the residual stream.
 
-    Source: Paper I / Paper III sec. 4; issue 14 item 5 (values, attention output and residual stream side
+    Source: Paper I / Paper III sec. 4 (values, attention output and residual stream side
     by side).
     """
     from llmgeom.core.store import open_activations, read_finite
@@ -309,7 +309,7 @@ def wind_tunnel_tables(h5_path, *, model: str, calibration_bins: int, layers, st
     entropy) and carry model, task and step columns; ``prompts`` is :func:`read_wind_tunnel_h5` with a
     model column.
 
-    Source: Papers I and III; issue 14 item 4.
+    Source: Papers I and III.
     """
     per = read_wind_tunnel_h5(h5_path, model=model)
     from llmgeom.core.store import open_activations
@@ -328,9 +328,8 @@ def wind_tunnel_tables(h5_path, *, model: str, calibration_bins: int, layers, st
 
 def best_geometry(geometry: pd.DataFrame) -> pd.DataFrame:
     """Per model and representation, the layer with the largest |rho(PC1, exact entropy)|: model,
-    representation, layer, relative_depth, pc1, abs_rho_pc1_h_exact (rows with NaN rho skipped).
-
-    Source: issue 14 (the representation that carries the entropy ordering).
+    representation, layer, relative_depth, pc1, abs_rho_pc1_h_exact (rows with NaN rho skipped): the
+    representation that carries the entropy ordering.
     """
     g = geometry.dropna(subset=["abs_rho_pc1_h_exact"])
     if not len(g):

@@ -1,4 +1,4 @@
-"""The claims data file ``llmgeom/data/claims.yaml``: its location, its fields and a checked reader (issue 19).
+"""The claims data file ``llmgeom/data/claims.yaml``: its location, its fields and a checked reader.
 
 Light (yaml only), so that the workflow can read which tables the claims need while it builds the DAG; the rule
 engine that decides each claim is :mod:`llmgeom.analyses.claims` (its ``RULES`` has exactly the kinds of

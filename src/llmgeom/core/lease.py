@@ -1,4 +1,4 @@
-"""One writer per output, on any shared file system: a lease file beside the output (issue 31).
+"""One writer per output, on any shared file system: a lease file beside the output.
 
 On a multi-node cluster a node that stops answering is not a node that stopped working: its processes
 may still write. An extraction writes ``<out>.partial`` in place batch by batch (the HDF5 file is opened

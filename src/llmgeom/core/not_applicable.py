@@ -1,6 +1,6 @@
 """Why a measure does not apply to a model: the texts of the tables' ``not_applicable`` columns, one wording each.
 
-A module of its own (not ``core.layers``, which most analyses import): the rules that track it (issue 7) are
+A module of its own (not ``core.layers``, which most analyses import): the rules that track it are
 those that write these texts, so a new text reruns no other rule.
 
 May import: nothing.

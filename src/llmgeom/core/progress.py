@@ -1,4 +1,4 @@
-"""Progress you can watch (issue 13 item 3): done / total, rate and ETA from ``tqdm``.
+"""Progress you can watch: done / total, rate and ETA from ``tqdm``.
 
 In a terminal the bar redraws in place (every ``LLMGEOM_PROGRESS_TTY_S``, default 0.5 s); in a
 job log (stderr not a TTY, as under SLURM or Snakemake's per-job logs) it writes one plain line

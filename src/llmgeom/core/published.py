@@ -4,9 +4,9 @@ The numbers live in the data file, never in code (DESIGN.md sec. 3, "Published v
 names its paper, where in the paper, and the model(s) it was measured on. Tables add, beside a measured
 column ``x``, the text columns ``x_published`` (value or range of the entry published for the same model and
 prompt-set kind; "" when there is none) and ``x_published_on`` (source), and the published models as rows of
-their own (``source`` = "published"; issue 19).
+their own (``source`` = "published").
 
-Every entry says what kind of source it is (``source_kind``, issue 28 point 3): ``paper`` (the paper's text,
+Every entry says what kind of source it is (``source_kind``): ``paper`` (the paper's text,
 arXiv version in ``where``), ``official_code`` (the official code's committed output: repository, file,
 commit date in ``source``), ``secondary`` (a secondary source quoting the paper), ``replication`` (an
 independent replication) or ``other_study`` (another study of another model). Verdicts decide on the paper's
@@ -28,7 +28,7 @@ DATA_FILE = "data/published.yaml"
 _FIELDS = {"quantity", "value", "range", "min", "unit", "paper", "where", "models", "model", "kind", "source_kind",
            "source", "layer", "reading", "note"}
 _KINDS = ("mixed", "restricted")
-#: the kinds of source an entry can have, in the order tables show them (issue 28 point 3)
+#: the kinds of source an entry can have, in the order tables show them
 SOURCE_KINDS = ("paper", "official_code", "secondary", "replication", "other_study")
 #: the kinds that are the paper's own numbers (derived ``secondary`` is False for them)
 PRIMARY_KINDS = ("paper", "official_code")
@@ -237,7 +237,7 @@ def matching_entries(quantity: str, model, kind: str | None = None, *, path: str
                      source_kinds=None) -> list[dict]:
     """Entries of ``quantity`` published for ``model`` (by :func:`model_key`) and, when both name one, the same
     prompt-set ``kind`` (mixed / restricted). An entry without a ``model`` (a range over several models, e.g.
-    LSM's six transformers) matches no row: it is compared, not attached (issue 19). ``source_kinds`` (an
+    LSM's six transformers) matches no row: it is compared, not attached. ``source_kinds`` (an
     iterable of :data:`SOURCE_KINDS`; None = all) keeps only entries of those kinds; file order otherwise."""
     out = []
     for e in load_published(path).get(quantity, []):
@@ -295,13 +295,13 @@ def comparison_entries(quantity: str, model, kind: str | None = None, *,
 
     Only entries of the quantity's deciding tier (:func:`deciding_kinds`): the paper's values (source_kind
     paper, or a secondary source quoting the paper) when the file holds any for the quantity, else the official
-    code's committed output (e.g. Paper I's wind-tunnel README, Cheng et al.'s json). Within that tier, as
-    before issue 28: the entries published for ``model`` (:func:`matching_entries`; same_model True) when
-    there are any; else the per-model entries of the other published models (same_model False: a comparison
-    across models); else the entries that name no model (a range over several models, e.g. LSM's six
-    transformers). ``kind`` (mixed / restricted) keeps only entries of that kind or of none.
+    code's committed output (e.g. Paper I's wind-tunnel README, Cheng et al.'s json). Within that tier: the
+    entries published for ``model`` (:func:`matching_entries`; same_model True) when there are any; else the
+    per-model entries of the other published models (same_model False: a comparison across models); else the
+    entries that name no model (a range over several models, e.g. LSM's six transformers). ``kind``
+    (mixed / restricted) keeps only entries of that kind or of none.
 
-    Decided explicitly (issue 28 point 3): official-code entries of a quantity the paper also gives (e.g.
+    Decided explicitly: official-code entries of a quantity the paper also gives (e.g.
     Pythia-410M PC1+PC2 0.277 beside Table 1's 0.997), replications and other studies (e.g. Brett 2026's own
     Qwen3.5-4B-Base row) never enter the range, so adding them changes no existing verdict; show them with
     :func:`entries_by_kind`. ``[]`` when the tier has no entry."""
@@ -321,8 +321,8 @@ def _row_label(e: dict) -> str:
 
 def add_published(df, mapping: dict[str, str], *, path: str | None = None, model_col: str = "model",
                   kind_col: str | None = None, rows: bool = False, also=()):
-    """Published values beside and below our rows (issue 19: matched by model and prompt-set kind; issue 28:
-    by source kind).
+    """Published values beside and below our rows (matched by model and prompt-set kind,
+    and by source kind).
 
     Args:
         df: pandas DataFrame of measured rows with a ``model_col`` column.

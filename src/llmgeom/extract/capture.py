@@ -33,7 +33,7 @@ attention output projection and MLP run at each prompt's final token only (``arc
 not the model's) and ``ln_final.hook_normalized`` / :class:`Output` ``hidden`` are [B, 1, d_unembed], the final
 tokens. Every other point, and the keys and values of the last block, are those of the full pass.
 
-Hybrid and state-space models (issue 29): the ``attn.*`` points exist only on the layers that have attention
+Hybrid and state-space models: the ``attn.*`` points exist only on the layers that have attention
 (``architectures.attention_layers``); the residual-stream and global points exist on every layer.
 
 Hooks of one point run in the order given; a hook sees the edits of the hooks before it. Hooks on
@@ -50,7 +50,7 @@ receives it (RoPE does not touch it) and k_rope the pre-RoPE part of ``kv_a_proj
 kv_lora_rank:, shared by every head; in the projection's own coordinate order, before ``rope_interleave``'s
 permutation). Families without latent attention take no extra work.
 
-Source: DESIGN.md sections 2 and 4 (one capture API); issue 17 item 2; TransformerLens ``HookPoint``.
+Source: DESIGN.md sections 2 and 4 (one capture API); TransformerLens ``HookPoint``.
 """
 
 from __future__ import annotations

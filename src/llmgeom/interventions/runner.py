@@ -215,7 +215,7 @@ def run_interventions(model, seqs: list[list[int]], candidates: list[list[int]],
 
 
 def recomputed_pc1(values, h_model, layer: int) -> np.ndarray:
-    """PC1 scores of the post-edit values, the PCA recomputed on them (issue 28 point 2).
+    """PC1 scores of the post-edit values, the PCA recomputed on them.
 
     After ``axis_cut`` the projection on the fitted axis is constant by construction; whether the edit removed
     the entropy geometry, or another direction of the same values still orders the prompts by entropy, is told

@@ -11,7 +11,7 @@ import numpy as np
 from llmgeom.measures.neighbors import CHUNK_BYTES, GRAM_MAX_POINTS, prepare_neighbors
 
 # --------------------------------------------------------------------------------------------
-# Curvature proxy and ID profile shape (LSM sec. 13.3; issue 5)
+# Curvature proxy and ID profile shape (LSM sec. 13.3)
 # --------------------------------------------------------------------------------------------
 
 

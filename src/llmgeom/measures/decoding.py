@@ -2,7 +2,7 @@
 temperature (pure arrays).
 
 Source: LSM, "Latent Semantic Manifolds in Large Language Models" (practical claim: a higher temperature at
-low-margin positions and a lower one at high-margin positions beats a single temperature); issue 20 item 2.
+low-margin positions and a lower one at high-margin positions beats a single temperature).
 
 Per position i with logits z_i [V] (``tokens/final_normed_sample`` @ W_U^T + b, Gemma's final soft-capping
 applied) and next token y_i:

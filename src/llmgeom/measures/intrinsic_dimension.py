@@ -18,7 +18,7 @@ module only prepares their inputs:
 
 GRIDE (Denti et al. 2022) is implemented here (:func:`gride_mle`, :func:`gride`, :func:`gride_scaling`) on
 the same exact neighbour distances, because its reference implementation (DADApy 0.3.4) cannot be installed
-beside numpy 2 (issue 20).
+beside numpy 2.
 
 Nothing here touches a model or an HDF5 file.
 """
@@ -94,7 +94,7 @@ def mle_id(X, *, k: int, min_points=None, comb: str = "mle") -> dict:
     * ``'mean'``: the arithmetic mean of m_k(x), Levina & Bickel's (2004) own aggregate: ``mle_lb``;
     * ``'median'``: the median.
 
-    On curved, noisy or high-dimensional data the two aggregates differ a lot (issue 11: 11.49 vs 18.49
+    On curved, noisy or high-dimensional data the two aggregates differ a lot (e.g. 11.49 vs 18.49
     at SmolLM2 layer 15); on a uniform cube both recover its dimension (tested).
 
     Parameters

@@ -209,7 +209,7 @@ def participation_ratio_top(eigvals, top: int = PR_TOP) -> float:
     ValueError : as :func:`participation_ratio`, or top < 1.
 
     Source: Paper III sec. 4 (participation ratio) as computed by its published code (top 10 PCA
-    eigenvalues); issue 11: 5.94 (top 10) vs 16.29 (full) on the official SULA prompts.
+    eigenvalues), e.g. 5.94 (top 10) vs 16.29 (full) on the official SULA prompts.
     """
     if int(top) < 1:
         raise ValueError(f"top must be >= 1, got {top!r}")
@@ -530,7 +530,7 @@ def unit_rows(X) -> np.ndarray:
     Raises:
         ValueError: X not 2-D, or a row of norm 0 (it has no direction; the message gives its index).
 
-    Source: the pre-LN norm confound of residual-stream PCA (PC1 can follow the hidden-state norm), issue 42.
+    Source: the pre-LN norm confound of residual-stream PCA (PC1 can follow the hidden-state norm).
     """
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2:
@@ -661,7 +661,7 @@ def null_shares(X, *, n_reps: int, seed: int, standardize: bool = True) -> dict:
     ------
     ValueError : n_reps < 1, or as :meth:`ValueManifoldPCA.fit` (fewer than 2 rows, no variance).
 
-    Source: issue 28 point 1 (data-level nulls); Horn (1965), "A rationale and test for the number of
+    Source: data-level nulls (parallel analysis), Horn (1965), "A rationale and test for the number of
     factors in factor analysis"; DESIGN.md sec. 5 (Statistics).
     """
     if int(n_reps) != n_reps or n_reps < 1:

@@ -186,7 +186,7 @@ def attention_layers(model) -> tuple[int, ...]:
     attention output and attention entropy exist): every block for a ``Family`` entry; for the generic path the
     blocks whose attention module :func:`parts` found, which are those of :func:`config_attention_layers` (hybrid
     models: Jamba, Bamba, Nemotron-H, Qwen3-Next, ...; () for a pure state-space model: Mamba, Mamba-2,
-    Falcon-Mamba). The other blocks carry only the residual stream (issue 29)."""
+    Falcon-Mamba). The other blocks carry only the residual stream."""
     fam = family_for(model.config)
     if fam is GENERIC:
         return parts(model).attention_layers
@@ -401,7 +401,7 @@ def attention_modules(model) -> list[torch.nn.Module]:
 
 def o_proj_module(model, layer: int) -> torch.nn.Module:
     """The output projection of block ``layer``'s attention (o_proj / dense / out_proj / c_proj);
-    its input [B, T, n_heads*head_dim] is the attention output (Paper III sec. 4; issue 14 item 5)."""
+    its input [B, T, n_heads*head_dim] is the attention output (Paper III sec. 4)."""
     fam = family_for(model.config)
     if fam is GENERIC:
         return _generic_attention(model, layer, "o_proj")
@@ -419,8 +419,8 @@ def final_token_modules(model) -> list[torch.nn.Module]:
     Generic models (no ``Family`` entry) and ``Family.module_attention`` ones: none (their blocks may gate, branch or route the flattened stream;
     the final-token values are then those of the full pass, exactly).
 
-    Source: issue 21 item 4 (the study keeps the last block's output at the final tokens only; the
-    ``logits_to_keep`` idea of transformers, one block earlier)."""
+    Why: the study keeps the last block's output at the final tokens only (the ``logits_to_keep`` idea of
+    transformers, one block earlier)."""
     fam = family_for(model.config)
     if fam is GENERIC or fam.module_attention:  # block layouts vary (gates, parallel branches, MoE routing over
         return []  # flattened tokens, residual adds inside the attention module): no cut

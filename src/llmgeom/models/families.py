@@ -126,7 +126,7 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("llama", "mistral", "qwen2", "qwen3"), "layers", "norm", "input_layernorm", "separate",
-           reason="the studies' own families: explicit paths keep the last block's final-token cut (issue 21)"),
+           reason="the studies' own families: explicit paths keep the last block's final-token cut"),
     Family("gemma3", ("gemma3_text", "gemma2", "gemma"), "layers", "norm", "input_layernorm", "separate",
            reason="query_pre_attn_scalar scaling, Gemma 2 attention soft-cap, QK-norm (keys before k_norm)"),
     Family("phi", ("phi",), "layers", "final_layernorm", "input_layernorm", "separate", o_proj="self_attn.dense",
@@ -398,7 +398,7 @@ def refusal(config) -> str | None:
     ``is_decoder`` switch: bidirectional self-attention used as a decoder); a layer kind in ``layer_types``
     that is neither attention nor a known attention-free kind (:func:`config_attention_layers`); hyper-connections
     (``hc_mult`` / ``hc_count`` > 1 parallel residual streams: hy_v4, qwen4_exp). Multi-head
-    latent attention, hybrid and state-space models are read (issue 29): the residual-stream and logit measures
+    latent attention, hybrid and state-space models are read: the residual-stream and logit measures
     on every layer, the attention measures on :func:`config_attention_layers`; so are masks that carry more than
     causality, padding and a window (DeepSeek Sparse Attention's ``indexed_attention`` layers, whose indexer
     keeps index_topk keys per query; Doge's dynamic mask): the entropy reads the mask the attention function

@@ -1,4 +1,4 @@
-"""Random-initialization twins of a model: the null model of every claim (issue 28, point 1).
+"""Random-initialization twins of a model: the null model of every claim.
 
 A claim about a trained model is a finding only when a model with the same architecture, tokenizer and
 prompts but no training reads otherwise. The twin of a prepared model is built from its config alone:
@@ -12,7 +12,7 @@ Face directory with the trained model's tokenizer, so every rule treats it as a 
   :class:`NullModelError` with the reason, so that the claims read "not testable here" with it.
 * :func:`prepare_random_init`: the twin's directory and manifest (``source: random_init``).
 
-Source: issue 28 ("a null model for every claim"); DESIGN.md sec. 4 (a verdict can be true of any input).
+Source: DESIGN.md sec. 4 (a verdict can be true of any input).
 """
 
 from __future__ import annotations
@@ -82,8 +82,6 @@ def prepare_random_init(name: str, base_dir: str | Path, seed: int, out_dir: str
     Raises:
         NullModelError: the architecture has no initializer (:func:`check_random_init`).
         FileNotFoundError: ``base_dir`` is not a prepared model.
-
-    Source: issue 28, point 1.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM

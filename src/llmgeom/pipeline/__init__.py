@@ -1,5 +1,5 @@
 """Stage 5, the pipeline: what the Snakemake workflow (``Snakefile``, ``workflow/rules``, ``workflow/scripts``)
-needs of the package and nothing else does. Named ``pipeline`` (was ``llmgeom.workflow``, issue 30) so that it is
+needs of the package and nothing else does. Named ``pipeline`` (not ``workflow``) so that it is
 not mistaken for the top-level ``workflow/`` folder of rules and scripts. The config schema, its defaults and the
 schema-as-signature calls (schema), the config checks before any job (checks), the values the rules derive
 (derived), config/README.md (config_reference), cluster resources

@@ -1,4 +1,4 @@
-"""Every config check that runs while Snakemake builds the DAG, before any job (issue 7; issue 29 point 3).
+"""Every config check that runs while Snakemake builds the DAG, before any job.
 
 :func:`check_config_files` reads the YAML text first (duplicate keys; the Snakefile), then common.smk runs
 ``schema.validate_config`` -> ``schema.apply_defaults`` -> Snakemake's ``validate`` -> :func:`check_config`: one
@@ -226,7 +226,7 @@ def check_models(config: dict, root=".", dry_run: bool = False) -> dict:
     (rule ``prepare_model`` reports it with the download command), unless ``HF_HUB_OFFLINE=1`` (then it
     cannot be fetched: refused, except in a ``dry_run``). A ``config.json`` whose model type cannot be read (encoder, encoder-decoder,
     a layer that bypasses the attention interface, ...; ``llmgeom.models.families.refusal``) is refused
-    here, naming the model, its model_type and why (issue 29 item 3).
+    here, naming the model, its model_type and why.
 
     Returns:
         model -> context length (None where unknown).

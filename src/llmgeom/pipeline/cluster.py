@@ -1,5 +1,5 @@
 """Cluster-scale helpers for the Snakemake rules: GPU-rule resources per model, memory that grows
-with the retry attempt, and tracking of the package code a rule runs (issue 7).
+with the retry attempt, and tracking of the package code a rule runs.
 
 * ``GPU`` is the one declaration of the rules that need a GPU (their group, priority and model-server task;
   ``GPU_RULES`` / ``SERVER_RULES`` are its names); ``declare_gpu_rules`` applies it to the parsed workflow. The
@@ -8,18 +8,18 @@ with the retry attempt, and tracking of the package code a rule runs (issue 7).
 * ``gpu_job_resources(models)`` returns the ``resources:`` of a GPU rule, per model entry:
   ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry) and
   the model's GPU slot (``gpu_slots``: one on a cluster, one per model locally). A GPU rule writes ``resources: **GPU_RESOURCES``
-  (defined in ``workflow/rules/common.smk``); its group (one SLURM submission per model, issue 13) and priority
+  (defined in ``workflow/rules/common.smk``); its group (one SLURM submission per model) and priority
   come from ``GPU``.
 * ``gpu_rule_threads(threads, local_cores)``: their ``threads``: as configured on a cluster, at most half the
-  cores in a local run (issue 21).
+  cores in a local run.
 * ``apply_size_defaults(config)``: a model entry that gives ``params_b`` (parameters, billions) but not
   ``mem_mb`` / ``runtime`` gets them derived from its size and dtype (see ``size_resources``).
 * The code a rule runs is tracked by ``llmgeom.pipeline.code_tracking`` (the package's import graph).
 * ``check_site_profile(workflow)`` (the workflow's ``onstart``): a SLURM run is refused before the first
   submission when the profile still holds a placeholder, or a GPU job is too short for the profile's warning
-  signal (``early_warnings``; issue 18).
+  signal (``early_warnings``).
 
-Source: DESIGN.md section 1 (model sweeps; params as rule ``params:``); issue 7.
+Source: DESIGN.md section 1 (model sweeps; params as rule ``params:``).
 """
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ import re
 from dataclasses import dataclass
 
 #: Snakemake group of every GPU rule: all GPU jobs of one model form one group job, i.e. one SLURM
-#: submission (``group-components`` in profiles/slurm spans their unconnected parts; issue 13).
+#: submission (``group-components`` in profiles/slurm spans their unconnected parts).
 GPU_GROUP = "gpu_{model}"
 
 
 @dataclass(frozen=True)
 class GpuRule:
-    """What the workflow needs to know of one GPU rule (issue 30: declared once, in :data:`GPU`).
+    """What the workflow needs to know of one GPU rule (declared once, in :data:`GPU`).
 
     Attributes:
         priority: its Snakemake ``priority`` (higher first; the CPU rules' are ``PRIORITY`` in common.smk).
         server_task: the model-server task its script hands to ``model_server.run_task`` (a key of
             ``model_server.TASKS``), or None when the job runs in its own process.
         corpus_priority: the priority of its jobs on corpus prompt sets, when they differ (``extract``: corpus
-            sets first, the longest analyses follow them; issue 21).
+            sets first, the longest analyses follow them).
     """
 
     priority: int
@@ -187,7 +187,7 @@ def gpu_job_resources(models: dict, slots: dict | None = None) -> dict:
 
     A resource that is the same for every model is a plain value, not a function of the wildcards: Snakemake
     inspects the signature of every callable resource of every job while it builds the DAG, so the no-op dry
-    run of a large sweep grows with their number (issue 21 point 6). With one slot (a cluster) the slot is the
+    run of a large sweep grows with their number. With one slot (a cluster) the slot is the
     plain value 1; with several (a local run) each slot is a function that gives 1 to the jobs of its models
     and None (omitted) to the others.
 
@@ -222,8 +222,8 @@ def gpu_rule_threads(threads: int, local_cores: int | None) -> int:
     """Threads of a GPU-rule job (``extract``, ``extract_sula``, ``intervene``, ``extract_wind_tunnel``): the
     configured ``threads`` (``extract.threads``) where the jobs are submitted to a cluster (``local_cores``
     None: each job gets its own CPUs, ``--cpus-per-task``), and in a local run on ``local_cores`` cores at most
-    half of them, at least 1 (issue 21): the GPU jobs of a model run one after another (its GPU slot), so on a
-    2-core machine a 2-thread GPU job left no room for anything else and one core idled for most of the study;
+    half of them, at least 1: the GPU jobs of a model run one after another (its GPU slot), so on a 2-core
+    machine a 2-thread GPU job would leave no room for anything else and one core would idle most of the time;
     with 1 thread the two models' GPU jobs, or a GPU job and an analysis, run side by side.
 
     >>> gpu_rule_threads(2, 2), gpu_rule_threads(2, 16), gpu_rule_threads(4, None), gpu_rule_threads(2, 1)
@@ -343,7 +343,7 @@ def early_warnings(jobs) -> list[str]:
     limit is no longer than that gets the warning on the first check after it starts: the model server
     stops its extraction (or the signal ends a process that has no handler yet), the job fails, and its
     retry (runtime x1.5: 1, 2, 2 minutes for 1) is stopped the same way while it is still that short, so a
-    1-minute job under ``--signal=USR1@120`` never finishes (issue 18).
+    1-minute job under ``--signal=USR1@120`` never finishes.
 
     Args:
         jobs: iterable of ``(name, runtime, slurm_extra)``: a job's name (rule and wildcards), its first

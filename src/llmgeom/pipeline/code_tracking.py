@@ -1,4 +1,4 @@
-"""The package's import graph, and the code a rule runs (issue 7): a rule reruns when that code changes.
+"""The package's import graph, and the code a rule runs: a rule reruns when that code changes.
 
 * ``module_imports(path)``: the ``llmgeom`` modules a source file imports (found with ``ast``; imports inside
   functions count); ``import_graph()``: that for every module of the package (tests/test_layout.py checks the
@@ -9,7 +9,7 @@
   for files under 1 MB, checksums: touching a file without changing it reruns nothing). ``llmgeom.pipeline``
   (config checks, logging, cluster) and ``models.tiny`` are not tracked.
 
-Standard library only (imported while Snakemake builds the DAG). Source: DESIGN.md section 1; issue 7.
+Standard library only (imported while Snakemake builds the DAG). Source: DESIGN.md section 1.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ NULL_SUFFIX = "-randinit"  # name of an LLM's random-init twin: <model>-randinit
 
 
 def null_entries(config: dict) -> dict:
-    """The null models of a checked config (issue 28): name -> {"null_of": trained model, "kind", "seed"}.
+    """The null models of a checked config: name -> {"null_of": trained model, "kind", "seed"}.
 
     Every model of ``models`` gets a random-init twin ``<model>-randinit`` (kind ``random_init``: built by
     :func:`llmgeom.models.random_init.prepare_random_init` from the prepared model's config and tokenizer
@@ -118,7 +118,7 @@ def wind_tunnel_entries(config: dict) -> dict:
         res = {k: spec.get(k) for k in ("mem_mb", "runtime", "gpus", "gpu_model", "batch_size", "threads")}
         res.update(dtype="float32", device_map=None)  # trained and analysed in float32, one device
         out[name] = dict(base=name, step=spec["training"]["steps"], checkpoint=False, task=spec["task"], **res)
-        steps0 = [0] if config["nulls"]["random_init"] else []  # the null (issue 28)
+        steps0 = [0] if config["nulls"]["random_init"] else []  # step 0: the null model
         for k in sorted(set(spec["checkpoints"]) | set(steps0)):
             out[f"{name}-step{k}"] = dict(base=name, step=k, checkpoint=True, task=spec["task"], **res)
     return out

@@ -22,7 +22,7 @@ THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 def set_threads(n: int) -> None:
     """Limit torch's intra-op threads to the job's declared threads ``n`` (at least 1): torch.set_num_threads
     where torch is imported, and THREAD_ENV for a torch (or BLAS library) imported later in the job. Called by
-    :class:`run_logged` with its ``threads``, so every job's pools follow its rule's ``threads`` (issue 21)."""
+    :class:`run_logged` with its ``threads``, so every job's pools follow its rule's ``threads``."""
     import sys
 
     n = max(int(n), 1)

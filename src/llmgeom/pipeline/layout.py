@@ -1,7 +1,7 @@
 """The workflow's side of the activation store: where the rules put activation and prompt files, and what a
 workflow user runs when an activation file cannot be trusted.
 
-``core.store`` knows no workflow (issue 30 item 3); :func:`install` gives it this module's
+``core.store`` knows no workflow; :func:`install` gives it this module's
 :data:`CONTEXT` (``store.use_context``). :class:`llmgeom.pipeline.jobs.run_logged` installs it in every
 workflow job (the scripts and the model server run through it), so an analysis run by the workflow checks its
 activation file against the current prompt file and its errors name the rule and the ``snakemake --forcerun``

@@ -6,7 +6,7 @@ determine stored values (now, and as recorded in every HDF5 file at extraction),
 model's source, requested and resolved revision and source sha256, each prompt set's sha256 (and
 whether every HDF5 file was extracted from that version).
 
-Source: DESIGN.md section 1 (stage 6, report) and issue 6 (reproducibility).
+Source: DESIGN.md section 1 (stage 6, report; reproducibility).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The config schema: its error messages in plain words, its defaults, and the schema as the signature of
-the analyses (issue 30).
+the analyses.
 
 Every default lives only in src/llmgeom/pipeline/config.schema.yaml. A section of the schema that feeds package
 functions names them (``x-function``: ``module:function`` in the package); each of its keys is a keyword

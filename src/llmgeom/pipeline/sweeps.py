@@ -1,6 +1,6 @@
 """Training-checkpoint sweeps: the same model at several training steps, each a separate model entry
-(``revision: step1000`` ...), joined by step to trace geometry over training (issue 7;
-``config/pythia_checkpoints.yaml``).
+(``revision: step1000`` ...), joined by step to trace geometry over training
+(``config/pythia_checkpoints.yaml``).
 
 The trajectory reads only the cross-model summary tables (one row per model, e.g. Paper III's Table 2,
 the LSM margin-vs-perplexity table, the ID profile), so adding a checkpoint later reruns that

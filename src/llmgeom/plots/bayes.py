@@ -79,7 +79,7 @@ def explained_variance_layers_figure(dr: pd.DataFrame, paths, *, standardized: b
                 ax.plot(g.relative_depth, 100 * g.pc12, color=col, marker=".", label=f"{g.domain.iloc[0]} PC1+PC2")
                 ax.fill_between(g.relative_depth, 100 * g.pc12_lo, 100 * g.pc12_hi, color=col, alpha=0.15)
                 ax.plot(g.relative_depth, 100 * g.pc1, color=col, ls="--", lw=1)
-                if "pc12_iso" in g and np.isfinite(g.pc12_iso).any():  # issue 28: noise of the same n and d
+                if "pc12_iso" in g and np.isfinite(g.pc12_iso).any():  # the null: noise of the same n and d
                     ax.scatter(g.relative_depth, 100 * g.pc12_iso, color=col, marker="x", s=25, zorder=4,
                                label=f"{g.domain.iloc[0]} isotropic reference")
             ax.set_title(f"{m}: {rep}", fontsize=9)
@@ -159,7 +159,7 @@ def bayes_summary_figure(t2: pd.DataFrame, paths) -> None:
         a1.vlines(x + off, 100 * t2[f"pc12_{tag}_lo"], 100 * t2[f"pc12_{tag}_hi"], color="k", lw=1.5)
         if f"pc12_{tag}_bc" in t2:
             a1.scatter(x + off, 100 * t2[f"pc12_{tag}_bc"].to_numpy(float), marker="_", s=80, color="k", zorder=3)
-        if f"pc12_{tag}_iso" in t2:  # issue 28: what isotropic noise of the same n and d gives (parallel analysis)
+        if f"pc12_{tag}_iso" in t2:  # the null: what isotropic noise of the same n and d gives (parallel analysis)
             a1.scatter(x + off, 100 * t2[f"pc12_{tag}_iso"].to_numpy(float), marker="x", s=30, color="C3", zorder=4,
                        label="isotropic reference (same n, d)" if tag == "mixed" else None)
     a1.set_ylabel("PC1+PC2 explained variance (%), 95% CI")

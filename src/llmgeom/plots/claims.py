@@ -1,4 +1,4 @@
-"""The answer on one screen (issue 28 point 4): the claims x models verdict matrix, one forest plot per numeric
+"""The answer on one screen: the claims x models verdict matrix, one forest plot per numeric
 claim, and the front page ``results/index.html`` that shows both with the headline counts.
 
 Drawn from the scorecard (``results/summary/claims.csv``, :func:`llmgeom.analyses.claims.claims_table`) alone.

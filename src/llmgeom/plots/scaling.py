@@ -1,4 +1,4 @@
-"""Scaling figures (issue 42): one figure per statistic of ``results/summary/scaling.csv`` against the parameter
+"""Scaling figures: one figure per statistic of ``results/summary/scaling.csv`` against the parameter
 count (log axis), with three series: this run's models (with their intervals), their random-init twins and the
 papers' models; and an overview of every statistic in one grid (the README's figure).
 

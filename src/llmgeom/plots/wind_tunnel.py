@@ -1,4 +1,4 @@
-"""Wind-tunnel figure from tidy tables only (Papers I-III; issue 14): entropy calibration against the exact
+"""Wind-tunnel figure from tidy tables only (Papers I-III): entropy calibration against the exact
 posterior and the PC1 geometry per representation over depth.
 
 The figure is written as PNG and PDF, atomically (``plots.base.save_figure``).

@@ -1,6 +1,6 @@
 """Cleaning raw source text for prompts: invisible format characters, emptied formula slots, clause cutting.
 
-Issue 11: no prompt may hold an invisible format character (Unicode category Cf) or an emptied formula slot
+No prompt may hold an invisible format character (Unicode category Cf) or an emptied formula slot
 of a Wikipedia extract; a summary is cut before its first broken sentence (:func:`clean_extract`), never
 patched. :func:`cut_at_boundary` ends a prompt at a sentence or clause boundary so that the model's next
 token is a natural continuation (Paper III, "Geometric Scaling of Bayesian Inference in LLMs", sec. 4).
@@ -65,7 +65,7 @@ def bad_sentence_reason(sentence: str) -> str | None:
 
 
 def clean_extract(raw: str) -> tuple[str, str | None]:
-    """Cut a raw summary before its first broken sentence (issue 11: no prompt may hold Cf characters or
+    """Cut a raw summary before its first broken sentence (no prompt may hold Cf characters or
     an emptied formula slot).
 
     Sentences end at ``.``, ``!`` or ``?`` followed by whitespace, with the abbreviation rules of

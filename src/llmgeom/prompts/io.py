@@ -3,7 +3,7 @@
 A prompt set is a list of records ``{"id": str, "text": str, "meta": {...}}``; a file holds one record per
 line (keys sorted, UTF-8, ``\\n`` line ends), so the same records give the same bytes (and sha256). Both
 directions refuse records without text, duplicate ids and text holding invisible format characters
-(Unicode category Cf; issue 11).
+(Unicode category Cf).
 """
 
 from __future__ import annotations

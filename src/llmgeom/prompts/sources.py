@@ -244,7 +244,7 @@ def stdlib_source_files(root=None) -> list[pathlib.Path]:
 
 
 # --------------------------------------------------------------------------------------------
-# Corpus passages from a local text file (WikiText-103; LSM, issue 5)
+# Corpus passages from a local text file (WikiText-103; LSM)
 # --------------------------------------------------------------------------------------------
 
 

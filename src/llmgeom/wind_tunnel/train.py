@@ -390,7 +390,7 @@ def _check_training(*, steps, batch_size, warmup_steps, threads, n_val, lr, clip
     ckpts = sorted({int(k) for k in checkpoints})
     if any(not 0 <= k <= steps for k in ckpts):
         raise ValueError(f"checkpoints = {list(checkpoints)!r}: every step must lie in 0..steps = {steps} "
-                         "(0: the initialization, the null model of issue 28)")
+                         "(0: the initialization, the null model)")
     return ckpts
 
 
