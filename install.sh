@@ -18,7 +18,7 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-# The versions the tests ran with: the pins of envs/*.yaml (their one home; tests/test_layout.py compares them
+# The versions the tests ran with: the pins of envs/*.yaml (their one home; tests/unit/pipeline/test_layout.py compares them
 # with what is installed), as pip constraints, so a fresh install gets those and not whatever is newest today.
 grep -hoE '^[[:space:]]+- [A-Za-z0-9_.-]+==[^[:space:]]+' envs/*.yaml | sed -E 's/^[[:space:]]+- //' > .venv/constraints.txt
 python -m pip install -q -c .venv/constraints.txt -e ".[models,test,workflow]"

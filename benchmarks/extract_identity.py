@@ -13,7 +13,7 @@ batch 16) and the same prompts with candidate token ids (the SULA path), SmolLM2
 Gemma-3-270M on the first ``--n-passages`` corpus passages (per-position statistics, residual samples), and
 Gemma-3-270M on the ``mixed`` prompts (attention entropy over sliding-window and global layers).
 Models and prompts come from ``resources/`` (copy them from a workflow run). Not a test: it needs the
-prepared models; the resumed-vs-uninterrupted identity is tested in tests/test_store.py.
+prepared models; the resumed-vs-uninterrupted identity is tested in tests/unit/core/test_store.py.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def compare(ref: Path, new: Path, stored: bool = True) -> int:
     """Compare every ``*.h5`` of ``ref`` with its namesake in ``new``; returns the number that differ.
     ``stored=False`` (``--values-only``): values, dtypes, shapes and attributes, not the stored chunk bytes
     (across a change of the datasets' filters)."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "support"))
     from conftest import same_datasets
 
     bad = 0

@@ -5,10 +5,10 @@
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/gpu_economy.py submissions loads share
 
 * ``submissions``: GPU submissions per model on ``config/paper3.yaml`` through the stub ``sbatch`` of
-  tests/slurm_stub.py (the SLURM executor plugin submits, the stub records, nothing runs); with the GPU
+  tests/support/slurm_stub.py (the SLURM executor plugin submits, the stub records, nothing runs); with the GPU
   flags, memory and runtime of each. Target: 1 per model (before issue 13: 10).
 * ``loads``: weight loads per model on a small local run of every GPU job (extractions, SULA conditions,
-  interventions) of the tiny workflow config (tests/test_workflow.py, two tiny random models), counted
+  interventions) of the tiny workflow config (tests/workflow/test_workflow.py, two tiny random models), counted
   from the job logs. Target: 1 per model. ``--compare`` adds the same run with ``LLMGEOM_MODEL_SERVER=0``.
 * ``share``: share of the extraction stage's wall time spent in forward passes (``extract_batch``:
   forward pass, hooks, per-token statistics), on a small real model (``--model-dir``, default the
@@ -38,7 +38,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from llmgeom.pipeline.cluster import SERVER_RULES  # noqa: E402
 

@@ -22,7 +22,7 @@
   slowdown shows up where it happens.
 * ``dryrun``: ``snakemake -n`` wall time on an N-model config (the default study's analyses, N tiny
   random models; ``--n-models 20 100 500`` runs each size in turn, issue 21 point 6) after a full run. The "full run" goes through the SLURM executor plugin to the stub
-  sbatch of tests/slurm_stub.py, which creates every job's outputs without running its code; Snakemake
+  sbatch of tests/support/slurm_stub.py, which creates every job's outputs without running its code; Snakemake
   records metadata exactly as after a real run, and a no-op ``-n`` reads only that (DAG, mtimes,
   metadata), never the outputs' contents. Target: <= 3 s at 20 models, < 30 s at 500 (issue 21).
   ``--profile-dryrun`` also runs the last size's no-op dry run under cProfile and prints the top functions
@@ -408,7 +408,7 @@ def bench_dryrun_sizes(a) -> dict:
 
 
 def bench_dryrun(a, n_models: int, profile: bool = False) -> dict:
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "support"))
     import yaml
 
     import slurm_stub

@@ -12,9 +12,13 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import sys
 from pathlib import Path
 
 import yaml
+
+# the tests' support code (tiny model builders, the SLURM helpers) is imported by its module names
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 REPO = Path(__file__).resolve().parents[1]
 #: The tiny end-to-end study (two tiny random models committed in .test/models/); `snakemake --directory .test`
@@ -38,7 +42,7 @@ def tiny_config(model_dirs: dict | None = None, *, nulls: bool = True) -> dict:
 def same_datasets(a, b, stored: bool = True) -> None:
     """Assert that two HDF5 files hold the same datasets: every dataset of ``a`` is in ``b`` with the same dtype,
     shape, values (bytes), stored chunk bytes and attributes; the root attributes agree except ``created``;
-    ``b`` has nothing more. (Resumed vs uninterrupted extraction, tests/test_store.py; before vs after a
+    ``b`` has nothing more. (Resumed vs uninterrupted extraction, tests/unit/core/test_store.py; before vs after a
     change to the extraction, benchmarks/extract_identity.py.) ``stored=False``: the stored chunk bytes are
     not compared (files written with another filter pipeline, e.g. before and after a change of compression).
 
@@ -75,6 +79,17 @@ def same_datasets(a, b, stored: bool = True) -> None:
         assert ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) for k in ra)
 
 
+def committed_batches(partial) -> int:
+    """Batches an extraction running elsewhere has committed to its partial file (0 while unreadable)."""
+    import h5py
+
+    try:
+        with h5py.File(partial, "r", locking=False) as f:
+            return int(f["resume/done"][:].sum())
+    except (OSError, KeyError):
+        return 0
+
+
 def offline_dry_run_counts(configfile, workdir) -> dict:
     """``snakemake -n`` of ``configfile`` in ``workdir`` offline with an empty Hugging Face cache (HF_HOME under
     ``workdir``): the job count per rule from its "Job stats" table. Raises AssertionError (with the output's
@@ -93,14 +108,16 @@ def offline_dry_run_counts(configfile, workdir) -> dict:
             and ln.split()[1].isdigit()}
 
 
-#: Test files by their running time on CI (longest first; the rest keep their order after them). The README's test
-#: command runs the suite on two pytest-xdist workers with ``--dist loadfile --no-loadscope-reorder``: each file on one
-#: worker (its module fixtures, a tiny study or a SLURM cluster, are set up once), files handed out in this order, so
-#: that the real-SLURM tests, which mostly wait on the scheduler, overlap the CPU-bound ones (docs/testing.md).
-LONGEST_FIRST = ("test_slurm_real.py", "test_families_sweep.py", "test_slurm_nodes.py", "test_workflow.py",
-                 "test_rerun.py", "test_reproducibility.py", "test_full_disk.py")
+def file_minutes(item) -> float:
+    """The running time on CI that the test's file declares (``pytestmark = pytest.mark.minutes(N)``), else 0."""
+    m = item.get_closest_marker("minutes")
+    return float(m.args[0]) if m else 0.0
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda it: rank.get(Path(str(it.fspath)).name, len(rank)))  # stable: file order kept otherwise
+    """Files that declare the most minutes first (the rest keep their order after them). The README's test command
+    runs the suite on two pytest-xdist workers with ``--dist loadfile --no-loadscope-reorder``: each file on one
+    worker (its module fixtures, a tiny study or a SLURM cluster, are set up once), files handed out in this order,
+    so that the real-SLURM tests, which mostly wait on the scheduler, overlap the CPU-bound ones
+    (docs/testing.md)."""
+    items.sort(key=lambda it: -file_minutes(it))  # stable: file order kept otherwise

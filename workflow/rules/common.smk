@@ -37,7 +37,7 @@ from llmgeom.pipeline.cluster import (
     scaled_runtime,
 )
 
-# The config, loaded and checked once (llmgeom.pipeline.schema and .checks; tests/test_config_errors.py runs the
+# The config, loaded and checked once (llmgeom.pipeline.schema and .checks; tests/unit/pipeline/test_config_errors.py runs the
 # same calls):
 # every schema problem at once in plain words, the schema's defaults (also inside models.<name> and
 # wind_tunnel.models.<name>), Snakemake's validate, then every cross-key, model, prompt-data, wind-tunnel and
@@ -249,7 +249,7 @@ GPU_THREADS = gpu_rule_threads(config["extract"]["threads"], LOCAL_CORES)
 
 # Resources of the GPU rules (declared in llmgeom.pipeline.cluster.GPU), per model entry: `resources: **GPU_RESOURCES`
 # (mem_mb and runtime grow x1.5 per retry). Every other rule declares mem_mb=scaled_mem(MB) (x1.5 per retry;
-# tests/test_cluster.py checks every rule), a runtime and, if small, group "analysis" or "summary".
+# tests/cluster/test_cluster.py checks every rule), a runtime and, if small, group "analysis" or "summary".
 # Wind-tunnel entries (train_wind_tunnel, extract_wind_tunnel) take theirs from wind_tunnel.models.<name> (WT).
 GPU_MODELS = {**config["models"], **WT}
 GPU_SLOTS = gpu_slots(GPU_MODELS, LOCAL_CORES)

@@ -173,7 +173,7 @@ CONTRACT: dict[str, DatasetSpec] = {
 
 #: The contract's dataset names as constants, derived from :data:`CONTRACT` (the name upper-cased, "/" -> "_":
 #: ``DS.LAST_TOKEN_VALUES == "last_token/values"``). Code outside this module names a dataset only through these
-#: (tests/test_store.py fails on a bare name in src/ or workflow/), so a dataset is named in one place.
+#: (tests/unit/core/test_store.py fails on a bare name in src/ or workflow/), so a dataset is named in one place.
 DS = SimpleNamespace(**{name.replace("/", "_").upper(): name for name in CONTRACT})
 
 #: ``units`` and ``axes`` attribute of each dataset (read from :data:`CONTRACT`).

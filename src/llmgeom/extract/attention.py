@@ -1,5 +1,5 @@
 """Final-query attention and entropy maths of the extraction (torch, so in the extraction layer: ``measures``
-never load torch, tests/test_layout.py): the final query's attention row per head from hooked queries and keys
+never load torch, tests/unit/pipeline/test_layout.py): the final query's attention row per head from hooked queries and keys
 (any attention implementation, no [B, H, T, T] weights), its entropy, and next-token entropy.
 
 Used by ``extract.forward`` (the ``attn.hook_qk`` hook, ``next_token/entropy``).
@@ -125,7 +125,7 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, last: torch.Ten
     else:
         # query head h = g * rep + r reads key head g: for each r, [B*H_kv, 1, hd] @ [B*H_kv, hd, T], the same
         # one-row products as [B, H, 1, hd] @ the keys repeated per head (repeat_kv, a contiguous copy), bit for
-        # bit on CPU (tests/test_extraction.py; not checked on CUDA, where cuBLAS picks kernels by batch count),
+        # bit on CPU (tests/unit/extract/test_extraction.py; not checked on CUDA, where cuBLAS picks kernels by batch count),
         # without the [B, H, T, hd] copy (a grouped [B, H_kv, rep, hd] product differs in the last bits). The
         # keys are made contiguous as the repeat made them: the model may pass a transposed view of
         # [B, T, H_kv, hd], and the product over that layout takes another kernel path (other last bits)

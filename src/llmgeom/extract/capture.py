@@ -90,7 +90,7 @@ def last_positions(attention_mask: torch.Tensor) -> torch.Tensor:
 def make_batch(model, seqs: list[list[int]], pad_id: int = 0) -> Batch:
     """Right-pad ``seqs`` (token ids, no padding) for ``model``: explicit position ids, so padding
     cannot shift them; ``last`` from the mask. Padding never changes a stored value
-    (tests/test_extraction.py)."""
+    (tests/unit/extract/test_extraction.py)."""
     dev = next(model.parameters()).device
     ids, mask, pos = pad_batch(seqs, pad_id, dev)
     return Batch(ids, mask, pos, last_positions(mask), torch.arange(len(seqs), device=dev))

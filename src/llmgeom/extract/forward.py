@@ -5,7 +5,7 @@
 Prompts are tokenized one by one and right-padded (``capture.make_batch``; the tokenizer's own
 padding side never matters); the final position of each prompt is found from the attention mask.
 Position ids are passed explicitly so padding cannot shift them. Batching with padding does not
-change any stored value (tests/test_extraction.py).
+change any stored value (tests/unit/extract/test_extraction.py).
 
 The pre-norm residual stream comes from ``blocks.<l>.hook_resid_post`` (``hidden_states[-1]`` is
 post-norm in most families). ``extract_to_hdf5`` is resumable: the ``.partial`` file records its
@@ -157,7 +157,7 @@ def extract_to_hdf5(model_dir, prompts_path, out_path, *, model_name: str, dtype
     when the model runs on an accelerator (the host waits on the device meanwhile), False on CPU, where the
     forward's own threads already use the cores the writer would take (SmolLM2-135M, 2 threads on 2 cores:
     0.94x the body-only forward with the writer thread, 0.97x without). The file holds the same
-    bytes either way (tests/test_store.py).
+    bytes either way (tests/unit/core/test_store.py).
 
     ``reuse_model``: keep the loaded model in this process for the next call (``load_prepared(reuse=True)``;
     the model server). ``mem_mb`` (the job's declared memory) is checked against the model's size before loading

@@ -4,7 +4,7 @@ The named points of the capture API (``extract.capture``, which re-exports them)
 session of :func:`hooked` (module forward hooks and pre-hooks on blocks, projections and ``o_proj``; the
 final-token cut) and :func:`capture_attention` (the attention function's entry in transformers'
 ``ALL_ATTENTION_FUNCTIONS`` overridden for the duration, or, for the families whose attention module computes
-softmax(q.k) itself, hooks on that module: ``Family.module_attention``). ``tests/test_layout.py`` checks that no
+softmax(q.k) itself, hooks on that module: ``Family.module_attention``). ``tests/unit/pipeline/test_layout.py`` checks that no
 other module of the package registers a torch hook or touches an attention interface. Where a family keeps its
 parts is ``models.architectures``; what it is, ``models.families``.
 

@@ -13,7 +13,7 @@ Any other decoder-only causal LM is read through transformers' own seams (the *g
 attention interface. Multi-head latent attention (DeepSeek-V2/V3 MLA, ``kv_lora_rank``) is read on the generic path
 too; its keys have no W_K (:func:`no_key_projection`: key orthogonality does not apply). Masks that carry more than
 causality, padding and a window (DeepSeek Sparse Attention's indexer selection, Doge's dynamic mask) are read as the
-attention function receives them. ``tests/test_model_types.py`` builds a tiny random model of every installed
+attention function receives them. ``tests/unit/models/test_model_types.py`` builds a tiny random model of every installed
 causal-LM type, checks the capture against the model's own outputs and writes the coverage table
 ``docs/models.md``.
 
@@ -241,7 +241,7 @@ def family_for(config) -> Family:
             f"model_type {mt!r} is not supported by llmgeom.models.families: {why}. Every causal-LM type and its "
             f"verdict: docs/models.md; Family entries (supported: {', '.join(supported_model_types())}), and the "
             "generic path's types there. To read it, add a Family entry in src/llmgeom/models/families.py "
-            "(and its tiny-model settings in tests/model_types.py)")
+            "(and its tiny-model settings in tests/support/model_types.py)")
     return _BY_TYPE.get(mt, GENERIC)
 
 
@@ -283,7 +283,7 @@ def _family_refusal(cfg) -> str | None:
 
 
 #: Model types that cannot be read, with the reason (what the tiny-model test of every installed type,
-#: tests/test_model_types.py, found; the rules of :func:`refusal` cover whole classes of types).
+#: tests/unit/models/test_model_types.py, found; the rules of :func:`refusal` cover whole classes of types).
 REFUSED: dict[str, str] = {
     'blt': 'not verified: its tiny model needs more than 6 GiB (byte-level patcher with fixed large sizes)',
     'cohere_compass_text': "not verified: no tiny model of this type builds here (KeyError: 'full_attention')",

@@ -8,7 +8,7 @@ the device, each analysis's cross-key constraints, the wind tunnel), each callin
 counts is cached in the user's cache directory (:func:`cache_dir`).
 
 Pure Python on the config dict: nothing heavy at import time (no torch, numpy, pandas, scipy, scikit-learn), so
-that a no-op ``snakemake -n`` stays fast; ``tests/test_cluster.py`` checks that every module a rule file imports
+that a no-op ``snakemake -n`` stays fast; ``tests/cluster/test_cluster.py`` checks that every module a rule file imports
 stays light.
 """
 
@@ -571,7 +571,7 @@ def check_wind_tunnel(config: dict) -> dict:
 
 
 #: The check of each config section that has one, in the schema's order of the sections (:func:`check_config`
-#: runs them in turn; tests/test_config_errors.py checks the order against the schema).
+#: runs them in turn; tests/unit/pipeline/test_config_errors.py checks the order against the schema).
 SECTION_CHECKS = (
     ("models", check_models),
     ("prompts", check_prompts),

@@ -3,7 +3,7 @@ with the retry attempt, and tracking of the package code a rule runs.
 
 * ``GPU`` is the one declaration of the rules that need a GPU (their group, priority and model-server task;
   ``GPU_RULES`` / ``SERVER_RULES`` are its names); ``declare_gpu_rules`` applies it to the parsed workflow. The
-  SLURM profile, the model server, docs/cluster.md and ``tests/test_cluster.py`` refer to it. Every other rule is
+  SLURM profile, the model server, docs/cluster.md and ``tests/cluster/test_cluster.py`` refer to it. Every other rule is
   CPU-only.
 * ``gpu_job_resources(models)`` returns the ``resources:`` of a GPU rule, per model entry:
   ``gpu`` (``gpus``), ``gpu_model`` (omitted when null), ``mem_mb`` and ``runtime`` (both x1.5 per retry) and
@@ -167,7 +167,7 @@ def scaled_mem(mem_mb, factor: float = 0.5):
     """``resources: mem_mb=scaled_mem(4000)`` in a rule: 4000, 6000, 8000 MB on attempts 1, 2, 3
     (``retries:`` in the SLURM profile), so a job killed for memory is resubmitted with more.
     ``mem_mb`` is a number of MB or a function of the wildcards (e.g. the model entry's ``mem_mb``).
-    Every rule's mem_mb grows this way; ``tests/test_cluster.py`` checks it for every rule."""
+    Every rule's mem_mb grows this way; ``tests/cluster/test_cluster.py`` checks it for every rule."""
     return _scaled(mem_mb, factor)
 
 

@@ -1,7 +1,7 @@
 """The package's import graph, and the code a rule runs: a rule reruns when that code changes.
 
 * ``module_imports(path)``: the ``llmgeom`` modules a source file imports (found with ``ast``; imports inside
-  functions count); ``import_graph()``: that for every module of the package (tests/test_layout.py checks the
+  functions count); ``import_graph()``: that for every module of the package (tests/unit/pipeline/test_layout.py checks the
   layer rules of DESIGN.md on it).
 * ``package_files(*modules)`` lists the source files of ``llmgeom`` modules and of every ``llmgeom``
   module they import, transitively. A rule lists them as a named input, ``code=code("value_manifold")`` (the

@@ -1,5 +1,5 @@
 """config/README.md, generated from the schema's descriptions (``python -m llmgeom.pipeline.config_reference
---markdown > config/README.md``; ``tests/test_config_schema.py`` compares the committed file)."""
+--markdown > config/README.md``; ``tests/unit/pipeline/test_config_schema.py`` compares the committed file)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def config_markdown(schema: dict) -> str:
                           "in src/llmgeom/pipeline/config.schema.yaml")
     out = ["# Configuration reference", "",
            "<!-- Generated from src/llmgeom/pipeline/config.schema.yaml by `python -m llmgeom.pipeline.config_reference "
-           "--markdown > config/README.md`; do not edit by hand (tests/test_config_schema.py compares). -->", "",
+           "--markdown > config/README.md`; do not edit by hand (tests/unit/pipeline/test_config_schema.py compares). -->", "",
            _md(schema.get("description", "")), "",
            "Every default below is filled in before the workflow runs; a key you do not set takes it. Required "
            "top-level keys: " + ", ".join(f"`{k}`" for k in schema.get("required", [])) + ". `<name>` stands for a "

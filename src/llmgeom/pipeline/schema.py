@@ -6,7 +6,7 @@ functions names them (``x-function``: ``module:function`` in the package); each 
 argument without default of one of those functions, unless the key is marked ``x-workflow`` (read by the
 rules themselves: which prompt set a rule reads, a job's threads). A rule passes its whole section
 (``params: cfg=config["margins"]``), the job script calls :func:`call_with_config`, and a notebook user gets
-the same values from :func:`defaults` (``llmgeom.defaults("margins")``). ``tests/test_config_schema.py``
+the same values from :func:`defaults` (``llmgeom.defaults("margins")``). ``tests/unit/pipeline/test_config_schema.py``
 checks that every key reaches its function and that no package function repeats a schema default.
 
 Pure Python (yaml and the standard library at call time): imported while Snakemake builds the DAG.
@@ -326,7 +326,7 @@ def call_with_config(function, cfg: dict, /, *args, **derived):
     then ``derived`` (values a rule derives, e.g. a null model's bootstrap count; they override ``cfg``). How a
     job script calls its analysis with the section its rule passed (``params: cfg=config[section]``): a key that
     the function does not take is left for another function of the section or for the rules
-    (``tests/test_config_schema.py`` checks that each key reaches one).
+    (``tests/unit/pipeline/test_config_schema.py`` checks that each key reaches one).
 
     Raises:
         TypeError: the function needs an argument that neither ``cfg`` nor ``derived`` gives (its name).

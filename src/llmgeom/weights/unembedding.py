@@ -19,7 +19,7 @@ def load_unembedding(model_dir) -> tuple[np.ndarray, np.ndarray | None, float | 
     safetensors file(s) (``safetensors.safe_open``) and cast to float32. Checkpoints that are not
     safetensors, or whose keys do not carry those names (transformers renames some at load, e.g. GPT-NeoX's
     ``embed_out`` -> ``lm_head``), are loaded whole through :func:`llmgeom.models.loading.load_prepared`
-    (float32, CPU): the same arrays, more time and memory (tests/test_decoding.py).
+    (float32, CPU): the same arrays, more time and memory (tests/unit/measures/test_decoding.py).
 
     Returns:
         (W [V, d_unembed] float32, bias [V] float32 or None, final-logit soft-capping constant or None).

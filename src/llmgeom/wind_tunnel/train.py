@@ -441,7 +441,7 @@ def _train_steps(model, spec_n, *, seed, steps, batch_size, n_val, betas, weight
     pos = torch.as_tensor(tasks.query_positions(spec_n))
     lr = sched["lr"]
     # foreach: one multi-tensor kernel per update instead of a Python loop over the parameters
-    # (same arithmetic per element: bit-identical weights, checked in tests/test_wind_tunnel.py)
+    # (same arithmetic per element: bit-identical weights, checked in tests/unit/wind_tunnel/test_wind_tunnel.py)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay, foreach=True)
     rows: list[dict] = []
     run_loss, run_n = 0.0, 0
