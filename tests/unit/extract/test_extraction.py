@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from llmgeom.models import architectures as arch
 from llmgeom.models import families
 from llmgeom.extract import capture
-from llmgeom.extract import attention as attn_maths, forward as extraction
+from llmgeom.extract import attention as attn_maths, batch as batch_mod, forward as extraction
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.extract.capture import last_positions, pad_batch
 from llmgeom.extract.batch import NonFiniteActivationError, extract_batch
@@ -350,11 +350,11 @@ def test_sliding_window_is_applied(family, monkeypatch):
     monkeypatch.setattr(families, "attention_window", lambda config, layer: None)
     np.testing.assert_allclose(extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"], ref,
                                atol=1e-5, rtol=0)
-    monkeypatch.setattr(extraction, "final_query_mask_row", lambda mask, last, T_k: None)
+    monkeypatch.setattr(batch_mod, "final_query_mask_row", lambda mask, last, T_k: None)
     wrong = extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"]
     assert np.abs(wrong - ref)[0, list(s.sliding_layers)].max() > 1e-2
     monkeypatch.undo()  # the rebuilt window alone
-    monkeypatch.setattr(extraction, "final_query_mask_row", lambda mask, last, T_k: None)
+    monkeypatch.setattr(batch_mod, "final_query_mask_row", lambda mask, last, T_k: None)
     np.testing.assert_allclose(extract_batch(m, [LONG], attention=True, top_k=10)["attention/entropy"], ref,
                                atol=1e-5, rtol=0)
 
@@ -881,13 +881,13 @@ def test_hook_points_buffers_and_datasets_follow_the_contract():
     they fill are those CONTRACT declares (``DatasetSpec.point``); each dataset's values come from its point."""
     from llmgeom.core.store import CONTRACT, DS
 
-    assert extraction.FINAL_TOKEN_POINTS == {"attn.hook_v": DS.LAST_TOKEN_VALUES, "attn.hook_k": DS.LAST_TOKEN_KEYS,
+    assert batch_mod.FINAL_TOKEN_POINTS == {"attn.hook_v": DS.LAST_TOKEN_VALUES, "attn.hook_k": DS.LAST_TOKEN_KEYS,
                                              "attn.hook_z": DS.LAST_TOKEN_ATTN_OUTPUT}
     declared = {spec.point for spec in CONTRACT.values() if spec.point}
     assert declared <= set(capture.EDITABLE + capture.ATTENTION_POINTS)
     m = tiny("llama")
     L = families.summarize(m.config).n_layers
-    with extraction.BatchHooks(m, attention=True) as hk:
+    with batch_mod.BatchHooks(m, attention=True) as hk:
         want = {capture.point_name("hook_resid_pre", 0)} | {capture.point_name(p, l) for p in declared
                                                              for l in range(L)}
         assert set(hk.hooks) == want
