@@ -546,21 +546,6 @@ def model_facts(name: str, spec: dict, prepared_dir: str | Path | None = None, *
     return {"context": _hf_config_context(cfg), "n_layers": _hf_config_layers(cfg), "where": str(cfg_path)}
 
 
-def model_context(name: str, spec: dict, prepared_dir: str | Path | None = None) -> tuple[int | None, str]:
-    """Context length (tokens) of a model entry WITHOUT loading weights or importing transformers,
-    and where it was read (see :func:`model_facts`). ``(None, reason)`` when it cannot be known cheaply.
-
-    Also a cheap source check for the DAG (see ``llmgeom.pipeline.checks.check_models``).
-
-    Raises:
-        ModelSourceError: see :func:`model_facts`.
-    """
-    facts = model_facts(name, spec, prepared_dir)
-    if facts["context"]:
-        return facts["context"], facts["where"]
-    return None, f"no context length in {facts['where']}" if facts["n_layers"] else facts["where"]
-
-
 def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
     """Prepare one model entry into ``out_dir`` and return its manifest.
 
