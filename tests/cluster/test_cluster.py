@@ -28,6 +28,16 @@ CONFIGS = sorted(p.name for p in (REPO / "config").glob("*.yaml"))
 PLACEHOLDERS = {"<account>": "testacct", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu"}
 
 
+def missing_part_packages(configname: str) -> list[str]:
+    """The split-GGUF part packages of a config that are not installed (config/scaling.yaml's Qwen parts come with
+    ``bash install.sh --scaling`` only; its DAG refuses to build without them, naming the pip line)."""
+    import importlib.util
+
+    specs = yaml.safe_load((REPO / "config" / configname).read_text())["models"].values()
+    return [p for spec in specs if spec.get("source") == "split_gguf" for p in models.part_packages(spec["parts"])
+            if importlib.util.find_spec(p) is None]
+
+
 def smk(*args, cwd, env=None, check=True, timeout=900, offline=True):
     """Run snakemake; ``offline``: with HF_HUB_OFFLINE=1 (a real run then refuses Hub ids not in the cache at
     config time, issue 29; dry runs plan them)."""
@@ -87,6 +97,9 @@ def test_slurm_profile_declares_what_the_issue_asks():
 def test_dry_run_with_slurm_profile(configname, tmp_path):
     """`snakemake -n --profile profiles/slurm` on every config: GPU-rule jobs ask for the GPU partition and
     a GPU, every other job for the CPU partition and none."""
+    if missing_part_packages(configname):
+        pytest.skip(f"{configname} needs its split-GGUF part packages (bash install.sh --scaling); missing: "
+                    f"{', '.join(missing_part_packages(configname)[:3])} ...")
     r = smk("-n", "--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(REPO / "config" / configname),
             "-d", str(tmp_path), cwd=tmp_path)
     out = r.stdout + r.stderr
