@@ -268,19 +268,28 @@ def _start(d: Path, load: dict):
         raise RuntimeError(f"the model server did not start within {START_TIMEOUT_S:.0f} s; see {d / 'server.log'}")
 
 
+#: seconds a new server waits for an exiting one of this user's to release its abstract address
+RELEASE_WAIT_S = 10.0
+
+
 def _check_address_free(addr: str) -> None:
     """Before a server binds an abstract address (which has no file permissions: anyone may bind it first):
-    nobody else listens there.
+    nobody else listens there. A listener of this user's is waited for up to ``RELEASE_WAIT_S``: a server that
+    is exiting (idle, or stopped) has removed its authkey but holds the address until its last thread is gone.
 
     Raises:
         private_ipc.UnsafePath: another user's process listens at ``addr``.
     """
     if not addr.startswith("\0"):
         return  # a file in the private directory, removed just before
-    try:
-        private_ipc.connect(addr).close()
-    except OSError:
-        return  # free (a listener of this user's without an authkey makes the new server's bind fail: server.log)
+    t0 = time.time()
+    while time.time() - t0 < RELEASE_WAIT_S:
+        try:
+            private_ipc.connect(addr).close()
+        except OSError:
+            return  # free
+        time.sleep(0.1)
+    # still ours and bound after the wait: the new server's bind fails and says so in server.log
 
 
 def _spawn(d: Path, load: dict) -> subprocess.Popen:
