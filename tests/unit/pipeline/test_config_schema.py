@@ -270,14 +270,16 @@ def _repeated_defaults(node, schema: dict, path: str = "") -> list[str]:
     return out
 
 
-def test_the_embedded_config_holds_only_what_differs_from_the_schema():
-    """config/config.yaml holds the models, the prompt sets and the real overrides; a value equal to its schema
-    default is a second copy of it (the schema is the one home of the defaults; config/README.md lists them)."""
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "config").glob("*.yaml")))
+def test_every_study_config_holds_only_what_differs_from_the_schema(name):
+    """config/config.yaml and every study config (`--configfile config/<name>.yaml` replaces it: each stands alone)
+    hold the models, the prompt sets and the real overrides; a value equal to its schema default is a second copy
+    of it (the schema is the one home of the defaults; config/README.md lists them)."""
     import yaml
 
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "config" / name).read_text())
     repeats = _repeated_defaults(cfg, SCHEMA)
-    assert not repeats, f"config/config.yaml repeats these schema defaults (delete them): {repeats}"
+    assert not repeats, f"config/{name} repeats these schema defaults (delete them): {repeats}"
     # the check sees a repeat where there is one, and not a size-derived resource
     assert _repeated_defaults({"extract": {"top_k": 10}, "models": {"m": {"dtype": "auto", "params_b": 7,
                                                                             "mem_mb": 8000}}}, SCHEMA) \
