@@ -344,14 +344,19 @@ def claims_data_input():
         return str(p)
 
 
-def claim_tables(wildcards):
-    """(CLAIM_TABLES: summary.smk) The claims' tables that this run produces (results/summary/<table>.csv among the targets)."""
+def produced_tables(names):
+    """The cross-model tables among ``names`` that this run produces (results/summary/<table>.csv among the
+    targets), as an input function's {name: path}."""
     made = set(TARGETS)
-    return {t: f"results/summary/{t}.csv" for t in CLAIM_TABLES if f"results/summary/{t}.csv" in made}
+    return {t: f"results/summary/{t}.csv" for t in names if f"results/summary/{t}.csv" in made}
+
+
+def claim_tables(wildcards):
+    """(CLAIM_TABLES: summary.smk) The claims' tables that this run produces."""
+    return produced_tables(CLAIM_TABLES)
 
 
 def scaling_tables(wildcards):
     """(SCALING_TABLES: summary.smk) The cross-model tables that scaling.csv reads and this run produces (a missing
     one: NaN rows in scaling.csv, with why)."""
-    made = set(TARGETS)
-    return {t: f"results/summary/{t}.csv" for t in SCALING_TABLES if f"results/summary/{t}.csv" in made}
+    return produced_tables(SCALING_TABLES)

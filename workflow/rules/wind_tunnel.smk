@@ -3,7 +3,6 @@
 # out of MODELS (no Wikipedia, SULA or LSM extraction). Code: llmgeom.prompts.wind_tunnel (tasks, prompt records),
 # llmgeom.measures.bayes (exact posteriors), llmgeom.wind_tunnel.train (training), llmgeom.analyses.wind_tunnel
 # (tables), llmgeom.plots.wind_tunnel (figure).
-WT_CFG = config["wind_tunnel"]
 WT_TABLES = ["wind_tunnel", "wind_tunnel_calibration", "wind_tunnel_geometry", "wind_tunnel_prompts"]
 
 

@@ -424,11 +424,14 @@ def _rule_text(rule: dict) -> str:
     return k + (" " + ", ".join(f"{a}={b}" for a, b in r.items()) if r else "")
 
 
-def _filter(df: pd.DataFrame, where: dict | None) -> pd.DataFrame:
+def filter_rows(df: pd.DataFrame, where: dict | None) -> pd.DataFrame:
+    """The rows of ``df`` where each column of ``where`` holds its value or one of its values (a list or tuple),
+    compared as text (a table read back from CSV); no rows when a column is missing. The one row filter of the
+    claims' and the scaling table's ``where``."""
     for col, want in (where or {}).items():
         if col not in df:
             return df.iloc[0:0]
-        vals = [str(w) for w in (want if isinstance(want, list) else [want])]
+        vals = [str(w) for w in (want if isinstance(want, (list, tuple)) else [want])]
         df = df[df[col].astype(str).isin(vals)]
     return df
 
@@ -475,7 +478,7 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
     miss = [c for c in need if c not in table.columns]
     if miss and fn is not rule_interval_contains_reference:
         return none(f"table {claim['table']} has no column(s) {', '.join(miss)}", everyone or "(any)")
-    rows = _filter(table, claim.get("where"))
+    rows = filter_rows(table, claim.get("where"))
     whole = {} if across else _not_applicable_models(table, claim, rows)
     if not len(rows) and not whole:
         return none(f"no rows of {claim['table']} match {claim.get('where')}", everyone or "(any)")
@@ -597,7 +600,7 @@ def _noise_result(claim: dict, table: pd.DataFrame | None, row: dict) -> tuple[f
         return float("nan"), ""
     c = {k: v for k, v in claim.items() if k not in ("lo", "hi")}
     c["value"] = col
-    rows = _filter(table, claim.get("where"))
+    rows = filter_rows(table, claim.get("where"))
     rows = rows[rows.model.astype(str) == str(row["model"])] if "model" in rows else rows
     for k, v in _setting_items(row["setting"]):
         if k in rows:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from llmgeom.core.published import load_published, load_published_models, matching_entries, model_key, value_text
+from llmgeom.core.published import (load_published, load_published_models, matching_entries, model_key,
+                                    source_text, value_text)
 
 # numpy / pandas are imported inside the functions: the workflow reads STATISTICS when it builds the DAG
 if TYPE_CHECKING:
@@ -129,15 +130,6 @@ STATISTICS = (
 TABLES = tuple(dict.fromkeys(s.table for s in STATISTICS))
 
 
-def _filter(df: pd.DataFrame, where: dict) -> pd.DataFrame:
-    for col, want in where.items():
-        if col not in df:
-            return df.iloc[0:0]
-        vals = [str(w) for w in (want if isinstance(want, tuple) else (want,))]
-        df = df[df[col].astype(str).isin(vals)]
-    return df
-
-
 def _num(row, col) -> float:
     import pandas as pd
 
@@ -152,11 +144,13 @@ def _model_rows(stat: Statistic, table: pd.DataFrame | None, model: str) -> tupl
     when there is none."""
     import pandas as pd
 
+    from llmgeom.analyses.claims import filter_rows
+
     if table is None:
         return [], f"table {stat.table} not produced by this run"
     if stat.column not in table:
         return [], f"table {stat.table} has no column {stat.column}"
-    g = _filter(table[table.model.astype(str) == model], stat.where)
+    g = filter_rows(table[table.model.astype(str) == model], stat.where)
     if stat.prefer and len(g):
         col, order = stat.prefer
         have = [v for v in order if v in set(g[col].astype(str))]
@@ -183,7 +177,7 @@ def _size_cells(sizes: pd.DataFrame, model: str) -> dict:
 def _published_cells(stat: Statistic, model: str) -> dict:
     es = matching_entries(stat.published, model) if stat.published else []
     return dict(published="; ".join(value_text(e) for e in es),
-                published_on="; ".join(f"{e['paper']}, {e['where']}" for e in es))
+                published_on="; ".join(source_text(e) for e in es))
 
 
 def _published_rows(stat: Statistic, base: dict) -> list[dict]:
@@ -206,7 +200,7 @@ def _published_rows(stat: Statistic, base: dict) -> list[dict]:
                          n_layers=f.get("n_layers") or np.nan, prompt_set=e["kind"], value=float(v), lo=lo, hi=hi,
                          interval="published range" if "range" in e else "", reference=float("nan"),
                          twin_model="", twin_value=float("nan"), published=value_text(e),
-                         published_on=f"{e['paper']}, {e['where']}",
+                         published_on=source_text(e),
                          note="" if f else f"no size of {e['model']} in published.yaml models"))
     return rows
 

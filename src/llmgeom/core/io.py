@@ -247,13 +247,19 @@ def commit_dir(tmp, out_dir) -> None:
     os.replace(tmp, out_dir)
 
 
-def sha256_file(path) -> str:
-    """SHA-256 hex digest of a file's bytes."""
+def sha256_files(paths) -> str:
+    """SHA-256 hex digest of the concatenated bytes of ``paths`` (in order), streamed 1 MiB at a time."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
+    for path in paths:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()
+
+
+def sha256_file(path) -> str:
+    """SHA-256 hex digest of a file's bytes (:func:`sha256_files` of one)."""
+    return sha256_files([path])
 
 
 def write_text(text: str, path) -> None:

@@ -43,7 +43,7 @@ def model_axis_sizes(s) -> dict:
     """Sizes of the contract's per-model feature axes (``core.store.DIMS``) from an ``families.summarize``
     result: value_feature = kv_head x value_head_dim (the stored values), kv_head x head_dim (the stored keys),
     attn_feature = head x value_head_dim (the attention output). value_head_dim = head_dim except under multi-head
-    latent attention (v_head_dim vs qk_nope + qk_rope head dims; ``architectures.ArchSummary``). One home for both
+    latent attention (v_head_dim vs qk_nope + qk_rope head dims; ``families.ArchSummary``). One home for both
     the file's shapes and the per-batch buffers."""
     vhd = s.value_head_dim or s.head_dim
     return dict(value_feature=s.n_kv_heads * vhd, kv_head=s.n_kv_heads, head_dim=s.head_dim,

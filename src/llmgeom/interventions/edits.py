@@ -12,7 +12,8 @@ function of the PC1 score (same correlations). Sign: Pearson corr(v . u, H_model
 of the PC1 score expressed along u.
 
 Edits (applied to the output of ``architectures.v_module(model, l)`` during the forward pass; for
-fused QKV layouts only the value columns, ``architectures.v_columns``):
+fused QKV layouts only the value columns, ``architectures.qkv_columns(model, "v")``, through
+``extract.hooks.HookSession.projection``):
 
 * ``axis_cut``:   v -> v - (v . u) u
 * ``axis_only``:  v -> (v . u) u
@@ -129,7 +130,7 @@ def value_edits(model, edits: Mapping[int, ValueEdit], positions: torch.Tensor |
     """Context manager: edit the value vectors of ``model`` at the given layers during forward passes.
 
     Args:
-        model: a supported ``*ForCausalLM`` (any family in ``architectures.FAMILIES``).
+        model: a supported ``*ForCausalLM`` (any family in ``families.FAMILIES``).
         edits: layer index (0-based, negative from the end) -> :class:`ValueEdit`; several layers = a
             multi-layer run.
         positions: None = edit every token position; or a LongTensor [B] with one position per batch row

@@ -329,30 +329,6 @@ def qkv_part(model, out: torch.Tensor, part: str) -> torch.Tensor:
     return out if cols is None else out[..., cols.to(out.device)]
 
 
-def split_fused(model, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v [..., n*head_dim] of a fused QKV projection output (:func:`qkv_part` of each).
-
-    Raises:
-        ValueError: a family with separate projections."""
-    fam = family_for(model.config)
-    if fam.qkv == "separate":
-        raise ValueError(f"family {fam.name} has separate projections; split_fused does not apply")
-    return qkv_part(model, out, "q"), qkv_part(model, out, "k"), qkv_part(model, out, "v")
-
-
-def v_columns(model) -> torch.Tensor | None:
-    """Output columns of ``v_module(model, layer)`` that hold the value vectors (``qkv_columns(model, "v")``), or
-    None when the module's whole output is the values (separate projections); an edit of the values is written back
-    into the fused output in place there (interventions; Paper III sec. 4.5)."""
-    return qkv_columns(model, "v")
-
-
-def k_columns(model) -> torch.Tensor | None:
-    """Output columns of ``kv_module(model, layer)`` that hold the keys (``qkv_columns(model, "k")``), or None for
-    separate projections."""
-    return qkv_columns(model, "k")
-
-
 def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """W_K of each key head of block ``layer``: list (length n_kv_heads) of
     (W [d_model, head_dim], bias [head_dim] or None), sliced so that
@@ -376,7 +352,7 @@ def w_k_heads(model, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None
     W = lin.weight if family_for(model.config).qkv == "gpt2_conv1d" else lin.weight.T  # [d_model, out]: Conv1D
     # stores [in, out]
     b = lin.bias
-    cols = k_columns(model)  # every fused layout keeps a key head's head_dim columns together: views, not copies
+    cols = qkv_columns(model, "k")  # every fused layout keeps a key head's head_dim columns together: views, not copies
     heads = []
     for h in range(s.n_kv_heads):
         lo = h * hd if cols is None else int(cols[h * hd])

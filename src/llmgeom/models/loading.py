@@ -81,15 +81,20 @@ def load_tokenizer(model_dir: str | Path):
     return AutoTokenizer.from_pretrained(resolve_weights_path(Path(model_dir)))
 
 
-def count_parameters(config) -> int:
-    """Exact number of parameters of the causal LM that ``config`` describes (tied weights counted
-    once), built on the meta device: nothing is read or allocated."""
+def meta_model(config):
+    """The causal LM that ``config`` describes, built on the meta device: its parameters' shapes and sharing
+    (tied weights are one tensor) without reading or allocating anything."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        m = AutoModelForCausalLM.from_config(config)
-    return int(sum(p.numel() for p in m.parameters()))
+        return AutoModelForCausalLM.from_config(config)
+
+
+def count_parameters(config) -> int:
+    """Exact number of parameters of the causal LM that ``config`` describes (tied weights counted
+    once), from :func:`meta_model`: nothing is read or allocated."""
+    return int(sum(p.numel() for p in meta_model(config).parameters()))
 
 
 def check_memory(model_dir: str | Path, *, dtype: str, device: str, device_map=None,
@@ -167,7 +172,7 @@ def clear_model_cache() -> None:
 
 
 def _attn_implementation(weights_path, attn: str) -> str:
-    """``attn``, or "eager" where ``architectures.attention_implementation`` says so (a model without attention
+    """``attn``, or "eager" where ``families.attention_implementation`` says so (a model without attention
     layers; a family whose modules compute the attention themselves, ``Family.module_attention``)."""
     from transformers import AutoConfig
 
@@ -201,7 +206,7 @@ def load_prepared(model_dir: str | Path, *, dtype: str, attn: str = "sdpa", devi
             for a CUDA device is loaded straight onto that device (host memory holds no copy).
         mem_mb: the job's declared memory; with it (and always on CUDA) ``check_memory`` runs first.
 
-    float16 on a family that overflows it (``architectures.FP16_OVERFLOW_MODEL_TYPES``, Gemma 2/3)
+    float16 on a family that overflows it (``families.FP16_OVERFLOW_MODEL_TYPES``, Gemma 2/3)
     is upcast to bfloat16 (CUDA) or float32 with a warning; the dtype used is ``model.dtype``
     (recorded as ``torch_dtype`` in every HDF5 file).
 

@@ -32,7 +32,7 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmgeom.core.io import atomic_dir, commit_dir, disk_full_guard
+from llmgeom.core.io import atomic_dir, commit_dir, disk_full_guard, sha256_file
 from llmgeom.models import families
 
 SOURCES = ("package_gguf", "split_gguf", "hf_local", "hf_hub")
@@ -210,16 +210,6 @@ def assemble_parts(name: str, spec: dict, dest: Path) -> str:
         dest.unlink(missing_ok=True)
         raise
     return digest
-
-
-def sha256_files(paths: list[Path]) -> str:
-    """sha256 of the concatenation of files, streamed."""
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def gguf_architecture(path: Path) -> str:
@@ -567,7 +557,7 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
     try:
         if src == "package_gguf":
             path = locate_gguf(spec["package"], spec["gguf_file"])
-            manifest.update(package=spec["package"], gguf_file=spec["gguf_file"], source_sha256=sha256_files([path]),
+            manifest.update(package=spec["package"], gguf_file=spec["gguf_file"], source_sha256=sha256_file(path),
                             source_version=_dist_version(spec["package"]))
             config = dequantize_gguf(name, path, tmp, manifest, out_dir=out_dir)
         elif src == "split_gguf":

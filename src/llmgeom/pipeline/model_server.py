@@ -41,7 +41,7 @@ from its first byte (``O_CREAT | O_EXCL``). Both ends check the other's uid (``S
 byte, the client proves the authkey by an HMAC of the server's nonce, and nothing that crosses the socket can run
 code when read: length-prefixed JSON messages (task name, keyword arguments, paths, the traceback of a failure),
 the task's tables and arrays written as files by the task itself (CSV, ``.npz``, HDF5: the job's own outputs).
-Whatever fails a check (:class:`UnsafeModelServer`) is never used: the job says why in its log and runs its task
+Whatever fails a check (:class:`llmgeom.pipeline.private_ipc.UnsafePath`) is never used: the job says why in its log and runs its task
 in its own process.
 
 The client side imports only the standard library (a GPU job's process starts in well under a second).

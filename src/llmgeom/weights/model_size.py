@@ -32,20 +32,16 @@ def parameter_counts(model_dir) -> dict:
     Source: Kaplan et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1 (non-embedding N).
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from llmgeom.models import architectures as arch
-    from llmgeom.models.loading import resolve_weights_path
+    from llmgeom.models.loading import meta_model, resolve_weights_path
     from llmgeom.models.sources import read_manifest
 
     man = read_manifest(model_dir)
     config = AutoConfig.from_pretrained(Path(resolve_weights_path(Path(model_dir))))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    seen, total = set(), 0
-    for p in model.parameters():  # parameters() yields a shared tensor once
-        seen.add(id(p))
-        total += p.numel()
+    model = meta_model(config)
+    total = sum(p.numel() for p in model.parameters())  # parameters() yields a shared tensor once
     emb = {id(p): p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
     head = arch.unembedding(model)[0]
     tied = head is not None and id(head) in emb

@@ -44,9 +44,7 @@ import csv
 import io
 import json
 import math
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -55,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from llmgeom.core.io import atomic_dir, commit_dir
 from llmgeom.core.units import nats_to_bits
 from llmgeom.prompts import wind_tunnel as tasks
 
@@ -280,12 +279,6 @@ def _save_dir(path: Path, model, tok, manifest: dict, log_rows: list[dict]) -> N
     (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
-def _commit(tmp: Path, final: Path) -> None:
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-
-
 def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_size: int, lr: float,
                       warmup_steps: int, weight_decay: float, clip_norm: float, arch: Mapping,
                       checkpoints: Sequence[int], threads: int, n_val: int, schedule: str, min_lr_ratio: float,
@@ -324,7 +317,7 @@ def train_wind_tunnel(spec: Mapping, out_dir, *, seed: int, steps: int, batch_si
                             checkpoints=checkpoints)
     eval_every = int(eval_every or max(1, steps // 10))
     log_every = int(log_every or max(1, steps // 20))
-    tmp = _partial_dir(out_dir)
+    tmp = atomic_dir(out_dir)
     try:
         with _deterministic(threads, seed):
             tok = build_tokenizer(spec_n)
@@ -415,16 +408,6 @@ def _deterministic(threads: int, seed: int):
         torch.utils.deterministic.fill_uninitialized_memory = prev_fill
 
 
-def _partial_dir(out_dir: Path) -> Path:
-    """A fresh ``.<name>.*.partial`` directory beside ``out_dir`` with ordinary permissions (mkdtemp makes 0700)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    return tmp
-
-
 def _train_steps(model, spec_n, *, seed, steps, batch_size, n_val, betas, weight_decay, clip_norm, ckpts,
                  eval_every, log_every, log, save_checkpoint, sched) -> tuple[list[dict], dict, float]:
     """The training loop of :func:`train_wind_tunnel`: AdamW steps on cross-entropy at the answer positions, a log
@@ -495,10 +478,10 @@ def _commit_training(tmp: Path, out_dir: Path, ckpt_tmp: dict) -> dict:
     done: dict[int, Path] = {}
     for step, path in ckpt_tmp.items():
         final = checkpoint_dir(out_dir, step)
-        _commit(path, final)
+        commit_dir(path, final)
         done[step] = final
     shutil.rmtree(tmp / ".checkpoints", ignore_errors=True)
-    _commit(tmp, out_dir)
+    commit_dir(tmp, out_dir)
     return done
 
 

@@ -157,7 +157,7 @@ def test_values_and_keys_are_the_projections_at_the_last_token(family):
         if fam.qkv == "separate":
             k, v = got[("k", i)], got[("v", i)]
         else:
-            _, k, v = arch.split_fused(m, got[("k", i)])
+            k, v = (arch.qkv_part(m, got[("k", i)], p) for p in "kv")
         for b, sq in enumerate(seqs):
             t = len(sq) - 1
             np.testing.assert_allclose(r["last_token/values"][b, i], v[b, t].numpy(), atol=1e-5, rtol=0)

@@ -51,7 +51,7 @@ class _Capture:
     """Records the value vectors (after any earlier hook's edit) of one layer."""
 
     def __init__(self, model, layer):
-        self.model, self.cols = model, arch.v_columns(model)
+        self.model, self.cols = model, arch.qkv_columns(model, "v")
         self.h = arch.v_module(model, layer).register_forward_hook(self)
         self.v = None
 
@@ -172,15 +172,6 @@ def test_axis_only_shift_and_last_position(family):
         keep = torch.ones(v.shape[1], dtype=torch.bool)
         keep[t] = False
         torch.testing.assert_close(v[b, keep], v0[b, keep], atol=0, rtol=0)
-
-
-def test_fused_value_columns_match_split_fused():
-    for family in ("gpt2", "gpt_neox"):
-        m = tiny(family)
-        out = torch.randn(2, 3, 3 * 32)
-        cols = arch.v_columns(m)
-        torch.testing.assert_close(out[..., cols], arch.split_fused(m, out)[2], atol=0, rtol=0)
-    assert arch.v_columns(tiny("llama")) is None
 
 
 def test_hooks_removed_when_forward_raises():

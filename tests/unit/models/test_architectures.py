@@ -104,7 +104,7 @@ def test_w_k_heads_reproduce_model_keys(family):
             assert keys.shape[-1] == s.n_kv_heads * s.head_dim
         else:
             assert keys.shape[-1] == 3 * s.n_heads * s.head_dim
-            keys = arch.split_fused(m, keys)[1]
+            keys = arch.qkv_part(m, keys, "k")
         with torch.no_grad():
             x = arch.input_norm(m, layer)(h_in[layer])
             heads = arch.w_k_heads(m, layer)
@@ -120,12 +120,12 @@ def test_w_k_heads_reproduce_model_keys(family):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])
-def test_split_fused_values_match_extractors(family):
+def test_qkv_parts_match_extractors(family):
     """key_value_extractors' value function is the v block of the fused projection."""
     m = _model(family)
     s = families.summarize(m.config)
     x = torch.randn(2, 3, 3 * s.n_heads * s.head_dim)
-    q, k, v = arch.split_fused(m, x)
+    q, k, v = (arch.qkv_part(m, x, p) for p in "qkv")
     d = s.n_heads * s.head_dim
     assert q.shape == k.shape == v.shape == (2, 3, d)
     # the three parts are a permutation of the input's features
@@ -136,9 +136,9 @@ def test_split_fused_values_match_extractors(family):
     torch.testing.assert_close(vfn(x), v)
 
 
-def test_split_fused_rejects_separate_projections():
-    with pytest.raises(ValueError, match="separate projections"):
-        arch.split_fused(testing.tiny_model("llama"), torch.zeros(1, 96))
+def test_separate_projections_are_their_own_parts():
+    m, x = testing.tiny_model("llama"), torch.zeros(1, 96)
+    assert arch.qkv_columns(m, "v") is None and arch.qkv_part(m, x, "k") is x
 
 
 def test_unsupported_model_type_lists_supported():

@@ -273,12 +273,11 @@ def test_codegen_fused_groups_split_as_codegen_does_and_a_value_edit_reaches_the
 
     m = mtypes.build("codegen", "sdpa")
     out = torch.randn(2, 3, 192)
-    q, k, v = arch.split_fused(m, out)
+    q, k, v = (arch.qkv_part(m, out, p) for p in "qkv")
     g = out.view(2, 3, 4, 48)  # 4 groups of 3 x 16 (d_model 64 / 4)
     assert torch.equal(q, g[..., :16].reshape(2, 3, 64)) and torch.equal(v, g[..., 16:32].reshape(2, 3, 64))
     assert torch.equal(k, g[..., 32:].reshape(2, 3, 64))
-    assert torch.equal(out[..., arch.k_columns(m)], k) and torch.equal(out[..., arch.v_columns(m)], v)
-    cols = torch.cat([arch.qkv_columns(m, "q"), arch.k_columns(m), arch.v_columns(m)])
+    cols = torch.cat([arch.qkv_columns(m, p) for p in "qkv"])
     assert torch.equal(cols.sort().values, torch.arange(192))
     z = {}
     capture.run(m, capture.make_batch(m, mtypes.SEQS), {"blocks.0.attn.hook_v": lambda t, pt: torch.zeros_like(t),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmgeom.core.io import sha256_files
 from llmgeom.models import families
 from llmgeom.models import sources as models, tiny as testing
 from llmgeom.models.sources import ModelSourceError, check_source
@@ -214,7 +215,7 @@ def test_gemma_split_gguf_parts_and_sha256():
     assert [p.name for _, p in parts] == [f"{GEMMA[1]}.part{i:02d}" for i in range(4)]
     assert [pkg for pkg, _ in parts] == [f"{GEMMA[0]}_part{i}" for i in range(1, 5)]
     assert sum(p.stat().st_size for _, p in parts) == spec["bytes"]
-    assert models.sha256_files([p for _, p in parts]) == spec["sha256"]
+    assert sha256_files([p for _, p in parts]) == spec["sha256"]
     if _installed(GEMMA[0]):  # the upstream package's own checksum file
         sums = next(models.package_dir(GEMMA[0]).rglob("SHA256SUMS")).read_text().split()
         assert sums[0] == spec["sha256"] and sums[1] == GEMMA[1]
