@@ -55,6 +55,9 @@ def _panel(ax, g: pd.DataFrame, *, fontsize: float = 8, labels: bool = True) -> 
         ax.set_xlim(10.0 ** lo / 1.5, 10.0 ** max(hi, lo + 1) * 1.5)
         ax.xaxis.set_major_locator(LogLocator(base=10, numticks=12))
         ax.xaxis.set_minor_formatter(NullFormatter())
+    y = pd.to_numeric(g.value, errors="coerce").dropna()
+    if len(y) and (y > 0).all() and y.max() / y.min() > 100:  # e.g. perplexity: twins near 1e5, models near 10
+        ax.set_yscale("log")
     ax.set_title(str(g.label.iloc[0]), fontsize=fontsize)
     ax.set_xlabel("parameters", fontsize=fontsize - 1)
     ax.set_ylabel(str(g.unit.iloc[0]), fontsize=fontsize - 1)

@@ -259,3 +259,21 @@ def test_scaling_statistics_cover_the_issue():
     assert set(TABLES) == {"table2", "id_profile", "margins", "expressibility_gap", "sula"}
     pub = load_published()
     assert all(s.published in pub for s in STATISTICS if s.published)
+
+
+@pytest.mark.parametrize("values, log", [((12.0, 9.0, 1.5e5, 2.0e5), True), ((0.15, 0.12, 0.08, 0.06), False),
+                                         ((12.0, -3.0, 1.5e5, 2.0e5), False)])
+def test_a_panel_spanning_more_than_two_decades_reads_on_a_log_axis(values, log):
+    """Perplexity: the twins near 1e5 beside trained models near 10 would flatten the models on a linear axis; a
+    positive series spanning more than a factor of 100 gets a log y axis, anything else stays linear."""
+    from llmgeom.plots.base import plt
+    from llmgeom.plots.scaling import _panel
+
+    g = pd.DataFrame(dict(statistic="perplexity", label="corpus perplexity", unit="perplexity",
+                          source=["measured", "measured", "null_model", "null_model"],
+                          model=["a", "b", "a-randinit", "b-randinit"], n_params=[1e8, 1e9, 1e8, 1e9],
+                          value=values, lo=np.nan, hi=np.nan, reference=np.nan, reference_kind=""))
+    fig, ax = plt.subplots()
+    _panel(ax, g)
+    assert ax.get_yscale() == ("log" if log else "linear")
+    plt.close(fig)
