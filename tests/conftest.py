@@ -27,6 +27,14 @@ TEST_DIR = REPO / ".test"
 TEST_CONFIG = TEST_DIR / "config" / "config.yaml"
 
 
+def study_config(path) -> dict:
+    """A config file as the workflow reads it: loaded, then every schema default filled in (the file holds only
+    what differs from the schema, e.g. no ``revision`` or size-derived ``mem_mb`` / ``runtime`` of its models)."""
+    from llmgeom.pipeline.schema import apply_defaults, read_schema
+
+    return apply_defaults(yaml.safe_load(Path(path).read_text()), read_schema())
+
+
 def tiny_config(model_dirs: dict | None = None, *, nulls: bool = True) -> dict:
     """A fresh copy of .test/config/config.yaml for a run in another working directory: each model's ``path``
     made absolute (the committed .test/models/<name>), or ``model_dirs[name]`` where given. ``nulls=False``:

@@ -251,7 +251,9 @@ def test_paper3_one_gpu_submission_per_model(tmp_path):
     """Issue 13: on the paper3 config every model's GPU jobs (5 extractions, 4 SULA conditions, the
     interventions) are one sbatch call with the model's GPU flags and memory and the sum of the runtimes
     (the jobs are stacked in series by the model's GPU slot, whatever the cores)."""
-    cfg = yaml.safe_load((REPO / "config" / "paper3.yaml").read_text())
+    from conftest import study_config
+
+    cfg = study_config(REPO / "config" / "paper3.yaml")
     wd = tmp_path / "wd"
     wd.mkdir()
     base = ["--configfile", str(REPO / "config" / "paper3.yaml"), "-d", str(wd)]

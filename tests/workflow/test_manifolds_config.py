@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from conftest import study_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "config" / "manifolds.yaml"
@@ -42,7 +43,7 @@ def dry_run(tmp_path_factory):
                         "--configfile", str(CONFIG), "--cores", "4"],
                        capture_output=True, text=True, env=env, cwd=wd)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r.stdout + r.stderr, yaml.safe_load(CONFIG.read_text())
+    return r.stdout + r.stderr, study_config(CONFIG)
 
 
 def test_manifolds_config_lists_the_study_models(dry_run):

@@ -442,12 +442,12 @@ def test_config_checks():
 def test_paper3_dry_run_offline(tmp_path):
     """config/paper3.yaml builds its DAG offline with an empty Hugging Face cache (nothing touches the hub
     at DAG construction; prepare_model checks sources at job time) and schedules every stage per model."""
-    from conftest import offline_dry_run_counts
+    from conftest import offline_dry_run_counts, study_config
 
     counts = offline_dry_run_counts(REPO / "config/paper3.yaml", tmp_path)
     import yaml
 
-    cfg = yaml.safe_load((REPO / "config/paper3.yaml").read_text())
+    cfg = study_config(REPO / "config/paper3.yaml")
     n_models, n_sets = len(cfg["models"]), len(cfg["prompts"]["sets"])
     assert n_models == 4
     # every model and its random-init twin (issue 28); a twin extracts mixed, the summary set and the corpus only
