@@ -351,3 +351,23 @@ def test_one_load_per_model_and_each_server_exits_after_its_models_last_job(tmp_
     assert servers[first][1] < last[second]  # the first model's server was gone before the other's last job ended
     assert "server asked to exit (stopped)" in "".join(
         (tmp_path / f"logs/extract/{first}/{s}.log").read_text() for s in sets)
+
+
+def test_a_new_server_waits_for_an_exiting_one_to_release_its_abstract_address():
+    """An exiting server of this user's still holds its abstract address for a moment: the check before a new
+    bind waits for the release (here 0.5 s) instead of letting the new bind fail."""
+    import socket
+    import threading
+    import time
+
+    addr = "\0llmgeom-test-release-" + str(time.time_ns())
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(addr)
+    s.listen(8)
+    threading.Timer(0.5, s.close).start()
+    t0 = time.time()
+    ms._check_address_free(addr)
+    waited = time.time() - t0
+    assert 0.4 < waited < ms.RELEASE_WAIT_S
+    with pytest.raises(OSError):  # released: nobody listens there now
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(addr)
