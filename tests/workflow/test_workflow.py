@@ -183,6 +183,12 @@ def test_sula_and_intervention_outputs(tiny_run):
         for ext in ("png", "pdf"):
             assert (wd / f"results/figures/{fig}.{ext}").stat().st_size > 1000
     assert "sula" in (wd / "resources/prompts/sula/tiny-gpt2/main.jsonl").read_text()
+    for m in cfg["models"]:  # a twin runs its trained model's SULA prompt file (same tokenizer), not a copy of its own
+        assert not (wd / f"resources/prompts/sula/{m}-randinit").exists()
+        with h5py.File(wd / f"results/{m}/activations/sula_main.h5", "r") as f, \
+                h5py.File(wd / f"results/{m}-randinit/activations/sula_main.h5", "r") as g:
+            assert f.attrs["prompt_set_sha256"] == g.attrs["prompt_set_sha256"]
+            assert (f["next_token/candidate_ids"][:] == g["next_token/candidate_ids"][:]).all()
 
 
 def test_wind_tunnel_outputs(tiny_run):

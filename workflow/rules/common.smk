@@ -73,6 +73,15 @@ def section_cfg(section, function=None):
 def is_null(wildcards):
     """The {model} of a job is a null model (a random-init twin or a step-0 checkpoint)."""
     return wildcards.model in NULLS
+
+
+def sula_prompts(wildcards, condition=None):
+    """The SULA prompt file of {model} and {condition} (or ``condition``): a random-init twin reads its trained
+    model's (the same tokenizer, so the same prompts, batches and candidate labels by construction; no build_sula
+    job of its own)."""
+    m = wildcards.model
+    owner = NULLS[m]["null_of"] if m in LLM_NULLS else m
+    return f"resources/prompts/sula/{owner}/{condition or wildcards.condition}.jsonl"
 PROMPT_SETS = sorted(config["prompts"]["sets"])
 VM_SETS = config["value_manifold"]["prompt_sets"]
 ID_SET = config["intrinsic_dimension"]["prompt_set"]

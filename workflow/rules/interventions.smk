@@ -12,7 +12,7 @@ rule intervene:
     """GPU rule: fit entropy axes on the SULA main values, run the unedited model and every edit."""
     input:
         model="resources/models/{model}",
-        prompts="resources/prompts/sula/{model}/main.jsonl",
+        prompts=lambda wc: sula_prompts(wc, "main"),  # a twin: its trained model's file
         h5="results/{model}/activations/sula_main.h5",
         code=code("intervene"),
     output:

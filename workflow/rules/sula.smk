@@ -38,7 +38,7 @@ rule extract_sula:
     """GPU rule: activations + label log-probabilities of one SULA condition -> HDF5 (contract + candidates)."""
     input:
         model="resources/models/{model}",
-        prompts="resources/prompts/sula/{model}/{condition}.jsonl",
+        prompts=sula_prompts,  # a twin: its trained model's file
         code=code("extract"),
     output:
         "results/{model}/activations/sula_{condition}.h5",

@@ -353,11 +353,14 @@ def _final_token_results(hooks: BatchHooks, c: _BatchBuffers, out, seqs, sample_
 def _next_token_results(logits, names, mname, top_k: int, candidates) -> dict:
     """Step 3: next-token entropy, top-k and candidate log-probabilities from the final tokens' float32 logits
     [B, V]; NonFiniteActivationError on a non-finite logit."""
-    if not torch.isfinite(logits).all():
+    ent = entropy_nats(logits)
+    # a non-finite logit makes its row's entropy non-finite (NaN: inf - inf in the log-softmax, 0 * -inf), so the
+    # check of the [B] entropies replaces a pass over the [B, V] logits (262k-token vocabularies: ~1/3 of this step)
+    if not bool(torch.isfinite(ent).all()):
         bi = int((~torch.isfinite(logits)).any(-1).nonzero()[0][0])
         raise NonFiniteActivationError(f"model {mname!r}: non-finite logits (final layer, unembedding) at the "
                                        f"final token of prompt {names[bi]!r}; try dtype: float32 or bfloat16")
-    res = {DS.NEXT_TOKEN_ENTROPY: entropy_nats(logits).cpu().numpy()}
+    res = {DS.NEXT_TOKEN_ENTROPY: ent.cpu().numpy()}
     tv, ti = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
     res[DS.NEXT_TOKEN_TOP_IDS] = ti.cpu().numpy()
     res[DS.NEXT_TOKEN_TOP_LOGITS] = tv.cpu().numpy()

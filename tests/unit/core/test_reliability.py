@@ -530,6 +530,19 @@ def test_non_finite_logits_name_model_and_prompt():
                       token_stats=True, sample_positions=[[1]])
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_one_non_finite_logit_of_any_kind_is_caught_and_its_prompt_named(bad):
+    """The check reads the rows' entropies, not the [B, V] logits: one +inf, -inf or NaN logit among finite ones
+    must still make its row's entropy non-finite and name that prompt (not the other)."""
+    from llmgeom.extract.batch import _next_token_results
+
+    z = torch.randn(2, 50, generator=torch.Generator().manual_seed(0)) * 30
+    _next_token_results(z, ["ok", "x"], "tiny-x", 5, None)  # finite: no error
+    z[1, 17] = bad
+    with pytest.raises(NonFiniteActivationError, match=r"model 'tiny-x': non-finite logits .* prompt 'x'"):
+        _next_token_results(z, ["ok", "x"], "tiny-x", 5, None)
+
+
 def _dup(n_distinct=3, reps=10, d=5):
     return np.repeat(np.random.default_rng(0).normal(size=(n_distinct, d)), reps, axis=0)
 
