@@ -159,25 +159,33 @@ class _AnonPeak:
     def __init__(self):
         import threading
 
-        self.peak, self._stop = self._read()["RssAnon"], threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
+        self._stop, self._t = threading.Event(), None
+        self.peak = self._read()["RssAnon"]
+        if self.peak == self.peak:  # NaN without /proc (macOS): nothing to sample
+            self._t = threading.Thread(target=self._run, daemon=True)
+            self._t.start()
 
     @staticmethod
     def _read() -> dict:
-        with open("/proc/self/status") as f:
-            return {k: int(v.split()[0]) / 1024 for k, _, v in (ln.partition(":") for ln in f)
-                    if k in ("RssAnon", "RssFile")}
+        try:
+            with open("/proc/self/status") as f:
+                got = {k: int(v.split()[0]) / 1024 for k, _, v in (ln.partition(":") for ln in f)
+                       if k in ("RssAnon", "RssFile")}
+        except OSError:
+            got = {}
+        return {k: got.get(k, float("nan")) for k in ("RssAnon", "RssFile")}
 
     def _run(self):
         while not self._stop.wait(0.005):
             self.peak = max(self.peak, self._read()["RssAnon"])
 
     def stop(self) -> tuple[float, float]:
+        """(peak private MiB, file-backed MiB now); NaN where /proc/self/status is missing."""
         self._stop.set()
-        self._t.join()
+        if self._t is not None:
+            self._t.join()
         now = self._read()
-        return max(self.peak, now["RssAnon"]), now["RssFile"]
+        return max(self.peak, now["RssAnon"]) if self._t is not None else float("nan"), now["RssFile"]
 
 
 def _forward_pass(model, batches, pad_id, *, body: bool, use_cache: bool | None = None, head=None) -> None:

@@ -444,9 +444,13 @@ def test_time_limit_kills_the_job_retry_asks_more_time_and_resumes(slurm, refere
     # the first job's clean stop at its limit (SLURM's SIGTERM reaches the server directly, or through the
     # client, which forwards it as a stop request: SIGUSR1), in the first job's SLURM log
     logs = sorted((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
-    stopped = re.search(r"stopped by SIG(?:TERM|USR1) after (\d+) of (\d+) batches",
-                        "".join(f.read_text(errors="replace") for f in logs))
-    assert stopped and int(stopped[1]) == k, stopped
+    text = "".join(f.read_text(errors="replace") for f in logs)
+    stopped = re.search(r"stopped by SIG(?:TERM|USR1) after (\d+) of (\d+) batches", text)
+    # the server's reply reaches the first job's log only if it comes within KillWait (5 s here) of SLURM's SIGTERM;
+    # under CI's load it can come later and SIGKILL ends the client first (once in a full .ci/run, 2026-12-06). The
+    # stop itself is then shown by the client's forwarded request and by the k committed batches the retry resumed.
+    assert (stopped and int(stopped[1]) == k) or (not stopped and "asking the server to stop the task" in text), \
+        (stopped, text[-3000:])
     assert not list((tmp_path / "results").rglob("*.partial*"))
     same_datasets(reference / TARGET_H5, tmp_path / TARGET_H5)
 
