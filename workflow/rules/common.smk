@@ -82,6 +82,8 @@ def sula_prompts(wildcards, condition=None):
     m = wildcards.model
     owner = NULLS[m]["null_of"] if m in LLM_NULLS else m
     return f"resources/prompts/sula/{owner}/{condition or wildcards.condition}.jsonl"
+
+
 PROMPT_SETS = sorted(config["prompts"]["sets"])
 VM_SETS = config["value_manifold"]["prompt_sets"]
 ID_SET = config["intrinsic_dimension"]["prompt_set"]
