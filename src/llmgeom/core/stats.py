@@ -168,3 +168,46 @@ def bias_corrected(estimate: float, replicates, *, bounds: tuple[float, float] |
     if bounds is not None:
         bc = float(np.clip(bc, *bounds))
     return bc
+
+
+#: suffix of the column that holds a statistic's bootstrap (or resampling) replicates in a table:
+#: ``<column>_replicates`` beside ``<column>``, ``<column>_lo`` and ``<column>_hi`` (docs/outputs.md "Replicates")
+REPLICATES_SUFFIX = "_replicates"
+
+
+def replicates_text(replicates) -> str:
+    """The replicates of one statistic as one table cell: the values in resample order, space-separated, 9
+    significant digits ("nan" for a non-finite one). Resample b of two columns of the same row is the same resample
+    (the same drawn prompts, passages or positions), so a verdict that reads two columns can be re-decided per b.
+
+    Args:
+        replicates: array-like [n_boot] of the statistic on each resample, in its own units.
+
+    Returns:
+        str; "" for no replicates (n_boot = 0). Round trip: :func:`parse_replicates`.
+    """
+    r = np.asarray(replicates, dtype=np.float64).ravel()
+    return " ".join(f"{v:.9g}" if np.isfinite(v) else "nan" for v in r)
+
+
+def parse_replicates(text) -> np.ndarray:
+    """The replicates of a ``<column>_replicates`` cell (:func:`replicates_text`) as float64 [n_boot].
+
+    Args:
+        text: the cell: a space-separated string; "", None or NaN (a table read back from CSV) mean none.
+
+    Returns:
+        np.ndarray float64 [n_boot] (empty for none; "nan" entries stay NaN: the caller decides on them).
+
+    Raises:
+        ValueError: a cell that is not a list of numbers (names the bad token).
+    """
+    if text is None or (isinstance(text, float) and not np.isfinite(text)):
+        return np.empty(0)
+    s = str(text).strip()
+    if not s:
+        return np.empty(0)
+    try:
+        return np.array([float(t) for t in s.split()], dtype=np.float64)
+    except ValueError as e:
+        raise ValueError(f"a replicates cell must hold space-separated numbers: {e}") from None
