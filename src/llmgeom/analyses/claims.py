@@ -31,9 +31,12 @@ SCORECARD_COLUMNS = ["claim_id", "claim", "paper", "section", "table", "column",
                      "measured_lo", "measured_hi", "measured_text", "published", "published_quantity", "published_on",
                      "published_models", "published_official_code", "same_model", "comparison_flags", "rule", "verdict", "reason",
                      "null_model", "null_measured", "null_measured_text", "null_verdict", "null_reason",
-                     "noise_column", "noise_measured", "noise_verdict", "specific", "specific_reason"]
+                     "noise_column", "noise_measured", "noise_verdict", "specific", "specific_reason", "stability",
+                     "stability_basis", "stability_n", "sensitivity"]
 #: headline categories (:func:`headline`), in order: a supported verdict counts as a finding only when specific
-HEADLINE = ("specific finding", "supported, not specific", NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)
+#: and stable (stability >= STABLE); rows of a sensitivity axis (``sensitivity``) are shown, not counted
+HEADLINE = ("specific finding", "specific, unstable", "supported, not specific", NOT_SUPPORTED, INCONCLUSIVE,
+            NOT_TESTABLE)
 
 
 # ------------------------------------------------------------------------------------------------ rules
@@ -323,87 +326,221 @@ def min_rank_models(alpha: float) -> int:
     return n
 
 
-def _rank_inputs(rows, claim, params):
-    """(x, y, n, alpha, why): the finite (size, value) pairs of the across-model rows, one per model, and the reason
-    they cannot be ranked ("" when they can: at least ``min_models``, default :func:`min_rank_models`)."""
+def _size_series(rows, claim, params):
+    """The across-size series of one claim: per model (one row each) log size x, log value y, the standard error
+    of log value from the model's interval, and the reason the series cannot be decided ("" when it can).
+
+    Returns:
+        dict(x, y, se, v, models, n, why): x = ln(size column ``params["x"]``), y = ln(value), se = (hi - lo) /
+        (2 z v) with z the normal quantile of ``params["interval_ci"]`` (default 0.95, the tables' intervals; the
+        delta method for ln), all float64 [n]; why names the models without a positive value, a finite size or an
+        interval (an across-size statistic is decided against its own noise, never without it).
+    """
+    from scipy.stats import norm
+
     xcol = params.get("x", "n_params")
-    alpha = float(params.get("alpha", 0.05))
-    x = pd.to_numeric(rows.get(xcol), errors="coerce")
-    y = pd.to_numeric(rows.get(claim["value"]), errors="coerce")
-    ok = np.isfinite(x.to_numpy(float)) & np.isfinite(y.to_numpy(float)) if x is not None and y is not None else []
-    if not len(ok):
-        return None, None, 0, alpha, f"no column {xcol} / {claim['value']}"
-    x, y = x[ok].to_numpy(float), y[ok].to_numpy(float)
-    need = int(params.get("min_models") or min_rank_models(alpha))
-    if x.size < need:
-        return x, y, x.size, alpha, (f"{x.size} model(s) with a value: a rank test over size needs at least {need} "
-                                     f"(with n models the smallest exact one-sided p is 1/n!, >= {alpha} below {need})")
-    return x, y, x.size, alpha, ""
+    out = dict(x=np.empty(0), y=np.empty(0), se=np.empty(0), v=np.empty(0), models=[], n=0, xcol=xcol, why="")
+    if xcol not in rows or claim["value"] not in rows:
+        return dict(out, why=f"no column {xcol if xcol not in rows else claim['value']}")
+    num = {c: pd.to_numeric(rows[c], errors="coerce").to_numpy(float) if c in rows else np.full(len(rows), np.nan)
+           for c in (xcol, claim["value"], claim.get("lo") or "", claim.get("hi") or "")}
+    x, v = num[xcol], num[claim["value"]]
+    lo, hi = num[claim.get("lo") or ""], num[claim.get("hi") or ""]
+    names = list(rows["model"].astype(str)) if "model" in rows else [str(i) for i in range(len(rows))]
+    ok = np.isfinite(x) & np.isfinite(v)
+    x, v, lo, hi, names = x[ok], v[ok], lo[ok], hi[ok], [m for m, k in zip(names, ok) if k]
+    n = int(x.size)
+    out.update(models=names, n=n, v=v)
+    need = int(params.get("min_models") or min_rank_models(float(params.get("alpha", 0.05))))
+    if n < need:
+        return dict(out, why=f"{n} model(s) with a value: an across-size test needs at least {need}")
+    if np.any(v <= 0) or np.any(x <= 0):
+        bad = [m for m, a, b in zip(names, v, x) if a <= 0 or b <= 0]
+        return dict(out, why=f"a log-log slope needs positive sizes and values ({', '.join(bad)})")
+    if np.all(x == x[0]):
+        return dict(out, why=f"all {n} models have the same {xcol}")
+    z = float(norm.ppf(0.5 + float(params.get("interval_ci", 0.95)) / 2))
+    se = (hi - lo) / (2.0 * z * v)
+    miss = [m for m, s in zip(names, se) if not (np.isfinite(s) and s > 0)]
+    if miss:
+        return dict(out, why=f"no interval for {', '.join(miss)}: an across-size statistic is decided against its "
+                             f"per-model noise (scaling.csv lo / hi)")
+    return dict(out, x=np.log(x), y=np.log(v), se=se)
 
 
-def rule_rank_trend(rows, claim, params, model=None) -> dict:
-    """Across models: the value rises (``expected: increasing``) or falls (``decreasing``) with size (``x``,
-    default n_params), by Spearman's rho with an exact permutation p (:func:`llmgeom.core.stats.spearman_exact`).
-    Supported: one-sided p < ``alpha`` in the expected direction; not supported: p < alpha the other way;
-    inconclusive otherwise, with fewer than ``min_models`` (default :func:`min_rank_models`) or when rho is
-    undefined (constant sizes or values). The reason states rho, n and p; with few models it says the test is weak."""
+def size_slope(x, y, se) -> tuple[float, float]:
+    """Log-log slope of a statistic against model size, with its standard error propagated from the per-model
+    standard errors.
+
+    Args:
+        x: [n] ln(model size); y: [n] ln(value); se: [n] standard errors of y (from each model's own interval).
+
+    Returns:
+        (slope, sd): the weighted least-squares slope (weights 1 / se^2; numpy.polyfit) and its standard deviation:
+        the larger of the propagated one (the per-model errors alone) and the one scaled by the reduced chi-square of
+        the fit (the Birge ratio: scatter of the models around the line beyond their own noise), so that neither an
+        optimistic interval nor a lucky alignment of four points decides. Dimensionless (ln value per ln size).
+        (NaN, NaN) with fewer than 3 points.
+
+    Source: weighted regression with the variance scaled by the reduced chi-square (Birge 1932; Bevington &
+    Robinson, Data Reduction and Error Analysis, sec. 6-7); issue 48 (across-size rules decided against noise).
+    """
+    x, y, se = (np.asarray(a, np.float64) for a in (x, y, se))
+    if x.size < 3:
+        return float("nan"), float("nan")
+    coef, cov_unscaled = np.polyfit(x, y, 1, w=1.0 / se, cov="unscaled")
+    _, cov_scaled = np.polyfit(x, y, 1, w=1.0 / se, cov=True)
+    return float(coef[0]), float(np.sqrt(max(cov_unscaled[0, 0], cov_scaled[0, 0])))
+
+
+def equivalence_bound(quantity: str) -> tuple[float, str]:
+    """The equivalence bound of a constancy claim: the largest |log-log slope| that the published per-model values
+    of ``quantity`` span over the published models' sizes, ln(max / min value) / ln(max / min size): a series that
+    the paper calls constant moves at most this much per e-fold of size.
+
+    Args:
+        quantity: a quantity of ``llmgeom/data/published.yaml`` with one entry per named model (e.g. LSM Table 4's
+            m0.05 per model), the models' sizes in its ``models`` section.
+
+    Returns:
+        (bound, text): the bound (dimensionless, > 0) and where it comes from; (NaN, why) with fewer than two
+        published models with a size and a positive value.
+
+    Source: LSM Tables 2-4 (the per-model values behind "nearly constant" / "roughly constant", sec. 13.4.1).
+    """
+    from llmgeom.core.published import load_published, load_published_models, model_key
+
+    facts = load_published_models()
+    pts = []
+    for e in load_published().get(quantity, []):
+        n = facts.get(model_key(e.get("model") or ""), {}).get("n_params")
+        if n and "value" in e and e["value"] > 0 and e.get("source_kind") in ("paper", "secondary"):
+            pts.append((float(n), float(e["value"]), e["model"]))
+    if len(pts) < 2 or len({p[0] for p in pts}) < 2:
+        return float("nan"), f"no per-model published values of {quantity} with sizes"
+    ns, vs = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    b = float(np.log(vs.max() / vs.min()) / np.log(ns.max() / ns.min()))
+    return b, (f"{quantity}: {len(pts)} published models span {_num(vs.min())}-{_num(vs.max())} over "
+               f"{_num(ns.min() / 1e6)}M-{_num(ns.max() / 1e6)}M parameters")
+
+
+def published_slope(quantity: str) -> tuple[float, str]:
+    """The ordinary least-squares log-log slope of a quantity's published per-model values against size (the
+    alternative a trend claim's power is computed against): (slope, text); (NaN, why) without two sized models."""
+    from llmgeom.core.published import load_published, load_published_models, model_key
+
+    facts = load_published_models()
+    pts = [(float(facts[model_key(e["model"])]["n_params"]), float(e["value"]))
+           for e in load_published().get(quantity, [])
+           if e.get("model") and "value" in e and e["value"] > 0 and e.get("source_kind") in ("paper", "secondary")
+           and facts.get(model_key(e["model"]), {}).get("n_params")]
+    if len({p[0] for p in pts}) < 2:
+        return float("nan"), f"no per-model published values of {quantity} with sizes"
+    b = float(np.polyfit(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]), 1)[0])
+    return b, f"{quantity} ({len(pts)} published models)"
+
+
+def _slope_text(s: dict, b: float, sd: float, z: float, alpha: float) -> str:
+    lo, hi = b - z * sd, b + z * sd
+    return (f"log-log slope vs {s['xcol']} = {_num(b)}, {100 * (1 - 2 * alpha):.0f}% interval [{_num(lo)}, {_num(hi)}] "
+            f"over n = {s['n']} models")
+
+
+def _rank_p_text(s: dict, alternative: str) -> str:
     from llmgeom.core.stats import spearman_exact
+
+    rho, p = spearman_exact(s["x"], s["y"], alternative=alternative)
+    return f"; exact one-sided rank p = {p:.3g} (rho = {_num(rho)}; smallest possible {1 / math.factorial(s['n']):.3g})"
+
+
+def rule_size_trend(rows, claim, params, model=None) -> dict:
+    """Across models: the value rises (``expected: increasing``) or falls (``decreasing``) with size (``x``, default
+    n_params), decided on the log-log slope (:func:`size_slope`, its error propagated from each model's interval):
+    supported when the one-sided (1 - ``alpha``) bound of the slope lies on the expected side of 0 (the two-sided
+    1 - 2 alpha interval excludes 0 there), not supported when it lies on the other side, else inconclusive; also
+    inconclusive with fewer than ``min_models`` models (default :func:`min_rank_models`), non-positive values, equal
+    sizes or a model without an interval. The reason gives the slope and interval, the exact one-sided rank p
+    (:func:`llmgeom.core.stats.spearman_exact`) and the power at this n: the probability that the rule decides
+    "supported" if the true slope were the published models' own (``alternative_from``, a published quantity:
+    :func:`published_slope`), Phi(|b_alt| / sd - z)."""
+    from scipy.stats import norm
 
     exp = params.get("expected", "increasing")
     if exp not in ("increasing", "decreasing"):
         raise ClaimsDataError(f"claim {claim['id']}: rule.expected must be increasing or decreasing, got {exp!r}")
-    x, y, n, alpha, why = _rank_inputs(rows, claim, params)
-    if why:
-        return dict(verdict=INCONCLUSIVE, reason=why)
-    want, other = ("greater", "less") if exp == "increasing" else ("less", "greater")
-    rho, p = spearman_exact(x, y, alternative=want)
-    if not np.isfinite(rho):
-        return dict(verdict=INCONCLUSIVE, reason=f"Spearman rho undefined over {n} models: constant sizes or values")
-    p_other = spearman_exact(x, y, alternative=other)[1]
-    text = f"Spearman rho = {_num(rho)} over n = {n} models, exact one-sided p = {p:.3g}"
-    weak = (f"; weak: with {n} models the smallest possible p is {1 / math.factorial(n):.3g}"
-            if n < 2 * min_rank_models(alpha) else "")
-    out = dict(measured=rho, measured_text=text)
-    if p < alpha:
-        return dict(out, verdict=SUPPORTED, reason=f"{text} < {alpha}: {exp} with size{weak}")
-    if p_other < alpha:
-        return dict(out, verdict=NOT_SUPPORTED, reason=f"{text}; the other way p = {p_other:.3g} < {alpha}{weak}")
-    return dict(out, verdict=INCONCLUSIVE, reason=f"{text} >= {alpha}: no rank trend decided{weak}")
+    s = _size_series(rows, claim, params)
+    if s["why"]:
+        return dict(verdict=INCONCLUSIVE, reason=s["why"])
+    alpha = float(params.get("alpha", 0.05))
+    z = float(norm.ppf(1 - alpha))
+    b, sd = size_slope(s["x"], s["y"], s["se"])
+    text = _slope_text(s, b, sd, z, alpha)
+    sign = 1 if exp == "increasing" else -1
+    out = dict(measured=b, measured_lo=b - z * sd, measured_hi=b + z * sd, measured_text=text)
+    alt = params.get("alternative_from")
+    if alt:
+        ba, atext = published_slope(alt)
+        power = (f"; power at n = {s['n']}: {float(norm.cdf(abs(ba) / sd - z)):.2f} against the published slope "
+                 f"{_num(ba)} ({atext})" if np.isfinite(ba) else f"; power not computed: {atext}")
+    else:
+        power = "; power not computed: no published alternative slope"
+    tail = _rank_p_text(s, "greater" if sign > 0 else "less") + power
+    if sign * (b - sign * z * sd) > 0:
+        return dict(out, verdict=SUPPORTED, reason=f"{text} excludes 0: {exp} with size{tail}")
+    if sign * (b + sign * z * sd) < 0:
+        return dict(out, verdict=NOT_SUPPORTED, reason=f"{text} excludes 0 on the other side{tail}")
+    return dict(out, verdict=INCONCLUSIVE, reason=f"{text} contains 0: no trend decided{tail}")
 
 
-def rule_constant_across_models(rows, claim, params, model=None) -> dict:
-    """Across models: the value stays about constant while size grows: max / min of the (positive) values <=
-    ``max_ratio`` and no two-sided rank trend with ``x`` (exact p >= ``alpha``); with ``grows`` (a column, e.g.
-    d_model), that column's max / min must exceed the value's. Supported when both hold; not supported when the
-    spread exceeds max_ratio; inconclusive with too few models (:func:`min_rank_models`), non-positive values,
-    equal sizes, a ``grows`` column that does not grow, or a rank trend inside the ratio."""
-    from llmgeom.core.stats import spearman_exact
+def rule_size_constancy(rows, claim, params, model=None) -> dict:
+    """Across models: the value stays constant with size, decided as an equivalence test (two one-sided tests at
+    ``alpha``) on the log-log slope (:func:`size_slope`): supported when the 1 - 2 alpha interval of the slope lies
+    inside (-B, B), not supported when it lies wholly outside [-B, B] (a trend larger than the bound), else
+    inconclusive. B = :func:`equivalence_bound` of ``bound_from`` (the published per-model values' own spread) or
+    ``bound`` (a number, said to be ours). With ``grows`` (a size column, e.g. d_model) a constancy that holds must
+    also be slower than that column's own log-log slope (the upper end of the interval below it), else
+    inconclusive. Inconclusive also as in :func:`rule_size_trend`. The reason gives slope, interval, B and its
+    source, the exact two-sided rank p and the power at this n: the probability of "supported" were the true slope
+    0, max(0, 2 Phi(B / sd - z) - 1)."""
+    from scipy.stats import norm
 
-    x, y, n, alpha, why = _rank_inputs(rows, claim, params)
-    if why:
-        return dict(verdict=INCONCLUSIVE, reason=why)
-    if np.any(y <= 0):
-        return dict(verdict=INCONCLUSIVE, reason=f"values <= 0 among {n} models: max / min undefined")
-    if np.all(x == x[0]):
-        return dict(verdict=INCONCLUSIVE, reason=f"all {n} models have the same {params.get('x', 'n_params')}")
-    ratio, cap = float(y.max() / y.min()), float(params.get("max_ratio", 1.5))
-    rho, p = spearman_exact(x, y, alternative="two-sided")
-    p = 1.0 if not np.isfinite(p) else p  # constant values: no trend
-    text = f"max / min = {_num(ratio)} over n = {n} models spanning {_num(x.max() / x.min())}x in size"
-    out = dict(measured=ratio, measured_text=text + (f", rho = {_num(rho)} (p = {p:.3g})" if np.isfinite(rho) else ""))
+    s = _size_series(rows, claim, params)
+    if s["why"]:
+        return dict(verdict=INCONCLUSIVE, reason=s["why"])
+    alpha = float(params.get("alpha", 0.05))
+    z = float(norm.ppf(1 - alpha))
+    if params.get("bound_from"):
+        bound, btext = equivalence_bound(params["bound_from"])
+    elif params.get("bound") is not None:
+        bound, btext = float(params["bound"]), "our reading (rule.bound)"
+    else:
+        raise ClaimsDataError(f"claim {claim['id']}: rule size_constancy needs bound_from (a published quantity) "
+                              "or bound")
+    if not np.isfinite(bound) or bound <= 0:
+        return dict(verdict=NOT_TESTABLE, reason=f"no equivalence bound: {btext}")
+    b, sd = size_slope(s["x"], s["y"], s["se"])
+    lo, hi = b - z * sd, b + z * sd
+    text = _slope_text(s, b, sd, z, alpha)
+    power = max(0.0, 2 * float(norm.cdf(bound / sd - z)) - 1)
+    tail = (f"; bound B = {_num(bound)} ({btext}); power at n = {s['n']}: {power:.2f} were the slope 0"
+            + _rank_p_text(s, "two-sided").replace("one-sided", "two-sided"))
+    out = dict(measured=b, measured_lo=lo, measured_hi=hi, measured_text=text)
+    if lo > bound or hi < -bound:
+        return dict(out, verdict=NOT_SUPPORTED, reason=f"{text} outside [-B, B]: not constant{tail}")
+    if not (-bound < lo and hi < bound):
+        return dict(out, verdict=INCONCLUSIVE, reason=f"{text} not inside (-B, B): constancy not shown{tail}")
     g = params.get("grows")
     if g:
-        gv = pd.to_numeric(rows.get(g), errors="coerce").dropna().to_numpy(float) if g in rows else np.array([])
-        gr = float(gv.max() / gv.min()) if gv.size and gv.min() > 0 else float("nan")
-        if not np.isfinite(gr) or gr <= ratio:
-            return dict(out, verdict=INCONCLUSIVE, reason=f"{text}, but {g} grows only {_num(gr)}x")
-        text += f" while {g} grows {_num(gr)}x"
-    if ratio > cap:
-        return dict(out, verdict=NOT_SUPPORTED, reason=f"{text} > {_num(cap)}")
-    if p < alpha:
-        return dict(out, verdict=INCONCLUSIVE, reason=f"{text} <= {_num(cap)} but a rank trend with size (p = {p:.3g})")
-    return dict(out, verdict=SUPPORTED, reason=f"{text} <= {_num(cap)}, no rank trend (p = {p:.3g}; with {n} models a "
-                f"weak test)")
+        gv = pd.to_numeric(rows[g], errors="coerce").to_numpy(float) if g in rows else np.array([])
+        xs = pd.to_numeric(rows[s["xcol"]], errors="coerce").to_numpy(float)
+        ok = np.isfinite(gv) & (gv > 0) & np.isfinite(xs) & (xs > 0) if gv.size else np.array([], bool)
+        gs = (float(np.polyfit(np.log(xs[ok]), np.log(gv[ok]), 1)[0]) if np.ptp(gv[ok]) > 0 else 0.0) if (
+            ok.sum() >= 2 and np.ptp(xs[ok]) > 0) else np.nan
+        if not np.isfinite(gs) or gs <= hi:
+            return dict(out, verdict=INCONCLUSIVE,
+                        reason=f"{text} inside (-B, B), but {g} grows with slope {_num(gs)}, not above the upper end{tail}")
+        tail = f" while {g} grows with slope {_num(gs)}" + tail
+    return dict(out, verdict=SUPPORTED, reason=f"{text} inside (-B, B): constant{tail}")
 
 
 #: rule kind (claims.yaml ``rule.kind``) -> function(rows, claim, params, model) -> result dict
@@ -412,8 +549,8 @@ RULES = {"threshold": rule_threshold, "ci_excludes_zero_positive": rule_ci_exclu
          "inside_published_range": rule_inside_published_range, "sign_of": rule_sign_of,
          "compare_columns": rule_compare_columns, "category_in": rule_category_in,
          "same_verdict_all_estimators": rule_same_verdict_all_estimators, "group_greater": rule_group_greater,
-         "interval_contains_reference": rule_interval_contains_reference, "rank_trend": rule_rank_trend,
-         "constant_across_models": rule_constant_across_models}
+         "interval_contains_reference": rule_interval_contains_reference, "size_trend": rule_size_trend,
+         "size_constancy": rule_size_constancy}
 
 
 # ------------------------------------------------------------------------------------------------ scorecard
@@ -461,7 +598,84 @@ def _published_cells(claim: dict, model) -> dict:
                 _secondary=any(e["secondary"] for e in ents))
 
 
-def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) -> list[dict]:
+#: the share of resamples a verdict must keep to count as stable (front page, :func:`headline`)
+STABLE = 0.9
+#: at most this many resamples re-decide a verdict (the first ones of its replicates; the interval used them all)
+STABILITY_MAX_RESAMPLES = 200
+_NO_STABILITY = dict(stability=float("nan"), stability_basis="", stability_n=0)
+
+
+def _replicate_frames(g: pd.DataFrame, claim: dict, across: bool, seed_name: str):
+    """(frames, basis): copies of a verdict's rows with the decided column replaced by resample b (b = 1..B) and the
+    interval columns shifted with it (the same width around the resampled value), and what was resampled; ([], why)
+    without replicates."""
+    from llmgeom.core.stats import REPLICATES_SUFFIX, derived_seed, parse_replicates
+
+    col, lo, hi = claim["value"], claim.get("lo"), claim.get("hi")
+    rcol = col + REPLICATES_SUFFIX
+    v = pd.to_numeric(g[col], errors="coerce").to_numpy(float) if col in g else np.full(len(g), np.nan)
+    reps = [parse_replicates(c) for c in g[rcol]] if rcol in g else [np.empty(0)] * len(g)
+    have = [r.size > 0 for r in reps]
+    basis = f"{min((r.size for r in reps if r.size), default=0)} resamples of {claim['table']}.{rcol}"
+    if not any(have):
+        if not across:
+            return [], f"no replicates of {claim['table']}.{col} ({rcol})"
+        have_iv = lo in g and hi in g if lo and hi else False
+        if not have_iv:
+            return [], f"no replicates or intervals of {claim['table']}.{col}"
+    if across and not all(have):
+        # models without replicates: normal draws from their own interval (the one an across-size rule reads)
+        from scipy.stats import norm
+
+        rng = np.random.default_rng(derived_seed(0, seed_name))
+        z = float(norm.ppf(0.975))
+        lo_v = pd.to_numeric(g[lo], errors="coerce").to_numpy(float) if lo and lo in g else np.full(len(g), np.nan)
+        hi_v = pd.to_numeric(g[hi], errors="coerce").to_numpy(float) if hi and hi in g else np.full(len(g), np.nan)
+        nb = min((r.size for r in reps if r.size), default=STABILITY_MAX_RESAMPLES)
+        miss = [str(m) for m, h in zip(g.get("model", pd.Series(range(len(g)))), have) if not h]
+        for i, h in enumerate(have):
+            if not h:
+                reps[i] = v[i] + (hi_v[i] - lo_v[i]) / (2 * z) * rng.standard_normal(nb)
+        basis = (f"{nb} resamples: replicates where the table has them, normal draws from the interval for "
+                 f"{', '.join(miss)}")
+    nb = min(STABILITY_MAX_RESAMPLES, min((r.size for r in reps if r.size), default=0))
+    frames = []
+    for b in range(nb):
+        gb = g.copy()
+        new = np.array([r[b] if r.size else x for r, x in zip(reps, v)])
+        shift = new - v
+        gb[col] = new
+        for c in (lo, hi):
+            if c and c in gb:
+                gb[c] = pd.to_numeric(gb[c], errors="coerce").to_numpy(float) + shift
+        frames.append(gb)
+    if nb < min((r.size for r in reps if r.size), default=0):
+        basis += f" (the first {nb})"
+    return frames, basis
+
+
+def _stability(fn, g: pd.DataFrame, claim: dict, rule: dict, model, verdict: str, across: bool) -> dict:
+    """stability (the share of resamples whose re-decided verdict equals ``verdict``), stability_basis (what was
+    resampled, or why nothing was) and stability_n (resamples) of one decided row; NaN for an undecided one.
+
+    Each resample b takes replicate b of the decided column (``<value>_replicates``: the resamples of prompts,
+    passages or positions that its interval already drew) in every row of the verdict, shifts the row's interval
+    with it and runs the same rule. A claim with ``resampling`` (e.g. a statistic of the weights: nothing is
+    sampled) is stable by construction (1.0, the reason as basis). Across models: replicate b of every model
+    jointly (independent resamples); a model without replicates draws from a normal of its own interval.
+    """
+    if verdict not in (SUPPORTED, NOT_SUPPORTED):
+        return dict(_NO_STABILITY, stability_basis=f"verdict {verdict}: nothing to re-decide")
+    if claim.get("resampling"):
+        return dict(stability=1.0, stability_basis=str(claim["resampling"]), stability_n=0)
+    frames, basis = _replicate_frames(g, claim, across, f"{claim['id']}:{model}")
+    if not frames:
+        return dict(_NO_STABILITY, stability_basis=basis)
+    same = sum(fn(gb, claim, rule, model)["verdict"] == verdict for gb in frames)
+    return dict(stability=same / len(frames), stability_basis=basis, stability_n=len(frames))
+
+
+def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str], *, stability: bool = True) -> list[dict]:
     base = dict(claim_id=claim["id"], claim=claim["sentence"], paper=claim["paper"], section=claim["section"],
                 table=claim["table"], column=claim["value"], rule=_rule_text(claim["rule"]))
     rule = dict(claim["rule"])
@@ -469,7 +683,8 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
     across = claim.get("scope") == "across_models"
 
     def none(reason, model):
-        return [dict(base, model=model, setting="", verdict=NOT_TESTABLE, reason=reason, **_published_cells(claim, ""))]
+        return [dict(base, model=model, setting="", verdict=NOT_TESTABLE, reason=reason, sensitivity=False,
+                     **_NO_STABILITY, **_published_cells(claim, ""))]
 
     everyone = "all models" if across else None
     if table is None:
@@ -484,6 +699,9 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
         return none(f"no rows of {claim['table']} match {claim.get('where')}", everyone or "(any)")
     by = [c for c in (claim.get("by") or []) if c in rows.columns]
     keys = by if across else ["model"] + by
+    # an across-size rule is decided on its size axis (x) and, as a sensitivity row, on another (sensitivity_x)
+    axes = [(rule, "")] + ([(dict(rule, x=rule["sensitivity_x"]), rule["sensitivity_x"])]
+                           if across and rule.get("sensitivity_x") else [])
     out = []
     for key, g in (rows.groupby(keys, sort=False, dropna=False) if keys else [((), rows)]):
         key = key if isinstance(key, tuple) else (key,)
@@ -491,28 +709,32 @@ def _verdict_rows(claim: dict, table: pd.DataFrame | None, models: list[str]) ->
         model = everyone if across else kv.pop("model")
         if across:
             model = f"all models ({', '.join(dict.fromkeys(map(str, g.model)))})" if "model" in g else everyone
-        setting = ", ".join(f"{k}={v}" for k, v in kv.items())
         req = claim.get("requires") or {}
         n_models = g.model.nunique() if "model" in g else len(g)
         pub = _published_cells(claim, "" if across else model)
         na = _not_applicable(g, claim)
-        if na:
-            res = dict(verdict=NOT_TESTABLE, reason=na)
-        elif req.get("min_models") and n_models < int(req["min_models"]):
-            res = dict(verdict=NOT_TESTABLE, reason=f"{req.get('reason', 'needs more models')} (this run: {n_models})")
-        else:
-            res = fn(g, claim, rule, None if across else model)
-        text = res.get("measured_text") or _measured_text(res)
-        text += _context_text(g, claim, rule)
-        out.append(dict(base, model=model, setting=setting, measured=_f(res.get("measured")),
-                        measured_lo=_f(res.get("measured_lo")), measured_hi=_f(res.get("measured_hi")),
-                        measured_text=text, verdict=res["verdict"], reason=res["reason"],
-                        comparison_flags=_flags(claim, pub, model), **pub))
+        for arule, sens in axes:
+            kva = dict(kv, **({"x": arule["x"]} if len(axes) > 1 else {}))
+            setting = ", ".join(f"{k}={v}" for k, v in kva.items())
+            if na:
+                res = dict(verdict=NOT_TESTABLE, reason=na)
+            elif req.get("min_models") and n_models < int(req["min_models"]):
+                res = dict(verdict=NOT_TESTABLE, reason=f"{req.get('reason', 'needs more models')} (this run: {n_models})")
+            else:
+                res = fn(g, claim, arule, None if across else model)
+            stab = (_stability(fn, g, claim, arule, None if across else model, res["verdict"], across)
+                    if stability else dict(stability=float("nan"), stability_basis="", stability_n=0))
+            text = res.get("measured_text") or _measured_text(res)
+            text += _context_text(g, claim, arule)
+            out.append(dict(base, model=model, setting=setting, measured=_f(res.get("measured")),
+                            measured_lo=_f(res.get("measured_lo")), measured_hi=_f(res.get("measured_hi")),
+                            measured_text=text, verdict=res["verdict"], reason=res["reason"],
+                            comparison_flags=_flags(claim, pub, model), sensitivity=bool(sens), **stab, **pub))
     for model, reason in whole.items():  # e.g. a state-space model's interventions: no run, axis or edit to select
         pub = _published_cells(claim, model)
         out.append(dict(base, model=model, setting="", measured=float("nan"), measured_lo=float("nan"),
                         measured_hi=float("nan"), measured_text="", verdict=NOT_TESTABLE, reason=reason,
-                        comparison_flags=_flags(claim, pub, model), **pub))
+                        comparison_flags=_flags(claim, pub, model), sensitivity=False, **_NO_STABILITY, **pub))
     return out
 
 
@@ -617,8 +839,9 @@ def _setting_items(setting: str):
 
 
 def _specific(r: dict) -> tuple[bool, str]:
-    """Is a decided verdict specific: different from its null's verdict, or its interval excludes the null's
-    value (and the same against the data-level null where the claim has one)?"""
+    """Is a decided verdict specific: every null's verdict (the random-init twin's, and the data-level noise's where
+    the claim has one) decided (supported / not supported) and different from it? An inconclusive or untestable
+    null is no contrast; a null that reads the same verdict is none either, whatever the intervals."""
     if r["verdict"] not in (SUPPORTED, NOT_SUPPORTED):
         return False, f"verdict {r['verdict']}: nothing to compare"
     if r["null_verdict"] in ("", NOT_TESTABLE):
@@ -628,15 +851,12 @@ def _specific(r: dict) -> tuple[bool, str]:
                           ("noise", r.get("noise_verdict", ""), r.get("noise_measured", float("nan")))):
         if not nv:
             continue
-        lo, hi = r["measured_lo"], r["measured_hi"]
-        excl = np.isfinite(nval) and np.isfinite(lo) and np.isfinite(hi) and not lo <= nval <= hi
-        if nv != r["verdict"]:
-            why.append(f"{tag} reads {nv}")
-        elif excl:
-            why.append(f"interval [{_num(lo)}, {_num(hi)}] excludes the {tag}'s {_num(nval)}")
-        else:
+        if nv not in (SUPPORTED, NOT_SUPPORTED):
+            return False, f"the {tag}'s verdict is {nv}: an undecided null is no contrast"
+        if nv == r["verdict"]:
             return False, f"the {tag} gives the same verdict ({nv})" + (
-                f" and {_num(nval)} lies inside the interval" if np.isfinite(lo) and np.isfinite(nval) else "")
+                f", {_num(nval)}" if np.isfinite(_f(nval)) else "")
+        why.append(f"{tag} reads {nv}" + (f" ({_num(nval)})" if np.isfinite(_f(nval)) else ""))
     return True, "; ".join(why)
 
 
@@ -653,7 +873,7 @@ def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nul
                    f"{claim['table']} has no rows of the null models (the twins do not run what it needs)")
     elif nulls:
         across = claim.get("scope") == "across_models"
-        for r in _verdict_rows(_null_claim(claim), nt, sorted(set(nulls))):
+        for r in _verdict_rows(_null_claim(claim), nt, sorted(set(nulls)), stability=False):
             m = r["model"]
             keys = ([(x["model"], r["setting"]) for x in rows] if across else
                     [(t, r["setting"]) for t, n in null_for.items() if n == m])
@@ -682,12 +902,24 @@ def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nul
         r["specific"], r["specific_reason"] = _specific(r)
 
 
+def is_stable(df: pd.DataFrame) -> pd.Series:
+    """Boolean per scorecard row: stability >= :data:`STABLE` (NaN, i.e. not re-decided, is not stable)."""
+    st = pd.to_numeric(df["stability"], errors="coerce") if "stability" in df else pd.Series(np.nan, index=df.index)
+    return st >= STABLE
+
+
 def headline(df: pd.DataFrame) -> dict:
-    """Counts of :data:`HEADLINE`: supported and specific ("specific finding"), supported but the null reads the
-    same ("supported, not specific"), not supported, inconclusive, not testable here."""
+    """Counts of :data:`HEADLINE` over the rows that count (not ``sensitivity`` rows): supported, specific and stable
+    ("specific finding"), supported and specific but re-decided the same on fewer than :data:`STABLE` of its
+    resamples or not re-decided at all ("specific, unstable"), supported but a null reads the same ("supported, not
+    specific"), not supported, inconclusive, not testable here."""
+    if "sensitivity" in df:
+        df = df[~df.sensitivity.astype(str).isin(["True", "true", "1"])]
     sup = df.verdict == SUPPORTED
     spec = df.specific.astype(str) == "True"
-    return {HEADLINE[0]: int((sup & spec).sum()), HEADLINE[1]: int((sup & ~spec).sum()),
+    stable = is_stable(df)
+    return {HEADLINE[0]: int((sup & spec & stable).sum()), HEADLINE[1]: int((sup & spec & ~stable).sum()),
+            HEADLINE[2]: int((sup & ~spec).sum()),
             **{v: int((df.verdict == v).sum()) for v in (NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)}}
 
 
@@ -715,8 +947,11 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
         verdict (one of :data:`VERDICTS`, never empty) and reason (never empty); null_model, null_measured,
         null_measured_text, null_verdict, null_reason (the claim decided on the model's null, "not testable here"
         with the reason where there is none), noise_column / noise_measured / noise_verdict (the data-level null of
-        claims with ``null_value``: isotropic data of the same n and d), specific (bool: the verdict differs from
-        every null's, or its interval excludes the null's value) and specific_reason.
+        claims with ``null_value``: isotropic data of the same n and d), specific (bool: every null's verdict is decided and
+        differs from this one; an inconclusive null is no contrast) and specific_reason; stability (the share of
+        resamples of the decided column's replicates whose re-decided verdict is the same; NaN for an undecided row
+        or without replicates), stability_basis (what was resampled, or why not), stability_n; sensitivity (True: a
+        row of the across-size rule on its sensitivity size axis, ``rule.sensitivity_x``; shown, not counted).
 
     Raises:
         ClaimsDataError: a malformed claims file.
@@ -737,7 +972,8 @@ def claims_table(tables: dict, *, models: list[str] | None = None, path: str | N
             df[col] = ""
     for col in ("published", "published_quantity", "published_on", "published_models", "published_official_code",
                 "comparison_flags", "setting",
-                "measured_text", "null_model", "null_measured_text", "null_reason", "noise_column", "noise_verdict"):
+                "measured_text", "null_model", "null_measured_text", "null_reason", "noise_column", "noise_verdict",
+                "stability_basis"):
         df[col] = df[col].fillna("")
     return df[SCORECARD_COLUMNS]
 
@@ -746,8 +982,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     """Markdown rendering of :func:`claims_table` for the report: one line per claim and model with the
     verdict first (tested claims first: supported, not supported, inconclusive, then not testable here; file
     order within a verdict), the measurement, the published value with its models, the flags and the reason."""
-    head = ["Verdict", "Claim", "Model", "Measured", "Null: verdict (value)", "Specific", "Published (on)", "Flags",
-            "Reason"]
+    head = ["Verdict", "Claim", "Model", "Measured", "Null: verdict (value)", "Specific", "Stability", "Published (on)",
+            "Flags", "Reason"]
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     order = df.assign(_v=df.verdict.map({v: i for i, v in enumerate(VERDICTS)})).sort_values("_v", kind="stable")
@@ -763,15 +999,21 @@ def to_markdown(df: pd.DataFrame) -> str:
         if getattr(r, "noise_verdict", ""):
             null += f"; noise: {r.noise_verdict} ({_num(_f(r.noise_measured))})"
         spec = "yes" if str(getattr(r, "specific", "")) == "True" else "no"
+        st = _f(getattr(r, "stability", float("nan")))
+        stab = "-" if not np.isfinite(st) else f"{st:.2f}" + ("" if st >= STABLE else " (unstable)")
+        if str(getattr(r, "sensitivity", "")) == "True":
+            model += " [sensitivity]"
         lines.append("| " + " | ".join(esc(x) for x in (r.verdict, f"{r.claim_id}: {r.claim}", model,
-                                                        r.measured_text or "-", null, spec, pub,
+                                                        r.measured_text or "-", null, spec, stab, pub,
                                                         r.comparison_flags or "-", r.reason)) + " |")
     n = headline(df) if "specific" in df else {v: int((df.verdict == v).sum()) for v in VERDICTS}
     legend = ("Claims scorecard: each claim of llmgeom/data/claims.yaml decided on this run's tables; "
               + ", ".join(f"{v}: {int(x)}" for v, x in n.items()) + ". A supported verdict is a finding only when it "
               "is specific: the model's null (its seeded random-init twin, through the same prompts and analyses; "
               "noise of the same n and d where the claim has one) reads otherwise, or the interval excludes the null's "
-              "value. A verdict on a model is a verdict on that "
+              "value. A specific finding is counted only when stable: re-decided the same on at least "
+              f"{STABLE:.0%} of the resamples its interval drew ('Stability'); [sensitivity] rows (another size axis) "
+              "are shown, not counted. A verdict on a model is a verdict on that "
               "model: 'Published (on)' names the models the paper measured, 'Flags' the settings in which our run "
               "differs. Columns and rules: docs/claims.md.")
     return "\n".join(lines) + "\n\n" + legend + "\n"

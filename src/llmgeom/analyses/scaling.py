@@ -4,8 +4,8 @@ each value, and its interval, is read from the cross-model table that owns it (:
 and columns), the sizes from :func:`llmgeom.weights.model_size.parameter_counts`, the papers' values and their
 models' sizes from ``llmgeom/data/published.yaml``.
 
-The across-size claims (``claims.yaml``, table ``scaling``) are decided on this table by the rank rules of
-:mod:`llmgeom.analyses.claims` (``rank_trend``, ``constant_across_models``).
+The across-size claims (``claims.yaml``, table ``scaling``) are decided on this table by the slope rules of
+:mod:`llmgeom.analyses.claims` (``size_trend``, ``size_constancy``), which read each model's interval (lo / hi).
 
 May import: numpy, pandas (inside the functions), llmgeom.core.
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 MEASURED, NULL, PUBLISHED = "measured", "null_model", "published"
 #: columns of scaling.csv, in order (docs/outputs.md describes each)
 COLUMNS = ["statistic", "label", "unit", "model", "source", "null_of", "n_params", "n_params_non_embedding", "d_model",
-           "n_layers", "prompt_set", "value", "lo", "hi", "interval", "reference", "reference_kind", "twin_model",
+           "n_layers", "prompt_set", "value", "lo", "hi", "interval", "value_replicates", "reference", "reference_kind", "twin_model",
            "twin_value", "published", "published_on", "table", "column", "note"]
 
 
@@ -139,12 +139,25 @@ def _num(row, col) -> float:
     return float(v)
 
 
+def _interval_columns(stat: Statistic, table) -> tuple:
+    """(lo, hi, replicates) columns of ``stat`` in its owning table: the declared ones, else ``<column>_lo`` /
+    ``_hi`` / ``_replicates`` where the table has them (None where it has not)."""
+    from llmgeom.core.stats import REPLICATES_SUFFIX
+
+    lo = stat.lo or (f"{stat.column}_lo" if f"{stat.column}_lo" in table else None)
+    hi = stat.hi or (f"{stat.column}_hi" if f"{stat.column}_hi" in table else None)
+    rep = stat.column + REPLICATES_SUFFIX
+    return lo, hi, rep if rep in table else None
+
+
 def _model_rows(stat: Statistic, table: pd.DataFrame | None, model: str) -> tuple[list[dict], str]:
     """The rows of ``stat`` for ``model`` (one per prompt set): value, lo, hi, reference, prompt_set; [] and why
     when there is none."""
+    import numpy as np
     import pandas as pd
 
     from llmgeom.analyses.claims import filter_rows
+    from llmgeom.core.stats import parse_replicates, replicates_text
 
     if table is None:
         return [], f"table {stat.table} not produced by this run"
@@ -162,7 +175,12 @@ def _model_rows(stat: Statistic, table: pd.DataFrame | None, model: str) -> tupl
         note = f"{stat.prefer[0]} = {r[stat.prefer[0]]}" if stat.prefer else ""
         ps = r.get("prompt_set") if "prompt_set" in g else None
         v = _num(r, stat.column)
-        out.append(dict(value=abs(v) if stat.magnitude else v, lo=_num(r, stat.lo), hi=_num(r, stat.hi),
+        lo_c, hi_c, rep_c = _interval_columns(stat, g)
+        reps = r.get(rep_c, "") if rep_c else ""
+        if stat.magnitude and rep_c:
+            reps = replicates_text(np.abs(parse_replicates(reps)))
+        out.append(dict(value=abs(v) if stat.magnitude else v, lo=_num(r, lo_c), hi=_num(r, hi_c),
+                        value_replicates="" if pd.isna(reps) else str(reps),
                         reference=_num(r, stat.reference), prompt_set="" if pd.isna(ps) else str(ps or ""),
                         note=note))
     return out, ""
@@ -220,7 +238,8 @@ def scaling_table(tables: dict, sizes: pd.DataFrame, *, models: list[str], nulls
         DataFrame with :data:`COLUMNS`: per statistic, the trained models (source "measured", sorted by n_params),
         their twins (source "null_model", null_of = the trained model, the trained model's size) and the papers'
         models (source "published", their size from published.yaml's ``models``), one row per model and prompt set:
-        value, lo / hi (the owning table's interval, ``interval`` says what it is; NaN where it has none), reference
+        value, lo / hi (the owning table's interval, ``interval`` says what it is; NaN where it has none),
+        value_replicates (the owning table's ``<column>_replicates``: the resamples behind lo / hi, "" without), reference
         (the row's baseline column, ``reference_kind``), twin_model / twin_value (trained rows: the twin's value of
         the same prompt set), published / published_on (an entry published for this very model; "" otherwise), the
         table and column it was read from and a note (why a value is missing, which estimator).
@@ -240,7 +259,8 @@ def scaling_table(tables: dict, sizes: pd.DataFrame, *, models: list[str], nulls
             null_of = (nulls or {}).get(m, "")
             found, why = _model_rows(stat, tables.get(stat.table), m)
             size = _size_cells(sizes, m if m in set(sizes.model.astype(str)) else (null_of or m))
-            for r in found or [dict(value=np.nan, lo=np.nan, hi=np.nan, reference=np.nan, prompt_set="", note=why)]:
+            for r in found or [dict(value=np.nan, lo=np.nan, hi=np.nan, value_replicates="", reference=np.nan,
+                                    prompt_set="", note=why)]:
                 got[(m, r["prompt_set"])] = r["value"]
                 rows.append(dict(base, model=m, source=NULL if null_of else MEASURED, null_of=null_of, **size, **r,
                                  **_published_cells(stat, m)))
@@ -253,6 +273,7 @@ def scaling_table(tables: dict, sizes: pd.DataFrame, *, models: list[str], nulls
     for c in COLUMNS:
         if c not in df:
             df[c] = ""
-    for c in ("twin_model", "published", "published_on", "note", "null_of", "prompt_set", "reference_kind"):
+    for c in ("twin_model", "published", "published_on", "note", "null_of", "prompt_set", "reference_kind",
+              "value_replicates"):
         df[c] = df[c].fillna("")
     return df[COLUMNS]

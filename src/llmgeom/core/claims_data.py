@@ -17,10 +17,10 @@ DATA_FILE = "data/claims.yaml"
 #: decision rules a claim may name (``rule.kind``); llmgeom.analyses.claims.RULES implements each
 RULE_KINDS = ("threshold", "ci_excludes_zero_positive", "ci_excludes_zero_negative", "inside_published_range",
               "sign_of", "compare_columns", "category_in", "same_verdict_all_estimators", "group_greater",
-              "interval_contains_reference", "rank_trend", "constant_across_models")
+              "interval_contains_reference", "size_trend", "size_constancy")
 _FIELDS = {"id", "sentence", "paper", "section", "table", "where", "by", "value", "lo", "hi", "context",
            "published", "kind", "scope", "requires", "unlike", "rule", "note", "null_value", "null_note",
-           "not_applicable"}
+           "not_applicable", "resampling"}
 
 
 class ClaimsDataError(ValueError):

@@ -16,18 +16,40 @@ import pandas as pd
 from llmgeom.plots.base import panel_grid, plt, save_figure, shared_legend
 
 #: cell colour per verdict; a supported verdict that its null shares is drawn pale and hatched
-VERDICT_COLORS = {"specific finding": "#1a9850", "supported, not specific": "#b8e0b0", "not supported": "#d73027",
-                  "inconclusive": "#fdae61", "not testable here": "#d9d9d9"}
+VERDICT_COLORS = {"specific finding": "#1a9850", "specific, unstable": "#91cf60", "supported, not specific": "#b8e0b0",
+                  "not supported": "#d73027", "inconclusive": "#fdae61", "not testable here": "#d9d9d9"}
 
 
 def _is_true(v) -> bool:
     return str(v) == "True"
 
 
+def _stability(row) -> float:
+    try:
+        return float(row.get("stability", float("nan")))
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def is_unstable(row) -> bool:
+    """A decided verdict re-decided the same on fewer than :data:`llmgeom.analyses.claims.STABLE` of its resamples
+    (a NaN stability, not re-decided, is not called unstable here: its category says so)."""
+    from llmgeom.analyses.claims import STABLE
+
+    st = _stability(row)
+    return row["verdict"] in ("supported", "not supported") and np.isfinite(st) and st < STABLE
+
+
 def cell_category(row) -> str:
-    """Headline category of one scorecard row: "specific finding" / "supported, not specific" / the verdict."""
+    """Headline category of one scorecard row (:data:`llmgeom.analyses.claims.HEADLINE`): "specific finding"
+    (specific and stable), "specific, unstable" (specific, but stability below STABLE or not re-decided),
+    "supported, not specific" / the verdict."""
+    from llmgeom.analyses.claims import STABLE
+
     if row["verdict"] == "supported":
-        return "specific finding" if _is_true(row["specific"]) else "supported, not specific"
+        if not _is_true(row["specific"]):
+            return "supported, not specific"
+        return "specific finding" if _stability(row) >= STABLE else "specific, unstable"
     return row["verdict"]
 
 
@@ -157,8 +179,8 @@ def _img(path) -> str:
 
 
 #: one symbol per headline category, so that a cell reads without its colour
-VERDICT_SYMBOLS = {"specific finding": "\u2713", "supported, not specific": "=", "not supported": "\u2717",
-                   "inconclusive": "?", "not testable here": "\u2013"}
+VERDICT_SYMBOLS = {"specific finding": "\u2713", "specific, unstable": "~", "supported, not specific": "=",
+                   "not supported": "\u2717", "inconclusive": "?", "not testable here": "\u2013"}
 
 
 def _columns(card: pd.DataFrame) -> list[tuple[str, str, bool]]:
@@ -188,9 +210,13 @@ def _cell(g: pd.DataFrame, null: bool) -> str:
     for _, r in g.iterrows():
         cat = _null_category(r) if null else cell_category(r)
         why = r["null_reason"] if null else r["reason"]
-        tip = f"{r['setting'] + ': ' if r['setting'] else ''}{cat}; {why}"
+        st = _stability(r)
+        unstable = not null and is_unstable(r)
+        stab = "" if null or not np.isfinite(st) else f" (stability {st:.2f}{', unstable' if unstable else ''})"
+        tip = f"{r['setting'] + ': ' if r['setting'] else ''}{cat}{stab}; {why}"
+        sym = VERDICT_SYMBOLS[cat] + ("~" if unstable and cat != "specific, unstable" else "")
         parts.append(f'<span class="s" style="background:{VERDICT_COLORS[cat]}" title="{esc(str(tip))}">'
-                     f"{VERDICT_SYMBOLS[cat]}</span>")
+                     f"{sym}</span>")
     return "".join(parts)
 
 
@@ -234,7 +260,7 @@ def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str
         matrix PNG is the report's copy: linked, not shown); out: the HTML path (written atomically);
         scaling_pngs: the scaling figures (:func:`llmgeom.plots.scaling.scaling_figures`), shown in a grid.
     """
-    from llmgeom.analyses.claims import headline
+    from llmgeom.analyses.claims import STABLE, headline
     from llmgeom.core.io import write_text
 
     counts = headline(card)
@@ -256,8 +282,10 @@ def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str
 <p>Columns: each model, then its <span style="color:#b2182b">random-init twin</span> (the same claim decided on the
 twin: its null); <i>all models</i>: the across-model claims, then the twins' series. Stripes: the claim's settings
 (prompt set, run); hover a stripe for its verdict and reason, a claim for its sentence.</p>
-<p>A supported verdict is a <b>finding</b> (\u2713) only when it is specific: its null reads otherwise, or the measured
-interval excludes the null's value; "=" marks one its null shares. Scorecard: results/summary/claims.csv | .html;
+<p>A supported verdict is a <b>finding</b> (\u2713) only when it is specific (every null's verdict decided and
+different) and <b>stable</b>: re-decided the same on at least {STABLE:.0%} of the resamples its interval drew
+(claims.csv <code>stability</code>); "~" marks a verdict below that (unstable, or not re-decided), "=" one its null
+shares. The counts count stable specific findings only; sensitivity rows (another size axis) are shown, not counted. Scorecard: results/summary/claims.csv | .html;
 columns and rules: docs/claims.md; the matrix as a figure: results/figures/claims_matrix.png.</p></div></div>
 <h2>Specific findings</h2><ul>{items}</ul>
 <h2>Forest plots: measured (interval), null model, noise, published range, official code</h2>

@@ -72,10 +72,10 @@ def test_moving_a_value_across_each_rules_threshold_flips_the_verdict(tmp_path):
                                     "lesser": ["GQA"]}, "scope": "across_models"}, "x", 50.0, 10.0),
         "interval_contains_reference": ({"rule": {"kind": "interval_contains_reference", "reference": "twonn",
                                                   "min_share": 0.5}, "lo": "x", "hi": "x_hi"}, "x", 5.0, 9.0),
-        "rank_trend": ({"rule": {"kind": "rank_trend", "expected": "increasing"}, "scope": "across_models"},
-                       "x", 1.0, -1.0),
-        "constant_across_models": ({"rule": {"kind": "constant_across_models", "max_ratio": 1.5},
-                                    "scope": "across_models"}, "x", 1.05, 3.0),
+        "size_trend": ({"rule": {"kind": "size_trend", "expected": "increasing"}, "scope": "across_models",
+                        "lo": "x_lo", "hi": "x_hi"}, "x", 1.0, -1.0),
+        "size_constancy": ({"rule": {"kind": "size_constancy", "bound": 0.1}, "scope": "across_models",
+                            "lo": "x_lo", "hi": "x_hi"}, "x", 0.0, 1.0),
     }
     assert set(cases) == set(RULES)  # every rule kind is exercised
     for kind, (claim, col, good, bad) in cases.items():
@@ -83,11 +83,10 @@ def test_moving_a_value_across_each_rules_threshold_flips_the_verdict(tmp_path):
         for v in (good, bad):
             if kind == "same_verdict_all_estimators":
                 df = pd.DataFrame({"model": "m1", "estimator": ["twonn", "mle"], "x": [v, v]})
-            elif kind == "rank_trend":  # four models whose values rise (v = 1) or fall (v = -1) with size
-                df = pd.DataFrame({"model": list("abcd"), "n_params": [1e6, 2e6, 3e6, 4e6],
-                                   "x": [v * k for k in (1, 2, 3, 4)]})
-            elif kind == "constant_across_models":  # spread 1.2 (v = 1.05) or 3 (v = 3.0) over four sizes
-                df = pd.DataFrame({"model": list("abcd"), "n_params": [1e6, 2e6, 3e6, 4e6], "x": [1.0, 1.1, 1.2, v]})
+            elif kind.startswith("size_"):  # four models, +-1% intervals, value ~ size^v (trend: v = 0.5 or -0.5;
+                n = np.array([1e6, 2e6, 3e6, 4e6])  # constancy: slope 0 inside the bound 0.1, or 1.0 beyond it)
+                x = n ** (v / 2 if kind == "size_trend" else v)
+                df = pd.DataFrame({"model": list("abcd"), "n_params": n, "x": x, "x_lo": 0.99 * x, "x_hi": 1.01 * x})
             elif kind == "group_greater":
                 df = pd.DataFrame({"model": ["a", "b"], "attention_type": ["MHA", "GQA + sliding window"],
                                    "x": [v, 30.0]})

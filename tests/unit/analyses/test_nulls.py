@@ -277,10 +277,18 @@ def test_a_verdict_that_differs_from_every_null_is_specific(tmp_path):
     assert r2.noise_verdict == "supported" and not bool(r2.specific)
 
 
-def test_same_verdict_but_the_interval_excludes_the_nulls_value_is_specific(tmp_path):
+def test_same_verdict_is_not_specific_even_when_the_interval_excludes_the_nulls_value(tmp_path):
+    """Issue 48: "specific" needs the null's verdict decided and different; a null that reads the same verdict is
+    no contrast however far its value lies from the interval."""
     claim = dict(THR, null_value=None)
     r = _scored(tmp_path, null_x=0.6, null_lo=0.55, claim={k: v for k, v in claim.items() if v is not None})
-    assert r.null_verdict == "supported" and bool(r.specific) and "excludes" in r.specific_reason
+    assert r.null_verdict == "supported" and not bool(r.specific) and "same verdict" in r.specific_reason
+
+
+def test_an_undecided_null_is_no_contrast(tmp_path):
+    claim = dict(THR, null_value=None)
+    r = _scored(tmp_path, null_x=0.5, null_lo=0.3, claim={k: v for k, v in claim.items() if v is not None})
+    assert r.null_verdict == "inconclusive" and not bool(r.specific) and "no contrast" in r.specific_reason
 
 
 def test_without_nulls_every_row_says_so(tmp_path):
@@ -289,9 +297,11 @@ def test_without_nulls_every_row_says_so(tmp_path):
 
 
 def test_headline_counts_a_supported_claim_as_a_finding_only_when_specific(tmp_path):
-    card = pd.DataFrame({"verdict": ["supported", "supported", "not supported", "inconclusive", "not testable here"],
-                         "specific": [True, False, False, False, False]})
-    assert headline(card) == dict(zip(HEADLINE, [1, 1, 1, 1, 1]))
+    card = pd.DataFrame({"verdict": ["supported", "supported", "supported", "not supported", "inconclusive",
+                                     "not testable here"],
+                         "specific": [True, True, False, False, False, False],
+                         "stability": [0.95, 0.5, 1.0, 1.0, np.nan, np.nan]})
+    assert headline(card) == dict(zip(HEADLINE, [1, 1, 1, 1, 1, 1]))
 
 
 def test_front_page_shows_the_counts_and_the_matrix(tmp_path):
@@ -299,6 +309,7 @@ def test_front_page_shows_the_counts_and_the_matrix(tmp_path):
 
     card = pd.DataFrame([_scored(tmp_path, null_x=0.2), _scored(tmp_path, null_x=0.85)])
     card["claim_id"] = ["c1", "c2"]
+    card["stability"] = [1.0, 0.5]  # c1 stable: a finding; c2 (not specific) unstable: "~" in its stripe
     card.to_csv(tmp_path / "claims.csv", index=False)  # read back as rule findings reads it: text stays text
     card = pd.read_csv(tmp_path / "claims.csv", keep_default_na=False)
     verdict_matrix(card, [tmp_path / "m.png"])

@@ -11,10 +11,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from llmgeom.analyses.claims import claims_table, min_rank_models
+from scipy.stats import norm
+
+from llmgeom.analyses.claims import (ClaimsDataError, claims_table, equivalence_bound, headline, min_rank_models,
+                                     size_slope)
 from llmgeom.analyses.scaling import COLUMNS, STATISTICS, TABLES, scaling_table
 from llmgeom.core.published import PublishedDataError, load_published, load_published_models, model_key
-from llmgeom.core.stats import spearman, spearman_exact
+from llmgeom.core.stats import replicates_text, spearman, spearman_exact
 from llmgeom.measures.pca import ValueManifoldPCA, unit_rows
 
 from conftest import TEST_DIR
@@ -56,85 +59,191 @@ def test_min_rank_models_is_the_smallest_n_with_one_over_n_factorial_below_alpha
 
 # ------------------------------------------------------------------------------------------ across-size rules
 
-def _across(tmp_path, rule: dict, values, sizes=(1e8, 2e8, 5e8, 1.5e9), **cols) -> pd.Series:
-    claim = dict(id="c", sentence="s", paper="lsm", section="sec. 1", table="scaling", value="value",
+def _across(tmp_path, rule: dict, values, sizes=(1e8, 2e8, 5e8, 1.5e9), *, rel=0.02, card=False, nulls=None,
+            **cols):
+    """The claim decided on a scaling table of ``values`` at ``sizes``, each with the interval value * (1 -+ rel)."""
+    claim = dict(id="c", sentence="s", paper="lsm", section="sec. 1", table="scaling", value="value", lo="lo", hi="hi",
                  scope="across_models", where={"source": "measured"}, rule=rule)
     p = tmp_path / f"claims_{len(list(tmp_path.iterdir()))}.yaml"
     p.write_text(yaml.safe_dump({"claims": [claim]}))
     n = len(values)
+    v = np.asarray(values, float)
     t = pd.DataFrame(dict(model=[f"m{i}" for i in range(n)], source="measured", n_params=list(sizes)[:n],
-                          value=list(values), **{k: list(v) for k, v in cols.items()}))
-    card = claims_table({"scaling": t}, models=list(t.model), path=str(p))
-    assert len(card) == 1 and card.reason.iloc[0]
-    return card.iloc[0]
+                          value=v, lo=v * (1 - rel), hi=v * (1 + rel), **{k: list(c) for k, c in cols.items()}))
+    if nulls is not None:  # the twins' series: the same sizes
+        w = np.asarray(nulls, float)
+        t = pd.concat([t, pd.DataFrame(dict(model=[f"m{i}-r" for i in range(n)], source="null_model",
+                                            n_params=list(sizes)[:n], value=w, lo=w * (1 - rel), hi=w * (1 + rel),
+                                            **{k: list(c) for k, c in cols.items()}))], ignore_index=True)
+    out = claims_table({"scaling": t}, models=[f"m{i}" for i in range(n)], path=str(p),
+                       nulls={f"m{i}-r": f"m{i}" for i in range(n)} if nulls is not None else None)
+    assert out.reason.astype(bool).all()
+    return out if card else out.iloc[0]
 
 
-RISE = {"kind": "rank_trend", "expected": "increasing", "x": "n_params", "alpha": 0.05}
+Z95, Z90 = 1.959963984540054, 1.6448536269514722
+RISE = {"kind": "size_trend", "expected": "increasing", "x": "n_params", "alpha": 0.05}
+CONST = {"kind": "size_constancy", "bound": 0.1, "x": "n_params", "alpha": 0.05}
+SIZES = np.array([1e8, 2e8, 5e8, 1.5e9])
 
 
-def test_rank_trend_known_answers(tmp_path):
-    r = _across(tmp_path, RISE, [0.49, 0.51, 0.55, 0.64])
-    assert r.verdict == "supported" and r.measured == pytest.approx(1.0)
-    assert "n = 4" in r.reason and "0.0417" in r.reason and "weak" in r.reason
-    r = _across(tmp_path, RISE, [0.64, 0.55, 0.51, 0.49])  # significant the other way
-    assert r.verdict == "not supported" and r.measured == pytest.approx(-1.0)
-    r = _across(tmp_path, dict(RISE, expected="decreasing"), [0.64, 0.55, 0.51, 0.49])
-    assert r.verdict == "supported"
-    r = _across(tmp_path, RISE, [0.49, 0.55, 0.51, 0.64])  # rho = 0.8: rho >= 0.8 in 4 of 24 pairings
-    assert r.verdict == "inconclusive" and r.measured == pytest.approx(0.8) and "p = 0.167" in r.reason
-    r = _across(tmp_path, RISE, [0.5, 0.5, 0.6, 0.6])  # ties: rho = 0.894, p = 4/24
-    assert r.verdict == "inconclusive" and r.measured == pytest.approx(2 / math.sqrt(5))
+def _propagated_sd(rel, sizes=SIZES):
+    """The slope's sd from equal per-model errors alone: se / sqrt(sum (x - mean x)^2), se = rel / z95 (ln scale)."""
+    x = np.log(sizes)
+    return (rel / Z95) / np.sqrt(((x - x.mean()) ** 2).sum())
 
 
-def test_rank_trend_too_few_models_constant_input_and_nan(tmp_path):
-    r = _across(tmp_path, RISE, [0.49, 0.55, 0.64])  # 3 models: no ordering reaches p < 0.05
-    assert r.verdict == "inconclusive" and "needs at least 4" in r.reason and "3 model(s)" in r.reason
-    r = _across(tmp_path, RISE, [0.49, 0.55])
-    assert r.verdict == "inconclusive" and "2 model(s)" in r.reason
-    r = _across(tmp_path, RISE, [0.5, 0.5, 0.5, 0.5])  # constant values
-    assert r.verdict == "inconclusive" and "undefined" in r.reason and math.isnan(r.measured)
-    r = _across(tmp_path, RISE, [0.4, 0.5, 0.6, 0.7], sizes=(1e8,) * 4)  # constant sizes
-    assert r.verdict == "inconclusive" and "undefined" in r.reason
-    r = _across(tmp_path, RISE, [0.49, np.nan, 0.55, 0.64])  # a NaN value leaves 3 models
-    assert r.verdict == "inconclusive" and "3 model(s)" in r.reason
+def test_size_slope_known_answers():
+    x = np.log(SIZES)
+    b, sd = size_slope(x, 0.3 * x + 1.0, np.full(4, 0.01))  # an exact power law: slope 0.3, no scatter
+    assert b == pytest.approx(0.3) and sd == pytest.approx(0.01 / np.sqrt(((x - x.mean()) ** 2).sum()))
+    # scatter beyond the per-model errors inflates sd by sqrt(reduced chi-square) (Birge ratio)
+    y = 0.3 * x + np.array([0.1, -0.1, -0.1, 0.1])
+    b, sd = size_slope(x, y, np.full(4, 0.01))
+    fit = np.polyfit(x, y, 1)
+    chi2 = (((y - np.polyval(fit, x)) / 0.01) ** 2).sum()
+    assert b == pytest.approx(fit[0]) and sd == pytest.approx(0.01 / np.sqrt(((x - x.mean()) ** 2).sum())
+                                                              * np.sqrt(chi2 / 2))
+    assert all(math.isnan(v) for v in size_slope(x[:2], x[:2], [0.1, 0.1]))
+
+
+def test_size_trend_known_answers_rising_falling_noisy_and_flat(tmp_path):
+    rising = 0.5 * (SIZES / 1e8) ** 0.1  # slope 0.1, tight intervals: supported
+    r = _across(tmp_path, RISE, rising)
+    assert r.verdict == "supported" and r.measured == pytest.approx(0.1)
+    assert r.measured_lo == pytest.approx(0.1 - Z90 * _propagated_sd(0.02))
+    assert "exact one-sided rank p = 0.0417" in r.reason and "power not computed" in r.reason
+    r = _across(tmp_path, RISE, rising[::-1])  # the same series falling: decided the other way
+    assert r.verdict == "not supported" and r.measured < 0
+    assert _across(tmp_path, dict(RISE, expected="decreasing"), rising[::-1]).verdict == "supported"
+    # the same rise inside wide intervals (+-50%): noise could give it, inconclusive
+    r = _across(tmp_path, RISE, rising, rel=0.5)
+    assert r.verdict == "inconclusive" and r.measured_lo < 0 < r.measured_hi
+    # a noisy series whose scatter exceeds its intervals: the Birge ratio widens the slope's interval
+    noisy = rising * np.array([1.3, 0.75, 1.3, 0.8])
+    r = _across(tmp_path, RISE, noisy)
+    assert r.verdict == "inconclusive" and (r.measured_hi - r.measured_lo) > 20 * 2 * Z90 * _propagated_sd(0.02)
+    r = _across(tmp_path, RISE, [0.5] * 4)  # flat: slope 0
+    assert r.verdict == "inconclusive" and r.measured == pytest.approx(0.0, abs=1e-12)
+    # power against the published models' own slope (LSM Table 3's medians)
+    r = _across(tmp_path, dict(RISE, alternative_from="lsm_table3_median_margin"), rising)
+    assert "power at n = 4:" in r.reason and "against the published slope" in r.reason
+
+
+def test_size_rules_refuse_what_they_cannot_decide(tmp_path):
+    for rule in (RISE, CONST):
+        r = _across(tmp_path, rule, [0.49, 0.55, 0.64])  # 3 models
+        assert r.verdict == "inconclusive" and "needs at least 4" in r.reason and "3 model(s)" in r.reason
+        r = _across(tmp_path, rule, [0.49, np.nan, 0.55, 0.64])  # a NaN value leaves 3 models
+        assert r.verdict == "inconclusive" and "3 model(s)" in r.reason
+        r = _across(tmp_path, rule, [0.4, 0.5, 0.6, 0.7], sizes=(1e8,) * 4)
+        assert r.verdict == "inconclusive" and "same n_params" in r.reason
+        r = _across(tmp_path, rule, [0.0, 0.5, 0.6, 0.7])
+        assert r.verdict == "inconclusive" and "positive" in r.reason
+        r = _across(tmp_path, rule, [0.4, 0.5, 0.6, 0.7], rel=0.0)  # no interval: not decided against noise
+        assert r.verdict == "inconclusive" and "no interval for m0, m1, m2, m3" in r.reason
     r = _across(tmp_path, dict(RISE, min_models=5), [0.49, 0.51, 0.55, 0.64])
     assert r.verdict == "inconclusive" and "needs at least 5" in r.reason
 
 
-CONST = {"kind": "constant_across_models", "max_ratio": 1.5, "x": "n_params", "alpha": 0.05}
-
-
-def test_constant_across_models_known_answers(tmp_path):
-    r = _across(tmp_path, CONST, [0.041, 0.050, 0.048, 0.055])  # LSM's m0.05: max / min = 1.34
-    assert r.verdict == "supported" and r.measured == pytest.approx(0.055 / 0.041) and "weak" in r.reason
-    r = _across(tmp_path, CONST, [0.02, 0.04, 0.05, 0.08])
-    assert r.verdict == "not supported" and r.measured == pytest.approx(4.0)
-    r = _across(tmp_path, CONST, [0.05] * 4)  # constant input: exactly constant
-    assert r.verdict == "supported" and r.measured == pytest.approx(1.0)
-    r = _across(tmp_path, CONST, [0.0, 0.04, 0.05, 0.05])
-    assert r.verdict == "inconclusive" and "<= 0" in r.reason
-    r = _across(tmp_path, CONST, [0.04, 0.05])
-    assert r.verdict == "inconclusive" and "needs at least 4" in r.reason
-    r = _across(tmp_path, CONST, [0.04, 0.05, 0.05, 0.045], sizes=(1e8,) * 4)
-    assert r.verdict == "inconclusive" and "same n_params" in r.reason
+def test_size_constancy_is_an_equivalence_test(tmp_path):
+    r = _across(tmp_path, CONST, [0.05] * 4)  # flat, tight: the slope's 90% interval inside (-0.1, 0.1)
+    assert r.verdict == "supported" and r.measured == pytest.approx(0.0, abs=1e-12)
+    assert r.measured_hi == pytest.approx(Z90 * _propagated_sd(0.02))
+    power = 2 * norm.cdf(0.1 / _propagated_sd(0.02) - Z90) - 1
+    assert f"power at n = 4: {power:.2f} were the slope 0" in r.reason and "rank p" in r.reason
+    r = _across(tmp_path, CONST, [0.05] * 4, rel=0.5)  # flat but noisy: constancy not shown (absence of evidence)
+    assert r.verdict == "inconclusive" and "constancy not shown" in r.reason
+    r = _across(tmp_path, CONST, 0.05 * (SIZES / 1e8) ** 0.3)  # a clear trend beyond the bound: denied
+    assert r.verdict == "not supported" and r.measured_lo > 0.1
+    # the hard core of the scaling study (0.0717 -> 0.0842, monotone, 135M-1.5B): a slope of ~0.065, inside
+    # LSM's own spread (Table 4: 0.041-0.055 over 124M-1.5B, B = ln(0.055/0.041) / ln(1.5e9/124e6)) when each
+    # model's interval is +-2%, and at the same time a decided rise
+    hc, hs = [0.0717, 0.0725, 0.0760, 0.0842], (1.35e8, 2.68e8, 4.94e8, 1.54e9)
+    r = _across(tmp_path, dict(CONST, bound=None, bound_from="lsm_table4_margin_q05"), hc, sizes=hs)
+    b = np.log(0.055 / 0.041) / np.log(1.5e9 / 124e6)
+    assert f"B = {b:.4g}" in r.reason and r.verdict == "supported" and 0.05 < r.measured < 0.08
+    assert _across(tmp_path, RISE, hc, sizes=hs).verdict == "supported"
     grows = dict(CONST, grows="d_model")
-    r = _across(tmp_path, grows, [19.2, 21.7, 20.2, 22.1], d_model=[576, 640, 896, 1536])
-    assert r.verdict == "supported" and "d_model grows 2.667x" in r.reason
-    r = _across(tmp_path, grows, [19.2, 21.7, 20.2, 22.1], d_model=[32, 32, 32, 32])  # d_model does not grow
-    assert r.verdict == "inconclusive" and "grows only 1x" in r.reason
+    r = _across(tmp_path, grows, [11.0, 11.2, 10.9, 11.1], d_model=[576, 640, 896, 1536])
+    assert r.verdict == "supported" and "d_model grows with slope" in r.reason
+    r = _across(tmp_path, grows, [11.0, 11.2, 10.9, 11.1], d_model=[32, 32, 32, 32])  # d_model does not grow
+    assert r.verdict == "inconclusive" and "d_model grows with slope 0" in r.reason
+    with pytest.raises(ClaimsDataError, match="bound_from"):
+        _across(tmp_path, dict(CONST, bound=None), [0.05] * 4)
 
 
-def test_an_across_size_claim_stands_beside_its_twins_series(tmp_path):
-    claim = dict(id="c", sentence="s", paper="lsm", section="sec. 1", table="scaling", value="value",
-                 scope="across_models", where={"source": "measured"}, rule=RISE)
+def test_equivalence_bound_is_the_published_models_own_spread():
+    b, text = equivalence_bound("lsm_table4_margin_q05")
+    assert b == pytest.approx(np.log(0.055 / 0.041) / np.log(1.5e9 / 124e6)) and "6 published models" in text
+    b, _ = equivalence_bound("lsm_table2_twonn_peak")
+    assert b == pytest.approx(np.log(22.1 / 19.2) / np.log(1.5e9 / 124e6))
+    assert math.isnan(equivalence_bound("no_such_quantity")[0])
+
+
+def test_an_across_size_claim_stands_beside_its_twins_series_and_an_undecided_null_is_no_contrast(tmp_path):
+    rising = 0.5 * (SIZES / 1e8) ** 0.1
+    card = _across(tmp_path, RISE, rising, nulls=[0.5, 0.5, 0.5, 0.5], card=True)  # twins flat: inconclusive
+    r = card[card.setting == ""].iloc[0] if (card.setting == "").any() else card.iloc[0]
+    assert r.verdict == "supported" and r.null_verdict == "inconclusive" and str(r.specific) == "False"
+    assert "undecided null is no contrast" in r.specific_reason
+    card = _across(tmp_path, RISE, rising, nulls=rising[::-1], card=True)  # twins fall: decided and different
+    assert card.iloc[0].null_verdict == "not supported" and str(card.iloc[0].specific) == "True"
+    card = _across(tmp_path, RISE, rising, nulls=rising * 2, card=True)  # twins rise too: not specific
+    assert card.iloc[0].null_verdict == "supported" and str(card.iloc[0].specific) == "False"
+
+
+def test_the_size_axis_is_stated_with_a_sensitivity_row(tmp_path):
+    ne = [2e7, 1.8e8, 3e8, 1.3e9]  # non-embedding counts: the smallest two swap places with the total
+    card = _across(tmp_path, dict(RISE, sensitivity_x="n_params_non_embedding"), 0.5 * (SIZES / 1e8) ** 0.1,
+                   card=True, n_params_non_embedding=ne)
+    assert list(card.setting) == ["x=n_params", "x=n_params_non_embedding"]
+    assert list(card.sensitivity) == [False, True] and "vs n_params_non_embedding" in card.reason.iloc[1]
+    assert headline(card)["specific finding"] + sum(headline(card).values()) == 1  # the sensitivity row not counted
+
+
+def test_stability_re_decides_over_the_replicates(tmp_path):
+    """Per model: a threshold claim (value > 0.7) whose replicates lie above 0.7 in 9 of 10 resamples has stability
+    0.9 when supported; across models, replicate b of every model's value re-decides the slope rule."""
+    claim = dict(id="c", sentence="s", paper="lsm", section="sec. 1", table="t", value="v", lo="v_lo", hi="v_hi",
+                 rule={"kind": "threshold", "op": ">", "threshold": 0.7})
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump({"claims": [claim]}))
-    sizes = [1e8, 2e8, 5e8, 1.5e9]
-    t = pd.DataFrame(dict(model=["a", "b", "c", "d", "a-r", "b-r", "c-r", "d-r"], n_params=sizes * 2,
-                          source=["measured"] * 4 + ["null_model"] * 4, value=[1, 2, 3, 4, 2, 2, 2, 2]))
-    nulls = {f"{m}-r": m for m in "abcd"}
-    r = claims_table({"scaling": t}, models=list("abcd"), path=str(p), nulls=nulls).iloc[0]
-    assert r.verdict == "supported" and r.null_verdict == "inconclusive" and str(r.specific) == "True"
+    reps = [0.8] * 9 + [0.6]
+    t = pd.DataFrame(dict(model=["a", "b"], v=[0.8, 0.8], v_lo=[0.75, 0.75], v_hi=[0.85, 0.85],
+                          v_replicates=[replicates_text(reps), ""]))
+    card = claims_table({"t": t}, models=["a", "b"], path=str(p)).set_index("model")
+    # resample 10: 0.6 with the interval shifted with it ([0.55, 0.65]): not supported
+    assert card.loc["a", "verdict"] == "supported" and card.loc["a", "stability"] == pytest.approx(0.9)
+    assert card.loc["a", "stability_n"] == 10 and "10 resamples of t.v_replicates" in card.loc["a", "stability_basis"]
+    assert math.isnan(card.loc["b", "stability"]) and "no replicates" in card.loc["b", "stability_basis"]
+    # across models: every resample of the rising series still rises -> 1.0
+    rising = 0.5 * (SIZES / 1e8) ** 0.1
+    claim = dict(id="c", sentence="s", paper="lsm", section="sec. 1", table="scaling", value="value", lo="lo", hi="hi",
+                 scope="across_models", rule=RISE)
+    p = tmp_path / "c2.yaml"  # the claims file is cached by path
+    p.write_text(yaml.safe_dump({"claims": [claim]}))
+    rng = np.random.default_rng(0)
+    t = pd.DataFrame(dict(model=list("abcd"), n_params=SIZES, value=rising, lo=rising * 0.98, hi=rising * 1.02,
+                          value_replicates=[replicates_text(v * (1 + 0.01 * rng.standard_normal(50))) for v in rising]))
+    r = claims_table({"scaling": t}, models=list("abcd"), path=str(p)).iloc[0]
+    assert r.verdict == "supported" and r.stability == pytest.approx(1.0) and r.stability_n == 50
+    # a weights-only claim is stable by construction; an undecided row has no stability
+    claim = dict(claim, scope="per_model", table="t", value="v", lo="v_lo", hi="v_hi",
+                 rule={"kind": "threshold", "op": ">", "threshold": 0.8}, resampling="none: weights")
+    p = tmp_path / "c3.yaml"
+    p.write_text(yaml.safe_dump({"claims": [claim]}))
+    t = pd.DataFrame(dict(model=["a", "b"], v=[0.9, 0.8], v_lo=[0.85, 0.75], v_hi=[0.95, 0.85]))
+    card = claims_table({"t": t}, models=["a", "b"], path=str(p)).set_index("model")
+    assert card.loc["a", "stability"] == 1.0 and card.loc["a", "stability_basis"] == "none: weights"
+    assert card.loc["b", "verdict"] == "inconclusive" and math.isnan(card.loc["b", "stability"])
+
+
+def test_headline_counts_only_stable_specific_findings():
+    card = pd.DataFrame(dict(verdict=["supported"] * 4, specific=["True", "True", "True", "False"],
+                             stability=[0.95, 0.5, np.nan, 1.0], sensitivity=[False] * 4))
+    h = headline(card)
+    assert (h["specific finding"], h["specific, unstable"], h["supported, not specific"]) == (1, 2, 1)
 
 
 # ------------------------------------------------------------------------------------------ unit-norm shares
