@@ -329,6 +329,13 @@ def test_scaling_table_and_figures(tiny_run):
     for s in names:
         assert (wd / f"results/figures/scaling/{s}.png").stat().st_size > 1000
     card = pd.read_csv(wd / "results/summary/claims.csv", keep_default_na=False)
-    rank = card[(card.table == "scaling") & card.rule.str.startswith(("rank_trend", "constant_across_models"))]
-    assert len(rank) >= 4 and (rank.verdict == "inconclusive").all()
+    rank = card[(card.table == "scaling") & card.rule.str.startswith(("size_trend", "size_constancy"))]
+    assert len(rank) >= 8 and (rank.verdict == "inconclusive").all()
     assert rank.reason.str.contains("needs at least 4").all() and (rank.null_verdict == "inconclusive").all()
+    # each decided on the total parameter count and, as a sensitivity row, on the non-embedding count
+    assert sorted(set(rank.setting.str.extract(r"x=(\w+)")[0])) == ["n_params", "n_params_non_embedding"]
+    assert (rank.sensitivity.astype(str) == (rank.setting.str.contains("non_embedding")).astype(str)).all()
+    # a stability in [0, 1] for every decided row
+    dec = card[card.verdict.isin(["supported", "not supported"])]
+    st = pd.to_numeric(dec.stability, errors="coerce")
+    assert st.between(0, 1).all(), dec[~st.between(0, 1)][["claim_id", "model", "stability_basis"]]

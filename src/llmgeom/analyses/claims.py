@@ -613,6 +613,18 @@ def _replicate_frames(g: pd.DataFrame, claim: dict, across: bool, seed_name: str
 
     col, lo, hi = claim["value"], claim.get("lo"), claim.get("hi")
     rcol = col + REPLICATES_SUFFIX
+    if col in g and rcol in g and g[col].map(lambda x: isinstance(x, str)).any():
+        # a category (e.g. the ID profile's shape): its replicates are labels without spaces, one per resample
+        labels = [np.array(str(c).split()) if isinstance(c, str) else np.empty(0, dtype=str) for c in g[rcol]]
+        nb = min(STABILITY_MAX_RESAMPLES, min((r.size for r in labels if r.size), default=0))
+        if not nb:
+            return [], f"no replicates of {claim['table']}.{col} ({rcol})"
+        frames = []
+        for b in range(nb):
+            gb = g.copy()
+            gb[col] = [r[b] if r.size else x for r, x in zip(labels, g[col])]
+            frames.append(gb)
+        return frames, f"{nb} resamples of {claim['table']}.{rcol}"
     v = pd.to_numeric(g[col], errors="coerce").to_numpy(float) if col in g else np.full(len(g), np.nan)
     reps = [parse_replicates(c) for c in g[rcol]] if rcol in g else [np.empty(0)] * len(g)
     have = [r.size > 0 for r in reps]

@@ -386,3 +386,14 @@ def test_a_panel_spanning_more_than_two_decades_reads_on_a_log_axis(values, log)
     _panel(ax, g)
     assert ax.get_yscale() == ("log" if log else "linear")
     plt.close(fig)
+
+
+def test_stability_of_a_category_re_decides_over_its_label_replicates(tmp_path):
+    claim = dict(id="c", sentence="s", paper="lsm", section="sec. 1", table="t", value="shape",
+                 rule={"kind": "category_in", "values": ["rise-then-fall"]})
+    p = tmp_path / "cat.yaml"
+    p.write_text(yaml.safe_dump({"claims": [claim]}))
+    t = pd.DataFrame(dict(model=["a"], shape=["rise-then-fall"],
+                          shape_replicates=[" ".join(["rise-then-fall"] * 3 + ["increasing"])]))
+    r = claims_table({"t": t}, models=["a"], path=str(p)).iloc[0]
+    assert r.verdict == "supported" and r.stability == pytest.approx(0.75) and r.stability_n == 4
