@@ -273,9 +273,8 @@ def _location_stats(m, nll, weights, *, quantiles, threshold: float, hard_core_q
     out = {f"margin_q{100 * q:02.0f}": float(v) for q, v in zip(quantiles, qv)}
     out["hard_core_margin"] = float(qv[-1])
     out["p_margin_below"] = float(fractions_below(m, [threshold], weights)[0])
-    w = np.ones(m.size) if weights is None else np.asarray(weights, dtype=np.float64)
     if nll is not None:
-        out["mean_nll"] = float(w @ nll / w.sum())
+        out["mean_nll"] = float(np.average(nll, weights=weights))
         out["perplexity"] = float(np.exp(out["mean_nll"]))
     return out
 
@@ -385,9 +384,11 @@ def fractions_below(margins, thresholds, weights=None) -> np.ndarray:
         float64 array [T] of fractions in [0, 1]: sum of the weights of positions below t / sum of all weights.
     """
     m = np.asarray(margins, dtype=np.float64).ravel()
-    below = m[:, None] < np.asarray(thresholds, dtype=np.float64)[None, :]        # [n, T]
-    w = np.ones(m.size) if weights is None else np.asarray(weights, dtype=np.float64)
-    return (w @ below) / w.sum()
+    th = np.asarray(thresholds, dtype=np.float64).ravel()
+    if weights is None:
+        return np.array([np.count_nonzero(m < t) for t in th], dtype=np.float64) / m.size
+    w = np.asarray(weights)
+    return np.array([w[m < t].sum() for t in th], dtype=np.float64) / w.sum()
 
 
 def threshold_key(t: float) -> str:
