@@ -5,6 +5,7 @@ the messages that the HTML shows); any such system message fails."""
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from pathlib import Path
 
@@ -98,8 +99,79 @@ def test_summary_caption_branches_name_the_new_columns():
     lsm = " ".join(_render(text, ctx["family lsm"]).split())
     bayes = " ".join(_render(text, ctx["family bayes"]).split())
     other = " ".join(_render(text, ctx["family sula"]).split())
-    assert "mle_lb" in lsm and "hard_core_thresholds" in lsm and "0.87-1.12" in lsm
+    assert "mle_lb" in lsm and "hard_core_thresholds" in lsm and "published.csv" in lsm
     assert "top 10 eigenvalues" in bayes and "mle_lb" not in bayes
     assert "results/summary/<table>.csv" in other and "docs/outputs.md" in other
     for t in (lsm, bayes, other):
         assert "bias-corrected" in t and "blocks applied / L" in t
+
+
+# --- no typed-in numbers (issue 48) ------------------------------------------------------------------------------
+# A number from a paper or a run in a caption or a table legend goes stale the day the data file or the run changes.
+# Captions cannot read a run's tables (Snakemake renders them with the job's params and config only): they name the
+# table and column holding the value. What may appear as a decimal or a percent: section numbers, model names, and
+# the settings and conventions listed here (each checked against its home below).
+
+#: a percent (also the end of a range, 1-3%), or a decimal not inside a name (Llama-3.2-1B) or a longer number
+TYPED_NUMBER = re.compile(r"(?<![\w.])\d*\.?\d+\s?%|(?<![\w.\-])\d*\.\d+(?![\w.])")
+#: settings and conventions: pattern -> why it is allowed
+ALLOWED = {
+    r"\bsecs?\.\s+\d+(?:\.\d+)*(?:(?:\s*[/,-]\s*|\s+and\s+)\d+(?:\.\d+)*)*": "a paper's section number",
+    r"95%\s+(?:basic|paired|CIs?\b)": "the interval coverage (schema default of every ci key: checked below)",
+    r"Pr\(m\s+<\s+0\.5\)": "margins.threshold (schema default, checked below)",
+    r"default\s+0\.05\s+and\s+0\.1\s+logits": "margins.hard_core_thresholds (schema default, checked below)",
+    r"5%\s+margin\s+quantile": "margins.hard_core_quantile (schema default, checked below)",
+    r"5/25/50/75/95%\s+quantiles": "measures.margins.QUANTILES (checked below)",
+    r"p\s+<\s+0\.05": "the conventional significance level the scaling rules name",
+    r"(?:relative\s+depth|(?:last\s+block|final\s+layer)\s+is)\s+1\.0": "the depth convention (blocks applied / L)",
+}
+
+
+def _typed_numbers(text: str) -> list[str]:
+    t = " ".join(text.split())
+    for pat in ALLOWED:
+        t = re.sub(pat, " ", t)
+    return [t[max(0, m.start() - 30):m.end() + 10] for m in TYPED_NUMBER.finditer(t)]
+
+
+def _legend_strings() -> list[str]:
+    """String literals of analyses/bayes_tables.py that are not docstrings (the Table 1 / 2 legends and notes; the
+    random-init note's numbers come from published.yaml and the table at run time)."""
+    import ast
+
+    from llmgeom.analyses import bayes_tables
+
+    tree = ast.parse(Path(bayes_tables.__file__).read_text(encoding="utf-8"))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+@pytest.mark.parametrize("path", CAPTIONS, ids=[p.name for p in CAPTIONS])
+def test_caption_types_no_paper_or_run_number(path):
+    assert _typed_numbers(path.read_text(encoding="utf-8")) == [], path.name
+
+
+def test_bayes_table_legends_type_no_paper_or_run_number():
+    bad = [h for s in _legend_strings() for h in _typed_numbers(s)]
+    assert bad == []
+
+
+def test_the_typed_number_check_catches_the_old_texts_and_its_settings_are_the_defaults():
+    old = ["Published random-init baselines of 0.35-0.45 cannot be reproduced",
+           "0.033 at d_model = 576", "SmolLM2: 0.068", "slopes 0.87-1.12 with R^2 > 0.985", "ID 1-3% of d_model",
+           'what tests "about 5% of positions"']
+    assert [t for t in old if not _typed_numbers(t)] == []
+    assert _typed_numbers("Paper III sec. 4.5-4.6, Llama-3.2-1B, 95% basic-bootstrap CI, Pr(m < 0.5)") == []
+    from llmgeom.measures.margins import QUANTILES
+    from llmgeom.pipeline.schema import read_schema
+
+    sections = read_schema()["properties"]
+    mg = {k: v["default"] for k, v in sections["margins"]["properties"].items()}
+    assert (mg["threshold"], mg["hard_core_thresholds"], mg["hard_core_quantile"]) == (0.5, [0.05, 0.1], 0.05)
+    assert QUANTILES == (0.05, 0.25, 0.50, 0.75, 0.95)
+    cis = {name: sec["properties"]["ci"]["default"] for name, sec in sections.items()
+           if "ci" in sec.get("properties", {})}
+    assert len(cis) >= 4 and set(cis.values()) == {0.95}, cis

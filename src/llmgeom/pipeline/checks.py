@@ -152,7 +152,8 @@ def check_curvature(config: dict) -> None:
 
 
 def check_margins(config: dict) -> None:
-    """``margins``: its prompt set is a corpus set and ``fit_eps_max`` lies in (eps_min, eps_max].
+    """``margins``: its prompt set is a corpus set and ``fit_eps_max`` lies in (eps_min, eps_max] (``fit_eta_max``, in
+    (0, 1], is checked by the schema).
 
     Raises:
         ConfigError: naming the key, the value and what is valid."""

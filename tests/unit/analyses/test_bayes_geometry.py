@@ -401,7 +401,12 @@ def test_table1_table2_and_markdown():
     # issue 28: the official code's committed output as a row of its own beside the paper's
     assert "| Pythia-410M | published (official code) | mixed | - | 14.6 | 27.7 |" in md1 and "| -0.59 |" in md1
     assert "| Mistral-7B | published (paper) | - | 15-20 | 80 | 0.05-0.06 |" in md2
-    assert "0.35-0.45" in md2 and "sqrt(2 / (pi d_model))" in md2 and "0.033" in md2
+    # issue 48: the random-init note types no number: the published baseline from published.yaml, ours from the table
+    from llmgeom.analyses.bayes_tables import random_init_note
+    from llmgeom.core.published import published_text
+    assert published_text("key_orthogonality_random_init") in md2 and "sqrt(2 / (pi d_model))" in md2
+    assert "a 0.150 vs 0.040; b 0.150 vs 0.040." in md2 and "No random-init architecture of this run reaches" in md2
+    assert "trained vs random init" not in random_init_note(None) and random_init_note(t2_all) in md2
     assert "Table 2, arXiv:2512.23752v1" in md2 and all(len(ln) < 400 for ln in md1.splitlines() if ln.startswith("|"))
     with pytest.raises(ValueError):
         to_markdown(t1, "table3")

@@ -24,6 +24,7 @@ from llmgeom.core.writer import ActivationWriter
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.curvature import curvature_table
 from llmgeom.analyses.margins import margin_tables, margin_vs_perplexity_table
+from llmgeom.core.stats import parse_replicates
 from llmgeom.pipeline.checks import check_curvature, check_fisher, check_margins
 from llmgeom.pipeline.schema import ConfigError
 
@@ -160,7 +161,7 @@ def test_id_profile_shape(ids, shape):
 
 def test_eta_uniform_margins_beta_alpha_one():
     m = np.random.default_rng(16).uniform(0, 1, 100_000)
-    curve, fit = margins.expressibility_gap(m, eps_min=1e-3, eps_max=10, n_eps=41, fit_eps_max=0.5,
+    curve, fit = margins.expressibility_gap(m, eps_min=1e-3, eps_max=10, n_eps=41, fit_eps_max=0.5, fit_eta_max=0.5,
                                             min_count=10, n_boot=50, seed=0, ci=0.95)
     assert fit["beta"] == pytest.approx(1.0, rel=0.05)
     assert fit["alpha"] == pytest.approx(1.0, rel=0.05)
@@ -179,7 +180,7 @@ def test_eta_counts_strictly_below():
 
 def test_expressibility_gap_needs_three_points():
     with pytest.raises(ValueError, match="a fit needs 3"):
-        margins.expressibility_gap(np.full(50, 3.0), n_boot=0, eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5,
+        margins.expressibility_gap(np.full(50, 3.0), n_boot=0, eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, fit_eta_max=0.3,
                                    min_count=10, ci=0.95)
     with pytest.raises(ValueError, match=">= 0"):
         margins.eta_curve([-1.0, 1.0], [0.5])
@@ -438,7 +439,7 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
 
 
 def test_margin_tables_on_uniform_margins(corpus_h5):
-    t = margin_tables(corpus_h5, model="toy", n_boot=20, min_count=10, threshold=0.5, hard_core_quantile=0.05, hard_core_thresholds=(0.05, 0.1), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, ci=0.95, seed=0, hist_bins=60)
+    t = margin_tables(corpus_h5, model="toy", n_boot=20, min_count=10, threshold=0.5, hard_core_quantile=0.05, hard_core_thresholds=(0.05, 0.1), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, fit_eta_max=0.3, ci=0.95, seed=0, hist_bins=60)
     assert set(t) == {"margins", "eta_curve", "expressibility_gap", "margin_histogram"}
     fit = t["expressibility_gap"].iloc[0]
     assert fit.beta == pytest.approx(1, rel=0.1) and fit.alpha == pytest.approx(1, rel=0.1)
@@ -450,6 +451,34 @@ def test_margin_tables_on_uniform_margins(corpus_h5):
                                                     t["margins"].assign(model="toy3", margin_q50=0.1,
                                                                         perplexity=20.0)]))
     assert len(mvp) == 3 and mvp.spearman_rho_across_models.iloc[0] == pytest.approx(-1.0)
+    # exact permutation p (two-sided): 2 of the 3! pairings are as extreme as a perfect order, p = 1/3 (the t
+    # approximation gives 0)
+    assert mvp.spearman_p_across_models.iloc[0] == pytest.approx(1 / 3)
+    assert {"median_margin_lo", "median_margin_hi", "median_margin_replicates", "log_perplexity_replicates",
+            "perplexity_lo", "hard_core_margin_replicates"} <= set(mvp.columns)
+    assert mvp.median_margin_replicates.iloc[0] == mg.margin_q50_replicates
+    four = margin_vs_perplexity_table(pd.concat([t["margins"].assign(model=f"m{i}", margin_q50=0.1 * i,
+                                                                     perplexity=30.0 - i) for i in range(4)]))
+    assert four.spearman_rho_across_models.iloc[0] == pytest.approx(-1.0)
+    assert four.spearman_p_across_models.iloc[0] == pytest.approx(1 / 12)
+    # issue 48: every margin statistic the across-size claims read has a passage-bootstrap interval and replicates
+    for c in ("margin_q05", "margin_q25", "margin_q50", "margin_q75", "margin_q95", "hard_core_margin",
+              "p_margin_below", "mean_nll", "perplexity", "hard_core_frac_lt_0.05", "hard_core_frac_lt_0.1"):
+        assert mg[f"{c}_lo"] <= mg[c] <= mg[f"{c}_hi"], c
+        assert parse_replicates(mg[f"{c}_replicates"]).size == 20, c
+    assert mg.hard_core_margin_replicates == mg.margin_q05_replicates
+    # one resampling of passages for the three tables: with the threshold at a hard-core threshold, replicate b of
+    # Pr(m < t) is replicate b of hard_core_frac_lt_t
+    t2 = margin_tables(corpus_h5, model="toy", n_boot=20, min_count=10, threshold=0.1, hard_core_quantile=0.05,
+                       hard_core_thresholds=(0.1,), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5,
+                       fit_eta_max=0.3, ci=0.95, seed=0, hist_bins=60)["margins"].iloc[0]
+    assert t2.p_margin_below_replicates == t2["hard_core_frac_lt_0.1_replicates"]
+    assert t2["hard_core_frac_lt_0.1_replicates"] == mg["hard_core_frac_lt_0.1_replicates"]
+    gap = t["expressibility_gap"].iloc[0]
+    assert gap.boot_unit == "passages" and parse_replicates(gap.beta_replicates).size == 20
+    assert gap.r2_lo < gap.r2_hi <= 1 and gap.fit_eta_max == 0.3 and gap.fit_eps_hi <= 0.3 + 1e-12
+    ec = t["eta_curve"]
+    assert ec[ec.in_fit].eta.max() <= 0.3
     # issue 11: fraction of positions below fixed thresholds (uniform margins on [0, 1]: ~ the threshold)
     for t_ in (0.05, 0.1):
         s_ = f"hard_core_frac_lt_{t_:g}"

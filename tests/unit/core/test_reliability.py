@@ -563,7 +563,7 @@ def _estimators():
                                                                            n_boot=2, seed=0, ci=0.95)),
         ("power_law_1_point", lambda: margins.fit_power_law([0.1], [0.2])),
         ("expressibility_gap_1_position", lambda: margins.expressibility_gap(
-            np.array([0.3]), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, min_count=10, n_boot=200,
+            np.array([0.3]), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, fit_eta_max=0.3, min_count=10, n_boot=200,
             ci=0.95)),
         ("key_orthogonality_1_column", lambda: orthogonality.orthogonality(np.ones((8, 1)))),
         ("focusing_1_layer", lambda: attention_focusing.focusing_summary(np.array([1.0]))),

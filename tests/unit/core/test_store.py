@@ -500,7 +500,7 @@ def _analyses(setup, sula_h5):
         "intrinsic_dimension": (setup["corpus"], lambda p: intrinsic_dimension_table(p, **id_kw)),
         "curvature": (setup["corpus"], lambda p: curvature_table(p, id_clean, model=m, k=5, n_points=20,
                                                                  min_points=10, id_estimator="twonn", seed=0)),
-        "margins": (setup["corpus"], lambda p: margin_tables(p, model=m, n_boot=2, min_count=1, threshold=0.5, hard_core_quantile=0.05, hard_core_thresholds=(0.05, 0.1), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, ci=0.95, seed=0, hist_bins=60)),
+        "margins": (setup["corpus"], lambda p: margin_tables(p, model=m, n_boot=2, min_count=1, threshold=0.5, hard_core_quantile=0.05, hard_core_thresholds=(0.05, 0.1), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, fit_eta_max=0.3, ci=0.95, seed=0, hist_bins=60)),
         "fisher": (setup["corpus"], lambda p: fisher_tables(p, unemb, model=m, n_positions=8, max_tokens=16, tail_mass=1e-6, seed=0, batch=32)),
         "sula": (sula_h5, lambda p: sula_tables({"main": p}, model=m, calibration_bins=2, layers="all")),
     }
