@@ -69,6 +69,7 @@ _PC = dict(unit="share of variance", table="table2", interval=_BOOT, where=_LLM)
 _TOKENS = {"points": "token positions"}
 _MLE = ("estimator", ("mle_lb", "mle_mg", "mle"))  # LSM's MLE is Levina-Bickel's: mle_lb first
 _MAIN = {"condition": "main", "k": "all"}
+_PASSAGES = "95% basic bootstrap over passages"
 
 #: the statistics of scaling.csv, in the order of the table and the figures
 STATISTICS = (
@@ -106,23 +107,28 @@ STATISTICS = (
               reference_kind="isotropic noise, same n and d", published="lsm_table2_utilisation"),
     Statistic("mle_peak_id_over_d_model", "MLE peak ID / d_model", "fraction", "id_profile", "peak_id_over_d_model",
               where=_TOKENS, prefer=_MLE),
-    Statistic("margin_median", "median Voronoi margin", "logits", "margins", "margin_q50",
+    Statistic("margin_median", "median Voronoi margin", "logits", "margins", "margin_q50", interval=_PASSAGES,
               published="lsm_table3_median_margin"),
     Statistic("margin_q05", "hard core m0.05 (5% margin quantile)", "logits", "margins", "margin_q05",
+              interval=_PASSAGES,
               published="lsm_table4_margin_q05"),
-    Statistic("margin_q25", "25% margin quantile", "logits", "margins", "margin_q25", published="lsm_table4_margin_q25"),
-    Statistic("margin_q75", "75% margin quantile", "logits", "margins", "margin_q75", published="lsm_table4_margin_q75"),
-    Statistic("margin_q95", "95% margin quantile", "logits", "margins", "margin_q95", published="lsm_table4_margin_q95"),
-    Statistic("p_margin_below", "Pr(margin < threshold)", "fraction", "margins", "p_margin_below",
+    Statistic("margin_q25", "25% margin quantile", "logits", "margins", "margin_q25", interval=_PASSAGES,
+              published="lsm_table4_margin_q25"),
+    Statistic("margin_q75", "75% margin quantile", "logits", "margins", "margin_q75", interval=_PASSAGES,
+              published="lsm_table4_margin_q75"),
+    Statistic("margin_q95", "95% margin quantile", "logits", "margins", "margin_q95", interval=_PASSAGES,
+              published="lsm_table4_margin_q95"),
+    Statistic("p_margin_below", "Pr(margin < threshold)", "fraction", "margins", "p_margin_below", interval=_PASSAGES,
               published="lsm_table3_p_margin_below"),
     Statistic("abs_rho_margin_entropy", "|Spearman rho(margin, entropy)|", "dimensionless", "margins",
               "spearman_margin_entropy", magnitude=True, published="lsm_table3_abs_rho"),
     Statistic("eta_slope", "expressibility-gap slope beta", "dimensionless", "expressibility_gap", "beta",
-              lo="beta_lo", hi="beta_hi", interval="bootstrap over positions", published="lsm_table3_slope"),
+              lo="beta_lo", hi="beta_hi", interval="95% percentile bootstrap over passages", published="lsm_table3_slope"),
     Statistic("eta_r2", "expressibility-gap fit R^2", "dimensionless", "expressibility_gap", "r2",
+              interval="95% percentile bootstrap over passages",
               published="lsm_table3_r2"),
     Statistic("perplexity", "corpus perplexity", "perplexity (own tokenizer)", "margins",
-              "perplexity"),
+              "perplexity", interval=_PASSAGES),
     Statistic("sula_entropy_mae", "SULA entropy MAE (all k)", "bits", "sula", "mae_bits", where=_MAIN,
               published="paper3_sula_entropy_mae"),
 )
