@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 MEASURED, NULL, PUBLISHED = "measured", "null_model", "published"
 #: columns of scaling.csv, in order (docs/outputs.md describes each)
 COLUMNS = ["statistic", "label", "unit", "model", "source", "null_of", "n_params", "n_params_non_embedding", "d_model",
-           "n_layers", "prompt_set", "value", "lo", "hi", "interval", "value_replicates", "reference", "reference_kind", "twin_model",
+           "n_layers", "prompt_set", "value", "lo", "hi", "interval", "value_replicates", "reference", "reference_kind",
+           "twin_model",
            "twin_value", "published", "published_on", "table", "column", "note"]
 
 
@@ -123,7 +124,8 @@ STATISTICS = (
     Statistic("abs_rho_margin_entropy", "|Spearman rho(margin, entropy)|", "dimensionless", "margins",
               "spearman_margin_entropy", magnitude=True, published="lsm_table3_abs_rho"),
     Statistic("eta_slope", "expressibility-gap slope beta", "dimensionless", "expressibility_gap", "beta",
-              lo="beta_lo", hi="beta_hi", interval="95% percentile bootstrap over passages", published="lsm_table3_slope"),
+              lo="beta_lo", hi="beta_hi", interval="95% percentile bootstrap over passages",
+              published="lsm_table3_slope"),
     Statistic("eta_r2", "expressibility-gap fit R^2", "dimensionless", "expressibility_gap", "r2",
               interval="95% percentile bootstrap over passages",
               published="lsm_table3_r2"),
@@ -245,7 +247,8 @@ def scaling_table(tables: dict, sizes: pd.DataFrame, *, models: list[str], nulls
         their twins (source "null_model", null_of = the trained model, the trained model's size) and the papers'
         models (source "published", their size from published.yaml's ``models``), one row per model and prompt set:
         value, lo / hi (the owning table's interval, ``interval`` says what it is; NaN where it has none),
-        value_replicates (the owning table's ``<column>_replicates``: the resamples behind lo / hi, "" without), reference
+        value_replicates (the owning table's ``<column>_replicates``: the resamples behind lo / hi, "" without),
+        reference
         (the row's baseline column, ``reference_kind``), twin_model / twin_value (trained rows: the twin's value of
         the same prompt set), published / published_on (an entry published for this very model; "" otherwise), the
         table and column it was read from and a note (why a value is missing, which estimator).
