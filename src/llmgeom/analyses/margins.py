@@ -118,7 +118,9 @@ def margin_vs_perplexity_table(margins_table: pd.DataFrame) -> pd.DataFrame:
         same prompt set: n_models, spearman_rho_across_models and spearman_p_across_models
         (rank correlation of median margin with perplexity; the p-value is the exact two-sided permutation p of
         :func:`llmgeom.core.stats.spearman_exact`, not the t approximation, which is far off for a handful of
-        models: three models in perfect order give p = 1/3, four give 1/12; NaN with fewer than 3 models), ``source``
+        models: three models in perfect order give p = 1/3, four give 1/12; NaN with fewer than 3 models),
+        spearman_p_negative_across_models (the exact one-sided p for rho < 0, what the directional claim reads:
+        1/6 and 1/24 in perfect inverse order), ``source``
         ("measured"). LSM's published margin values (over several models, some secondary) are not attached to
         our rows: they appear once, with their models, in ``claims.csv`` and ``published.csv`` (rule claims).
         Perplexities of models with different tokenizers count different tokens: compare them
@@ -140,11 +142,15 @@ def margin_vs_perplexity_table(margins_table: pd.DataFrame) -> pd.DataFrame:
     d["n_models"] = d.groupby("prompt_set").model.transform("nunique")
     d["spearman_rho_across_models"] = np.nan
     d["spearman_p_across_models"] = np.nan
+    d["spearman_p_negative_across_models"] = np.nan
     for ps, g in d.groupby("prompt_set"):
         if len(g) >= 3:
             r, p = spearman_exact(g.median_margin, g.perplexity, alternative="two-sided")
             d.loc[g.index, "spearman_rho_across_models"] = r
             d.loc[g.index, "spearman_p_across_models"] = p
+            # the claim is directional (LSM: higher margin, lower perplexity): its exact one-sided p, rho < 0
+            d.loc[g.index, "spearman_p_negative_across_models"] = spearman_exact(
+                g.median_margin, g.perplexity, alternative="less")[1]
     d = d.drop(columns=[c for c in d.columns if c.endswith(("_published", "_published_on"))] + ["source"],
                errors="ignore")
     return add_published(d.sort_values(["prompt_set", "model"]).reset_index(drop=True), MVP_PUBLISHED)

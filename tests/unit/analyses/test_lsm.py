@@ -461,6 +461,9 @@ def test_margin_tables_on_uniform_margins(corpus_h5):
                                                                      perplexity=30.0 - i) for i in range(4)]))
     assert four.spearman_rho_across_models.iloc[0] == pytest.approx(-1.0)
     assert four.spearman_p_across_models.iloc[0] == pytest.approx(1 / 12)
+    # the directional claim's one-sided p (rho < 0): 1/24 for four models in perfect inverse order, 1/6 for three
+    assert four.spearman_p_negative_across_models.iloc[0] == pytest.approx(1 / 24)
+    assert mvp.spearman_p_negative_across_models.iloc[0] == pytest.approx(1 / 6)
     # issue 48: every margin statistic the across-size claims read has a passage-bootstrap interval and replicates
     for c in ("margin_q05", "margin_q25", "margin_q50", "margin_q75", "margin_q95", "hard_core_margin",
               "p_margin_below", "mean_nll", "perplexity", "hard_core_frac_lt_0.05", "hard_core_frac_lt_0.1"):
