@@ -44,6 +44,8 @@ def tiny_config(model_dirs: dict | None = None, *, nulls: bool = True) -> dict:
         cfg["nulls"] = {"random_init": False}
     for name, spec in cfg["models"].items():
         spec["path"] = str((model_dirs or {}).get(name) or (TEST_DIR / spec["path"]).resolve())
+    if (cfg.get("reference") or {}).get("path"):  # the committed headline reference of the tiny study
+        cfg["reference"]["path"] = str((TEST_DIR / cfg["reference"]["path"]).resolve())
     return cfg
 
 

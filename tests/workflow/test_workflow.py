@@ -339,3 +339,29 @@ def test_scaling_table_and_figures(tiny_run):
     dec = card[card.verdict.isin(["supported", "not supported"])]
     st = pd.to_numeric(dec.stability, errors="coerce")
     assert st.between(0, 1).all(), dec[~st.between(0, 1)][["claim_id", "model", "stability_basis"]]
+
+
+def test_headline_values_within_the_tiny_studys_reference(tiny_run):
+    """The tiny study's headline values (llmgeom.analyses.drift: scaling.csv's headline statistics per model and
+    twin, every verdict) stay within .test/reference/tiny-study.csv: a change that moves one fails here until the
+    reference is rewritten with its reason (docs/testing.md, "Headline reference"); the front page says so."""
+    from llmgeom.analyses.drift import HEADLINE_STATISTICS, REFERENCE_COLUMNS, read_reference
+
+    wd, cfg = tiny_run
+    ref_path = cfg["reference"]["path"]
+    assert ref_path.endswith(".test/reference/tiny-study.csv")
+    ref = read_reference(ref_path)
+    assert list(ref.columns) == REFERENCE_COLUMNS
+    d = pd.read_csv(wd / "results/summary/drift.csv", keep_default_na=False)
+    assert {s.split("[")[0] for s in d.statistic if not s.startswith("verdict:")} == set(HEADLINE_STATISTICS)
+    assert d.statistic.str.startswith("verdict:").sum() > len(cfg["models"])
+    bad = d[d.within.astype(str) != "True"]
+    listing = "\n".join(f"  {r.statistic} / {r.model}: reference {r.reference}, value {r.value} "
+                        f"(tolerance {r.tolerance}): {r.note}" for r in bad.itertuples())
+    assert not len(bad), (
+        f"{len(bad)} headline values of the tiny study left .test/reference/tiny-study.csv:\n{listing}\n"
+        "If the change is meant to move them, rewrite the reference in the same commit, with the reason:\n"
+        "  snakemake --directory .test --cores 2 && PYTHONPATH=src python -m llmgeom.analyses.drift "
+        "--write-reference .test/results/summary .test/reference/tiny-study.csv --reason '<why>'")
+    page = (wd / "results/index.html").read_text()
+    assert f"All {len(d)} headline values within their tolerance of the reference" in page

@@ -274,18 +274,54 @@ rule claims:
         "../scripts/claims.py"
 
 
+# Headline reference: results/summary/drift.csv sets this run's headline values (llmgeom.analyses.drift
+# .HEADLINE_STATISTICS of scaling.csv, per model and twin, and every verdict of claims.csv) beside the committed
+# reference of the study (config key reference.path), each with its tolerance. Drift never fails the run: the front
+# page shows it; the tiny study's test fails on it. A reference file that does not exist yet: every row is reported
+# as without a reference (write it: docs/testing.md, "Headline reference").
+REFERENCE = (config.get("reference") or {}).get("path") or ""
+if REFERENCE:
+    TARGETS += ["results/summary/drift.csv"]
+
+    rule drift:
+        """results/summary/drift.csv: statistic, model, reference, value, tolerance, tolerance_source, within, note."""
+        input:
+            scaling="results/summary/scaling.csv",
+            claims="results/summary/claims.csv",
+            **({"reference": REFERENCE} if os.path.isfile(REFERENCE) else {}),  # editing it reruns the check
+            code=code("drift"),
+        output:
+            csv="results/summary/drift.csv",
+        params:
+            reference=lambda w: REFERENCE,  # named in the notes also when the file does not exist yet
+        resources:
+            mem_mb=scaled_mem(1000),
+            runtime=5,
+        group:
+            "summary"
+        log:
+            "logs/drift.log",
+        benchmark:
+            "results/benchmarks/drift.tsv",
+        conda:
+            "../../envs/analysis.yaml"
+        script:
+            "../scripts/drift.py"
+
+
 # The answer on one screen: results/index.html (headline counts, the claims x models verdict
 # matrix, the forest plots); README and the report's landing page point to it. Code: llmgeom.plots.claims.
 TARGETS += ["results/index.html"]
 
 
 rule findings:
-    """Front page results/index.html: the headline counts of specific findings / not supported / inconclusive /
+    """Front page results/index.html: the headline values outside their reference's tolerance (drift.csv), the headline counts of specific findings / not supported / inconclusive /
     not testable, the claims x models verdict matrix (an HTML table: every model beside its twin), one forest plot
     per numeric claim and the scaling figures."""
     input:
         card="results/summary/claims.csv",
         scaling=expand("results/figures/scaling/{stat}.png", stat=SCALING_STATS),
+        **({"drift": "results/summary/drift.csv"} if REFERENCE else {}),  # drifted headline values first
         code=code("findings"),
     output:
         page="results/index.html",
@@ -294,6 +330,8 @@ rule findings:
         forest=report("results/figures/claims_forest.png", caption="../report/findings.rst",
                       category=CLAIMS_CATEGORY, labels={"figure": "forest plots"}),
         pdf=expand("results/figures/claims_{fig}.pdf", fig=["matrix", "forest"]),
+    params:
+        reference=REFERENCE,
     resources:
         mem_mb=scaled_mem(1000),
         runtime=5,

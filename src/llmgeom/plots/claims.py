@@ -1,7 +1,8 @@
 """The answer on one screen: the claims x models verdict matrix, one forest plot per numeric
 claim, and the front page ``results/index.html`` that shows both with the headline counts.
 
-Drawn from the scorecard (``results/summary/claims.csv``, :func:`llmgeom.analyses.claims.claims_table`) alone.
+Drawn from the scorecard (``results/summary/claims.csv``, :func:`llmgeom.analyses.claims.claims_table`) and, where
+the study has a headline reference, from ``results/summary/drift.csv`` (:func:`llmgeom.analyses.drift.drift_table`).
 """
 
 from __future__ import annotations
@@ -246,11 +247,46 @@ table.vm{border-collapse:collapse;font-size:11px;line-height:13px} table.vm th,t
 border-bottom:1px solid #eee} table.vm th.c{text-align:left;font-weight:normal;white-space:nowrap}
 table.vm tr:first-child th{vertical-align:bottom;font-size:11px;max-width:78px} table.vm th.n{color:#b2182b}
 table.vm td.n{border-right:1px solid #999} .s{display:inline-block;min-width:13px;text-align:center;margin-right:1px;
-border-radius:2px;font-size:11px} img{max-width:100%} .figs img{max-width:32%}"""
+border-radius:2px;font-size:11px} img{max-width:100%} .figs img{max-width:32%}
+.drift{border:2px solid #b2182b;background:#fde0dd;padding:4px 8px;margin:4px 0} .drift table{border-collapse:collapse;
+font-size:11px} .drift td,.drift th{padding:1px 4px;border-bottom:1px solid #f4a582;text-align:left} .ok{color:#1a9850}"""
+
+
+#: the most drifted headline values the front page lists (the rest: results/summary/drift.csv)
+DRIFT_ROWS_SHOWN = 40
+
+
+def drift_html(drift: pd.DataFrame | None, reference_path: str = "") -> str:
+    """The front page's first lines on the headline reference (:func:`llmgeom.analyses.drift.drift_table`): a red
+    box listing the values outside their tolerance (statistic, model, reference, value, tolerance, note; the first
+    :data:`DRIFT_ROWS_SHOWN`), or one line saying that all are within the reference; "" without a reference
+    (``drift`` None).
+
+    Args:
+        drift: results/summary/drift.csv (read with ``keep_default_na=False``: ``within`` "True" / "False") or None.
+        reference_path: the reference file, named in the text.
+    """
+    if drift is None:
+        return ""
+    esc = html.escape
+    bad = drift[~drift.within.map(_is_true)]
+    where = esc(str(reference_path or "the reference"))
+    if not len(bad):
+        return (f'<p class="ok">\u2713 All {len(drift)} headline values within their tolerance of the reference '
+                f"{where} (results/summary/drift.csv).</p>")
+    cells = ("statistic", "model", "reference", "value", "tolerance", "note")
+    head = "".join(f"<th>{c}</th>" for c in cells)
+    body = "".join("<tr>" + "".join(f"<td>{esc(str(r[c]))}</td>" for c in cells) + "</tr>"
+                   for _, r in bad.head(DRIFT_ROWS_SHOWN).iterrows())
+    more = (f"<p>... and {len(bad) - DRIFT_ROWS_SHOWN} more in results/summary/drift.csv.</p>"
+            if len(bad) > DRIFT_ROWS_SHOWN else "")
+    return (f'<div class="drift"><b>\u26a0 {len(bad)} of {len(drift)} headline values outside their tolerance of '
+            f"the reference {where}</b> (results/summary/drift.csv; a change that moves them rewrites the reference "
+            f"with its reason: docs/testing.md, \"Headline reference\")<table><tr>{head}</tr>{body}</table>{more}</div>")
 
 
 def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str = "What this run found",
-                  scaling_pngs=()) -> None:
+                  scaling_pngs=(), drift: pd.DataFrame | None = None, reference_path: str = "") -> None:
     """The front page (``results/index.html``): the headline counts and the verdict matrix on the first screen (an
     HTML table, :func:`matrix_html`, readable at 1280 x 800 with eight models and their twins), then the forest
     plots, the scaling figures and the list of specific findings: one self-contained HTML file (figures embedded).
@@ -259,6 +295,8 @@ def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str
         card: the scorecard; matrix_png / forest_png: :func:`verdict_matrix` / :func:`forest_plots` PNGs (the
         matrix PNG is the report's copy: linked, not shown); out: the HTML path (written atomically);
         scaling_pngs: the scaling figures (:func:`llmgeom.plots.scaling.scaling_figures`), shown in a grid.
+        drift, reference_path: results/summary/drift.csv and the study's reference file: the headline values
+        outside their tolerance at the top of the page (:func:`drift_html`); None: no reference, no box.
     """
     from llmgeom.analyses.claims import STABLE, headline
     from llmgeom.core.io import write_text
@@ -277,6 +315,7 @@ def findings_page(card: pd.DataFrame, matrix_png, forest_png, out, *, title: str
                f"decided on it (docs/claims.md).</p><div class=\"figs\">{figs}</div>" if figs else "")
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>{_STYLE}</style></head><body>
+{drift_html(drift, reference_path)}
 <h1>{esc(title)}: {len(card)} verdicts on {card.claim_id.nunique()} claims</h1>
 <div class="wrap"><div>{matrix_html(card)}</div><div class="side">{chips}
 <p>Columns: each model, then its <span style="color:#b2182b">random-init twin</span> (the same claim decided on the
