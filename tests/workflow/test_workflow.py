@@ -126,10 +126,15 @@ def test_lsm_outputs(tiny_run):
         t = wd / f"results/{m}/tables"
         idt = pd.read_csv(t / "intrinsic_dimension.csv")
         assert {"estimator_ratio", "estimators_disagree", "disagreement_factor"} <= set(idt.columns)
+        assert set(idt.quantity) == {"token_id", "token_id_cross_passage"}
+        assert (idt[idt.quantity == "token_id_cross_passage"].estimator == "twonn").all()
+        assert idt.id_mean_replicates.notna().any() and (idt.id_mean_lo <= idt.id_mean_hi).all()
         prof = pd.read_csv(t / "id_profile.csv")
         assert set(prof.estimator) == {"twonn", "mle_mg"}
-        tok = prof.points == "token positions"  # last token: 12 prompts < min_points, NaN rows with the reason
+        assert set(prof.quantity) == {"token_id", "token_id_cross_passage", "last_token_id"}
+        tok = prof.quantity != "last_token_id"  # last token: 12 prompts < min_points, NaN rows with the reason
         assert prof[tok].peak_layer.between(1, 2).all() and prof[~tok].note.str.startswith("no profile").all()
+        assert (prof[tok].peak_id_lo <= prof[tok].peak_id_hi).all() and (prof[tok].n_resamples > 0).all()
         cv = pd.read_csv(t / "curvature.csv")
         blocks = cv[cv.layer > 0]  # layer 0: the tiny vocabulary's few distinct embeddings may be too few (NaN + note)
         assert len(cv) == 3 and blocks.curvature_mean.between(0, 1).all() and (blocks.k > blocks.m).all()
@@ -147,6 +152,22 @@ def test_lsm_outputs(tiny_run):
     for fig in ("curvature", "margin_histogram", "expressibility_gap", "margin_vs_perplexity", "intrinsic_dimension"):
         for ext in ("png", "pdf"):
             assert (wd / f"results/figures/{fig}.{ext}").stat().st_size > 1000
+
+
+def test_no_two_rows_of_a_table_share_a_key(tiny_run):
+    """Every table with a declared key (llmgeom.core.tables.TABLE_KEYS), per model and across models: no two rows
+    share it (issue 48: id_profile held two twonn rows per model told apart by a column no reader filtered on)."""
+    from llmgeom.core.tables import TABLE_KEYS, duplicate_keys
+
+    wd, cfg = tiny_run
+    paths = [p for t in TABLE_KEYS for p in [wd / f"results/summary/{t}.csv",
+                                            *(wd / f"results/{m}/tables/{t}.csv" for m in cfg["models"])]]
+    read = {p: pd.read_csv(p) for p in paths if p.is_file()}
+    for need in ("id_profile", "intrinsic_dimension", "margins", "scaling", "claims"):
+        assert wd / f"results/summary/{need}.csv" in read, need
+    for p, df in read.items():
+        dup = duplicate_keys(df, p.stem)
+        assert dup.empty, f"{p.relative_to(wd)}: rows share a key:\n{dup.head(10)}"
 
 
 def test_sula_and_intervention_outputs(tiny_run):

@@ -29,7 +29,7 @@ with run_logged(snakemake.log[0], threads=snakemake.threads):
     prof = call_with_config(id_profile_table, p.cfg, pd.concat([df, last], ignore_index=True))
     write_table(prof, snakemake.output.profile)
     for r in prof.itertuples():
-        print(f"[intrinsic_dimension] {r.model} {r.points} {r.estimator}: peak {r.peak_id:.2f} at layer "
+        print(f"[intrinsic_dimension] {r.model} {r.quantity} {r.estimator}: peak {r.peak_id:.2f} at layer "
               f"{r.peak_layer} (relative depth {r.peak_relative_depth:.2f}), shape {r.shape}, "
               f"agrees with {r.agrees_with}")
     print(f"[intrinsic_dimension] {model}: {t1 - t0:.1f} s token positions, {time.time() - t1:.1f} s last token")

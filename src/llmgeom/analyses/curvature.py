@@ -72,10 +72,14 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
 
     Source: LSM sec. 13.3 (curvature proxy); DESIGN.md sec. 3.
     """
+    from llmgeom.core.tables import TOKEN_ID
     from llmgeom.measures.intrinsic_dimension import canonical_estimator
 
     id_estimator = canonical_estimator(id_estimator)
-    ids = id_table[(id_table.model == model) & (id_table.estimator == id_estimator)].set_index("layer")
+    sel = (id_table.model == model) & (id_table.estimator == id_estimator)
+    if "quantity" in id_table.columns:  # the token ID of these points (not the cross-passage or last-token one)
+        sel &= id_table.quantity == TOKEN_ID
+    ids = id_table[sel].set_index("layer")
     if ids.empty:
         raise ValueError(f"intrinsic_dimension table has no {id_estimator!r} rows for model {model!r}; "
                          "add the estimator to intrinsic_dimension.estimators")

@@ -27,11 +27,13 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: the statistics of scaling.csv (``statistic``) that a new reference records, per model and twin: PC1+PC2 of the
-#: mixed and restricted prompts, key orthogonality, attention focusing, both ID peaks and their depths, the median
+#: mixed and restricted prompts, key orthogonality, attention focusing, the token-position ID peaks (TwoNN, MLE) and
+#: their depths, the last-token and cross-passage TwoNN peaks, the median
 #: margin and m0.05, the eta slope, perplexity and the SULA MAE. Edit here when scaling.csv renames one (a name
 #: that scaling.csv lacks is refused when a reference is written).
 HEADLINE_STATISTICS = ("pc12_mixed", "pc12_restricted", "key_orthogonality", "attention_focusing_pct",
-                       "twonn_peak_id", "mle_peak_id", "twonn_peak_relative_depth", "mle_peak_relative_depth",
+                       "twonn_token_peak_id", "mle_token_peak_id", "twonn_token_peak_relative_depth",
+                       "mle_token_peak_relative_depth", "twonn_last_token_peak_id", "twonn_cross_passage_peak_id",
                        "margin_median", "margin_q05", "eta_slope", "perplexity", "sula_entropy_mae")
 #: the ``statistic`` of a verdict: ``verdict:<claim_id>`` or ``verdict:<claim_id>[<setting>]``
 VERDICT_PREFIX = "verdict:"

@@ -9,8 +9,11 @@ points and one shared neighbour graph); the linear dimensions (participation rat
 come from :mod:`llmgeom.measures.pca`. This module reads the activation files, subsamples each layer, and returns
 one row per layer and estimator (:func:`intrinsic_dimension_table`, :func:`last_token_id_table`), then the peak
 layer / value and shape of each estimator's profile, which estimators agree, and the published values beside them
-(:func:`id_profile_table`). Every row carries ``model``, ``prompt_set`` and ``points``. HDF5 in, tables out; never
-torch. The other LSM tables are in :mod:`llmgeom.analyses.curvature`, :mod:`llmgeom.analyses.margins`
+(:func:`id_profile_table`). Every row carries ``model``, ``prompt_set`` and ``quantity``, which names the ID
+measured (:data:`llmgeom.core.tables.QUANTITIES`): ``token_id`` (LSM's: corpus token positions), ``token_id_cross_passage`` (the same
+points, TwoNN with each point's neighbours taken among other passages) and ``last_token_id`` (Cheng et al.'s: the
+last token of each prompt); a table is read by quantity, never by estimator alone (the keys of every table:
+:data:`llmgeom.core.tables.TABLE_KEYS`). HDF5 in, tables out; never torch. The other LSM tables are in :mod:`llmgeom.analyses.curvature`, :mod:`llmgeom.analyses.margins`
 and :mod:`llmgeom.analyses.fisher`.
 """
 
@@ -21,15 +24,20 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.published import add_published
+from llmgeom.core.stats import bootstrap_interval, parse_replicates, replicates_text
 from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
+# the values of the ``quantity`` column: the one name of each ID in every table, figure and scaling statistic
+from llmgeom.core.tables import LAST_TOKEN_ID, TOKEN_ID, TOKEN_ID_CROSS_PASSAGE
 from llmgeom.measures import intrinsic_dimension
 from llmgeom.measures.neighbors import TooFewPointsError
 from llmgeom.measures.pca import explained_variance, participation_ratio
 
 #: fraction of the variance the ``n_pc99`` column's principal components carry
 N_PC_VARIANCE = 0.99
-#: values of the ``points`` column: corpus token positions (LSM's points) and last-token states (Cheng et al.'s)
-POINTS_TOKENS, POINTS_LAST = "token positions", "last token"
+#: id_profile columns with a passage-resampling interval (``<col>_lo``, ``<col>_hi``, ``<col>_replicates``)
+PROFILE_INTERVAL_COLUMNS = ("peak_id", "peak_id_over_d_model", "peak_relative_depth", "final_id")
+#: what the intervals of intrinsic_dimension.csv and id_profile.csv are (the ``interval`` column)
+PASSAGE_INTERVAL = "basic interval over passage half-samples (recentred)"
 
 #: measured column -> quantity of llmgeom/data/published.yaml (LSM)
 ID_PROFILE_PUBLISHED = {"peak_id": "id_peak", "peak_relative_depth": "id_peak_relative_depth",
@@ -47,18 +55,20 @@ ID_PROFILE_PUBLISHED_LAST_TOKEN_GRIDE = {"peak_id": "gride_last_token_peak_id",
 
 
 #: columns of an id_profile row before the agreement and published columns (a row without a profile: NaN + note)
-_PROFILE_COLUMNS = ["model", "prompt_set", "points", "estimator", "n_layers", "d_model", "peak_layer",
+_PROFILE_COLUMNS = ["model", "prompt_set", "quantity", "estimator", "n_layers", "d_model", "peak_layer",
                     "peak_relative_depth", "peak_id", "peak_id_over_d_model", "trough_layer", "trough_relative_depth",
                     "trough_id", "embedding_id", "first_id", "final_id", "mean_id", "spearman_depth", "shape",
-                    "shape_tol", "embeddings_included", "note", "id_iso", "id_over_d_model_iso"]
+                    "shape_tol", "embeddings_included", "note", "id_iso", "id_over_d_model_iso"] + [
+                    f"{c}{s}" for c in PROFILE_INTERVAL_COLUMNS for s in ("_lo", "_hi", "_replicates")] + [
+                    "shape_replicates", "n_resamples", "interval", "ci"]
 
 
 def _agreement(prof: pd.DataFrame, peak_depth_tol: float) -> pd.DataFrame:
-    """Columns agrees_with, n_estimators, estimators_agree, shape_verdict per (model, prompt_set, points), over
+    """Columns agrees_with, n_estimators, estimators_agree, shape_verdict per (model, prompt_set, quantity), over
     the estimators with a profile (a row without one, ``note`` set, gets agrees_with "" and the group's verdict)."""
     prof = prof.copy()
     prof["agrees_with"], prof["n_estimators"], prof["estimators_agree"], prof["shape_verdict"] = "", 0, False, ""
-    for _, g_all in prof.groupby(["model", "prompt_set", "points"], sort=False):
+    for _, g_all in prof.groupby(["model", "prompt_set", "quantity"], sort=False):
         g = g_all[g_all["shape"].notna()]
         if g.empty:
             prof.loc[g_all.index, "shape_verdict"] = "none (no estimator has a profile)"
@@ -75,12 +85,13 @@ def _agreement(prof: pd.DataFrame, peak_depth_tol: float) -> pd.DataFrame:
 
 
 def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers: str,
-                     peak_depth_tol: float) -> pd.DataFrame:
-    """Shape of the intrinsic-dimension profile over depth, per model, prompt set, points and estimator.
+                     peak_depth_tol: float, ci: float) -> pd.DataFrame:
+    """Shape of the intrinsic-dimension profile over depth, per model, prompt set, quantity and estimator.
 
     Args:
         id_table: rows of ``intrinsic_dimension.csv`` and ``id_last_token.csv`` (columns model, prompt_set,
-            points (absent = "token positions"), estimator, layer, relative_depth, d_model, id_mean, ...).
+            quantity (:data:`llmgeom.core.tables.QUANTITIES`; absent = "token_id"), estimator, layer, relative_depth, d_model, id_mean,
+            optional id_mean_replicates, ...).
         shape_tol: see :func:`llmgeom.measures.intrinsic_dimension.id_profile_shape`.
         profile_layers: "blocks": the outputs of blocks 1..L; "all": also layer 0, the token
             embeddings, whose points are a discrete set (one per vocabulary entry seen, many exact
@@ -88,9 +99,11 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
             of the hidden-layer profile.
         peak_depth_tol: two estimators agree when their shapes are equal and their peak relative depths
             differ by at most this much.
+        ci: coverage of the intervals (schema key ``intrinsic_dimension.ci``).
 
     Returns:
-        DataFrame, one row per (model, prompt_set, points, estimator): n_layers (blocks), d_model,
+        DataFrame, one row per (model, prompt_set, quantity, estimator) (:data:`llmgeom.core.tables.TABLE_KEYS`):
+        n_layers (blocks), d_model,
         peak_layer, peak_relative_depth, peak_id, peak_id_over_d_model, trough_layer,
         trough_relative_depth, trough_id, embedding_id (layer 0, reported even when excluded),
         first_id (first layer of the profile), final_id (last block), mean_id (over the profile),
@@ -99,13 +112,21 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
         profile), id_iso / id_over_d_model_iso (the estimator on isotropic Gaussian points of the last block's n
         and d, and over d_model: the data-level null; NaN for last-token rows), note ("" or why there is no
         profile: an estimator with fewer than two measured layers, e.g. too few distinct points, gets a row with
-        NaN values and the reason); agrees_with (';'-joined estimators
-        of the same model, prompt set and points with the same shape and a peak depth within
+        NaN values and the reason); for peak_id, peak_id_over_d_model, peak_relative_depth and final_id
+        (:data:`PROFILE_INTERVAL_COLUMNS`) ``<col>_lo`` / ``<col>_hi`` / ``<col>_replicates``: the statistic on
+        the profile of each passage half-sample (replicate b of a profile = the ``id_mean_replicates`` b of its
+        layers, recentred on id_mean, :func:`intrinsic_dimension_table`; so replicate b of every column comes
+        from the same passages) and the basic interval at coverage ``ci``
+        (:func:`llmgeom.core.stats.bootstrap_interval`; peak_relative_depth clipped to [0, 1]); shape_replicates
+        (the shape label of each replicate profile, space-separated), n_resamples (replicate profiles with a
+        value at every layer), interval (what lo / hi are; "" without replicates: last-token rows, GRIDE, a
+        run with ``passage_resamples: 0``), ci; agrees_with (';'-joined estimators
+        of the same model, prompt set and quantity with the same shape and a peak depth within
         ``peak_depth_tol``, this one included), n_estimators (those with a profile), estimators_agree (all of
         them agree), shape_verdict (the common shape when they agree, else "none (estimators disagree)"; "none
         (no estimator has a profile)"), peak_depth_tol; beside peak_id, peak_relative_depth and peak_id_over_d_model the
         published values (``*_published``, ``*_published_on``; ``llmgeom/data/published.yaml``): LSM's for
-        token positions, Cheng, Vaidya & Antonello's GRIDE peaks for the last-token GRIDE rows, "" elsewhere.
+        token_id rows, Cheng, Vaidya & Antonello's GRIDE peaks for the last_token_id GRIDE rows, "" elsewhere.
         Relative depth = layer / L for residual-stream layer l (output of block l; 0 = embeddings).
 
     Source: LSM (universal ID profile over relative depth); Cheng, Vaidya & Antonello (ICML 2026);
@@ -113,17 +134,17 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
     """
     if profile_layers not in ("blocks", "all"):
         raise ValueError(f"profile_layers must be 'blocks' or 'all', got {profile_layers!r}")
-    if "points" not in id_table.columns:
-        id_table = id_table.assign(points=POINTS_TOKENS)
+    if "quantity" not in id_table.columns:
+        id_table = id_table.assign(quantity=TOKEN_ID)
     rows = []
-    for (model, pset, pts, est), g in id_table.groupby(["model", "prompt_set", "points", "estimator"], sort=True):
+    for (model, pset, qty, est), g in id_table.groupby(["model", "prompt_set", "quantity", "estimator"], sort=True):
         g = g.sort_values("layer")
         emb = g[g.layer == 0].id_mean
         n_layers = int(g.layer.max())
         if profile_layers == "blocks" and n_layers >= 2:
             g = g[g.layer > 0]
         d_model = int(g.d_model.iloc[0])
-        key = dict(model=model, prompt_set=pset, points=pts, estimator=est, n_layers=n_layers, d_model=d_model)
+        key = dict(model=model, prompt_set=pset, quantity=qty, estimator=est, n_layers=n_layers, d_model=d_model)
         g = g[np.isfinite(g.id_mean)]  # layers with too few distinct points (their rows say why in `note`)
         if len(g) < 2:  # no profile without two measured layers: a row that says so
             rows.append(dict(key, embedding_id=float(emb.iloc[0]) if len(emb) else np.nan, shape_tol=shape_tol,
@@ -132,7 +153,7 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
             continue
         s = intrinsic_dimension.id_profile_shape(g.relative_depth.to_numpy(), g.id_mean.to_numpy(), tol=shape_tol)
         lay = g.layer.to_numpy()
-        rows.append(dict(
+        row = dict(
             **key,
             peak_layer=int(lay[s["peak_index"]]), peak_relative_depth=s["peak_depth"], peak_id=s["peak_id"],
             peak_id_over_d_model=s["peak_id"] / d_model,
@@ -142,17 +163,55 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
             spearman_depth=s["spearman_depth"], shape=s["shape"], shape_tol=shape_tol,
             embeddings_included=bool(lay.min() == 0), note="",
             id_iso=float(g.id_iso.max()) if "id_iso" in g else np.nan,
-            id_over_d_model_iso=float(g.id_iso.max()) / d_model if "id_iso" in g else np.nan))
+            id_over_d_model_iso=float(g.id_iso.max()) / d_model if "id_iso" in g else np.nan)
+        rows.append(dict(row, **_profile_intervals(g, row, d_model=d_model, shape_tol=shape_tol, ci=ci)))
     prof = pd.DataFrame(rows).reindex(columns=_PROFILE_COLUMNS).astype({"peak_layer": "Int64", "trough_layer": "Int64"})
+    for c in [f"{c}_replicates" for c in PROFILE_INTERVAL_COLUMNS] + ["shape_replicates", "interval"]:
+        prof[c] = prof[c].astype(object).fillna("")
+    prof["n_resamples"] = prof["n_resamples"].fillna(0).astype(int)
+    prof["ci"] = ci
     prof = _agreement(prof, peak_depth_tol)
     cols = list(add_published(prof.head(0), ID_PROFILE_PUBLISHED).columns)
-    last_gride = (prof.points == POINTS_LAST) & (prof.estimator == "gride")
-    parts = [add_published(prof[prof.points == POINTS_TOKENS], ID_PROFILE_PUBLISHED),
+    last_gride = (prof.quantity == LAST_TOKEN_ID) & (prof.estimator == "gride")
+    parts = [add_published(prof[prof.quantity == TOKEN_ID], ID_PROFILE_PUBLISHED),
              add_published(prof[last_gride], ID_PROFILE_PUBLISHED_LAST_TOKEN_GRIDE),
-             prof[(prof.points != POINTS_TOKENS) & ~last_gride]]
+             prof[(prof.quantity != TOKEN_ID) & ~last_gride]]
     out = pd.concat([p for p in parts if len(p)], ignore_index=True).reindex(columns=cols)
     pub = [c for c in cols if c.endswith(("_published", "_published_on"))]
     out[pub] = out[pub].fillna("")
+    return out
+
+
+def _profile_intervals(g: pd.DataFrame, row: dict, *, d_model: int, shape_tol: float, ci: float) -> dict:
+    """The interval columns of one profile (:data:`PROFILE_INTERVAL_COLUMNS`) from its layers'
+    ``id_mean_replicates`` (replicate b of every layer: the same passage half-sample); {} without replicates."""
+    if "id_mean_replicates" not in g:
+        return {}
+    reps = [parse_replicates(t) for t in g["id_mean_replicates"]]
+    n_b = {r.size for r in reps}
+    if len(n_b) != 1 or not n_b.pop():
+        return {}
+    R = np.vstack(reps)  # [layers, resamples]
+    depth = g.relative_depth.to_numpy()
+    stats = {c: [] for c in PROFILE_INTERVAL_COLUMNS}
+    shapes = []
+    for b in range(R.shape[1]):
+        if not np.isfinite(R[:, b]).all():
+            for c in stats:
+                stats[c].append(np.nan)
+            shapes.append("nan")
+            continue
+        sb = intrinsic_dimension.id_profile_shape(depth, R[:, b], tol=shape_tol)
+        for c, v in (("peak_id", sb["peak_id"]), ("peak_id_over_d_model", sb["peak_id"] / d_model),
+                     ("peak_relative_depth", sb["peak_depth"]), ("final_id", sb["last_id"])):
+            stats[c].append(v)
+        shapes.append(sb["shape"])
+    out = {"shape_replicates": " ".join(shapes), "n_resamples": int(sum(s != "nan" for s in shapes)),
+           "interval": PASSAGE_INTERVAL}
+    for c, v in stats.items():
+        bounds = (0.0, 1.0) if c == "peak_relative_depth" else (0.0, np.inf)
+        out[f"{c}_lo"], out[f"{c}_hi"] = bootstrap_interval(row[c], v, ci=ci, method="basic", bounds=bounds)
+        out[f"{c}_replicates"] = replicates_text(v)
     return out
 
 
@@ -192,9 +251,9 @@ def _id_rows(pts, *, estimators, n_subsamples, subsample_size, seed, min_points,
 
 
 def _flag_disagreement(df: pd.DataFrame, disagreement_factor: float) -> pd.DataFrame:
-    g = df.groupby(["points", "layer"]).id_mean
+    g = df.groupby(["quantity", "layer"]).id_mean
     ratio = g.transform("max") / g.transform("min")
-    df["estimator_ratio"] = ratio.where(df.groupby(["points", "layer"]).estimator.transform("nunique") > 1)
+    df["estimator_ratio"] = ratio.where(df.groupby(["quantity", "layer"]).estimator.transform("nunique") > 1)
     df["estimators_disagree"] = df.estimator_ratio > disagreement_factor
     df["disagreement_factor"] = disagreement_factor
     return df
@@ -202,7 +261,8 @@ def _flag_disagreement(df: pd.DataFrame, disagreement_factor: float) -> pd.DataF
 
 def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: int, subsample_size: int, seed: int,
                               min_points: int, mle_k: int, disagreement_factor: float, gride_max_rank: int,
-                              gride_plateau_tol: float, return_scale: bool = False):
+                              gride_plateau_tol: float, passage_resamples: int, ci: float,
+                              return_scale: bool = False):
     """Intrinsic dimension of the residual stream per layer at sampled corpus tokens.
 
     Points: ``tokens/residual_sample`` [n_sample, L+1, d_model] (position 0 excluded at
@@ -210,8 +270,17 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
     layer l = output of block l. Every estimator sees the same subsamples (same seed) and, within a
     subsample, the same exact neighbour graph (:func:`llmgeom.measures.intrinsic_dimension.id_estimates`).
 
+    Passages: ``tokens/sample_prompt`` (the passage of each sampled position). Beside each estimator's rows
+    (quantity "token_id"), TwoNN with each point's two nearest neighbours taken among the points of OTHER passages
+    (quantity "token_id_cross_passage", estimator "twonn", on the same subsets): positions of one passage are
+    correlated, and this tests whether the token ID is an artefact of same-passage neighbours. Intervals: passage
+    half-samples (:func:`llmgeom.measures.intrinsic_dimension.passage_resampled_ids`: half of the passages drawn
+    without replacement, ``passage_resamples`` times, the same draws at every layer; not the bootstrap, whose
+    repeated passages duplicate points and give zero neighbour distances), each estimator on all points of the kept
+    passages, recentred on id_mean (:func:`llmgeom.measures.intrinsic_dimension.recentred_replicates`).
+
     Returns:
-        DataFrame with model, prompt_set, points ("token positions"), estimator ("twonn"; "mle_mg" = MLE with
+        DataFrame with model, prompt_set, quantity ("token_id", "token_id_cross_passage"), estimator ("twonn"; "mle_mg" = MLE with
         MacKay-Ghahramani's harmonic mean, skdim's default; "mle_lb" = MLE with Levina-Bickel's arithmetic mean;
         "gride" = the plateau of GRIDE's scale curve, Denti et al. 2022), layer, relative_depth
         (layer / L = (block index + 1) / L: the one convention of every table), d_model,
@@ -223,12 +292,17 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
         over the estimators at that layer; NaN with one estimator), estimators_disagree (estimator_ratio >
         disagreement_factor), disagreement_factor, id_iso / id_shuffled (at the last block only, NaN elsewhere: the
         estimator on isotropic Gaussian points / on the points with every coordinate shuffled, same n and d; the
-        data-level nulls). With ``return_scale`` also GRIDE's scale curve
+        data-level nulls; NaN on token_id_cross_passage rows), id_mean_lo / id_mean_hi / id_mean_replicates (the
+        passage half-sample replicates recentred on id_mean and their basic interval at coverage ``ci``; NaN / ""
+        for GRIDE and with ``passage_resamples: 0``), n_passages, passages_per_resample, passage_resamples,
+        interval, ci. With ``return_scale`` also GRIDE's scale curve
         (:func:`gride_scale_columns`; empty without "gride"): ``(table, scale_table)``.
 
     Raises:
         StoreError: untrusted file. intrinsic_dimension.TooFewPointsError: too few distinct points in a layer.
+        ValueError: fewer than 2 passages.
 
+    ``passage_resamples`` (schema key ``intrinsic_dimension.passage_resamples``): half-samples (0: no intervals).
     ``gride_max_rank`` and ``gride_plateau_tol``: see :func:`llmgeom.measures.intrinsic_dimension.gride_scaling`.
     """
     estimators = list(dict.fromkeys(intrinsic_dimension.canonical_estimator(e) for e in estimators))  # 'mle' = 'mle_mg'
@@ -238,13 +312,17 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
         X = f[DS.TOKENS_RESIDUAL_SAMPLE]
         n_layers = X.shape[1] - 1
         d_model = X.shape[2]
+        passages = np.asarray(f[DS.TOKENS_SAMPLE_PROMPT][()])
         for layer in range(n_layers + 1):
             pts = read_finite(f, DS.TOKENS_RESIDUAL_SAMPLE, layer=layer)
-            base = dict(model=model, prompt_set=a.get("prompt_set"), points=POINTS_TOKENS, layer=layer,
+            base = dict(model=model, prompt_set=a.get("prompt_set"), quantity=TOKEN_ID, layer=layer,
                         relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
             r, used = _id_rows(pts, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size,
                                seed=seed, min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
                                gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)
+            r += _passage_rows(pts, passages, r, estimators=estimators, n_subsamples=n_subsamples,
+                               subsample_size=subsample_size, seed=seed, min_points=min_points, mle_k=mle_k,
+                               passage_resamples=passage_resamples, ci=ci)
             rows += r
             if used < subsample_size and not short:
                 short.append(layer)
@@ -261,10 +339,40 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
     df = _flag_disagreement(pd.DataFrame(rows), disagreement_factor)
     for c in ("id_iso", "id_shuffled"):
         df[c] = np.nan
-    last = df.layer == df.layer.max()
+    last = (df.layer == df.layer.max()) & (df.quantity == TOKEN_ID)
     for est, (iso, shuf) in nulls.items():
         df.loc[last & (df.estimator == est), ["id_iso", "id_shuffled"]] = iso, shuf
+    df["id_mean_replicates"] = df["id_mean_replicates"].fillna("")
+    df["interval"] = df["interval"].fillna("")
     return (df, pd.DataFrame(scale, columns=gride_scale_columns())) if return_scale else df
+
+
+def _passage_rows(pts, passages, rows: list, *, estimators, n_subsamples, subsample_size, seed, min_points, mle_k,
+                  passage_resamples, ci) -> list:
+    """The cross-passage TwoNN row of one layer, and the passage half-sample interval columns written into
+    ``rows`` (this layer's token_id rows; one neighbour list for all, see
+    :func:`llmgeom.measures.intrinsic_dimension.passage_resampled_ids`). Returns the new rows."""
+    res = intrinsic_dimension.passage_resampled_ids(
+        pts, passages, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size, seed=seed,
+        n_resamples=passage_resamples, min_points=min_points, mle_k=mle_k)
+    cp = res[intrinsic_dimension.CROSS_PASSAGE]
+    twonn_row = next((r for r in rows if r["estimator"] == "twonn"), rows[0])
+    new = [dict(twonn_row, quantity=TOKEN_ID_CROSS_PASSAGE, estimator="twonn", n=cp["n_points"],
+                n_subsamples=cp["n_subsamples"], subsample_size_used=cp["subsample_size"], id_mean=cp["id_mean"],
+                id_std=cp["id_std"], id_min=cp["id_min"], id_max=cp["id_max"],
+                id_over_d_model=cp["id_mean"] / twonn_row["d_model"], mle_k=None)]
+    meta = dict(n_passages=res["n_passages"], passages_per_resample=res["passages_per_resample"],
+                passage_resamples=int(passage_resamples), ci=ci)
+    for r, name in [(r, r["estimator"]) for r in rows] + [(new[0], intrinsic_dimension.CROSS_PASSAGE)]:
+        r.update(meta)
+        raw = res["replicates"].get(name)
+        if raw is None or not len(raw):
+            r.update(id_mean_lo=np.nan, id_mean_hi=np.nan, id_mean_replicates="", interval="")
+            continue
+        rep = intrinsic_dimension.recentred_replicates(r["id_mean"], raw)
+        lo, hi = bootstrap_interval(r["id_mean"], rep, ci=ci, method="basic", bounds=(0.0, np.inf))
+        r.update(id_mean_lo=lo, id_mean_hi=hi, id_mean_replicates=replicates_text(rep), interval=PASSAGE_INTERVAL)
+    return new
 
 
 def _id_nulls(pts, *, seed: int, **kw) -> dict:
@@ -293,11 +401,11 @@ def _id_nulls(pts, *, seed: int, **kw) -> dict:
 
 
 def gride_scale_columns() -> list:
-    """Columns of ``gride_scale.csv``: model, prompt_set, points, layer, relative_depth, d_model, n1, n2
+    """Columns of ``gride_scale.csv``: model, prompt_set, quantity (token_id / last_token_id), layer, relative_depth, d_model, n1, n2
     (neighbour orders; n2 = 2 n1), id_mean / id_std (GRIDE at that scale over the subsamples), in_plateau,
     plateau_n1_min, plateau_n1_max, plateau_id (plateau of the mean curve:
     :func:`llmgeom.measures.intrinsic_dimension.gride_plateau`), plateau_tol, max_rank."""
-    return ["model", "prompt_set", "points", "layer", "relative_depth", "d_model", "n1", "n2", "id_mean", "id_std",
+    return ["model", "prompt_set", "quantity", "layer", "relative_depth", "d_model", "n1", "n2", "id_mean", "id_std",
             "in_plateau", "plateau_n1_min", "plateau_n1_max", "plateau_id", "plateau_tol", "max_rank"]
 
 
@@ -309,8 +417,8 @@ def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle
     one point per prompt, all of them (one "subsample"), float64, duplicates removed.
 
     Returns:
-        ``(table, scale_table)``: the columns of :func:`intrinsic_dimension_table` with points = "last token"
-        (n_subsamples = 1, id_std = 0), and GRIDE's scale curve (:func:`gride_scale_columns`).
+        ``(table, scale_table)``: the columns of :func:`intrinsic_dimension_table` with quantity = "last_token_id"
+        (n_subsamples = 1, id_std = 0; no cross-passage rows and no intervals), and GRIDE's scale curve (:func:`gride_scale_columns`).
 
     Raises:
         StoreError: untrusted file. KeyError: no ``last_token/residual``. A layer with fewer distinct points than
@@ -329,7 +437,7 @@ def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle
         n_layers -= 1
         for layer in range(n_layers + 1):
             pts = read_finite(f, DS.LAST_TOKEN_RESIDUAL, layer=layer)
-            base = dict(model=model, prompt_set=a.get("prompt_set"), points=POINTS_LAST, layer=layer,
+            base = dict(model=model, prompt_set=a.get("prompt_set"), quantity=LAST_TOKEN_ID, layer=layer,
                         relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
             try:
                 rows += _id_rows(pts, estimators=estimators, n_subsamples=1, subsample_size=n_prompts, seed=seed,

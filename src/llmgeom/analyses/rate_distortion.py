@@ -12,6 +12,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
+from llmgeom.core.tables import TOKEN_ID
 from llmgeom.measures.rate_distortion import rate_distortion_exponent
 
 #: ID estimators reported beside k_RD (columns of the same name; NaN where intrinsic_dimension.csv has none)
@@ -74,8 +75,8 @@ def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, mode
         df[est] = np.nan
     if id_table is not None and len(id_table):
         sel = id_table.model == model
-        if "points" in id_table.columns:  # the token-position ID (the same points as k_RD), not the last-token one
-            sel &= id_table.points == "token positions"
+        if "quantity" in id_table.columns:  # the token ID (the same points as k_RD), not the last-token one
+            sel &= id_table.quantity == TOKEN_ID
         ids = id_table[sel].pivot_table(index="layer", columns="estimator", values="id_mean")
         res = df.states == "residual"
         for est in ID_COLUMNS:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from llmgeom.core.published import (load_published, load_published_models, matching_entries, model_key,
                                     source_text, value_text)
+from llmgeom.core.tables import LAST_TOKEN_ID, TOKEN_ID, TOKEN_ID_CROSS_PASSAGE
 
 # numpy / pandas are imported inside the functions: the workflow reads STATISTICS when it builds the DAG
 if TYPE_CHECKING:
@@ -67,7 +68,16 @@ class Statistic:
 _LLM = {"source": ("llm", "null_model")}
 _BOOT = "95% basic bootstrap over prompts"
 _PC = dict(unit="share of variance", table="table2", interval=_BOOT, where=_LLM)
-_TOKENS = {"points": "token positions"}
+#: the ID of each statistic is named by the id_profile ``quantity`` (llmgeom.core.tables): "token" statistics read
+#: token_id (LSM's points), never the last-token ID (twonn_last_token_peak_id) nor the cross-passage variant
+_TOKEN_ID = {"quantity": TOKEN_ID}
+
+
+def _PASSAGE_CI(col: str) -> dict:  # noqa: N802 (a constant-like factory of Statistic fields)
+    return dict(lo=f"{col}_lo", hi=f"{col}_hi", interval="basic interval over passage half-samples (coverage: "
+                                                            "intrinsic_dimension.ci)")
+
+
 _MLE = ("estimator", ("mle_lb", "mle_mg", "mle"))  # LSM's MLE is Levina-Bickel's: mle_lb first
 _MAIN = {"condition": "main", "k": "all"}
 _PASSAGES = "95% basic bootstrap over passages"
@@ -91,23 +101,31 @@ STATISTICS = (
               published="key_orthogonality_trained"),
     Statistic("attention_focusing_pct", "attention focusing (entropy drop, first to last layer)", "percent", "table2",
               "focusing_pct", where=_LLM, published="paper3_table2_focusing_pct"),
-    Statistic("twonn_peak_id", "TwoNN peak ID", "dimensions", "id_profile", "peak_id",
-              where=dict(_TOKENS, estimator="twonn"), published="lsm_table2_twonn_peak"),
-    Statistic("mle_peak_id", "MLE peak ID", "dimensions", "id_profile", "peak_id", where=_TOKENS, prefer=_MLE,
-              published="lsm_table2_mle_peak"),
-    Statistic("twonn_peak_relative_depth", "TwoNN ID peak, relative depth", "layer / L", "id_profile",
-              "peak_relative_depth", where=dict(_TOKENS, estimator="twonn"), published="lsm_peak_relative_depth"),
-    Statistic("mle_peak_relative_depth", "MLE ID peak, relative depth", "layer / L", "id_profile",
-              "peak_relative_depth", where=_TOKENS, prefer=_MLE, published="lsm_peak_relative_depth"),
-    Statistic("twonn_final_id", "TwoNN final-layer ID", "dimensions", "id_profile", "final_id",
-              where=dict(_TOKENS, estimator="twonn")),
-    Statistic("mle_final_id", "MLE final-layer ID", "dimensions", "id_profile", "final_id", where=_TOKENS,
-              prefer=_MLE, published="lsm_table2_mle_final"),
-    Statistic("twonn_peak_id_over_d_model", "TwoNN peak ID / d_model", "fraction", "id_profile",
-              "peak_id_over_d_model", where=dict(_TOKENS, estimator="twonn"), reference="id_over_d_model_iso",
-              reference_kind="isotropic noise, same n and d", published="lsm_table2_utilisation"),
-    Statistic("mle_peak_id_over_d_model", "MLE peak ID / d_model", "fraction", "id_profile", "peak_id_over_d_model",
-              where=_TOKENS, prefer=_MLE),
+    Statistic("twonn_token_peak_id", "TwoNN peak ID, token positions", "dimensions", "id_profile", "peak_id",
+              where=dict(_TOKEN_ID, estimator="twonn"), published="lsm_table2_twonn_peak", **_PASSAGE_CI("peak_id")),
+    Statistic("mle_token_peak_id", "MLE peak ID, token positions", "dimensions", "id_profile", "peak_id",
+              where=_TOKEN_ID, prefer=_MLE, published="lsm_table2_mle_peak", **_PASSAGE_CI("peak_id")),
+    Statistic("twonn_token_peak_relative_depth", "TwoNN ID peak, relative depth, token positions", "layer / L",
+              "id_profile", "peak_relative_depth", where=dict(_TOKEN_ID, estimator="twonn"),
+              published="lsm_peak_relative_depth", **_PASSAGE_CI("peak_relative_depth")),
+    Statistic("mle_token_peak_relative_depth", "MLE ID peak, relative depth, token positions", "layer / L",
+              "id_profile", "peak_relative_depth", where=_TOKEN_ID, prefer=_MLE, published="lsm_peak_relative_depth",
+              **_PASSAGE_CI("peak_relative_depth")),
+    Statistic("twonn_token_final_id", "TwoNN final-layer ID, token positions", "dimensions", "id_profile", "final_id",
+              where=dict(_TOKEN_ID, estimator="twonn"), **_PASSAGE_CI("final_id")),
+    Statistic("mle_token_final_id", "MLE final-layer ID, token positions", "dimensions", "id_profile", "final_id",
+              where=_TOKEN_ID, prefer=_MLE, published="lsm_table2_mle_final", **_PASSAGE_CI("final_id")),
+    Statistic("twonn_token_peak_id_over_d_model", "TwoNN peak ID / d_model, token positions", "fraction",
+              "id_profile", "peak_id_over_d_model", where=dict(_TOKEN_ID, estimator="twonn"),
+              reference="id_over_d_model_iso", reference_kind="isotropic noise, same n and d",
+              published="lsm_table2_utilisation", **_PASSAGE_CI("peak_id_over_d_model")),
+    Statistic("mle_token_peak_id_over_d_model", "MLE peak ID / d_model, token positions", "fraction", "id_profile",
+              "peak_id_over_d_model", where=_TOKEN_ID, prefer=_MLE, **_PASSAGE_CI("peak_id_over_d_model")),
+    Statistic("twonn_cross_passage_peak_id", "TwoNN peak ID, token positions, neighbours from other passages",
+              "dimensions", "id_profile", "peak_id", where={"quantity": TOKEN_ID_CROSS_PASSAGE, "estimator": "twonn"},
+              **_PASSAGE_CI("peak_id")),
+    Statistic("twonn_last_token_peak_id", "TwoNN peak ID, last token of the prompts", "dimensions", "id_profile",
+              "peak_id", where={"quantity": LAST_TOKEN_ID, "estimator": "twonn"}),
     Statistic("margin_median", "median Voronoi margin", "logits", "margins", "margin_q50", interval=_PASSAGES,
               published="lsm_table3_median_margin"),
     Statistic("margin_q05", "hard core m0.05 (5% margin quantile)", "logits", "margins", "margin_q05",

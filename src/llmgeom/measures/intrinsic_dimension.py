@@ -30,7 +30,7 @@ import skdim
 from scipy.optimize import brentq
 
 from llmgeom.core.stats import spearman
-from llmgeom.measures.neighbors import as_points, deduplicate, prepare_neighbors
+from llmgeom.measures.neighbors import EXTRA_CANDIDATES, TooFewPointsError, as_points, deduplicate, knn_among, prepare_neighbors
 
 
 def _id_result(est: float, X, n_exact: int, n_zero: int, what: str) -> dict:
@@ -73,10 +73,16 @@ def twonn(X, *, min_points: int = 20, discard_fraction: float = 0.1, method: str
     """
     min_points = max(int(min_points), 3)
     X, dist, _, n_exact, n_zero = prepare_neighbors(X, 2, min_points, "TwoNN")
-    return _id_result(_twonn_knn(dist, discard_fraction, method), X, n_exact, n_zero, "TwoNN")
+    return _id_result(twonn_from_distances(dist, discard_fraction, method), X, n_exact, n_zero, "TwoNN")
 
 
-def _twonn_knn(dist, discard_fraction=0.1, method="linear") -> float:
+def twonn_from_distances(dist, discard_fraction: float = 0.1, method: str = "linear") -> float:
+    """TwoNN (Facco et al. 2017) from given neighbour distances: ``skdim.id.TwoNN(dist=True)`` on the columns
+    (r1, r2) = ``dist[:, :2]`` (float64 [n, >= 2], each point's first and second neighbour distance, ascending; > 0).
+    The one TwoNN of the package: :func:`twonn` and :func:`id_estimates` pass the nearest neighbours of all points;
+    :func:`passage_resampled_ids` passes neighbours restricted to other passages or to a resample's passages, so
+    that every variant is skdim's formula (ratios mu = r2 / r1, the 10% largest discarded, a line through the
+    origin) on other neighbours. Returns the ID (dimensionless)."""
     est = skdim.id.TwoNN(discard_fraction=discard_fraction, dist=True, method=method)
     return est.fit(np.ascontiguousarray(dist[:, :2])).dimension_
 
@@ -365,7 +371,7 @@ def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int, gride_max_r
     for n in names:
         extra = {}
         if n == "twonn":
-            d = _twonn_knn(dist)
+            d = twonn_from_distances(dist)
         elif n == "gride":
             extra = _gride_knn(dist, gride_max_rank, plateau_tol)
             d = extra.pop("id")
@@ -446,14 +452,21 @@ def id_subsamples(
     X, n_exact = deduplicate(as_points(X))
     n = X.shape[0]
     size = min(int(subsample_size), n)
-    rng = np.random.default_rng(seed)
-    per_subset = []
-    for _ in range(int(n_subsamples)):
-        sel = np.sort(rng.choice(n, size=size, replace=False)) if size < n else np.arange(n)
-        per_subset.append(fn(X[sel]))
+    per_subset = [fn(X[sel]) for sel in subsample_indices(n, n_subsamples=n_subsamples, size=size, seed=seed)]
     out = {name: _subsample_summary([r[name] for r in per_subset], n_subsamples, size, n, n_exact, name)
            for name in names}
     return out if multi else out[names[0]]
+
+
+def subsample_indices(n: int, *, n_subsamples: int, size: int, seed: int) -> list:
+    """The point subsets of :func:`id_subsamples`: ``n_subsamples`` sorted int arrays of ``min(size, n)`` indices
+    into the n distinct points, drawn without replacement (``numpy.random.default_rng(seed)``); all points when
+    size >= n. One home, so that another statistic measured on "the same subsets" (the cross-passage TwoNN of
+    :func:`passage_resampled_ids`) is."""
+    rng = np.random.default_rng(seed)
+    size = min(int(size), int(n))
+    return [np.sort(rng.choice(n, size=size, replace=False)) if size < n else np.arange(n)
+            for _ in range(int(n_subsamples))]
 
 
 def _subsample_summary(results, n_subsamples, size, n, n_exact, name) -> dict:
@@ -531,3 +544,145 @@ def id_profile_shape(depth, ids, *, tol: float) -> dict:
         "trough_index": it, "trough_depth": float(depth[it]), "trough_id": float(ids[it]),
         "first_id": first, "last_id": last, "spearman_depth": rho, "shape": shape,
     }
+
+
+#: estimators whose passage-resampled replicates :func:`passage_resampled_ids` computes (GRIDE's scale curve needs
+#: up to gride_max_rank neighbours per resample and is left out: its rows get no interval)
+RESAMPLED_ESTIMATORS = ("twonn", "mle_mg", "mle_lb")
+#: name of the cross-passage TwoNN in the result of :func:`passage_resampled_ids`
+CROSS_PASSAGE = "twonn_cross_passage"
+
+
+def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsample_size: int, seed: int,
+                          n_resamples: int, min_points: int, mle_k: int) -> dict:
+    """Cross-passage TwoNN and passage-level resampling replicates of the ID, from ONE neighbour list per layer.
+
+    Points of one passage (corpus prompt) are correlated: consecutive positions share context, so a point's nearest
+    neighbours are often positions of its own passage. Two statistics read that off the same exact neighbour list
+    of all distinct points (k = K, :func:`llmgeom.measures.neighbors.exact_knn`; the subsets and resamples then
+    only select from it, :func:`llmgeom.measures.neighbors.knn_among`):
+
+    * **cross-passage TwoNN** (``twonn_cross_passage``): skdim's TwoNN formula (:func:`twonn_from_distances`) on
+      each point's first and second nearest neighbours among the points of OTHER passages, on the same subsets as
+      :func:`id_subsamples` (:func:`subsample_indices`, same ``seed``): mean / std / min / max over them. Equal to
+      the TwoNN when passages do not cluster; larger when same-passage neighbours sit closer than the manifold's
+      own spacing (a string of nearby positions reads as a low-dimensional filament), smaller when they sit farther.
+    * **passage resamples**: ``n_resamples`` half-samples of the passages: m = floor(G / 2) of the G passages
+      drawn without replacement (``default_rng([seed, 4802])``; the same draws at every layer of a file with the
+      same passages, so replicate b of every layer comes from the same passages), each estimator of
+      :data:`RESAMPLED_ESTIMATORS` (and the cross-passage TwoNN) on ALL points of the kept passages. Why not the
+      bootstrap: resampling passages with replacement duplicates points, and a duplicate is a zero nearest-
+      neighbour distance (TwoNN's mu = r2 / r1 is then infinite; DESIGN.md sec. 4). Subsampling without
+      replacement never duplicates; with m = G / 2 it is the delete-d jackknife with d = G / 2 (Shao & Wu 1989),
+      which, unlike the delete-one jackknife, is consistent for non-smooth statistics (a profile's maximum and its
+      argmax), and whose variance factor (G - d) / d is 1 there: the spread of the replicates around their mean
+      estimates the sampling spread of the full-sample statistic without rescaling. The replicates are on about
+      half the points, so their level differs from the full-sample ID (an ID estimate moves with the scale of
+      the neighbourhoods): use their deviations from their mean (the caller recentres them on its estimate,
+      :func:`recentred_replicates`).
+
+    Parameters
+    ----------
+    X : array [n_points, n_features] (float64; exact duplicates removed here, as in :func:`id_subsamples`).
+    passages : int array [n_points], the passage (prompt) of each point (``tokens/sample_prompt``).
+    estimators : names (:func:`canonical_estimator`); those of :data:`RESAMPLED_ESTIMATORS` get replicates.
+    n_subsamples, subsample_size, seed : as :func:`id_subsamples` (the subsets of the cross-passage TwoNN).
+    n_resamples : passage half-samples (0: none; schema key ``intrinsic_dimension.passage_resamples``).
+    min_points : fewest distinct points of an estimate (a resample with fewer gives NaN replicates).
+    mle_k : neighbours of the MLEs.
+
+    Returns
+    -------
+    dict: ``twonn_cross_passage`` (``id_mean``, ``id_std`` (ddof=0), ``id_min``, ``id_max``, ``ids`` over the
+    subsets, ``n_points``, ``subsample_size``, ``n_subsamples``), ``replicates`` ({estimator or
+    "twonn_cross_passage": float64 [n_resamples]}, raw half-sample IDs, NaN where a resample cannot be measured),
+    ``n_passages`` (G), ``passages_per_resample`` (m), ``neighbours`` (K of the shared list).
+
+    Raises
+    ------
+    TooFewPointsError : fewer distinct points than ``min_points``. ValueError : fewer than 2 passages, bad shapes.
+
+    Source: LSM (TwoNN at corpus token positions, sec. on the ID profile); Facco et al. 2017 (TwoNN); Shao & Wu
+    (1989, Ann. Statist. 17: delete-d jackknife); Politis, Romano & Wolf (1999, Subsampling).
+    """
+    X0, n_exact, first = deduplicate(as_points(X), return_index=True)
+    g_all = np.asarray(passages)
+    if g_all.shape != (as_points(X).shape[0],):
+        raise ValueError(f"passages must have one entry per point ({as_points(X).shape[0]}), got {g_all.shape}")
+    g0 = g_all[first]
+    labels, g_codes = np.unique(g0, return_inverse=True)
+    G = labels.size
+    if G < 2:
+        raise ValueError(f"the cross-passage TwoNN needs points of at least 2 passages, got {G}")
+    names = [canonical_estimator(e) for e in estimators]
+    res_names = [e for e in RESAMPLED_ESTIMATORS if e in names]
+    need = max([2] + [int(mle_k) for e in res_names if e.startswith("mle")])
+    biggest = int(np.bincount(g_codes).max())
+    K = min(X0.shape[0] - 1, 2 * need + biggest + EXTRA_CANDIDATES)
+    Xk, dist, idx, _, _, kept = prepare_neighbors(X0, K, max(int(min_points), 3), "ID", distinct=True,
+                                                  return_kept=True)
+    g = g_codes[kept]
+    n = Xk.shape[0]
+    # the subsets of id_subsamples are drawn on the n0 deduplicated points; zero-distance points removed here
+    # (normally none) are left out of them
+    pos = np.full(X0.shape[0], -1)
+    pos[kept] = np.arange(n)
+    cross = []
+    for sel in subsample_indices(X0.shape[0], n_subsamples=n_subsamples, size=subsample_size, seed=seed):
+        rows = pos[sel][pos[sel] >= 0]
+        cand = np.zeros(n, bool)
+        cand[rows] = True
+        d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True)
+        cross.append(twonn_from_distances(d2))
+    a = np.asarray(cross)
+    m = G // 2
+    rng = np.random.default_rng([int(seed), 4802])
+    reps = {e: np.full(int(n_resamples), np.nan) for e in res_names + [CROSS_PASSAGE]}
+    for b in range(int(n_resamples)):
+        keep_g = np.zeros(G, bool)
+        keep_g[rng.choice(G, size=m, replace=False)] = True
+        cand = keep_g[g]
+        rows = np.flatnonzero(cand)
+        if rows.size < max(int(min_points), need + 1):
+            continue
+        d, i = knn_among(Xk, dist, idx, need, rows=rows, candidates=cand)
+        if "twonn" in res_names:
+            reps["twonn"][b] = twonn_from_distances(d)
+        if any(e.startswith("mle") for e in res_names):
+            # skdim's MLE on the resample's points (neighbour indices renumbered into them), fitted once: its
+            # pointwise estimates combined as skdim combines them (comb "mle": harmonic mean; "mean": mean)
+            sub = np.full(n, -1)
+            sub[rows] = np.arange(rows.size)
+            k = int(mle_k)
+            knn = (np.ascontiguousarray(d[:, :k]), np.ascontiguousarray(sub[i[:, :k]]))
+            fit = skdim.id.MLE().fit(Xk[rows], precomputed_knn_arrays=knn, n_neighbors=k, comb="mle")
+            for e, v in (("mle_mg", fit.dimension_), ("mle_lb", np.mean(fit.dimension_pw_))):
+                if e in reps:
+                    reps[e][b] = v
+        try:  # a kept passage whose other kept passages hold fewer than 2 points: no replicate (NaN)
+            d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True)
+            reps[CROSS_PASSAGE][b] = twonn_from_distances(d2)
+        except ValueError:
+            pass
+    return {CROSS_PASSAGE: {"id_mean": float(a.mean()), "id_std": float(a.std()), "id_min": float(a.min()),
+                            "id_max": float(a.max()), "ids": [float(v) for v in a], "n_points": int(n),
+                            "subsample_size": int(min(int(subsample_size), X0.shape[0])),
+                            "n_subsamples": int(n_subsamples), "n_duplicates_removed": int(n_exact)},
+            "replicates": reps, "n_passages": int(G), "passages_per_resample": int(m), "neighbours": int(K)}
+
+
+def recentred_replicates(estimate, replicates, *, scale: float = 1.0) -> np.ndarray:
+    """Subsampling replicates moved onto an estimate: ``estimate + scale * (replicates - mean(replicates))``.
+
+    Half-sample replicates (:func:`passage_resampled_ids`) carry the spread of the full-sample statistic but the
+    level of an ID on half the points; recentring keeps the spread and puts them around ``estimate`` (the
+    variance factor ``scale`` = sqrt((G - d) / d) of the delete-d jackknife is 1 for d = G / 2).
+
+    Args: estimate: float (or float64 [L] per layer); replicates: float64 [B] (or [B, L]), NaN ignored in the
+    mean; scale: >= 0. Returns: float64 of the shape of ``replicates`` (NaN stays NaN; all NaN or empty: as given).
+    """
+    r = np.asarray(replicates, dtype=np.float64)
+    if r.size == 0 or not np.isfinite(r).any():
+        return r.copy()
+    with np.errstate(invalid="ignore"):
+        return np.asarray(estimate, dtype=np.float64) + float(scale) * (r - np.nanmean(r, axis=0))

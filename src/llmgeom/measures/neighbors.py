@@ -35,19 +35,22 @@ def as_points(X) -> np.ndarray:
     return X
 
 
-def deduplicate(X) -> tuple[np.ndarray, int]:
+def deduplicate(X, *, return_index: bool = False) -> tuple[np.ndarray, int]:
     """Remove exact duplicate rows after casting to float64.
 
     Parameters
     ----------
     X : array [n_points, n_features] (any real dtype; compared in float64, so rows that are
         distinct in float32 stay distinct).
+    return_index : also return the kept rows' indices into X (int64 [n_unique], ascending), e.g. to carry a
+        label per point (its passage) through the deduplication.
 
     Returns
     -------
     X_unique : float64 array [n_unique, n_features], the first occurrence of each distinct row,
         in the original row order.
     n_removed : int, n_points - n_unique.
+    (index : int64 [n_unique], only with ``return_index``.)
 
     Raises
     ------
@@ -60,11 +63,12 @@ def deduplicate(X) -> tuple[np.ndarray, int]:
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D [n_points, n_features], got shape {X.shape}")
     if X.shape[0] == 0:
-        return X.copy(), 0
+        return (X.copy(), 0, np.empty(0, np.int64)) if return_index else (X.copy(), 0)
     X = X + 0.0  # normalizes -0.0 to +0.0 so that np.unique treats them as equal
     _, first = np.unique(X, axis=0, return_index=True)
     first = np.sort(first)
-    return X[first], int(X.shape[0] - first.size)
+    out = X[first], int(X.shape[0] - first.size)
+    return (*out, first.astype(np.int64)) if return_index else out
 
 
 def exact_knn(X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,13 +89,14 @@ def exact_knn(X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return dist, cand
 
 
-def prepare_neighbors(X, k: int, min_points: int, what: str, *, distinct: bool = False):
+def prepare_neighbors(X, k: int, min_points: int, what: str, *, distinct: bool = False, return_kept: bool = False):
     """Dedup, check size, exact k-NN, drop zero-distance points. Returns X, dist, idx, counts.
 
     ``distinct=True``: the rows are already distinct (the output of :func:`deduplicate` or a subset of it), so the
-    deduplication is skipped (the same result, without its sort)."""
+    deduplication is skipped (the same result, without its sort). ``return_kept=True``: a sixth value, the kept
+    rows' indices into the input X (int64, ascending)."""
     X = as_points(X)
-    X, n_exact = (X, 0) if distinct else deduplicate(X)
+    X, n_exact, kept = (X, 0, np.arange(X.shape[0])) if distinct else deduplicate(X, return_index=True)
     n_zero = 0
     while True:
         if X.shape[0] < min_points:
@@ -103,10 +108,67 @@ def prepare_neighbors(X, k: int, min_points: int, what: str, *, distinct: bool =
         dist, idx = exact_knn(X, k)
         zero = dist[:, 0] == 0.0
         if not zero.any():
-            return X, dist, idx, n_exact, n_zero
+            return (X, dist, idx, n_exact, n_zero, kept) if return_kept else (X, dist, idx, n_exact, n_zero)
         # A point at distance 0 from an earlier row is a duplicate in float64 arithmetic: drop it
         # (keep the first). Ties are broken by index, so the highest-index zero-distance point
         # always has an earlier nearest neighbour and every round removes at least one point.
         drop = zero & (idx[:, 0] < np.arange(X.shape[0]))
-        X = X[~drop]
+        X, kept = X[~drop], kept[~drop]
         n_zero += int(np.count_nonzero(drop))
+
+
+def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_own_group: bool = False):
+    """The first ``k`` neighbours of each query point among the allowed ones, read off one precomputed neighbour list.
+
+    The neighbour search (the costly part) is done once on all points (:func:`exact_knn` or
+    :func:`prepare_neighbors`, k = K); this picks, for each query row i, the nearest neighbours j with
+    ``candidates[j]`` (and, with ``exclude_own_group``, ``groups[j] != groups[i]``), in the list's order (ascending
+    distance, ties by index). A row whose K-list holds fewer than ``k`` allowed neighbours gets them from the exact
+    distances to every allowed point (the same ordering), so the result never depends on K.
+
+    Args:
+        X: float64 [n, d], the distinct points the list was computed on.
+        dist, idx: [n, K] ascending exact distances / indices of each point's K nearest others (self excluded).
+        k: neighbours wanted per query row (>= 1).
+        rows: int [m], the query points (indices into X).
+        candidates: bool [n], the points that may be neighbours (e.g. the points of the passages a resample keeps).
+        groups: int [n], group label of each point (e.g. its passage); required with ``exclude_own_group``.
+        exclude_own_group: only neighbours of another group than the query point's.
+
+    Returns:
+        (dist_sel, idx_sel): float64 / int64 [m, k], ascending (Euclidean distances in the units of X).
+
+    Raises:
+        ValueError: some query row has fewer than ``k`` allowed points at all; bad shapes.
+
+    Source: LSM (TwoNN at corpus token positions); used for the cross-passage TwoNN and passage resampling of
+    :mod:`llmgeom.measures.intrinsic_dimension`.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    cand = np.asarray(candidates, dtype=bool)
+    if cand.shape != (X.shape[0],) or dist.shape != idx.shape or dist.shape[0] != X.shape[0]:
+        raise ValueError(f"shapes: X {X.shape}, dist {dist.shape}, idx {idx.shape}, candidates {cand.shape}")
+    if exclude_own_group and groups is None:
+        raise ValueError("exclude_own_group needs groups")
+    g = None if groups is None else np.asarray(groups)
+    nb = idx[rows]
+    M = cand[nb]
+    if exclude_own_group:
+        M &= g[nb] != g[rows, None]
+    pos = np.argsort(~M, axis=1, kind="stable")[:, :k]  # allowed entries first, list order kept
+    d_sel = np.take_along_axis(dist[rows], pos, axis=1)
+    i_sel = np.take_along_axis(nb, pos, axis=1)
+    for r in np.flatnonzero(M.sum(axis=1) < k):  # too few allowed in the K-list: exact, against all allowed
+        i = rows[r]
+        ok = cand.copy()
+        ok[i] = False
+        if exclude_own_group:
+            ok &= g != g[i]
+        j = np.flatnonzero(ok)
+        if j.size < k:
+            raise ValueError(f"point {i} has only {j.size} allowed neighbours, {k} needed")
+        diff = X[j] - X[i]
+        dj = np.sqrt(np.einsum("md,md->m", diff, diff))
+        o = np.lexsort((j, dj))[:k]
+        d_sel[r], i_sel[r] = dj[o], j[o]
+    return d_sel, i_sel

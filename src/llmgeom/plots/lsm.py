@@ -19,28 +19,42 @@ def _colors(models):
     return {m: cmap(i % cmap.N) for i, m in enumerate(sorted(models))}
 
 
+#: panel titles of the ID profile figure: (quantity, estimator) -> title (llmgeom.core.tables.QUANTITIES)
+ID_PANEL_TITLES = {("token_id", "twonn"): "TwoNN, token positions",
+                   ("token_id_cross_passage", "twonn"): "TwoNN, token positions, neighbours from other passages",
+                   ("token_id", "mle_mg"): "MLE, MacKay-Ghahramani (harmonic mean), token positions",
+                   ("token_id", "mle_lb"): "MLE, Levina-Bickel (mean), token positions",
+                   ("token_id", "gride"): "GRIDE plateau, token positions"}
+
+
 def id_profile_figure(df: pd.DataFrame, paths, profile: pd.DataFrame | None = None) -> None:
-    """ID vs relative depth, one panel per estimator (TwoNN, MLE), one line per model; band =
-    mean +/- std over subsamples (min..max when that is wider); a star marks each profile's peak;
-    the right axis of each panel is not shared: ID / d_model is in the table. Layers flagged
-    ``estimators_disagree`` are ringed."""
-    ests = sorted(df.estimator.unique(), key=lambda e: (e != "twonn", e))
+    """ID vs relative depth, one panel per quantity and estimator (TwoNN at token positions, the cross-passage TwoNN,
+    MLE, GRIDE; ``quantity`` names the ID, a table without it is token_id), one line per model; band = the
+    passage-resampling interval (``id_mean_lo`` / ``id_mean_hi``) where the table has one, else mean +/- std over
+    subsamples (min..max when that is wider); a star marks each profile's peak; the right axis of each panel is not
+    shared: ID / d_model is in the table. Layers flagged ``estimators_disagree`` are ringed."""
+    if "quantity" not in df:
+        df = df.assign(quantity="token_id")
+    panels = sorted(df[["quantity", "estimator"]].drop_duplicates().itertuples(index=False, name=None),
+                    key=lambda p: (p[1] != "twonn", p[1], p[0]))
     col = _colors(df.model.unique())
-    fig, axes = plt.subplots(1, len(ests), figsize=(6.2 * len(ests), 4.2), squeeze=False, sharey=True)
-    for ax, est in zip(axes[0], ests):
-        for m, g in df[df.estimator == est].groupby("model", sort=True):
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.2), squeeze=False, sharey=True)
+    for ax, (qty, est) in zip(axes[0], panels):
+        for m, g in df[(df.quantity == qty) & (df.estimator == est)].groupby("model", sort=True):
             g = g.sort_values("relative_depth")
             ax.plot(g.relative_depth, g.id_mean, marker=".", color=col[m], label=m)
-            lo = np.minimum(g.id_mean - g.id_std, g.id_min)
-            hi = np.maximum(g.id_mean + g.id_std, g.id_max)
+            if "id_mean_lo" in g and g.id_mean_lo.notna().all():
+                lo, hi = g.id_mean_lo, g.id_mean_hi
+            else:
+                lo = np.minimum(g.id_mean - g.id_std, g.id_min)
+                hi = np.maximum(g.id_mean + g.id_std, g.id_max)
             ax.fill_between(g.relative_depth, lo, hi, color=col[m], alpha=0.2, lw=0)
             if "estimators_disagree" in g:
                 bad = g[g.estimators_disagree.astype(str) == "True"]
                 ax.scatter(bad.relative_depth, bad.id_mean, s=60, facecolors="none", edgecolors=col[m], lw=1)
             ip = g.id_mean.idxmax()
             ax.scatter([g.relative_depth[ip]], [g.id_mean[ip]], marker="*", s=140, color=col[m], zorder=3)
-        ax.set_title({"twonn": "TwoNN", "mle_mg": "MLE, MacKay-Ghahramani (harmonic mean)",
-                      "mle_lb": "MLE, Levina-Bickel (mean)"}.get(est, est), fontsize=9)
+        ax.set_title(ID_PANEL_TITLES.get((qty, est), f"{est}, {qty}"), fontsize=9)
         ax.set_xlabel("relative depth (0 = embeddings, 1 = last block)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("intrinsic dimension")

@@ -21,6 +21,8 @@ from llmgeom.prompts.builders import build_prompt_set
 from llmgeom.prompts.io import PromptDataError
 from llmgeom.prompts.sources import text_file_passages
 from llmgeom.core.writer import ActivationWriter
+from llmgeom.core.stats import parse_replicates
+from llmgeom.core.tables import duplicate_keys
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.curvature import curvature_table
 from llmgeom.analyses.margins import margin_tables, margin_vs_perplexity_table
@@ -329,7 +331,19 @@ def corpus_h5(tmp_path_factory):
 
 def test_id_table_disagreement_profile_and_curvature_tables(corpus_h5):
     idt = intrinsic_dimension_table(corpus_h5, model="toy", estimators=["twonn", "mle"], n_subsamples=2,
-                                    subsample_size=200, seed=0, min_points=20, mle_k=10, disagreement_factor=1.5, gride_max_rank=64, gride_plateau_tol=0.1)
+                                    subsample_size=200, seed=0, min_points=20, mle_k=10, disagreement_factor=1.5,
+                                    gride_max_rank=64, gride_plateau_tol=0.1, passage_resamples=20, ci=0.9)
+    assert duplicate_keys(idt, "intrinsic_dimension").empty
+    cross = idt[idt.quantity == "token_id_cross_passage"]
+    # the passages (10 consecutive samples) of i.i.d. points do not cluster: the cross-passage TwoNN reads the same
+    assert len(cross) == 4 and (cross.estimator == "twonn").all() and cross.id_mean.between(4, 6.5).all()
+    assert cross.id_iso.isna().all() and (cross.n_passages == 30).all() and (cross.passages_per_resample == 15).all()
+    idt_all, idt = idt, idt[idt.quantity == "token_id"]
+    # passage half-sample intervals: 20 replicates recentred on id_mean, a basic interval around it
+    assert (idt_all.id_mean_lo < idt_all.id_mean).all() and (idt_all.id_mean < idt_all.id_mean_hi).all()
+    reps = np.vstack([parse_replicates(t) for t in idt_all.id_mean_replicates])
+    assert reps.shape == (12, 20) and np.allclose(reps.mean(axis=1), idt_all.id_mean)
+    assert (idt_all.interval == lsm.PASSAGE_INTERVAL).all() and (idt_all.ci == 0.9).all()
     assert len(idt) == 8 and set(idt.estimator) == {"twonn", "mle_mg"}  # 'mle' is stored under its real name
     assert idt.id_mean.between(4, 6.5).all()
     assert (idt.estimator_ratio >= 1).all() and not idt.estimators_disagree.any()
@@ -338,10 +352,32 @@ def test_id_table_disagreement_profile_and_curvature_tables(corpus_h5):
     np.testing.assert_array_equal(idt.relative_depth, idt.layer / 3)
     strict = intrinsic_dimension_table(corpus_h5, model="toy", estimators=["twonn", "mle"], n_subsamples=2,
                                        subsample_size=200, seed=0, min_points=20, mle_k=10,
-                                       disagreement_factor=1.0000001, gride_max_rank=64, gride_plateau_tol=0.1)
-    assert strict.estimators_disagree.any()
-    prof = lsm.id_profile_table(idt, shape_tol=0.1, profile_layers="blocks", peak_depth_tol=0.1)
-    assert len(prof) == 2 and set(prof.columns) >= {"peak_layer", "peak_id", "shape", "peak_relative_depth"}
+                                       disagreement_factor=1.0000001, gride_max_rank=64, gride_plateau_tol=0.1,
+                                       passage_resamples=0, ci=0.9)
+    assert strict.estimators_disagree.any() and (strict.id_mean_replicates == "").all()
+    assert strict.id_mean_lo.isna().all() and (strict.interval == "").all()
+    np.testing.assert_array_equal(strict.id_mean, idt_all.id_mean)  # the resamples do not move the estimates
+    prof = lsm.id_profile_table(idt_all, shape_tol=0.1, profile_layers="blocks", peak_depth_tol=0.1, ci=0.9)
+    assert duplicate_keys(prof, "id_profile").empty
+    assert len(prof) == 3 and set(prof.columns) >= {"peak_layer", "peak_id", "shape", "peak_relative_depth"}
+    assert sorted(zip(prof.quantity, prof.estimator)) == [("token_id", "mle_mg"), ("token_id", "twonn"),
+                                                          ("token_id_cross_passage", "twonn")]
+    for c in lsm.PROFILE_INTERVAL_COLUMNS:
+        assert (prof[f"{c}_lo"] <= prof[c]).all() and (prof[c] <= prof[f"{c}_hi"]).all(), c
+        assert prof[f"{c}_replicates"].map(lambda t: parse_replicates(t).size).eq(20).all()
+    assert prof.peak_relative_depth_lo.ge(0).all() and prof.peak_relative_depth_hi.le(1).all()
+    assert (prof.n_resamples == 20).all() and prof.shape_replicates.str.split().str.len().eq(20).all()
+    # replicate b of each column comes from the same replicate profile: peak_id_over_d_model_b = peak_id_b / d
+    tw = prof[(prof.quantity == "token_id") & (prof.estimator == "twonn")].iloc[0]
+    np.testing.assert_allclose(parse_replicates(tw.peak_id_over_d_model_replicates),
+                               parse_replicates(tw.peak_id_replicates) / 24, rtol=1e-8)
+    # the last block's replicates are the final_id replicates (the profile's last layer)
+    last_layer = idt_all[(idt_all.quantity == "token_id") & (idt_all.estimator == "twonn") & (idt_all.layer == 3)]
+    np.testing.assert_allclose(parse_replicates(tw.final_id_replicates),
+                               parse_replicates(last_layer.id_mean_replicates.iloc[0]), rtol=1e-8)
+    prof0 = lsm.id_profile_table(strict, shape_tol=0.1, profile_layers="blocks", peak_depth_tol=0.1, ci=0.9)
+    assert prof0.peak_id_lo.isna().all() and (prof0.peak_id_replicates == "").all() and (prof0.n_resamples == 0).all()
+    prof = prof[prof.quantity == "token_id"]
     # LSM's values are over six models, none of them ours: not attached by quantity alone (issue 19); they are
     # compared in claims.csv
     assert (prof.peak_id_over_d_model_published == "").all() and (prof.peak_id_published == "").all()
@@ -360,8 +396,10 @@ def test_id_profile_row_for_an_estimator_without_two_measured_layers():
     ids = {"twonn": [9.0, 3.0, 6.0, 8.0, 4.0], "mle_mg": [9.0, np.nan, 5.0, np.nan, np.nan]}
     idt = pd.DataFrame([dict(model="toy", prompt_set="s", estimator=e, layer=layer, relative_depth=layer / 4,
                              d_model=16, id_mean=v) for e, vs in ids.items() for layer, v in enumerate(vs)])
-    prof = lsm.id_profile_table(idt, shape_tol=0.1, profile_layers="blocks", peak_depth_tol=0.1).set_index("estimator")
-    assert list(prof.index) == ["mle_mg", "twonn"] and (prof.points == "token positions").all()
+    prof = lsm.id_profile_table(idt, shape_tol=0.1, profile_layers="blocks", peak_depth_tol=0.1,
+                                ci=0.95).set_index("estimator")
+    assert list(prof.index) == ["mle_mg", "twonn"] and (prof.quantity == "token_id").all()
+    assert prof.peak_id_lo.isna().all() and (prof.interval == "").all()  # no replicates: no interval
     m, t = prof.loc["mle_mg"], prof.loc["twonn"]
     assert np.isnan(m.peak_id) and pd.isna(m.peak_layer) and pd.isna(m["shape"]) and m.embedding_id == 9.0
     assert m.note == "no profile: 1 measured layer(s) (blocks with a finite id_mean), at least 2 needed"
@@ -390,9 +428,13 @@ def mixed_h5(tmp_path_factory):
 def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
     kw = dict(model="toy", estimators=["twonn", "mle_mg", "gride"], min_points=20, mle_k=10, gride_max_rank=32,
               disagreement_factor=1.5, gride_plateau_tol=0.1)
+    res = dict(passage_resamples=5, ci=0.95)
     idt, scale = intrinsic_dimension_table(corpus_h5, n_subsamples=2, subsample_size=200, seed=0, return_scale=True,
-                                           **kw)
-    assert len(idt) == 12 and (idt.points == "token positions").all()
+                                           **kw, **res)
+    assert len(idt) == 16 and set(idt.quantity) == {"token_id", "token_id_cross_passage"}
+    assert idt[idt.estimator == "gride"].id_mean_lo.isna().all()  # GRIDE: no passage resamples
+    assert (scale.quantity == "token_id").all() and duplicate_keys(scale, "gride_scale").empty
+    idt16, idt = idt, idt[idt.quantity == "token_id"]
     g = idt[idt.estimator == "gride"]
     assert g.id_mean.between(4.25, 5.75).all()  # the cloud is 5-d
     # linear dimensions of the same points: a 5-d Gaussian cloud needs 5 PCs, its PR lies in (1, 5]
@@ -402,10 +444,12 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
     assert scale.groupby("layer").in_plateau.any().all()
     # the per-layer ID is the same whether or not GRIDE shares the neighbour graph
     solo = intrinsic_dimension_table(corpus_h5, n_subsamples=2, subsample_size=200, seed=0,
-                                     **{**kw, "estimators": ["twonn"]})
-    np.testing.assert_array_equal(solo.id_mean, idt[idt.estimator == "twonn"].id_mean)
+                                     **{**kw, "estimators": ["twonn"]}, **res)
+    for q in ("token_id", "token_id_cross_passage"):  # the cross-passage TwoNN does not depend on the others either
+        np.testing.assert_array_equal(solo[solo.quantity == q].id_mean,
+                                      idt16[(idt16.quantity == q) & (idt16.estimator == "twonn")].id_mean)
     last, last_scale = lsm.last_token_id_table(mixed_h5, seed=0, **kw)
-    assert len(last) == 15 and (last.points == "last token").all() and (last.n == 120).all()
+    assert len(last) == 15 and (last.quantity == "last_token_id").all() and (last.n == 120).all()
     assert (last.n_subsamples == 1).all() and (last.id_std == 0).all() and (last.note == "").all()
     # a layer with fewer distinct points than min_points (in real files: layer 0, the final tokens' embeddings)
     # is reported, not fatal: NaN IDs, the distinct count and the reason
@@ -413,28 +457,33 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
     assert len(few) == 15 and few.id_mean.isna().all() and (few.n == 120).all()
     assert few.note.str.contains("too few distinct points").all()
     # no profile from NaN layers, but a row per estimator that says so (NaN values, the reason in `note`)
-    pf = lsm.id_profile_table(pd.concat([idt, few]), shape_tol=0.1, profile_layers="blocks", peak_depth_tol=0.1)
-    nop, tok = pf[pf.points == "last token"], pf[pf.points == "token positions"]
+    pf = lsm.id_profile_table(pd.concat([idt, few]), shape_tol=0.1, profile_layers="blocks", peak_depth_tol=0.1,
+                              ci=0.95)
+    nop, tok = pf[pf.quantity == "last_token_id"], pf[pf.quantity == "token_id"]
     assert sorted(nop.estimator) == ["gride", "mle_mg", "twonn"] and (nop.n_layers == 4).all()
     assert nop.peak_id.isna().all() and nop["shape"].isna().all() and (nop.agrees_with == "").all()
     assert nop.note.str.contains("0 measured layer").all() and (tok.note == "").all() and tok.peak_id.notna().all()
     assert (nop.shape_verdict == "none (no estimator has a profile)").all() and (nop.n_estimators == 0).all()
     assert last[last.estimator == "gride"].id_mean.between(2.5, 3.5).all() and (last.n_pc99 == 3).all()
-    prof = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.1, shape_tol=0.1, profile_layers="blocks")
-    assert len(prof) == 6 and set(prof.points) == {"token positions", "last token"}
+    prof = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.1, shape_tol=0.1, profile_layers="blocks",
+                                ci=0.95)
+    assert len(prof) == 6 and set(prof.quantity) == {"token_id", "last_token_id"}
+    assert duplicate_keys(prof, "id_profile").empty
     assert (prof.n_estimators == 3).all() and prof.agrees_with.str.contains(";").any()
-    for _, grp in prof.groupby("points"):
+    for _, grp in prof.groupby("quantity"):
         agree = grp["shape"].nunique() == 1 and np.ptp(grp.peak_relative_depth) <= 0.1
         assert (grp.estimators_agree == agree).all()
         assert (grp.shape_verdict == (grp["shape"].iloc[0] if agree else "none (estimators disagree)")).all()
     # published peaks: LSM's beside token positions, Cheng et al.'s GRIDE peaks beside the last-token GRIDE row
     # (only beside a model the paper measured: "toy" gets none; the same rows named opt-125m get Cheng's)
     assert (prof.peak_id_published == "").all()
-    named = lsm.id_profile_table(pd.concat([idt, last]).assign(model="opt-125m"), peak_depth_tol=0.1, shape_tol=0.1, profile_layers="blocks")
-    lg = named[(named.points == "last token") & (named.estimator == "gride")]
+    named = lsm.id_profile_table(pd.concat([idt, last]).assign(model="opt-125m"), peak_depth_tol=0.1, shape_tol=0.1,
+                                 profile_layers="blocks", ci=0.95)
+    lg = named[(named.quantity == "last_token_id") & (named.estimator == "gride")]
     assert lg.peak_id_published.str.contains("23.4").all() and lg.peak_id_published_on.str.contains("Cheng").all()
-    assert (named[(named.points == "last token") & (named.estimator != "gride")].peak_id_published == "").all()
-    strict = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.0, shape_tol=0.1, profile_layers="blocks")
+    assert (named[(named.quantity == "last_token_id") & (named.estimator != "gride")].peak_id_published == "").all()
+    strict = lsm.id_profile_table(pd.concat([idt, last]), peak_depth_tol=0.0, shape_tol=0.1, profile_layers="blocks",
+                                  ci=0.95)
     assert (strict.agrees_with.str.split(";").str.len() <= prof.agrees_with.str.split(";").str.len()).all()
 
 

@@ -323,9 +323,10 @@ def _tables(v_small: float, v_large: float) -> dict:
     t2 = pd.DataFrame(dict(model=models + ["Pythia-12B"], source=src + ["published"],
                            pc12_mixed=[v_small, v_large, 0.1, 0.2, 0.19], pc12_mixed_lo=[v_small - 0.01] + [np.nan] * 4,
                            pc12_mixed_hi=[v_small + 0.01] + [np.nan] * 4, orth_mean=0.05, gaussian_expected=0.03))
-    idp = pd.DataFrame(dict(model=[m for m in models for _ in range(3)], prompt_set="corpus",
-                            points=["token positions", "token positions", "last token"] * 4,
-                            estimator=["twonn", "mle_lb", "twonn"] * 4, peak_id=[20.0, 25.0, 99.0] * 4))
+    idp = pd.DataFrame(dict(model=[m for m in models for _ in range(4)], prompt_set="corpus",
+                            quantity=["token_id", "token_id", "last_token_id", "token_id_cross_passage"] * 4,
+                            estimator=["twonn", "mle_lb", "twonn", "twonn"] * 4, peak_id=[20.0, 25.0, 99.0, 31.0] * 4,
+                            peak_id_lo=[18.0, 22.0, np.nan, 27.0] * 4, peak_id_hi=[23.0, 27.0, np.nan, 35.0] * 4))
     return {"table2": t2, "id_profile": idp}
 
 
@@ -344,10 +345,16 @@ def test_scaling_table_reads_the_tables_and_sets_twins_and_papers_beside():
     assert pc.loc["Pythia-12B", "n_params"] == 12e9
     mistral = pc.loc["Mistral-7B"]  # a published range: centre, ends as the interval
     assert (mistral.value, mistral.lo, mistral.hi) == pytest.approx((0.175, 0.15, 0.2))
-    mle = df[(df.statistic == "mle_peak_id") & (df.model == "s")].iloc[0]
+    mle = df[(df.statistic == "mle_token_peak_id") & (df.model == "s")].iloc[0]
     assert mle.value == 25.0 and mle.note == "estimator = mle_lb" and mle.prompt_set == "corpus"
-    tw = df[(df.statistic == "twonn_peak_id") & (df.source == "measured")]
-    assert (tw.value == 20.0).all()  # the token-position profile, not the last-token one
+    # one name per quantity: the token-position profile, never the last-token or cross-passage one
+    tw = df[(df.statistic == "twonn_token_peak_id") & (df.source == "measured")]
+    assert (tw.value == 20.0).all() and (tw.lo == 18.0).all() and (tw.hi == 23.0).all()
+    assert tw.interval.str.contains("passage half-samples").all()
+    cp = df[(df.statistic == "twonn_cross_passage_peak_id") & (df.source == "measured")]
+    assert (cp.value == 31.0).all() and (cp.lo == 27.0).all()
+    lt = df[(df.statistic == "twonn_last_token_peak_id") & (df.source == "measured")]
+    assert (lt.value == 99.0).all() and lt.lo.isna().all()
     ko = df[(df.statistic == "key_orthogonality") & (df.model == "s")].iloc[0]
     assert ko.reference == 0.03 and "Gaussian W_K" in ko.reference_kind
     # a table the run did not produce: NaN rows that say why, never a missing model
@@ -359,9 +366,10 @@ def test_scaling_table_reads_the_tables_and_sets_twins_and_papers_beside():
 def test_scaling_statistics_cover_the_issue():
     names = {s.name for s in STATISTICS}
     for need in ("pc12_mixed", "pc12_restricted", "pc12_mixed_unit_norm", "pc12_restricted_unit_norm",
-                 "key_orthogonality", "attention_focusing_pct", "twonn_peak_id", "mle_peak_id",
-                 "twonn_peak_relative_depth", "mle_peak_relative_depth", "twonn_final_id", "mle_final_id",
-                 "twonn_peak_id_over_d_model", "margin_median", "margin_q05", "margin_q25", "margin_q75", "margin_q95",
+                 "key_orthogonality", "attention_focusing_pct", "twonn_token_peak_id", "mle_token_peak_id",
+                 "twonn_token_peak_relative_depth", "mle_token_peak_relative_depth", "twonn_token_final_id",
+                 "mle_token_final_id", "twonn_token_peak_id_over_d_model", "twonn_cross_passage_peak_id",
+                 "twonn_last_token_peak_id", "margin_median", "margin_q05", "margin_q25", "margin_q75", "margin_q95",
                  "p_margin_below", "abs_rho_margin_entropy", "eta_slope", "eta_r2",
                  "perplexity", "sula_entropy_mae"):
         assert need in names, need

@@ -264,11 +264,12 @@ def test_id_subsample_larger_than_points_warns_and_records(tmp_path):
     from llmgeom.core.writer import ActivationWriter
 
     w = ActivationWriter(p, {"model": "m", "prompt_set": "corpus"},
-                         {"tokens/residual_sample": ((60, 2, 8), "float32")})
+                         {"tokens/residual_sample": ((60, 2, 8), "float32"), "tokens/sample_prompt": ((60,), "int32")})
     w.write("tokens/residual_sample", slice(None), rng.normal(size=(60, 2, 8)).astype(np.float32))
+    w.write("tokens/sample_prompt", slice(None), np.arange(60) // 6)
     w.commit()
     with pytest.warns(UserWarning, match=r"only 60 distinct points, fewer than intrinsic_dimension.subsample_size=500"):
-        df = intrinsic_dimension_table(p, model="m", n_subsamples=2, subsample_size=500, seed=0, min_points=20, estimators=("twonn", "mle_mg", "mle_lb", "gride"), mle_k=20, disagreement_factor=1.5, gride_max_rank=64, gride_plateau_tol=0.1)
+        df = intrinsic_dimension_table(p, model="m", n_subsamples=2, subsample_size=500, seed=0, min_points=20, estimators=("twonn", "mle_mg", "mle_lb", "gride"), mle_k=20, disagreement_factor=1.5, gride_max_rank=64, gride_plateau_tol=0.1, passage_resamples=3, ci=0.95)
     assert (df.subsample_size == 500).all() and (df.subsample_size_used == 60).all() and (df.id_std == 0).all()
 
 

@@ -489,7 +489,7 @@ def _analyses(setup, sula_h5):
     m = "tiny-llama"
     unemb = load_unembedding(setup["prepared"])
     id_kw = dict(model=m, estimators=("twonn",), n_subsamples=1, subsample_size=20, seed=0, min_points=10, mle_k=20,
-                 disagreement_factor=1.5, gride_max_rank=64, gride_plateau_tol=0.1)
+                 disagreement_factor=1.5, gride_max_rank=64, gride_plateau_tol=0.1, passage_resamples=2, ci=0.95)
     id_clean = intrinsic_dimension_table(setup["corpus"], **id_kw)
     return {
         "value_manifold": (setup["h5"], lambda p: value_manifold_table({"mixed": p}, model=m, n_boot=2, seed=0, ci=0.95, layers="all")),

@@ -84,8 +84,8 @@ def test_table_takes_the_token_position_ids_beside_k_rd(tmp_path):
     w.write("tokens/residual_sample", slice(None), R)
     w.write("tokens/final_normed_sample", slice(None), R[:, -1])
     w.commit()
-    ids = pd.DataFrame([dict(model="toy", points=pts, estimator=e, layer=l, id_mean=v + l)
-                        for pts, v in (("token positions", 3.0), ("last token", 90.0))
+    ids = pd.DataFrame([dict(model="toy", quantity=pts, estimator=e, layer=l, id_mean=v + l)
+                        for pts, v in (("token_id", 3.0), ("last_token_id", 90.0), ("token_id_cross_passage", 50.0))
                         for e in ("twonn", "gride") for l in range(L + 1)])
     df = rate_distortion_table(path, ids, model="toy", n_boot=20, seed=0, ci=0.95, agree_tol=0.15, min_fit_points=4,
                                r2_min=0.98, **RD_CURVE)

@@ -153,7 +153,7 @@ def test_defaults_are_the_schema_defaults_as_keyword_arguments():
     assert set(d) == set(schema_node("margins")["properties"]) - {"prompt_set"}
     assert set(d) <= set(inspect.signature(margin_tables).parameters)
     assert set(llmgeom.defaults("intrinsic_dimension", "llmgeom.analyses.intrinsic_dimension:id_profile_table")) \
-        == {"shape_tol", "profile_layers", "peak_depth_tol"}
+        == {"shape_tol", "profile_layers", "peak_depth_tol", "ci"}
     assert llmgeom.defaults("wind_tunnel.models.<name>.training")["steps"] == 3000
     d["hard_core_thresholds"].append(9)  # copies: the schema is not changed through them
     assert schema_node("margins.hard_core_thresholds")["default"] == [0.05, 0.1]
