@@ -23,7 +23,8 @@ def trajectory_table(tables: dict[str, pd.DataFrame], steps: dict[str, int], ser
             continue
         df = df[df["model"].isin(list(steps))]
         num = [c for c in df.columns if c != "model" and pd.api.types.is_numeric_dtype(df[c])
-               and not pd.api.types.is_bool_dtype(df[c])]
+               and not pd.api.types.is_bool_dtype(df[c])
+               and not c.endswith("_replicates")]  # a single replicate reads back from CSV as a number
         for model, g in df.groupby("model", sort=True):
             for c in num:
                 vals = g[c].to_numpy(dtype=float)
