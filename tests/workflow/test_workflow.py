@@ -297,6 +297,40 @@ def test_claims_scorecard(tiny_run):
     assert len(pd.read_csv(wd / "results/summary/published.csv")) > 50
 
 
+def test_replicates_reach_the_summary_tables(tiny_run):
+    """Issue 48 point 4: the cross-model tables the claims read carry <col>_replicates beside each bootstrap interval
+    (aggregate and bayes_tables pass them through), the replicates reproduce the interval, and the Markdown
+    renderings do not print them."""
+    import llmgeom
+    from replicate_checks import assert_replicates_reproduce
+
+    wd, cfg = tiny_run
+
+    def ci(section):
+        return {**llmgeom.defaults(section), **(cfg.get(section) or {})}.get("ci", 0.95)
+
+    def table(name):
+        return pd.read_csv(wd / f"results/summary/{name}.csv")
+
+    shares, r = (0.0, 1.0), (-1.0, 1.0)
+    t2 = table("table2")
+    t2 = t2[t2.source.isin(["llm", "null_model"]) & t2.pc12_mixed.notna()]
+    cases = [(t2, c, ci("domain_restriction"), shares) for c in ("pc12_mixed", "pc12_restricted")]
+    cases += [(t2, "delta_pc12", ci("domain_restriction"), None), (t2, "focusing_pct", ci("attention_focusing"), None)]
+    s = table("sula")
+    s = s[(s.condition == "main") & (s.k.astype(str) == "all")]
+    cases += [(s, "mae_bits", ci("sula"), (0.0, np.inf)), (s, "pearson_r", ci("sula"), r)]
+    iv = table("sula_interventions")
+    cases += [(iv, "delta_mae_bits", ci("interventions"), None), (iv, "pc1_corr_final", ci("interventions"), r)]
+    cases += [(table("decoding"), "delta_nll_adaptive_vs_single", 0.95, None),
+              (table("rate_distortion"), "k_rd", 0.95, None)]
+    for df, col, c, bounds in cases:
+        assert assert_replicates_reproduce(df, col, ci=c, bounds=bounds) > 0, col
+    assert t2.focusing_rho_replicates.notna().all()
+    md = (wd / "results/summary/table2.md").read_text() + (wd / "results/summary/table1.md").read_text()
+    assert t2.pc12_mixed_replicates.iloc[0].split()[0] not in md
+
+
 def test_null_models_and_front_page(tiny_run):
     """Issue 28: every model's random-init twin runs the prompt sets and analyses the claims read (and nothing
     else); every scorecard row carries its null's value and verdict and a specific flag; the front page shows the

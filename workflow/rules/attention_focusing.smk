@@ -14,6 +14,8 @@ rule attention_focusing:
     output:
         detail="results/{model}/tables/attention_focusing.csv",
         summary="results/{model}/tables/attention_focusing_summary.csv",
+    params:
+        cfg=section_cfg("attention_focusing"),
     threads: 1
     resources:
         mem_mb=scaled_mem(2000),

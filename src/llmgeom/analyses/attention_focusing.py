@@ -12,7 +12,7 @@ import pandas as pd
 # ---------------------------------------------------------------------------------------------
 from llmgeom.core.layers import relative_depth
 from llmgeom.core.not_applicable import NO_ATTENTION_LAYERS
-from llmgeom.core.stats import spearman
+from llmgeom.core.stats import bootstrap_interval, replicates_text, spearman
 from llmgeom.core.store import DS, attention_layers, attrs_dict, open_activations, read_finite
 from llmgeom.core.units import nats_to_bits
 
@@ -70,8 +70,14 @@ def _not_applicable(a: dict, model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame([], columns=_DETAIL_COLUMNS), pd.DataFrame([summ])
 
 
-def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+def attention_focusing_tables(h5_path, *, model: str, n_boot: int, ci: float,
+                              seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Attention focusing from ``attention/entropy`` [n_prompts, n_layers, n_heads] (nats) of one file.
+
+    Args:
+        h5_path: activation file of a prompt set with attention entropies; model: its model (checked).
+        n_boot: bootstrap resamples of the prompts (schema key ``attention_focusing.n_boot``; 0: no interval);
+            ci: their interval's coverage; seed: ``numpy.random.default_rng(seed)`` draws them.
 
     Entropies are averaged over prompts per head, then over heads per layer (the mean of the heads'
     entropies, never the entropy of an averaged attention distribution).
@@ -87,7 +93,12 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
         n_keys = prompt length, capped at the window for sliding layers; 1 = uniform attention).
 
         ``summary``: one row: model, prompt_set, attention_type, n_layers, n_heads, n_kv_heads,
-        sliding_window, n_sliding_layers, and :func:`focusing_summary` of the per-layer means.
+        sliding_window, n_sliding_layers, and :func:`focusing_summary` of the per-layer means; its uncertainty
+        over prompts: the prompts are resampled with replacement ``n_boot`` times and the whole profile (mean over
+        the resampled prompts per head, then over heads per layer) summarised again, giving focusing_pct_lo /
+        focusing_pct_hi (basic bootstrap interval, percent) and the replicates focusing_pct_replicates and
+        spearman_rho_replicates (:func:`llmgeom.core.stats.replicates_text`; replicate b of both from the same
+        resample), n_boot, ci, boot_seed (NaN / "" where the profile is undefined, e.g. one attention layer).
 
         Hybrid models (layers without attention, the file's ``attention_layers``): ``detail`` has rows for the
         attention layers only, and ``summary`` adds ``attention_layers`` (the layers, comma-separated) and takes
@@ -139,16 +150,44 @@ def attention_focusing_tables(h5_path, *, model: str) -> tuple[pd.DataFrame, pd.
     detail = pd.DataFrame(rows, columns=_DETAIL_COLUMNS)
     summ = dict(model=model, prompt_set=pset, attention_type=att, n_layers=L, n_heads=nh,
                 n_kv_heads=int(a.get("n_kv_heads", nh)), sliding_window=window, n_sliding_layers=int(sliding.sum()))
-    if len(with_attention) == L:  # every layer attends: the profile of all layers (the study's models)
-        summ.update(focusing_summary(head_mean.mean(axis=1), sliding=sliding))
-    else:  # a hybrid: the profile over its attention layers, named
+    every = len(with_attention) == L  # every layer attends: the profile of all layers (the study's models)
+    if not every:  # a hybrid: the profile over its attention layers, named
         summ["attention_layers"] = ",".join(map(str, with_attention))
-        if len(with_attention) >= 2:
-            summ.update(focusing_summary(head_mean[with_attention].mean(axis=1), sliding=sliding[with_attention],
-                                         layers=with_attention))
-        else:  # one attention layer: no first-to-last reduction
-            only = float(head_mean[with_attention[0]].mean())
-            summ.update(entropy_first=only, entropy_last=only, focusing_pct=float("nan"), spearman_rho=float("nan"),
-                        spearman_p=float("nan"), n_global_layers=int((~sliding[with_attention]).sum()),
-                        focusing_pct_global=float("nan"))
+
+    def profile(hm):  # focusing_summary of a [L, H] per-head mean (the full sample's or a resample's)
+        if every:
+            return focusing_summary(hm.mean(axis=1), sliding=sliding)
+        return focusing_summary(hm[with_attention].mean(axis=1), sliding=sliding[with_attention], layers=with_attention)
+
+    if every or len(with_attention) >= 2:
+        summ.update(profile(head_mean))
+    else:  # one attention layer: no first-to-last reduction
+        only = float(head_mean[with_attention[0]].mean())
+        summ.update(entropy_first=only, entropy_last=only, focusing_pct=float("nan"), spearman_rho=float("nan"),
+                    spearman_p=float("nan"), n_global_layers=int((~sliding[with_attention]).sum()),
+                    focusing_pct_global=float("nan"))
+    summ.update(focusing_pct_lo=float("nan"), focusing_pct_hi=float("nan"), focusing_pct_replicates="",
+                spearman_rho_replicates="", n_boot=int(n_boot), ci=float(ci), boot_seed=int(seed))
+    if every or len(with_attention) >= 2:
+        summ.update(_focusing_bootstrap(E, profile, summ["focusing_pct"], n_boot=n_boot, ci=ci, seed=seed))
     return detail, pd.DataFrame([summ])
+
+
+def _focusing_bootstrap(E, profile, focusing_pct: float, *, n_boot: int, ci: float, seed: int) -> dict:
+    """Bootstrap over prompts of the focusing summary: ``E`` [n, L, H] entropies (nats), ``profile`` the summary of a
+    per-head mean [L, H]; resample b = the prompts ``default_rng(seed).integers(0, n, (n_boot, n))[b]``. A resample
+    whose profile is undefined (first-layer mean entropy 0) gives NaN replicates. Returns the focusing_pct_lo / _hi
+    (basic interval) and the two replicates cells."""
+    if int(n_boot) < 1:
+        return {}
+    idx = np.random.default_rng(seed).integers(0, E.shape[0], size=(int(n_boot), E.shape[0]))
+    pct, rho = np.full(int(n_boot), np.nan), np.full(int(n_boot), np.nan)
+    for b, ix in enumerate(idx):
+        try:
+            r = profile(E[ix].mean(axis=0))
+        except ValueError:  # e.g. a first-layer mean entropy of 0 in this resample
+            continue
+        pct[b], rho[b] = r["focusing_pct"], r["spearman_rho"]
+    lo, hi = bootstrap_interval(focusing_pct, pct, ci=ci) if np.isfinite(focusing_pct) else (np.nan, np.nan)
+    return dict(focusing_pct_lo=lo, focusing_pct_hi=hi, focusing_pct_replicates=replicates_text(pct),
+                spearman_rho_replicates=replicates_text(rho))

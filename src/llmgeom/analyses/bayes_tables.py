@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.published import add_published, deciding_kinds, entries_by_kind, published_text
+from llmgeom.core.stats import REPLICATES_SUFFIX, parse_replicates, replicates_text
 
 #: measured column -> quantity looked up in llmgeom/data/published.yaml (absent quantity: empty cell)
 TABLE1_PUBLISHED = {"pc1": "paper3_table1_pc1", "pc12": "paper3_table1_pc12",
@@ -99,6 +100,8 @@ def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bo
         spectrum), participation_ratio_top10 (10 largest eigenvalues), spearman_rho, spearman_p, delta_pc12,
         delta_pc12_bc, delta_pc12_lo, delta_pc12_hi (fractions of variance), the isotropic (parallel-analysis)
         and shuffled references at the same n and d pc1_iso, pc12_iso, pc12_shuffled (NaN where not computed),
+        pc1_replicates, pc12_replicates, delta_pc12_replicates (the bootstrap replicates behind the intervals, as in
+        ``dr``; "" or NaN where ``dr`` has none),
         null_of (the trained model a null row is the random-init twin of; "" otherwise), source ("measured"), and beside
         pc1, pc12, participation_ratio_top10 and spearman_rho the value published for the same model and
         prompt-set kind (``*_published``, "" where none) and its source (``*_published_on``); then the
@@ -112,7 +115,8 @@ def table1(dr: pd.DataFrame, *, representation: str = "values", standardized: bo
     cols = ["model", "prompt_set", "domain", "role", "n", "layer", "relative_depth", "representation", "standardized",
             "pc1", "pc1_bc", "pc1_lo", "pc1_hi", "pc12", "pc12_bc", "pc12_lo", "pc12_hi", "participation_ratio",
             "participation_ratio_top10", "spearman_rho", "spearman_p", "delta_pc12", "delta_pc12_bc", "delta_pc12_lo",
-            "delta_pc12_hi", "pc1_iso", "pc12_iso", "pc12_shuffled"]
+            "delta_pc12_hi", "pc1_iso", "pc12_iso", "pc12_shuffled", "pc1_replicates", "pc12_replicates",
+            "delta_pc12_replicates"]
     d = d[[c for c in cols if c in d.columns]].reset_index(drop=True)
     d["null_of"] = [dict(nulls or {}).get(m, "") for m in d.model]
     return add_published(d, TABLE1_PUBLISHED,
@@ -144,7 +148,13 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
         one row per model: model, attention_type (MHA / GQA / MQA, "+ sliding window (...)" when some
         layers use one), n_layers, restricted_set, restricted_domain, pc12_mixed (+ _bc/_lo/_hi), pc12_restricted
         (+ _bc/_lo/_hi), pc12_mixed_unit_norm / pc12_restricted_unit_norm (+ _lo/_hi: the same shares after every
-        value vector is scaled to unit norm), delta_pc12 (+ _bc/_lo/_hi) at the final layer; orth_min, orth_max, orth_mean (per-layer mean
+        value vector is scaled to unit norm), delta_pc12 (+ _bc/_lo/_hi) at the final layer, and the bootstrap
+        replicates behind those intervals, pc12_mixed_replicates, pc12_restricted_replicates,
+        pc12_mixed_unit_norm_replicates, pc12_restricted_unit_norm_replicates, delta_pc12_replicates
+        (:func:`llmgeom.core.stats.replicates_text`, from ``dr``; "" where it has none; delta replicate b =
+        restricted b - mixed b; the isotropic / shuffled references are means over noise draws, no interval and no
+        replicates); attention focusing (``af``) adds focusing_pct_lo / _hi / _replicates and
+        focusing_rho_replicates where its table has them; orth_min, orth_max, orth_mean (per-layer mean
         over key heads: range over layers), gaussian_min/max, gaussian_expected (sqrt(2/(pi d_model))),
         random_init_min/max/mean (same statistic, same shapes), orth_over_random_init (orth_mean / mean
         random-init baseline), orth_not_applicable (why key orthogonality does not apply to the model, e.g.
@@ -200,8 +210,11 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
                       "pc12_unit_norm_lo", "pc12_unit_norm_hi"):
                 ok = len(g) and k in g
                 r[f"{k.replace('pc12', 'pc12_' + tag)}"] = float(g[k].iloc[0]) if ok else float("nan")
+            for k in ("pc12", "pc12_unit_norm"):
+                r[f"{k.replace('pc12', 'pc12_' + tag)}{REPLICATES_SUFFIX}"] = _cell(g, k + REPLICATES_SUFFIX)
         for k in ("delta_pc12", "delta_pc12_bc", "delta_pc12_lo", "delta_pc12_hi"):
             r[k] = float(rs[k].iloc[0]) if len(rs) and k in rs else float("nan")
+        r["delta_pc12" + REPLICATES_SUFFIX] = _cell(rs, "delta_pc12" + REPLICATES_SUFFIX)
         r["delta_pc12_iso"] = r["pc12_restricted_iso"] - r["pc12_mixed_iso"]  # the noise reference of delta_pc12
         r.update(ko_af)
         rows.append(r)
@@ -209,6 +222,12 @@ def table2(dr: pd.DataFrame, ko: pd.DataFrame, af: pd.DataFrame, *, restricted_s
 
 
 _WT_REPRESENTATIONS = ("values", "attn_output", "residual_stream")
+
+
+def _cell(g: pd.DataFrame, col: str) -> str:
+    """The ``<column>_replicates`` cell of the first row of ``g`` ("" when there is none: no row, no column, or
+    an empty cell read back from CSV as NaN; a single replicate that CSV read back as a number is text again)."""
+    return replicates_text(parse_replicates(g[col].iloc[0])) if len(g) and col in g else ""
 
 
 def _wind_tunnel_columns(m: str, wt: pd.DataFrame, geo: pd.DataFrame | None) -> dict:
@@ -252,6 +271,12 @@ def _ko_af_columns(k: pd.DataFrame, a) -> dict:
     if len(a):
         r.update(focusing_pct=float(a.focusing_pct), focusing_pct_global=float(a.focusing_pct_global),
                  focusing_rho=float(a.spearman_rho), focusing_p=float(a.spearman_p))
+        for k, src in (("focusing_pct_lo", "focusing_pct_lo"), ("focusing_pct_hi", "focusing_pct_hi")):
+            if src in a:
+                r[k] = float(a[src])
+        for k, src in (("focusing_pct", "focusing_pct"), ("focusing_rho", "spearman_rho")):
+            if src + REPLICATES_SUFFIX in a:
+                r[k + REPLICATES_SUFFIX] = replicates_text(parse_replicates(a[src + REPLICATES_SUFFIX]))
     return r
 
 

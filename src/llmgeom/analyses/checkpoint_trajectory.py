@@ -30,7 +30,8 @@ def trajectory_table(tables: dict[str, pd.DataFrame], steps: dict[str, int], ser
         extra = [c for c in (key_columns(tname, df.columns) if tname in TABLE_KEYS else [])
                  if c not in ("model", "source") and c in df.columns and df[c].nunique(dropna=False) > 1]
         num = [c for c in df.columns if c != "model" and c not in extra and pd.api.types.is_numeric_dtype(df[c])
-               and not pd.api.types.is_bool_dtype(df[c])]
+               and not pd.api.types.is_bool_dtype(df[c])
+               and not c.endswith("_replicates")]  # a single replicate reads back from CSV as a number
         for keys, g in df.groupby(["model"] + extra, sort=True, dropna=False):
             model = keys[0]
             tag = " [" + ", ".join(f"{k}={v}" for k, v in zip(extra, keys[1:])) + "]" if extra else ""

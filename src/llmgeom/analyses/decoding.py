@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from llmgeom.core.stats import REPLICATES_SUFFIX, replicates_text
 from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures import decoding as dec
 
@@ -26,7 +27,8 @@ def decoding_table(h5_path, unembedding, *, model: str, calibration_fraction: fl
         out), ece (equal-mass bins), temperature (t1: 1; single: the fitted T; adaptive: ';'-joined T per
         margin bin), margin_edges (';'-joined inner edges, logits), and on every row the comparison
         delta_nll_adaptive_vs_single, delta_ece_adaptive_vs_single with _lo / _hi (paired bootstrap over
-        held-out passages, negative = adaptive better), accuracy, n_calibration, n_heldout,
+        held-out passages, negative = adaptive better) and _replicates (the interval's replicates,
+        :func:`llmgeom.core.stats.replicates_text`), accuracy, n_calibration, n_heldout,
         n_passages_heldout, n_boot, n_dropped_no_nll (sampled positions without a next token),
         next_token_source (``tokens/sample_next_token``).
 
@@ -49,8 +51,9 @@ def decoding_table(h5_path, unembedding, *, model: str, calibration_fraction: fl
     st = dec.position_stats(H[keep], W, b, cap, next_ids=nxt[keep], n_bins=n_bins)
     r = dec.compare_schemes(st, sp[keep], calibration_fraction=calibration_fraction, n_margin_bins=n_margin_bins,
                             ece_bins=ece_bins, n_boot=n_boot, ci=ci, seed=seed)
-    common = {k: v for k, v in r.items() if k.startswith("delta_") or k in (
-        "accuracy", "n_calibration", "n_heldout", "n_passages_heldout", "n_boot")}
+    counts = ("accuracy", "n_calibration", "n_heldout", "n_passages_heldout", "n_boot")
+    common = {k: replicates_text(v) if k.endswith(REPLICATES_SUFFIX) else v for k, v in r.items()
+              if k.startswith("delta_") or k in counts}
     temps = {"t1": "1", "single": f"{r['t_single']:.4g}", "adaptive": ";".join(f"{t:.4g}" for t in r["t_margin"])}
     rows = [dict(model=model, prompt_set=a.get("prompt_set"), scheme=s, nll=r[f"nll_{s}"], ece=r[f"ece_{s}"],
                  temperature=temps[s], margin_edges=";".join(f"{e:.4g}" for e in r["margin_edges"]), **common,

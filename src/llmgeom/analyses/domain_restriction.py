@@ -30,7 +30,7 @@ import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
 from llmgeom.core.progress import progress
-from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed
+from llmgeom.core.stats import REPLICATES_SUFFIX, bias_corrected, bootstrap_interval, derived_seed, replicates_text
 from llmgeom.core.store import DS, attention_layers, open_activations, read_finite
 from llmgeom.measures import pca
 
@@ -133,15 +133,22 @@ def _topics(meta_ds) -> list[str]:
 _NULL_NAN = dict(pc1_iso=np.nan, pc12_iso=np.nan, pc1_shuffled=np.nan, pc12_shuffled=np.nan, null_reps=0)
 #: the unit-norm shares of a row (:func:`_unit_norm_shares`), NaN off the score layers
 UNIT_NORM_COLUMNS = ("pc1_unit_norm", "pc1_unit_norm_lo", "pc1_unit_norm_hi", "pc12_unit_norm", "pc12_unit_norm_lo",
-                     "pc12_unit_norm_hi")
+                     "pc12_unit_norm_hi", "pc1_unit_norm_replicates", "pc12_unit_norm_replicates")
+#: the bootstrapped columns of a row that also carry their replicates (``<column>_replicates``,
+#: :func:`llmgeom.core.stats.replicates_text`) at the ``score_layers`` ("" elsewhere, to keep the per-layer table small)
+REPLICATED_COLUMNS = ("pc1", "pc2", "pc12", "delta_pc1", "delta_pc12")
 
 
 def _unit_norm_shares(X, h, *, n_boot: int, seed: int, standardize: bool, ci: float) -> dict:
     """PC1 and PC1+PC2 shares (with their bootstrap intervals, same seed) after every row of ``X`` is scaled to unit
     norm: :class:`llmgeom.measures.pca.ValueManifoldPCA` with ``unit_norm=True``; the columns of
     :data:`UNIT_NORM_COLUMNS`."""
-    st = pca.value_manifold_stats(X, h, n_boot=n_boot, seed=seed, standardize=standardize, ci=ci, unit_norm=True)
-    return {f"{k}_unit_norm{t}": st[f"{k}{t}"] for k in ("pc1", "pc12") for t in ("", "_lo", "_hi")}
+    st, boot = pca.value_manifold_stats(X, h, n_boot=n_boot, seed=seed, standardize=standardize, ci=ci,
+                                        unit_norm=True, return_boot=True)
+    out = {f"{k}_unit_norm{t}": st[f"{k}{t}"] for k in ("pc1", "pc12") for t in ("", "_lo", "_hi")}
+    out.update(pc1_unit_norm_replicates=replicates_text(boot[:, 0]),
+               pc12_unit_norm_replicates=replicates_text(boot[:, 2]))
+    return out
 
 
 def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, labels: dict | None, n_quantiles: int,
@@ -186,7 +193,12 @@ def domain_restriction_tables(h5_paths: dict, *, model: str, mixed_set: str, lab
         CI of the difference of independent bootstrap replicates; delta_pc1_bc / delta_pc12_bc = 2 delta -
         mean(replicate differences), the centre of that interval), delta_participation_ratio,
         delta_participation_ratio_top10,
-        delta_spearman_rho (0 for the mixed rows).
+        delta_spearman_rho (0 for the mixed rows); at the ``score_layers`` the bootstrap replicates behind the
+        intervals, ``<column>_replicates`` for pc1, pc2, pc12, delta_pc1, delta_pc12, pc1_unit_norm and
+        pc12_unit_norm (:func:`llmgeom.core.stats.replicates_text`, resample order; "" at other layers): e.g.
+        ``bootstrap_interval(pc12, parse_replicates(pc12_replicates), ci=ci, bounds=(0, 1)) == (pc12_lo, pc12_hi)``
+        (shares clipped to [0, 1]; deltas unclipped), delta replicate b = restricted b - mixed b (independent
+        resamples of the two selections).
 
         ``selection`` - one row per candidate prompt: model, prompt_set, domain, prompt_index (row in the
         activation file), topic, next_token_entropy (nats), entropy_quantile (0 = lowest entropy), quantile_lo,
@@ -297,10 +309,13 @@ def _set_statistics(path, common: dict, ent, topics, sel, mixed_ref: dict, *, mo
                 row.update(_NULL_NAN if not (data_reps and std and layer in keep_scores) else
                            pca.null_shares(X, n_reps=data_reps, seed=derived_seed(seed, s + "/null"), standardize=True))
                 row.update(_unit_norm_shares(X, h, n_boot=n_boot, seed=bseed, standardize=bool(std), ci=ci)
-                           if layer in keep_scores else dict.fromkeys(UNIT_NORM_COLUMNS, np.nan))
+                           if layer in keep_scores else
+                           {c: "" if c.endswith(REPLICATES_SUFFIX) else np.nan for c in UNIT_NORM_COLUMNS})
                 if common["role"] == "mixed":
                     mixed_ref[key] = (st, boot)
                 row.update(_delta_vs_mixed(st, boot, *mixed_ref[key], ci))
+                row.update(_replicates(boot, mixed_ref[key][1]) if layer in keep_scores else
+                           dict.fromkeys((c + REPLICATES_SUFFIX for c in REPLICATED_COLUMNS), ""))
                 rows.append(row)
                 bar.update(1)
             if layer in keep_scores:
@@ -313,6 +328,17 @@ def _set_statistics(path, common: dict, ent, topics, sel, mixed_ref: dict, *, mo
                                            pc2_sign=pca.ENTROPY_SIGN.label))
     bar.close()
     return rows, score_rows
+
+
+def _replicates(boot, mboot) -> dict:
+    """The ``<column>_replicates`` cells of :data:`REPLICATED_COLUMNS` from the bootstrap shares of the selection
+    (``boot`` [n_boot, 3]: PC1, PC2, PC1+PC2 per resample) and of the mixed one (``mboot``; row b = its
+    b-th resample): delta replicate b = boot[b] - mboot[b], the replicates :func:`_delta_vs_mixed`'s intervals are taken
+    from (the two selections are resampled independently, so b pairs two independent resamples)."""
+    out = {f"{k}{REPLICATES_SUFFIX}": replicates_text(boot[:, j]) for j, k in enumerate(("pc1", "pc2", "pc12"))}
+    out["delta_pc1" + REPLICATES_SUFFIX] = replicates_text(boot[:, 0] - mboot[:, 0])
+    out["delta_pc12" + REPLICATES_SUFFIX] = replicates_text(boot[:, 2] - mboot[:, 2])
+    return out
 
 
 def _delta_vs_mixed(st: dict, boot, mst: dict, mboot, ci: float) -> dict:

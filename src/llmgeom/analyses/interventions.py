@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmgeom.core.not_applicable import NO_ATTENTION_LAYERS
-from llmgeom.core.stats import bias_corrected, bootstrap_interval, pearson
+from llmgeom.core.stats import bias_corrected, bootstrap_interval, pearson, replicates_text
 
 # an edited projection whose spread is below this fraction of sigma carries no entropy information:
 # its correlation is reported as 0 (and flagged) instead of correlating rounding noise
@@ -39,15 +39,17 @@ def _cond_stats(hm, hb, proj_e, proj_f, sig_e, sig_f, pc1_f=None) -> dict:
             "mean_h_model_bits": st["mean_h_model_bits"]}
 
 
-#: the changes against the baseline, each with _base, delta_, delta__lo, delta__hi, delta__bc columns
+#: the changes against the baseline, each with _base, delta_, delta__lo, delta__hi, delta__bc, delta__replicates columns
 _DELTA_KEYS = ("mae_bits", "pearson_r", "axis_corr_edited", "axis_corr_final")
 #: the columns of :func:`intervention_summary`, in order
 SUMMARY_COLUMNS = (["model", "run", "layers", "axis", "edit", "shift_sigmas", "positions", "n", "probe_layer_edited",
                     "probe_layer_final", "mae_bits", "pearson_r", "axis_corr_edited", "axis_corr_final",
-                    "degenerate_edited", "degenerate_final", "pc1_corr_final", "mean_h_model_bits",
+                    "degenerate_edited", "degenerate_final", "pc1_corr_final", "pc1_corr_final_lo", "pc1_corr_final_hi",
+                    "pc1_corr_final_replicates", "mean_h_model_bits",
                     "final_layer_edited", "mean_abs_dh_model_bits", "mean_label_mass"]
                    + [f"{p}{k}{q}" for k in _DELTA_KEYS
-                      for p, q in (("", "_base"), ("delta_", ""), ("delta_", "_lo"), ("delta_", "_hi"), ("delta_", "_bc"))]
+                      for p, q in (("", "_base"), ("delta_", ""), ("delta_", "_lo"), ("delta_", "_hi"),
+                                   ("delta_", "_bc"), ("delta_", "_replicates"))]
                    + ["n_boot", "ci", "seed"])
 
 
@@ -83,12 +85,17 @@ def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int,
         edit; 0 and degenerate_* = True when the projection is (numerically) constant: after axis_cut at that
         layer it is 0 by construction, so no claim is decided on it), pc1_corr_final (Pearson corr of the PC1
         recomputed on the post-edit last-layer values with the post-edit H_model, >= 0 by its sign convention:
-        what an edit leaves of the entropy geometry; NaN in tables without ``pc1_recomputed_L*``),
+        what an edit leaves of the entropy geometry; NaN in tables without ``pc1_recomputed_L*``) with
+        pc1_corr_final_lo / _hi (basic bootstrap over the same prompt resamples, clipped to [-1, 1]; the PC1 scores
+        are those of the full-sample fit, not refitted per resample, so the interval is conditional on that axis) and
+        pc1_corr_final_replicates,
         final_layer_edited (the last layer is among the edited ones), mean_h_model_bits,
         mean_abs_dh_model_bits (mean |H_model(edit) - H_model(baseline)| per prompt), mean_label_mass,
         baseline values (*_base), and delta_* = edited - baseline with delta_*_lo / _hi bounds (basic
         bootstrap, resampling prompts jointly for the edit and the baseline) and delta_*_bc = 2 delta -
-        mean(replicates) (:func:`llmgeom.core.stats.bias_corrected`). Columns: :data:`SUMMARY_COLUMNS`.
+        mean(replicates) (:func:`llmgeom.core.stats.bias_corrected`) and delta_*_replicates, the replicates the
+        interval is taken from (:func:`llmgeom.core.stats.replicates_text`; replicate b of every column of a row,
+        and of every row of a model, from the same prompt resample b). Columns: :data:`SUMMARY_COLUMNS`.
 
         A model without attention layers (the runner's tables have no rows and a ``not_applicable`` column,
         ``llmgeom.interventions.runner.not_applicable_outputs``): one row for ``model``, n = 0, no run / axis /
@@ -119,7 +126,7 @@ def intervention_summary(per_prompt, axes, *, n_boot: int, ci: float, seed: int,
     rows = [_condition_summary(g.set_index("prompt").loc[base.index], base, sig, final, boot_idx, n=n, n_boot=n_boot,
                                ci=ci, seed=seed)
             for _cond, g in per_prompt.groupby("condition", sort=False)]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def _condition_summary(g, base, sig: dict, final: int, boot_idx, *, n: int, n_boot: int, ci: float, seed: int) -> dict:
@@ -142,11 +149,14 @@ def _condition_summary(g, base, sig: dict, final: int, boot_idx, *, n: int, n_bo
     st0 = _cond_stats(hm0, hb, pe0, pf0, *args, qf0)
     keys = _DELTA_KEYS
     boots = np.full((n_boot, len(keys)), np.nan)
+    pc1_boot = np.full(n_boot, np.nan)  # pc1_corr_final of each resample (the full-sample PC1 scores resampled)
     for b in range(n_boot):
         ix = boot_idx[b]
         s1 = _cond_stats(hm[ix], hb[ix], pe[ix] if pe is not None else None, pf[ix], *args)
         s0 = _cond_stats(hm0[ix], hb[ix], pe0[ix] if pe0 is not None else None, pf0[ix], *args)
         boots[b] = [s1[k] - s0[k] for k in keys]
+        if np.isfinite(st["pc1_corr_final"]):
+            pc1_boot[b] = pearson(qf[ix], hm[ix])[0]
     row = dict(model=g.model.iloc[0], run=g.run.iloc[0], layers=str(g.layers.iloc[0]) if layers else "",
                axis=g.axis.iloc[0], edit=g.edit.iloc[0], shift_sigmas=float(g.shift_sigmas.iloc[0]),
                positions=g.positions.iloc[0], n=n, probe_layer_edited=le if le is not None else np.nan,
@@ -154,6 +164,10 @@ def _condition_summary(g, base, sig: dict, final: int, boot_idx, *, n: int, n_bo
                final_layer_edited=final in layers,
                mean_abs_dh_model_bits=float(np.mean(np.abs(hm - hm0))),
                mean_label_mass=float(g.label_mass.mean()))
+    pc = st["pc1_corr_final"]
+    row["pc1_corr_final_lo"], row["pc1_corr_final_hi"] = (bootstrap_interval(pc, pc1_boot, ci=ci, bounds=(-1.0, 1.0))
+                                                          if np.isfinite(pc) else (np.nan, np.nan))
+    row["pc1_corr_final_replicates"] = replicates_text(pc1_boot) if np.isfinite(pc) else ""
     for k in keys:
         row[f"{k}_base"] = st0[k]
         row[f"delta_{k}"] = st[k] - st0[k]
@@ -162,6 +176,7 @@ def _condition_summary(g, base, sig: dict, final: int, boot_idx, *, n: int, n_bo
         lo, hi = bootstrap_interval(d, col, ci=ci, method="basic") if np.isfinite(d) else (np.nan, np.nan)
         row[f"delta_{k}_lo"], row[f"delta_{k}_hi"] = lo, hi
         row[f"delta_{k}_bc"] = bias_corrected(d, col)
+        row[f"delta_{k}_replicates"] = replicates_text(col)
     row.update(n_boot=n_boot, ci=ci, seed=seed)
     return row
 

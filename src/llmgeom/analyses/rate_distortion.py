@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.layers import relative_depth
+from llmgeom.core.stats import replicates_text
 from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.core.tables import TOKEN_ID
 from llmgeom.measures.rate_distortion import rate_distortion_exponent
@@ -38,7 +39,8 @@ def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, mode
     Returns:
         DataFrame, one row per (model, states, layer): model, prompt_set, states ("residual": layer l = output
         of block l, 0 = embeddings; "final_normed": the unembedding input, layer = L), layer, relative_depth,
-        d_model, k_rd, k_rd_lo, k_rd_hi, slope, intercept, r2, fit_n_min, fit_n_max, fit_points, straight,
+        d_model, k_rd, k_rd_lo, k_rd_hi, k_rd_replicates (the replicates of the interval,
+        :func:`llmgeom.core.stats.replicates_text`; each layer's own resamples of its held-out points), slope, intercept, r2, fit_n_min, fit_n_max, fit_points, straight,
         n_train, n_test, n_duplicates_removed, n_boot, n_grid / distortion_grid (';'-joined N and D(N)),
         twonn, mle_mg, mle_lb, gride (id_mean of that estimator at the same residual layer; NaN for
         final_normed and for estimators not run), agrees_twonn, agree_tol.
@@ -65,6 +67,7 @@ def rate_distortion_table(h5_path, id_table: pd.DataFrame | None = None, *, mode
                                          n_points=n_points, train_fraction=train_fraction, max_iter=max_iter,
                                          init=init)
             grid, dist = r.pop("n_grid"), r.pop("distortion_grid")
+            r["k_rd_replicates"] = replicates_text(r["k_rd_replicates"])
             for k in ("fit_lo", "fit_hi"):
                 r.pop(k)
             rows.append(dict(model=model, prompt_set=a.get("prompt_set"), states=states, layer=layer,

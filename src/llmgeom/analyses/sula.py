@@ -10,7 +10,7 @@ import json
 import numpy as np
 
 from llmgeom.core.layers import relative_depth, select_layers
-from llmgeom.core.stats import pearson, spearman
+from llmgeom.core.stats import bootstrap_interval, derived_seed, pearson, replicates_text, spearman
 from llmgeom.core.store import DS
 from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.bayes import model_label_entropy
@@ -71,13 +71,16 @@ def sula_stats(h_model, h_bayes, p_model=None, p_bayes=None) -> dict:
     return out
 
 
-def sula_table(per_prompt, *, model: str):
+def sula_table(per_prompt, *, model: str, n_boot: int, ci: float, seed: int):
     """Per condition, per k and overall (k = "all"): n, mae_bits, pearson_r, pearson_p, mean_h_model_bits,
     mean_h_bayes_bits, mae_p (|p_model(L1) - p_bayes(L1)|), mean_h_pred_bits / mae_pred_bits (against the
-    posterior predictive entropy), mean_label_mass, mean_h_vocab_bits, labels, alpha.
+    posterior predictive entropy), mean_label_mass, mean_h_vocab_bits, labels, alpha; and the bootstrap over the
+    row's prompts (:func:`sula_bootstrap`): mae_bits_lo / _hi / _replicates, pearson_r_lo / _hi / _replicates,
+    n_boot, ci, boot_seed.
 
     Args:
         per_prompt: DataFrame from :func:`read_sula_h5` (all conditions concatenated).
+        n_boot, ci, seed: see :func:`sula_bootstrap` (schema keys ``sula.n_boot``, ``sula.ci``, ``sula.seed``).
 
     Source: Paper III sec. 5.2.
     """
@@ -88,12 +91,52 @@ def sula_table(per_prompt, *, model: str):
         groups = [(str(k), gk) for k, gk in g.groupby("k")] + [("all", g)]
         for k, gk in groups:
             st = sula_stats(gk.h_model_bits, gk.h_bayes_bits, gk.p_model, gk.p_bayes)
+            bseed = derived_seed(seed, f"sula/boot/{cond}/{k}")
             rows.append(dict(model=model, condition=cond, labels=gk.labels.iloc[0], k=k, **st,
                              mean_h_pred_bits=float(gk.h_pred_bits.mean()),
                              mae_pred_bits=float(np.mean(np.abs(gk.h_model_bits - gk.h_pred_bits))),
                              mean_label_mass=float(gk.label_mass.mean()),
-                             mean_h_vocab_bits=float(gk.h_vocab_bits.mean()), alpha=float(gk.alpha.iloc[0])))
+                             mean_h_vocab_bits=float(gk.h_vocab_bits.mean()), alpha=float(gk.alpha.iloc[0]),
+                             **sula_bootstrap(gk.h_model_bits, gk.h_bayes_bits, st, n_boot=n_boot, ci=ci, seed=bseed),
+                             n_boot=int(n_boot), ci=float(ci), boot_seed=bseed))
     return pd.DataFrame(rows)
+
+
+#: the sula.csv statistics with a bootstrap interval over prompts, and the bounds their interval is clipped to
+SULA_BOOTSTRAPPED = {"mae_bits": (0.0, np.inf), "pearson_r": (-1.0, 1.0)}
+
+
+def sula_bootstrap(h_model, h_bayes, stats: dict, *, n_boot: int, ci: float, seed: int) -> dict:
+    """Basic bootstrap over prompts of the MAE (bits) and Pearson r of :func:`sula_stats`.
+
+    Args:
+        h_model, h_bayes: [n] entropies (bits) of one row's prompts; stats: :func:`sula_stats` of them (the estimates).
+        n_boot: resamples (0: NaN bounds, no replicates); resample b = the prompts
+            ``numpy.random.default_rng(seed).integers(0, n, (n_boot, n))[b]``, the same for both statistics.
+        ci: central coverage of the interval, in (0, 1).
+
+    Returns:
+        dict: ``<s>_lo``, ``<s>_hi`` (basic interval clipped to :data:`SULA_BOOTSTRAPPED` bounds: MAE >= 0,
+        r in [-1, 1]; NaN when the estimate is NaN, e.g. r at k = 0) and ``<s>_replicates``
+        (:func:`llmgeom.core.stats.replicates_text`; a resample with constant entropies gives a NaN r) for s in
+        mae_bits, pearson_r.
+
+    Source: Paper III sec. 5.2 (the statistics); basic bootstrap: Davison & Hinkley 1997, sec. 5.2.
+    """
+    hm, hb = np.asarray(h_model, np.float64), np.asarray(h_bayes, np.float64)
+    reps = {s: np.full(int(n_boot), np.nan) for s in SULA_BOOTSTRAPPED}
+    if int(n_boot) > 0 and hm.size:
+        for b, ix in enumerate(np.random.default_rng(seed).integers(0, hm.size, size=(int(n_boot), hm.size))):
+            sb = sula_stats(hm[ix], hb[ix])
+            for s in reps:
+                reps[s][b] = sb[s]
+    out = {}
+    for s, bounds in SULA_BOOTSTRAPPED.items():
+        t = stats[s]
+        lo, hi = (bootstrap_interval(t, reps[s], ci=ci, bounds=bounds) if np.isfinite(t) and int(n_boot) > 0
+                  else (np.nan, np.nan))
+        out.update({f"{s}_lo": lo, f"{s}_hi": hi, f"{s}_replicates": replicates_text(reps[s])})
+    return out
 
 
 def calibration_table(per_prompt, *, model: str, n_bins: int):
@@ -180,11 +223,14 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers):
     return pd.DataFrame(rows), last_scores
 
 
-def sula_tables(h5_paths: dict, *, model: str, calibration_bins: int, layers) -> dict:
+def sula_tables(h5_paths: dict, *, model: str, calibration_bins: int, layers, n_boot: int, ci: float,
+                seed: int) -> dict:
     """All SULA tables for one model: {"sula", "calibration", "geometry", "prompts"} DataFrames.
 
     Args:
         h5_paths: condition -> ``results/{model}/activations/sula_{condition}.h5``.
+        n_boot, ci, seed: the bootstrap over prompts of sula.csv (:func:`sula_table`; ``seed`` is the prompt
+            generation's, each row's bootstrap seed is derived from it and the row).
 
     ``prompts`` holds one row per prompt (condition, k, i, counts, p_bayes, h_bayes_bits, p_model,
     h_model_bits, label_mass, h_vocab_bits, logp_l1/l2 in nats) plus ``pc1_last`` (PC1 score of the values at
@@ -200,5 +246,6 @@ def sula_tables(h5_paths: dict, *, model: str, calibration_bins: int, layers) ->
     for cond, s in scores.items():
         per.loc[per.condition == cond, "pc1_last"] = s
     per.insert(0, "model", model)
-    return {"sula": sula_table(per, model=model), "calibration": calibration_table(per, model=model, n_bins=calibration_bins),
+    return {"sula": sula_table(per, model=model, n_boot=n_boot, ci=ci, seed=seed),
+            "calibration": calibration_table(per, model=model, n_bins=calibration_bins),
             "geometry": geo, "prompts": per}

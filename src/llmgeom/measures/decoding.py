@@ -207,7 +207,8 @@ def compare_schemes(stats: dict, passages, *, calibration_fraction: float, n_mar
         dict: ``nll_<scheme>``, ``ece_<scheme>`` (held-out means; nats, [0, 1]), ``t_single``, ``t_margin``
         (list), ``margin_edges`` (list, logits), ``delta_nll_adaptive_vs_single`` and
         ``delta_ece_adaptive_vs_single`` with ``_lo`` / ``_hi`` (basic paired bootstrap over held-out passages;
-        negative = adaptive better), ``n_calibration`` / ``n_heldout`` (positions), ``n_passages_heldout``,
+        negative = adaptive better) and ``_replicates`` (float64 [n_boot], the replicates the interval is taken from;
+        replicate b of both deltas from the same passage resample), ``n_calibration`` / ``n_heldout`` (positions), ``n_passages_heldout``,
         ``accuracy`` (top-1, held out).
 
     Source: LSM (margin-adaptive decoding); bootstrap: Davison & Hinkley 1997, sec. 5.2.
@@ -248,6 +249,7 @@ def compare_schemes(stats: dict, passages, *, calibration_fraction: float, n_mar
                delta_nll_adaptive_vs_single=dn, delta_nll_adaptive_vs_single_lo=nlo,
                delta_nll_adaptive_vs_single_hi=nhi, delta_ece_adaptive_vs_single=de,
                delta_ece_adaptive_vs_single_lo=elo, delta_ece_adaptive_vs_single_hi=ehi,
+               delta_nll_adaptive_vs_single_replicates=reps_n, delta_ece_adaptive_vs_single_replicates=reps_e,
                n_calibration=int(cal.size), n_heldout=int(held.size), n_passages_heldout=int(hu.size),
                accuracy=float(ok.mean()), n_boot=int(n_boot))
     return out

@@ -175,7 +175,8 @@ def rate_distortion_exponent(X, *, n_boot: int, ci: float, min_fit_points: int, 
     Returns
     -------
     dict: the keys of :func:`fit_range`, ``k_rd_lo`` / ``k_rd_hi`` (basic bootstrap interval of k_RD over held-out
-    points with the codebooks fixed), ``n_boot``, ``n_train``, ``n_test``, ``n_duplicates_removed``, ``n_grid``
+    points with the codebooks fixed), ``k_rd_replicates`` (float64 [n_boot], the replicates it is taken from; NaN for
+    a resample without a falling fit), ``n_boot``, ``n_train``, ``n_test``, ``n_duplicates_removed``, ``n_grid``
     (list of N), ``distortion_grid`` (list of D(N)).
 
     Raises
@@ -198,6 +199,6 @@ def rate_distortion_exponent(X, *, n_boot: int, ci: float, min_fit_points: int, 
         s = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
         reps[b] = -2.0 / s if s < 0 else np.nan
     k_lo, k_hi = (bootstrap_interval(f["k_rd"], reps, ci=ci) if int(n_boot) > 0 else (np.nan, np.nan))
-    return dict(f, k_rd_lo=k_lo, k_rd_hi=k_hi, n_boot=int(n_boot), n_train=c["n_train"], n_test=c["n_test"],
+    return dict(f, k_rd_lo=k_lo, k_rd_hi=k_hi, k_rd_replicates=reps, n_boot=int(n_boot), n_train=c["n_train"], n_test=c["n_test"],
                 n_duplicates_removed=c["n_duplicates_removed"], n_grid=[int(v) for v in c["n"]],
                 distortion_grid=[float(v) for v in c["distortion"]])

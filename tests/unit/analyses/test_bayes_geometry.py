@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 import torch
 
+import llmgeom
 from llmgeom.models import architectures as arch
 from llmgeom.models import families
 from llmgeom.analyses import domain_restriction as bg
@@ -337,7 +338,7 @@ def test_attention_focusing_tables_means_over_heads(tmp_path):
     E[:, 2, :] = np.log(np.minimum(ntok, 8))[:, None]  # sliding layer (window 8), uniform over its window
     p = _write_h5(tmp_path / "mixed.h5", entropy=np.ones(n), values=np.ones((n, L, 2)), attn=E, n_tokens=ntok,
                   arch_attrs={"attention_type": "GQA", "sliding_layers": [2], "sliding_window": 8})
-    detail, summ = attention_focusing_tables(p, model="m")
+    detail, summ = attention_focusing_tables(p, model="m", **llmgeom.defaults("attention_focusing"))
     heads, layers = detail[detail.level == "head"], detail[detail.level == "layer"]
     assert len(heads) == L * H and len(layers) == L and (layers["head"] == -1).all()
     assert layers.entropy_mean.tolist() == pytest.approx([np.log(ntok).mean(), 0.75, np.log(np.minimum(ntok, 8)).mean()])
@@ -492,3 +493,66 @@ def test_value_manifold_table_reads_attn_output(tmp_path):
     np.testing.assert_allclose(a.loc[1].spearman_rho, 1.0)
     assert (a.loc[0].pc1 < 0.8).all()
     assert (vm[vm.representation == "values"].pc1 < 0.95).all()
+
+
+# ------------------------------------------------------------------ replicates (issue 48 point 4)
+
+def test_replicates_reproduce_the_intervals_of_domain_restriction_and_table2(tmp_path):
+    """Every bootstrapped share and difference carries the replicates its interval is taken from (at the score
+    layers), and Tables 1 / 2 pass them through: bootstrap_interval(estimate, replicates) == (lo, hi); the delta's
+    replicate b is restricted b - mixed b; the bias-corrected value is 2 t - mean(replicates)."""
+    from replicate_checks import assert_replicates_reproduce
+
+    from llmgeom.core.stats import bias_corrected, parse_replicates
+
+    rng = np.random.default_rng(3)
+    n, L, F = 40, 3, 8
+    h_mix, h_dom = rng.uniform(0, 5, n), rng.uniform(0, 5, n)
+    vals_dom = (np.repeat((h_dom[:, None] * rng.standard_normal(F))[:, None, :], L, axis=1)
+                + rng.standard_normal((n, L, F)))
+    E = rng.uniform(0.5, 3, (n, L, 2)) * np.linspace(1, 0.3, L)[None, :, None]
+    paths = {"mixed": _write_h5(tmp_path / "mixed.h5", entropy=h_mix, values=rng.standard_normal((n, L, F)), attn=E),
+             "domain_x": _write_h5(tmp_path / "domain_x.h5", prompt_set="domain_x", entropy=h_dom, values=vals_dom)}
+    st = bg.domain_restriction_tables(paths, model="m", mixed_set="mixed", labels={"domain_x": "X"}, n_quantiles=5,
+                                      per_quantile=4, n_boot=30, seed=0, edges="per_set", ci=0.9, layers="all",
+                                      data_reps=2)["stats"]
+    last = st[st.layer == L - 1]
+    for col in ("pc1", "pc2", "pc12", "pc1_unit_norm", "pc12_unit_norm"):
+        assert assert_replicates_reproduce(last, col, ci=0.9, bounds=(0.0, 1.0), n_boot=30) == len(last)
+    for col in ("delta_pc1", "delta_pc12"):
+        assert assert_replicates_reproduce(last, col, ci=0.9, n_boot=30) == len(last)
+    assert (st[st.layer < L - 1].pc12_replicates == "").all()  # only at the score layers
+    r = last.set_index(["prompt_set", "representation", "standardized"])
+    dom, mix = r.loc[("domain_x", "values", True)], r.loc[("mixed", "values", True)]
+    np.testing.assert_allclose(parse_replicates(dom.delta_pc12_replicates),
+                               parse_replicates(dom.pc12_replicates) - parse_replicates(mix.pc12_replicates), atol=1e-8)
+    assert dom.pc12_bc == pytest.approx(bias_corrected(dom.pc12, parse_replicates(dom.pc12_replicates), bounds=(0, 1)))
+    assert np.ptp(parse_replicates(dom.pc12_replicates)) > 0  # real resamples, not copies
+    # attention focusing: the bootstrap over prompts (new in issue 48); seeded
+    _, af = attention_focusing_tables(paths["mixed"], model="m", n_boot=40, ci=0.9, seed=1)
+    assert assert_replicates_reproduce(af, "focusing_pct", ci=0.9, n_boot=40) == 1
+    a = af.iloc[0]
+    assert a.focusing_pct_lo < a.focusing_pct_hi and parse_replicates(a.spearman_rho_replicates).size == 40
+    again = attention_focusing_tables(paths["mixed"], model="m", n_boot=40, ci=0.9, seed=1)[1].iloc[0]
+    assert again.focusing_pct_replicates == a.focusing_pct_replicates
+    # the cross-model tables, through a CSV round trip (results/summary/*.csv)
+    ko = pd.DataFrame([dict(model="m", layer=l, kv_head=0, orthogonality=0.1, baseline_gaussian=0.03,
+                            baseline_random_init=0.04) for l in range(L)])
+    csv = tmp_path / "dr.csv"
+    st.to_csv(csv, index=False)
+    dr = pd.read_csv(csv)
+    t2 = table2(dr, ko, af, restricted_set="domain_x")
+    t2 = t2[t2.source == "llm"]
+    for col in ("pc12_mixed", "pc12_restricted", "pc12_mixed_unit_norm", "pc12_restricted_unit_norm"):
+        assert assert_replicates_reproduce(t2, col, ci=0.9, bounds=(0.0, 1.0), n_boot=30) == 1
+    assert assert_replicates_reproduce(t2, "delta_pc12", ci=0.9, n_boot=30) == 1
+    assert assert_replicates_reproduce(t2, "focusing_pct", ci=0.9, n_boot=40) == 1
+    assert t2.focusing_rho_replicates.iloc[0] == a.spearman_rho_replicates
+    t1 = table1(dr)
+    t1 = t1[t1.source == "measured"]
+    assert assert_replicates_reproduce(t1, "pc12", ci=0.9, bounds=(0.0, 1.0), n_boot=30) == 2
+    # the renderings do not print the replicate strings
+    md = to_markdown(table2(dr, ko, af, restricted_set="domain_x"), "table2") + to_markdown(table1(dr), "table1")
+    cell = t2.pc12_mixed_replicates.iloc[0].split()[0]
+    assert cell not in md
+    assert all(len(ln) < 400 for ln in md.splitlines() if ln.startswith("|"))

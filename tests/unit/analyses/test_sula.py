@@ -253,7 +253,7 @@ def test_bad_candidates_fail_clearly(tmp_path, sula_run):
 
 
 def test_tables(sula_run):
-    t = sula_tables(sula_run["paths"], model="tiny", calibration_bins=5, layers="all")
+    t = sula_tables(sula_run["paths"], model="tiny", calibration_bins=5, layers="all", n_boot=50, ci=0.95, seed=0)
     per = t["prompts"]
     assert len(per) == 20 + 3 * 16
     assert ((per.h_model_bits >= 0) & (per.h_model_bits <= 1)).all()
@@ -349,8 +349,41 @@ def test_k1_rows_have_undefined_correlation():
                                  h_model_bits=rng.uniform(), label_mass=0.5, h_vocab_bits=3.0))
     per = pd.DataFrame(rows)
     assert per[per.k == 1].groupby("condition").n_L1.nunique().min() == 2  # both (1,0) and (0,1) occur
-    t = sula_table(per, model="m")
+    t = sula_table(per, model="m", n_boot=20, ci=0.95, seed=0)
     k1 = t[t.k == "1"]
     assert len(k1) == len(sula.CONDITIONS) and k1.pearson_r.isna().all() and k1.pearson_p.isna().all()
     k2 = t[(t.k == "2") & (t.condition == "main")]
     assert np.isfinite(k2.pearson_r.iloc[0])  # k = 2 has |d| in {0, 2}: defined
+
+
+def test_sula_bootstrap_replicates_reproduce_the_intervals():
+    """sula.csv rows carry a basic bootstrap over their prompts of mae_bits and pearson_r with the replicates it is
+    taken from (issue 48 point 4). Known answers: a model that matches H_Bayes exactly has MAE 0 and r = 1 in every
+    resample (interval [0, 0] / [1, 1]); constant H_Bayes (k = 0) gives NaN r and no interval; seeded."""
+    from replicate_checks import assert_replicates_reproduce
+
+    from llmgeom.analyses.sula import sula_bootstrap, sula_stats, sula_table
+    from llmgeom.core.stats import parse_replicates
+
+    rng = np.random.default_rng(4)
+    k = np.repeat([0, 1, 2, 4], 30)
+    hb = np.where(k == 0, 1.0, rng.uniform(0, 1, k.size))
+    per = pd.DataFrame(dict(condition="main", k=k, i=np.arange(k.size), labels="a/b", alpha=0.9, h_bayes_bits=hb,
+                            h_model_bits=np.clip(hb + rng.normal(0, 0.1, k.size), 0, 1), p_model=0.5, p_bayes=0.5,
+                            h_pred_bits=hb, label_mass=0.9, h_vocab_bits=2.0))
+    t = sula_table(per, model="m", n_boot=40, ci=0.9, seed=0)
+    assert assert_replicates_reproduce(t, "mae_bits", ci=0.9, bounds=(0.0, np.inf), n_boot=40) == len(t)
+    assert assert_replicates_reproduce(t[t.k != "0"], "pearson_r", ci=0.9, bounds=(-1.0, 1.0), n_boot=40) == 4
+    r = t.set_index("k")
+    assert r.loc["all"].mae_bits_lo < r.loc["all"].mae_bits < r.loc["all"].mae_bits_hi
+    assert np.isnan(r.loc["0"].pearson_r) and np.isnan(r.loc["0"].pearson_r_lo)
+    assert np.isnan(parse_replicates(r.loc["0"].pearson_r_replicates)).all()
+    assert t.equals(sula_table(per, model="m", n_boot=40, ci=0.9, seed=0))
+    assert not t.mae_bits_replicates.equals(sula_table(per, model="m", n_boot=40, ci=0.9, seed=1).mae_bits_replicates)
+    h = rng.uniform(0, 1, 25)
+    exact = sula_bootstrap(h, h, sula_stats(h, h), n_boot=30, ci=0.95, seed=0)
+    assert (exact["mae_bits_lo"], exact["mae_bits_hi"]) == (0.0, 0.0)
+    np.testing.assert_allclose(parse_replicates(exact["pearson_r_replicates"]), 1.0)
+    assert exact["pearson_r_hi"] == pytest.approx(1.0)
+    none = sula_bootstrap(h, h, sula_stats(h, h), n_boot=0, ci=0.95, seed=0)
+    assert np.isnan(none["mae_bits_lo"]) and none["mae_bits_replicates"] == ""

@@ -24,6 +24,7 @@ import pytest
 import torch
 import yaml
 
+import llmgeom
 from llmgeom.models import architectures as arch
 from llmgeom.models import families
 from llmgeom.extract import forward as extraction
@@ -418,7 +419,7 @@ def _value_manifold(ws, model, h5):
 def _attention_focusing(ws, model, h5):
     from llmgeom.analyses.attention_focusing import attention_focusing_tables
 
-    return attention_focusing_tables(h5, model=model)
+    return attention_focusing_tables(h5, model=model, **llmgeom.defaults("attention_focusing"))
 
 
 @pytest.mark.parametrize("analysis", [_value_manifold, _attention_focusing], ids=["value_manifold",

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
+import llmgeom
 from llmgeom.models import families
 from llmgeom.extract import forward as extraction
 from llmgeom.models import sources as models, tiny as testing
@@ -496,13 +497,15 @@ def _analyses(setup, sula_h5):
         "domain_restriction": (setup["h5"], lambda p: domain_restriction_tables(
             {"mixed": p, "dom": p}, model=m, mixed_set="mixed", n_quantiles=1, per_quantile=4, n_boot=2,
             log=lambda *a: None, labels=None, edges="per_set", ci=0.95, seed=0, layers="all", data_reps=0)),
-        "attention_focusing": (setup["h5"], lambda p: attention_focusing_tables(p, model=m)),
+        "attention_focusing": (setup["h5"], lambda p: attention_focusing_tables(
+            p, model=m, **llmgeom.defaults("attention_focusing"))),
         "intrinsic_dimension": (setup["corpus"], lambda p: intrinsic_dimension_table(p, **id_kw)),
         "curvature": (setup["corpus"], lambda p: curvature_table(p, id_clean, model=m, k=5, n_points=20,
                                                                  min_points=10, id_estimator="twonn", seed=0)),
         "margins": (setup["corpus"], lambda p: margin_tables(p, model=m, n_boot=2, min_count=1, threshold=0.5, hard_core_quantile=0.05, hard_core_thresholds=(0.05, 0.1), eps_min=1e-3, eps_max=10.0, n_eps=41, fit_eps_max=0.5, fit_eta_max=0.3, ci=0.95, seed=0, hist_bins=60)),
         "fisher": (setup["corpus"], lambda p: fisher_tables(p, unemb, model=m, n_positions=8, max_tokens=16, tail_mass=1e-6, seed=0, batch=32)),
-        "sula": (sula_h5, lambda p: sula_tables({"main": p}, model=m, calibration_bins=2, layers="all")),
+        "sula": (sula_h5, lambda p: sula_tables({"main": p}, model=m, calibration_bins=2, layers="all", n_boot=10,
+                                                ci=0.95, seed=0)),
     }
 
 

@@ -360,3 +360,36 @@ def test_skip_layers_restores_forward_when_raising():
             raise RuntimeError("inside")
     assert "forward" not in blk.__dict__
     torch.testing.assert_close(logits(m), logits(m))
+
+
+def test_summary_replicates_reproduce_the_intervals():
+    """sula_interventions.csv: every delta_* and pc1_corr_final carries the replicates its interval is taken from,
+    replicate b of every row from the same prompt resample b (issue 48 point 4). Known answer: an edit that changes
+    nothing has delta 0 in every resample."""
+    from replicate_checks import assert_replicates_reproduce
+
+    from llmgeom.core.stats import parse_replicates
+
+    rng = np.random.default_rng(5)
+    P = 30
+    hb = rng.uniform(0, 1, P)
+    hm0 = np.clip(hb + rng.normal(0, 0.1, P), 0, 1)
+    rows = []
+    for cond, hm in (("baseline", hm0), ("entropy/axis_cut", np.clip(hb + rng.normal(0, 0.2, P), 0, 1)),
+                     ("random/axis_cut", hm0)):
+        for p in range(P):
+            rows.append(dict(model="m", condition=cond, prompt=p, run="L1", layers="1", axis=cond.split("/")[0],
+                             edit="axis_cut", shift_sigmas=0.0, positions="all", h_bayes_bits=hb[p],
+                             h_model_bits=hm[p], label_mass=0.9, proj_L1=hm[p] + rng.normal(0, 0.3),
+                             proj_L2=hm[p] + rng.normal(0, 0.3), pc1_recomputed_L2=hm[p] + rng.normal(0, 0.5)))
+    s = intervention_summary(pd.DataFrame(rows), pd.DataFrame(dict(layer=[1, 2], sigma=[1.0, 1.0])), n_boot=40,
+                             ci=0.9, seed=0, model="m")
+    for k in ("mae_bits", "pearson_r", "axis_corr_edited", "axis_corr_final"):
+        assert assert_replicates_reproduce(s, f"delta_{k}", ci=0.9, n_boot=40) == 3
+    assert assert_replicates_reproduce(s, "pc1_corr_final", ci=0.9, bounds=(-1.0, 1.0), n_boot=40) == 3
+    same = s[s.axis == "random"].iloc[0]  # unchanged predictions: MAE change 0 in every resample
+    np.testing.assert_array_equal(parse_replicates(same.delta_mae_bits_replicates), 0.0)
+    assert (same.delta_mae_bits_lo, same.delta_mae_bits_hi) == (0.0, 0.0)
+    base = s[s.axis == "baseline"].iloc[0]  # the baseline against itself: 0 in every resample too
+    np.testing.assert_array_equal(parse_replicates(base.delta_pearson_r_replicates), 0.0)
+    assert np.ptp(parse_replicates(s[s.axis == "entropy"].iloc[0].delta_mae_bits_replicates)) > 0

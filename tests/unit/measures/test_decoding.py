@@ -108,6 +108,10 @@ def test_sample_next_token_agrees_with_the_nll_identity(tmp_path):
     df = decoding_table(out, (W, b, None), model="tiny", n_boot=10, n_bins=16, calibration_fraction=0.5, n_margin_bins=4, ece_bins=10, ci=0.95, seed=0)
     assert (df.n_dropped_no_nll == int((~has).sum())).all()
     assert (df.next_token_source == "tokens/sample_next_token").all()
+    from replicate_checks import assert_replicates_reproduce  # issue 48 point 4: the table's replicate cells
+
+    for d in ("delta_nll_adaptive_vs_single", "delta_ece_adaptive_vs_single"):
+        assert assert_replicates_reproduce(df, d, ci=0.95, n_boot=10) == len(df) == 3
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_neox", "phi", "opt_proj", "gpt2"])
@@ -131,3 +135,22 @@ def test_load_unembedding_reads_only_the_head(tmp_path, family):
     assert W.dtype == np.float32 and np.array_equal(W, W_ref.detach().to(torch.float32).numpy())
     assert (b is None) == (b_ref is None) and (b is None or np.array_equal(b, b_ref.detach().numpy()))
     assert cap == arch.logit_softcap(model)
+
+
+def test_compare_schemes_replicates_reproduce_the_intervals(synthetic):
+    """The paired bootstrap's replicates (issue 48 point 4): the interval is the basic interval of them, and
+    decoding_table's cells hold them as text."""
+    from llmgeom.core.stats import bootstrap_interval, parse_replicates, replicates_text
+
+    u, y, _edges, passages = synthetic
+    V = u.shape[1]
+    st = dec.position_stats(u.astype(np.float32), np.eye(V, dtype=np.float32), np.zeros(V, np.float32), None,
+                            next_ids=y, n_bins=64)
+    r = dec.compare_schemes(st, passages, calibration_fraction=0.5, n_margin_bins=3, ece_bins=10, n_boot=30, ci=0.9,
+                            seed=0)
+    for d in ("delta_nll_adaptive_vs_single", "delta_ece_adaptive_vs_single"):
+        reps = r[f"{d}_replicates"]
+        assert reps.shape == (30,) and np.ptp(reps) > 0
+        assert bootstrap_interval(r[d], reps, ci=0.9) == (r[f"{d}_lo"], r[f"{d}_hi"])
+        np.testing.assert_allclose(bootstrap_interval(r[d], parse_replicates(replicates_text(reps)), ci=0.9),
+                                   (r[f"{d}_lo"], r[f"{d}_hi"]), rtol=0, atol=1e-9)

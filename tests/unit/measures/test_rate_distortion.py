@@ -93,3 +93,6 @@ def test_table_takes_the_token_position_ids_beside_k_rd(tmp_path):
     np.testing.assert_array_equal(res.gride, 3.0 + res.layer)
     np.testing.assert_array_equal(res.twonn, 3.0 + res.layer)
     assert df[df.states == "final_normed"].gride.isna().all() and df.mle_mg.isna().all()
+    from replicate_checks import assert_replicates_reproduce  # issue 48 point 4: k_rd's replicates
+
+    assert assert_replicates_reproduce(df, "k_rd", ci=0.95, n_boot=20) == len(df)

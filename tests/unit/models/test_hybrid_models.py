@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import model_types as mtypes
+import llmgeom
 from llmgeom.core import store, writer
 from llmgeom.core.store import DS, open_activations
 from llmgeom.extract import forward as extraction
@@ -78,7 +79,7 @@ def test_hybrid_file_residual_and_attention_measures(jamba):
     by = vm.groupby("representation").layer.apply(list).to_dict()
     assert by == {"residual_stream": [0, 1, 2], "values": [1], "attn_output": [1]}
     assert vm.pc1.between(0, 1).all() and (vm.pc1 > 1 / 8).all()  # PC1 share of 8 prompts: above 1/n
-    detail, summary = attention_focusing_tables(h5, model="jamba")
+    detail, summary = attention_focusing_tables(h5, model="jamba", **llmgeom.defaults("attention_focusing"))
     assert sorted(set(detail.layer)) == [1] and len(detail[detail.level == "head"]) == 4
     assert summary.attention_layers[0] == "1" and np.isnan(summary.focusing_pct[0])
     with open_activations(h5, model="jamba") as f:
@@ -119,7 +120,7 @@ def test_state_space_model_has_no_attention_datasets(tmp_path):
         assert np.isfinite(store.read_finite(f, DS.LAST_TOKEN_RESIDUAL)).all()
     vm = value_manifold_table({"mixed": h5}, model="mamba", n_boot=10, seed=0, standardize=(True,), ci=0.95, layers="all")
     assert set(vm.representation) == {"residual_stream"} and list(vm.layer) == [0, 1, 2]
-    detail, summary = attention_focusing_tables(h5, model="mamba")  # not applicable, and says so
+    detail, summary = attention_focusing_tables(h5, model="mamba", **llmgeom.defaults("attention_focusing"))  # not applicable, and says so
     assert detail.empty and len(summary) == 1 and summary.attention_type[0] == "none"
     assert summary.not_applicable[0].startswith("no attention layers") and np.isnan(summary.focusing_pct[0])
     from llmgeom.weights.key_orthogonality import key_orthogonality_table
