@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.layers import relative_depth
+from llmgeom.core.stats import derived_seed, weighted_mean_interval
 from llmgeom.core.store import DS, attrs_dict, open_activations, read_finite
 from llmgeom.measures.curvature import local_pca_residuals
 from llmgeom.measures.neighbors import deduplicate
@@ -48,7 +49,7 @@ def known_geometry_references(n: int, d: int, m: int, k: int, *, seed: int = 0) 
 
 
 def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_estimator: str, n_points: int,
-                    seed: int, min_points: int) -> pd.DataFrame:
+                    seed: int, min_points: int, n_boot: int, ci: float) -> pd.DataFrame:
     """Curvature proxy (local PCA residual variance) of the residual stream per layer.
 
     Points: ``tokens/residual_sample[:, layer]`` (float64, duplicates removed), a seeded subset
@@ -59,11 +60,29 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
     ``note``). A layer with fewer than ``min_points`` distinct points (or k <= m after lowering)
     gets NaN values and a note instead of an error (typically the embedding layer, a discrete set).
 
+    Interval of curvature_mean: a bootstrap over passages (``tokens/sample_prompt``, the passage of each sampled
+    position; positions of one passage are not independent): the passages of the subset drawn with replacement
+    ``n_boot`` times (:class:`llmgeom.measures.margins.PassageBootstrap`, seed ``derived_seed(seed, "passages")``),
+    the same resamples at every layer, so replicate b of every layer comes from the same drawn passages. Each
+    anchor keeps its passage through the deduplication (an anchor is the first of its duplicate rows,
+    ``anchor_rows`` of :func:`llmgeom.measures.curvature.local_pca_residuals`); replicate b is the mean of the
+    per-anchor residual fractions, each anchor repeated as often as its passage was drawn
+    (:func:`llmgeom.core.stats.weighted_mean_interval`). The neighbourhoods are not recomputed on a resample:
+    the interval covers the choice of passages among the anchors, not the neighbour search. A file without
+    ``tokens/sample_prompt`` resamples the anchors as if independent (``boot_unit`` "anchors").
+
+    Args:
+        h5_path: corpus activation file; id_table: intrinsic_dimension.csv. k, id_estimator, n_points, seed,
+            min_points, n_boot (0: no interval), ci: schema keys ``curvature.*``.
+
     Returns:
         DataFrame: model, prompt_set, layer, relative_depth (layer / L), d_model, id_estimator,
         id_used (the unrounded ID), m, k, k_adjusted, n (distinct points), n_duplicates_removed,
         n_anchors, curvature_mean, curvature_median, curvature_std, curvature_q25, curvature_q75
-        (fractions of local variance outside the top-m local PCA directions, 0..1), note, and at the layer of the
+        (fractions of local variance outside the top-m local PCA directions, 0..1), curvature_mean_lo /
+        curvature_mean_hi (basic bootstrap interval, clipped to [0, 1]), curvature_mean_bc (bias-corrected),
+        curvature_mean_replicates (:func:`llmgeom.core.stats.replicates_text`; "" with n_boot = 0 or a too-few
+        layer), boot_unit ("passages" or "anchors"), n_boot, note, and at the layer of the
         largest curvature_mean (NaN elsewhere) the known-geometry references curvature_flat (known answer 0),
         curvature_sphere (> 0) and curvature_iso of :func:`known_geometry_references` at that layer's n, d, m, k.
 
@@ -74,6 +93,7 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
     """
     from llmgeom.core.tables import TOKEN_ID
     from llmgeom.measures.intrinsic_dimension import canonical_estimator
+    from llmgeom.measures.margins import PassageBootstrap
 
     id_estimator = canonical_estimator(id_estimator)
     sel = (id_table.model == model) & (id_table.estimator == id_estimator)
@@ -92,6 +112,10 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
         rng = np.random.default_rng(seed)
         sel = np.sort(rng.choice(n_total, size=n_points, replace=False)) if n_points < n_total else np.arange(n_total)
         data = read_finite(f, DS.TOKENS_RESIDUAL_SAMPLE, sel if sel.size < n_total else None)
+        passages = f[DS.TOKENS_SAMPLE_PROMPT][()][sel] if DS.TOKENS_SAMPLE_PROMPT in f else None
+        boot = PassageBootstrap(passages, sel.size, n_boot=n_boot, seed=derived_seed(seed, "passages"))
+        weights = np.array(list(boot), np.float64).reshape(len(boot), sel.size)  # [n_boot, n_points]
+        unit = "passages" if passages is not None else "anchors"
         for layer in range(n_layers + 1):
             if layer not in ids.index:
                 raise ValueError(f"no {id_estimator} intrinsic dimension for layer {layer} of {model}")
@@ -106,16 +130,20 @@ def curvature_table(h5_path, id_table: pd.DataFrame, *, model: str, k: int, id_e
                 k_used, note = n_distinct - 1, f"k lowered to n_distinct - 1 ({n_distinct} distinct points)"
             row = dict(model=model, prompt_set=a.get("prompt_set"), layer=layer, relative_depth=relative_depth(layer, n_layers, index="residual"),
                        d_model=d_model, id_estimator=id_estimator, id_used=id_used, m=m, k=k_used,
-                       k_adjusted=k_used != k, n=n_distinct, n_duplicates_removed=pts.shape[0] - n_distinct)
+                       k_adjusted=k_used != k, n=n_distinct, n_duplicates_removed=pts.shape[0] - n_distinct,
+                       boot_unit=unit, n_boot=int(n_boot))
             cols = ("curvature_mean", "curvature_median", "curvature_std", "curvature_q25", "curvature_q75")
             if n_distinct < min_points or k_used <= m:
                 # e.g. the embedding layer of a tiny vocabulary: a handful of distinct token vectors
                 note = f"too few distinct points ({n_distinct}; min_points={min_points}, m={m})"
-                rows.append(dict(row, n_anchors=0, **{c: np.nan for c in cols}, note=note))
+                rows.append(dict(row, n_anchors=0, **{c: np.nan for c in cols},
+                                 **weighted_mean_interval("curvature_mean", [], np.empty((0, 0)), ci=ci), note=note))
                 continue
             r = local_pca_residuals(pts, k=k_used, m=m, min_points=min_points)
+            iv = weighted_mean_interval("curvature_mean", r["values"], weights[:, r["anchor_rows"]], ci=ci,
+                                        bounds=(0.0, 1.0))
             rows.append(dict(row, n=r["n_points"], n_duplicates_removed=r["n_duplicates_removed"],
-                             n_anchors=r["n_anchors"], **{c: r[c] for c in cols}, note=note))
+                             n_anchors=r["n_anchors"], **{c: r[c] for c in cols}, **iv, note=note))
     df = pd.DataFrame(rows)
     for c in _REFERENCES:
         df[c] = np.nan

@@ -10,8 +10,9 @@ tokens in ``next_token/candidate_logprobs`` (nats, over the full vocabulary). Ne
 Tables:
 
 * ``wind_tunnel.csv`` (:func:`calibration_summary`): per answer position t and overall (t = "all"):
-  n, mae_bits, pearson_r / p, spearman_rho / p, mean_h_model_bits, mean_h_exact_bits, mean_kl_bits,
-  mean_answer_mass.
+  n, mae_bits (with a basic-bootstrap interval over held-out sequences: mae_bits_lo / _hi / _bc /
+  _replicates, boot_unit, n_boot), pearson_r / p, spearman_rho / p, mean_h_model_bits, mean_h_exact_bits,
+  mean_kl_bits, mean_answer_mass.
 * ``wind_tunnel_calibration.csv`` (:func:`entropy_bins`): prompts binned by exact entropy.
 * ``wind_tunnel_geometry.csv`` (:func:`geometry_table`): per representation (``values``,
   ``attn_output`` when the file has it, ``residual_stream``) and layer: PC1 share, PC1+PC2 share,
@@ -29,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from llmgeom.core.layers import relative_depth, select_layers
-from llmgeom.core.stats import pearson, spearman
+from llmgeom.core.stats import derived_seed, pearson, spearman, weighted_mean_interval
 from llmgeom.core.store import DS
 from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.pca import SignConvention, ValueManifoldPCA
@@ -46,7 +47,8 @@ REPRESENTATIONS = {
     "residual_stream": (DS.LAST_TOKEN_RESIDUAL, "residual"),
 }
 
-SUMMARY_COLUMNS = ["model", "task", "kind", "step", "t", "n", "mae_bits", "pearson_r", "pearson_p", "spearman_rho",
+SUMMARY_COLUMNS = ["model", "task", "kind", "step", "t", "n", "mae_bits", "mae_bits_lo", "mae_bits_hi", "mae_bits_bc",
+                   "mae_bits_replicates", "boot_unit", "n_boot", "pearson_r", "pearson_p", "spearman_rho",
                    "spearman_p", "mean_h_model_bits", "mean_h_exact_bits", "mean_kl_bits", "mean_answer_mass"]
 GEOMETRY_COLUMNS = ["model", "task", "step", "representation", "layer", "relative_depth", "n", "n_features",
                     "pc1", "pc12", "participation_ratio", "participation_ratio_top10", "rho_pc1_h_exact",
@@ -164,27 +166,59 @@ def calibration_stats(h_model, h_exact) -> dict:
             "mean_h_exact_bits": float(he.mean()) if he.size else nan}
 
 
-def calibration_summary(per_prompt: pd.DataFrame, *, model: str, step=None) -> pd.DataFrame:
+def calibration_summary(per_prompt: pd.DataFrame, *, model: str, n_boot: int, ci: float, seed: int,
+                        step=None) -> pd.DataFrame:
     """``wind_tunnel.csv``: :func:`calibration_stats` per answer position t (one row each, t ascending)
-    and over all prompts (t = "all", last row), plus mean_kl_bits and mean_answer_mass.
+    and over all prompts (t = "all", last row), plus mean_kl_bits and mean_answer_mass, and a bootstrap
+    interval of mae_bits.
+
+    The interval resamples held-out sequences (the ``sequence`` column; the prompts of one sequence, cut at
+    its answer positions, share their context and are not independent): G sequences drawn with replacement
+    (:class:`llmgeom.measures.margins.PassageBootstrap`, seed ``derived_seed(seed, "sequences")``); replicate b
+    of a row is the mean |H_model - H_exact| of that row's prompts of the drawn sequences, each repeated as
+    often as its sequence was drawn (:func:`llmgeom.core.stats.weighted_mean_interval`). Replicate b of every
+    row (each t and "all") comes from the same resample. Without sequence labels (all -1) the prompts are
+    resampled independently (``boot_unit`` "prompts").
 
     Args:
-        per_prompt: :func:`read_wind_tunnel_h5` output (columns t, h_model_bits, h_exact_bits, kl_bits,
-            answer_mass, task, kind). step: training step of the model (empty for none).
+        per_prompt: :func:`read_wind_tunnel_h5` output (columns t, sequence, h_model_bits, h_exact_bits,
+            kl_bits, answer_mass, task, kind). n_boot: bootstrap resamples (0: no interval; schema key
+            ``wind_tunnel.n_boot``). ci: interval coverage (``wind_tunnel.ci``). seed: bootstrap seed
+            (``wind_tunnel.seed``). step: training step of the model (empty for none).
 
     Returns:
-        DataFrame with :data:`SUMMARY_COLUMNS`.
+        DataFrame with :data:`SUMMARY_COLUMNS`: mae_bits_lo / mae_bits_hi (basic interval, bits, clipped at
+        0), mae_bits_bc (bias-corrected MAE), mae_bits_replicates (:func:`llmgeom.core.stats.replicates_text`),
+        boot_unit ("sequences" or "prompts"), n_boot.
 
-    Source: Paper I (MAE in bits per position and overall).
+    Raises:
+        ValueError: empty per_prompt; n_boot < 0.
+
+    Source: Paper I (MAE in bits per position and overall); cluster bootstrap: Davison & Hinkley 1997,
+    sec. 3.8 / 5.2.
     """
+    from llmgeom.measures.margins import PassageBootstrap
+
     if not len(per_prompt):
         raise ValueError("per_prompt is empty: no prompts to calibrate")
     task, kind = per_prompt.task.iloc[0], per_prompt.kind.iloc[0]
-    groups = [(int(t), g) for t, g in per_prompt.groupby("t", sort=True)] + [("all", per_prompt)]
-    rows = [dict(model=model, task=task, kind=kind, step=step, t=t,
-                 **calibration_stats(g.h_model_bits.to_numpy(), g.h_exact_bits.to_numpy()),
-                 mean_kl_bits=float(g.kl_bits.mean()), mean_answer_mass=float(g.answer_mass.mean()))
-            for t, g in groups]
+    seq = per_prompt["sequence"].to_numpy() if "sequence" in per_prompt else np.full(len(per_prompt), -1)
+    by_sequence = bool(np.all(seq >= 0))
+    boot = PassageBootstrap(seq if by_sequence else None, len(per_prompt), n_boot=n_boot,
+                            seed=derived_seed(seed, "sequences"))
+    w = np.array(list(boot), np.float64).reshape(len(boot), len(per_prompt))  # [n_boot, n_prompts]
+    err = np.abs(per_prompt.h_model_bits.to_numpy(np.float64) - per_prompt.h_exact_bits.to_numpy(np.float64))
+    t_all = per_prompt.t.to_numpy()
+    groups = [(int(t), t_all == t) for t in np.unique(t_all)] + [("all", np.ones(len(per_prompt), bool))]
+    rows = []
+    for t, sel in groups:
+        g = per_prompt[sel]
+        stats = calibration_stats(g.h_model_bits.to_numpy(), g.h_exact_bits.to_numpy())
+        rows.append(dict(model=model, task=task, kind=kind, step=step, t=t, **stats,
+                         **weighted_mean_interval("mae_bits", err[sel], w[:, sel], ci=ci, bounds=(0.0, np.inf)),
+                         boot_unit="sequences" if by_sequence else "prompts",
+                         n_boot=int(n_boot), mean_kl_bits=float(g.kl_bits.mean()),
+                         mean_answer_mass=float(g.answer_mass.mean())))
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
@@ -302,8 +336,12 @@ def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers, ste
     return pd.DataFrame(rows, columns=GEOMETRY_COLUMNS)
 
 
-def wind_tunnel_tables(h5_path, *, model: str, calibration_bins: int, layers, step=None) -> dict:
+def wind_tunnel_tables(h5_path, *, model: str, calibration_bins: int, layers, n_boot: int, ci: float, seed: int,
+                       step=None) -> dict:
     """All wind-tunnel tables of one model: {"summary", "calibration", "geometry", "prompts"}.
+
+    ``summary`` is :func:`calibration_summary` with the bootstrap of mae_bits (``n_boot`` resamples of the
+    held-out sequences, coverage ``ci``, ``seed``: schema keys ``wind_tunnel.n_boot`` / ``ci`` / ``seed``).
 
     ``calibration`` bins span [0, log2 C] bits (C = number of candidate tokens, the largest possible
     entropy) and carry model, task and step columns; ``prompts`` is :func:`read_wind_tunnel_h5` with a
@@ -322,7 +360,8 @@ def wind_tunnel_tables(h5_path, *, model: str, calibration_bins: int, layers, st
     cal.insert(0, "model", model)
     prompts = per.copy()
     prompts.insert(0, "model", model)
-    return {"summary": calibration_summary(per, model=model, step=step), "calibration": cal,
+    return {"summary": calibration_summary(per, model=model, n_boot=n_boot, ci=ci, seed=seed, step=step),
+            "calibration": cal,
             "geometry": geometry_table(h5_path, per, model=model, layers=layers, step=step), "prompts": prompts}
 
 

@@ -211,3 +211,44 @@ def parse_replicates(text) -> np.ndarray:
         return np.array([float(t) for t in s.split()], dtype=np.float64)
     except ValueError as e:
         raise ValueError(f"a replicates cell must hold space-separated numbers: {e}") from None
+
+
+def weighted_mean_interval(column: str, values, weights, *, ci: float,
+                           bounds: tuple[float, float] | None = None) -> dict:
+    """Bootstrap interval of the mean of per-unit values from resample weights: the columns ``<column>_lo``,
+    ``<column>_hi`` (basic interval, :func:`bootstrap_interval`), ``<column>_bc`` (:func:`bias_corrected`) and
+    ``<column>_replicates`` (:func:`replicates_text`) of a table that reports ``<column>`` = mean(values).
+
+    Replicate b is the weighted mean sum_i w_bi v_i / sum_i w_bi, with w_bi the times unit i is drawn in resample
+    b (e.g. the rows of :class:`llmgeom.measures.margins.PassageBootstrap`, which draws whole passages or sequences:
+    a cluster bootstrap, Davison & Hinkley 1997, sec. 3.8; basic interval sec. 5.2). A resample that draws none of
+    the units gives a NaN replicate (ignored by the interval).
+
+    Args:
+        column: the table column of the mean (the prefix of the four keys).
+        values: float array [n] (in the column's units; finite).
+        weights: array [n_boot, n] of non-negative resample weights (n_boot = 0: no interval).
+        ci: central coverage in (0, 1). bounds: optional clip of the interval and of the corrected value
+            (e.g. (0, 1) for fractions).
+
+    Returns:
+        dict of the four keys; with n_boot = 0 or no values: NaN lo / hi / bc and "" replicates. Known answer: equal
+        values c give lo = hi = bc = c and every replicate c (to rounding: a weighted mean of equal values).
+
+    Raises:
+        ValueError: weights not [n_boot, n]; ci outside (0, 1) (with n_boot > 0).
+    """
+    v = np.asarray(values, np.float64).ravel()
+    w = np.asarray(weights, np.float64)
+    if w.ndim != 2 or w.shape[1] != v.size:
+        raise ValueError(f"weights must be [n_boot, {v.size}], got shape {w.shape}")
+    nan = float("nan")
+    if w.shape[0] == 0 or v.size == 0:
+        return {f"{column}_lo": nan, f"{column}_hi": nan, f"{column}_bc": nan, f"{column}{REPLICATES_SUFFIX}": ""}
+    tot = w.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reps = np.where(tot > 0, (w @ v) / np.where(tot > 0, tot, 1.0), nan)
+    est = float(v.mean())
+    lo, hi = bootstrap_interval(est, reps, ci=ci, method="basic", bounds=bounds)
+    return {f"{column}_lo": lo, f"{column}_hi": hi, f"{column}_bc": bias_corrected(est, reps, bounds=bounds),
+            f"{column}{REPLICATES_SUFFIX}": replicates_text(reps)}

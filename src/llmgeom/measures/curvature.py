@@ -42,6 +42,8 @@ def local_pca_residuals(X, *, k: int, m: int, n_anchors: int | None = None, seed
     -------
     dict: ``curvature_mean``, ``curvature_median``, ``curvature_std`` (ddof=0),
     ``curvature_q25``, ``curvature_q75`` over anchors; ``values`` (per-anchor array [n_anchors]);
+    ``anchor_rows`` (int64 [n_anchors], each anchor's row in the input X: the first of its duplicates, so a
+    caller can carry a label per anchor, e.g. its passage, through the deduplication);
     ``k``, ``m``, ``n_points`` (distinct points), ``n_anchors``, ``n_duplicates_removed``.
 
     Raises
@@ -60,7 +62,7 @@ def local_pca_residuals(X, *, k: int, m: int, n_anchors: int | None = None, seed
         raise ValueError(f"m={m} must be smaller than k={k}: k + 1 centred points span at most k "
                          "directions, so the proxy would be 0 by construction; raise k")
     min_points = max(int(min_points or 0), k + 1)
-    X, _, idx, n_exact, n_zero = prepare_neighbors(X, k, min_points, "curvature proxy")
+    X, _, idx, n_exact, n_zero, kept = prepare_neighbors(X, k, min_points, "curvature proxy", return_kept=True)
     n = X.shape[0]
     if n_anchors is None or int(n_anchors) >= n:
         anchors = np.arange(n)
@@ -95,6 +97,7 @@ def local_pca_residuals(X, *, k: int, m: int, n_anchors: int | None = None, seed
         "curvature_q25": float(np.quantile(vals, 0.25)),
         "curvature_q75": float(np.quantile(vals, 0.75)),
         "values": vals,
+        "anchor_rows": kept[anchors],
         "k": k,
         "m": m,
         "n_points": int(n),

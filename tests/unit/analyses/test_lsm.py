@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -21,7 +22,7 @@ from llmgeom.prompts.builders import build_prompt_set
 from llmgeom.prompts.io import PromptDataError
 from llmgeom.prompts.sources import text_file_passages
 from llmgeom.core.writer import ActivationWriter
-from llmgeom.core.stats import parse_replicates
+from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed, parse_replicates
 from llmgeom.core.tables import duplicate_keys
 from llmgeom.analyses.intrinsic_dimension import intrinsic_dimension_table
 from llmgeom.analyses.curvature import curvature_table
@@ -131,6 +132,23 @@ def test_curvature_gram_path_equals_explicit_path(monkeypatch):
     monkeypatch.setattr(curvature, "GRAM_MAX_POINTS", 0)
     b = local_pca_residuals(X, k=20, m=3)["values"]
     np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_curvature_anchor_rows_map_anchors_to_input_rows():
+    rng = np.random.default_rng(16)
+    X = rng.standard_normal((60, 8))
+    Xd = np.vstack([X, X[:10]])[rng.permutation(70)]  # 10 rows twice, shuffled
+    r = local_pca_residuals(Xd, k=10, m=2)
+    rows = r["anchor_rows"]
+    assert rows.size == r["n_anchors"] == 60 and np.all(np.diff(rows) > 0)
+    # each anchor is the first of its duplicate rows of the input
+    first = {tuple(x): i for i, x in reversed(list(enumerate(Xd)))}
+    assert sorted(first.values()) == rows.tolist()
+    # the values follow the rows: the same cloud without duplicates gives the same value at the same point
+    ref = local_pca_residuals(Xd[rows], k=10, m=2)
+    np.testing.assert_allclose(r["values"], ref["values"], atol=1e-12)
+    sub = local_pca_residuals(Xd, k=10, m=2, n_anchors=15, seed=3)
+    assert sub["anchor_rows"].size == 15 and set(sub["anchor_rows"]) <= set(rows)
 
 
 def test_curvature_errors():
@@ -384,10 +402,38 @@ def test_id_table_disagreement_profile_and_curvature_tables(corpus_h5):
     assert (prof.source == "measured").all()
     cols = list(prof.columns)
     assert cols.index("peak_id_published") == cols.index("peak_id") + 1
-    cv = curvature_table(corpus_h5, idt, model="toy", k=20, n_points=250, min_points=20, id_estimator="twonn", seed=0)
+    cv = curvature_table(corpus_h5, idt, model="toy", k=20, n_points=250, min_points=20, id_estimator="twonn", seed=0,
+                         n_boot=20, ci=0.9)
     assert len(cv) == 4 and cv.m.isin([5, 6]).all() and (cv.k == 20).all()  # m = round(TwoNN ID)
     assert (cv.curvature_mean < 1e-6).all()  # a linear 5-d cloud is flat at m >= 5
     assert (cv.n == 250).all()
+    # curvature_mean's interval: a bootstrap over the passages (tokens/sample_prompt), the same resamples at
+    # every layer; the replicates reproduce the interval and the corrected value
+    assert (cv.boot_unit == "passages").all() and (cv.n_boot == 20).all()
+    for _, r in cv.iterrows():
+        reps = parse_replicates(r.curvature_mean_replicates)
+        assert reps.size == 20 and np.isfinite(reps).all()
+        lo, hi = bootstrap_interval(r.curvature_mean, reps, ci=0.9, method="basic", bounds=(0.0, 1.0))
+        assert (r.curvature_mean_lo, r.curvature_mean_hi) == pytest.approx((lo, hi))
+        assert r.curvature_mean_bc == pytest.approx(bias_corrected(r.curvature_mean, reps, bounds=(0.0, 1.0)))
+        assert 0 <= r.curvature_mean_lo <= r.curvature_mean_hi <= 1
+    # known answer at layer 2: replicate b = mean of the anchors' values, each weighted by the times its passage
+    # (sample index // 10 in this file) is drawn in resample b
+    sel = np.sort(np.random.default_rng(0).choice(300, size=250, replace=False))
+    with h5py.File(corpus_h5, "r") as f:
+        pts = f["tokens/residual_sample"][sel, 2, :].astype(np.float64)
+    r2 = local_pca_residuals(pts, k=20, m=int(cv.m.iloc[2]), min_points=20)
+    w = np.array(list(margins.PassageBootstrap(sel // 10, sel.size, n_boot=20, seed=derived_seed(0, "passages"))))
+    wa = w[:, r2["anchor_rows"]]
+    np.testing.assert_allclose(parse_replicates(cv.curvature_mean_replicates.iloc[2]),
+                               wa @ r2["values"] / wa.sum(axis=1), rtol=1e-6, atol=1e-12)
+    # seeded: the same arguments give the same replicates; n_boot = 0: no interval
+    kw = dict(model="toy", k=20, n_points=250, min_points=20, id_estimator="twonn", seed=0, ci=0.9)
+    again = curvature_table(corpus_h5, idt, n_boot=20, **kw)
+    assert list(again.curvature_mean_replicates) == list(cv.curvature_mean_replicates)
+    none = curvature_table(corpus_h5, idt, n_boot=0, **kw)
+    assert none.curvature_mean_lo.isna().all() and (none.curvature_mean_replicates == "").all()
+    np.testing.assert_array_equal(none.curvature_mean, cv.curvature_mean)
 
 
 def test_id_profile_row_for_an_estimator_without_two_measured_layers():

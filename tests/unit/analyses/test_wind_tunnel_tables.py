@@ -14,6 +14,9 @@ from llmgeom.analyses.wind_tunnel import (GEOMETRY_COLUMNS, SUMMARY_COLUMNS, bes
                                           calibration_stats, calibration_summary, candidate_entropy, manifold_stats)
 
 
+#: the bootstrap of mae_bits (schema keys wind_tunnel.n_boot / ci / seed)
+BOOT = dict(n_boot=50, ci=0.9, seed=0)
+
 # --------------------------------------------------------------------------- calibration
 
 
@@ -71,7 +74,7 @@ def _per_prompt(V=5, n_seq=4, err=0.05):
 
 def test_calibration_summary_rows_per_t_and_overall():
     per = _per_prompt()
-    s = calibration_summary(per, model="wt", step=100)
+    s = calibration_summary(per, model="wt", step=100, **BOOT)
     assert list(s.columns) == SUMMARY_COLUMNS
     assert list(s.t) == [0, 1, 2, 3, "all"]
     np.testing.assert_allclose(s.mae_bits, 0.05)
@@ -81,7 +84,46 @@ def test_calibration_summary_rows_per_t_and_overall():
     assert s.mean_h_exact_bits.iloc[0] == pytest.approx(math.log2(5))
     assert (s.model == "wt").all() and (s.step == 100).all() and (s.task == "bij").all()
     with pytest.raises(ValueError, match="empty"):
-        calibration_summary(per.iloc[:0], model="wt")
+        calibration_summary(per.iloc[:0], model="wt", **BOOT)
+
+
+def test_calibration_summary_mae_interval_over_sequences():
+    from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed, parse_replicates
+    from llmgeom.measures.margins import PassageBootstrap
+
+    # constant per-prompt errors (|H_model - H_exact| = 0.05 bit everywhere): a zero-width interval at 0.05
+    s = calibration_summary(_per_prompt(), model="wt", **BOOT)
+    np.testing.assert_allclose(s[["mae_bits_lo", "mae_bits_hi", "mae_bits_bc"]], 0.05, atol=1e-15)
+    assert (s.boot_unit == "sequences").all() and (s.n_boot == 50).all()
+    assert all(np.allclose(parse_replicates(r), 0.05, atol=1e-15) and parse_replicates(r).size == 50
+               for r in s.mae_bits_replicates)
+    # errors that differ by sequence (sequence i: i / 10 bit at every t): each replicate is the mean error of the
+    # drawn sequences, the same resample for every row, so the per-t rows' replicates equal the "all" row's
+    per = _per_prompt(n_seq=6)
+    per["h_model_bits"] = per.h_exact_bits + per.sequence / 10
+    s = calibration_summary(per, model="wt", **BOOT).set_index("t")
+    reps = {t: parse_replicates(r) for t, r in s.mae_bits_replicates.items()}
+    for t in range(4):
+        np.testing.assert_allclose(reps[t], reps["all"], rtol=1e-12)
+    w = np.array(list(PassageBootstrap(per.sequence, len(per), n_boot=50, seed=derived_seed(0, "sequences"))))
+    np.testing.assert_allclose(reps["all"], w @ (per.sequence / 10) / w.sum(axis=1), rtol=1e-8)
+    a = s.loc["all"]
+    assert a.mae_bits == pytest.approx(0.25) and a.n == 24
+    # the replicates reproduce the interval and the corrected value (basic, clipped at 0)
+    assert (a.mae_bits_lo, a.mae_bits_hi) == pytest.approx(
+        bootstrap_interval(0.25, reps["all"], ci=0.9, method="basic", bounds=(0.0, np.inf)))
+    assert a.mae_bits_bc == pytest.approx(bias_corrected(0.25, reps["all"], bounds=(0.0, np.inf)))
+    assert 0 <= a.mae_bits_lo < 0.25 < a.mae_bits_hi
+    # seeded: the same seed gives the same replicates, another seed others
+    again = calibration_summary(per, model="wt", **BOOT).set_index("t")
+    assert again.loc["all", "mae_bits_replicates"] == a.mae_bits_replicates
+    other = calibration_summary(per, model="wt", **dict(BOOT, seed=1)).set_index("t")
+    assert other.loc["all", "mae_bits_replicates"] != a.mae_bits_replicates
+    # no sequence labels: prompts resampled independently; n_boot = 0: no interval
+    s = calibration_summary(per.assign(sequence=-1), model="wt", **BOOT)
+    assert (s.boot_unit == "prompts").all() and s.mae_bits_lo.notna().all()
+    s = calibration_summary(per, model="wt", **dict(BOOT, n_boot=0))
+    assert s.mae_bits_lo.isna().all() and (s.mae_bits_replicates == "").all() and (s.n_boot == 0).all()
 
 
 def test_calibration_bins_edges_last_bin_closed_and_empty_bins_omitted():
@@ -157,7 +199,7 @@ def _summary_tables():
     af = pd.DataFrame([dict(model=m, attention_type="MHA", n_sliding_layers=0, n_layers=2, sliding_window=np.nan,
                             focusing_pct=f, focusing_pct_global=f, spearman_rho=-1.0, spearman_p=0.0)
                        for m, f in (("llm", 30.0), ("wt", 60.0))])
-    wt = calibration_summary(_per_prompt(), model="wt", step=3000)
+    wt = calibration_summary(_per_prompt(), model="wt", step=3000, **BOOT)
     geo = pd.DataFrame([dict(model="wt", representation=r, layer=l, pc12=0.1 * (l + 1), abs_rho_pc1_h_exact=v)
                         for r, vals in (("values", [0.3, 0.5]), ("attn_output", [0.9, 0.7]),
                                         ("residual_stream", [0.1, 0.2, 0.15]))
@@ -198,7 +240,7 @@ def test_wind_tunnel_figure_writes_png_and_pdf(tmp_path):
     from llmgeom.plots.wind_tunnel import wind_tunnel_figure
 
     per = _per_prompt().assign(model="wt")
-    summary = calibration_summary(per, model="wt")
+    summary = calibration_summary(per, model="wt", **BOOT)
     geo = pd.DataFrame([dict(model="wt", representation=r, layer=l, relative_depth=(l + 1) / 2, pc1=0.4,
                              abs_rho_pc1_h_exact=0.8) for r in ("values", "residual_stream") for l in range(2)])
     paths = [tmp_path / "wt.png", tmp_path / "wt.pdf"]
@@ -235,10 +277,11 @@ def test_tiny_model_trained_extracted_and_tabulated(tmp_path, spec, cuts):
     h5 = tmp_path / "wt.h5"
     extract_to_hdf5(model, prompts, h5, model_name="wt", dtype="float32", device="cpu", batch_size=8, top_k=3,
                     attention=True, candidates_key=CANDIDATES_KEY, sample_per_prompt=30, device_map=None)
-    t = wind_tunnel_tables(h5, model="wt", calibration_bins=4, step=60, layers="all")
+    t = wind_tunnel_tables(h5, model="wt", calibration_bins=4, step=60, layers="all", **BOOT)
     s = t["summary"]
     assert list(s.columns) == SUMMARY_COLUMNS and list(s.t) == [*cuts, "all"]
     assert np.isfinite(s.mae_bits).all() and (s.n.iloc[-1] == 24)
+    assert ((s.mae_bits_lo <= s.mae_bits_hi) & (s.boot_unit == "sequences")).all()
     exact = [np.mean([r["meta"]["h_exact_bits"] for r in records if r["meta"]["t"] == t]) for t in cuts]
     np.testing.assert_allclose(s.mean_h_exact_bits.iloc[:3], exact, rtol=1e-6)
     if spec["kind"] == "bijection":

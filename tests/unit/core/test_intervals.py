@@ -84,3 +84,29 @@ def test_intervention_deltas_carry_basic_intervals_and_bias_corrected_changes():
                                                             - hb)) - s.loc["baseline"].mae_bits)
     b = s.loc["baseline"]
     assert b.delta_mae_bits == 0 and b.delta_mae_bits_lo == 0 and b.delta_mae_bits_bc == 0
+
+
+def test_weighted_mean_interval_known_answers():
+    from llmgeom.core.stats import parse_replicates, weighted_mean_interval
+
+    v = np.array([1.0, 2.0, 3.0, 6.0])
+    # three resamples: unit weights (the sample itself), all on unit 3, units 0 and 1 twice each
+    w = np.array([[1, 1, 1, 1], [0, 0, 0, 4], [2, 2, 0, 0]])
+    out = weighted_mean_interval("x", v, w, ci=0.5)
+    reps = parse_replicates(out["x_replicates"])
+    np.testing.assert_allclose(reps, [3.0, 6.0, 1.5])
+    assert (out["x_lo"], out["x_hi"]) == pytest.approx(bootstrap_interval(3.0, reps, ci=0.5, method="basic"))
+    assert out["x_bc"] == pytest.approx(2 * 3.0 - reps.mean())
+    # bounds clip the interval and the corrected value; a resample with no unit drawn is a NaN replicate
+    out = weighted_mean_interval("x", v, np.vstack([w, np.zeros(4)]), ci=0.5, bounds=(0.0, 4.0))
+    assert out["x_replicates"].split()[-1] == "nan" and out["x_hi"] <= 4.0
+    assert (out["x_lo"], out["x_hi"]) == pytest.approx(bootstrap_interval(3.0, reps, ci=0.5, bounds=(0.0, 4.0)))
+    # equal values: a zero-width interval at the value
+    c = weighted_mean_interval("x", np.full(5, 0.07), np.random.default_rng(0).integers(0, 3, (40, 5)), ci=0.95)
+    assert c["x_lo"] == pytest.approx(0.07, abs=1e-15) and c["x_hi"] == pytest.approx(0.07, abs=1e-15)
+    # no resamples (n_boot = 0) or no values: no interval, no replicates
+    for vals, ww in ((v, np.empty((0, 4))), ([], np.empty((0, 0)))):
+        e = weighted_mean_interval("x", vals, ww, ci=0.95)
+        assert np.isnan(e["x_lo"]) and np.isnan(e["x_hi"]) and np.isnan(e["x_bc"]) and e["x_replicates"] == ""
+    with pytest.raises(ValueError, match="weights must be"):
+        weighted_mean_interval("x", v, np.ones((3, 5)), ci=0.95)
