@@ -383,7 +383,7 @@ def size_slope(x, y, se) -> tuple[float, float]:
         (NaN, NaN) with fewer than 3 points.
 
     Source: weighted regression with the variance scaled by the reduced chi-square (Birge 1932; Bevington &
-    Robinson, Data Reduction and Error Analysis, sec. 6-7); issue 48 (across-size rules decided against noise).
+    Robinson, Data Reduction and Error Analysis, sec. 6-7).
     """
     x, y, se = (np.asarray(a, np.float64) for a in (x, y, se))
     if x.size < 3:
