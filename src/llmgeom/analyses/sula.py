@@ -168,7 +168,28 @@ def calibration_table(per_prompt, *, model: str, n_bins: int):
     return pd.DataFrame(rows)
 
 
-def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers):
+def _rho_replicates(s, hb, k, *, n_boot: int, ci: float, seed: int) -> dict:
+    """Basic bootstrap over prompts of rho(PC1, H_Bayes) and rho(k, PC1) with the PC1 scores ``s`` [n] held at the
+    full-sample fit (the interval is conditional on that axis: PC1 is not refitted per resample). Resample b =
+    ``numpy.random.default_rng(seed).integers(0, n, (n_boot, n))[b]``, the same for both. Returns
+    ``<c>_lo`` / ``_hi`` (clipped to [-1, 1]; NaN without resamples or for a NaN estimate) and ``<c>_replicates``
+    for c in rho_pc1_h_bayes, rho_k_pc1."""
+    cols = {"rho_pc1_h_bayes": (s, hb), "rho_k_pc1": (k, s)}
+    reps = {c: np.full(int(n_boot), np.nan) for c in cols}
+    if int(n_boot) > 0 and len(s):
+        for b, ix in enumerate(np.random.default_rng(seed).integers(0, len(s), size=(int(n_boot), len(s)))):
+            for c, (x, y) in cols.items():
+                reps[c][b] = spearman(x[ix], y[ix])[0]
+    out = {}
+    for c, (x, y) in cols.items():
+        t = spearman(x, y)[0]
+        lo, hi = (bootstrap_interval(t, reps[c], ci=ci, bounds=(-1.0, 1.0)) if np.isfinite(t) and int(n_boot) > 0
+                  else (np.nan, np.nan))
+        out.update({f"{c}_lo": lo, f"{c}_hi": hi, f"{c}_replicates": replicates_text(reps[c])})
+    return out
+
+
+def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers, n_boot: int, ci: float, seed: int):
     """SULA geometry per condition and layer: PC1 of the standardized last-token values
     (``last_token/values`` [n, L, n_kv*head_dim]) by :class:`llmgeom.measures.pca.ValueManifoldPCA`; its sign
     is fixed so that Pearson corr(PC1, H_model) >= 0 (:data:`llmgeom.measures.pca.H_MODEL_SIGN`).
@@ -179,7 +200,10 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers):
         values) and participation_ratio_top10 (10 largest eigenvalues, the published code's definition),
         rho_pc1_h_bayes / p (Spearman, PC1 vs H_Bayes; NaN if H_Bayes is
         constant, e.g. shuffled), rho_k_pc1 / p (Spearman, k vs PC1), rho_pc1_h_model / p,
-        pc1_sign_flipped, pc1_sign ("pearson(h_model_bits) >= 0") (all NaN at a layer where the values do not vary across prompts, e.g. layer 0: the
+        pc1_sign_flipped, pc1_sign ("pearson(h_model_bits) >= 0"), rho_pc1_h_bayes_lo / _hi / _replicates and
+        rho_k_pc1_lo / _hi / _replicates (``n_boot`` resamples of the prompts, the PC1 scores held at the
+        full-sample fit: :func:`_rho_replicates`; seed derived from ``seed``, condition and layer)
+        (all NaN at a layer where the values do not vary across prompts, e.g. layer 0: the
         final token is always ":"); and scores = {condition: PC1 score [n] at the last layer analysed}. Only
         layers with attention are analysed (the file's ``attention_layers``: hybrid models list fewer layers; a
         state-space model has no rows and NaN scores).
@@ -214,7 +238,9 @@ def geometry_table(h5_paths: dict, per_prompt, *, model: str, layers):
                 r1, p1 = spearman(s, hb)
                 r2, p2 = spearman(k, s)
                 r3, p3 = spearman(s, hm)
-                rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=relative_depth(layer, L),
+                boot = _rho_replicates(s, hb, k, n_boot=n_boot, ci=ci,
+                                       seed=derived_seed(seed, f"geometry:{cond}:{layer}"))
+                rows.append(dict(model=model, condition=cond, layer=layer, relative_depth=relative_depth(layer, L), **boot,
                                  n=len(s), pc1=est.pc1_, participation_ratio=est.participation_ratio_,
                                  participation_ratio_top10=est.participation_ratio_top_, rho_pc1_h_bayes=r1,
                                  p_pc1_h_bayes=p1, rho_k_pc1=r2, p_k_pc1=p2, rho_pc1_h_model=r3, p_pc1_h_model=p3,
@@ -229,7 +255,8 @@ def sula_tables(h5_paths: dict, *, model: str, calibration_bins: int, layers, n_
 
     Args:
         h5_paths: condition -> ``results/{model}/activations/sula_{condition}.h5``.
-        n_boot, ci, seed: the bootstrap over prompts of sula.csv (:func:`sula_table`; ``seed`` is the prompt
+        n_boot, ci, seed: the bootstrap over prompts of sula.csv (:func:`sula_table`) and of the geometry rhos
+            (:func:`geometry_table`; ``seed`` is the prompt
             generation's, each row's bootstrap seed is derived from it and the row).
 
     ``prompts`` holds one row per prompt (condition, k, i, counts, p_bayes, h_bayes_bits, p_model,
@@ -241,7 +268,7 @@ def sula_tables(h5_paths: dict, *, model: str, calibration_bins: int, layers, n_
     import pandas as pd
 
     per = pd.concat([read_sula_h5(p, model=model) for p in h5_paths.values()], ignore_index=True)
-    geo, scores = geometry_table(h5_paths, per, model=model, layers=layers)
+    geo, scores = geometry_table(h5_paths, per, model=model, layers=layers, n_boot=n_boot, ci=ci, seed=seed)
     per["pc1_last"] = np.nan
     for cond, s in scores.items():
         per.loc[per.condition == cond, "pc1_last"] = s

@@ -387,3 +387,22 @@ def test_sula_bootstrap_replicates_reproduce_the_intervals():
     assert exact["pearson_r_hi"] == pytest.approx(1.0)
     none = sula_bootstrap(h, h, sula_stats(h, h), n_boot=0, ci=0.95, seed=0)
     assert np.isnan(none["mae_bits_lo"]) and none["mae_bits_replicates"] == ""
+
+
+def test_geometry_rho_replicates_known_answers():
+    """PC1 scores that order the prompts exactly as H_Bayes (and against k) give rho = 1 (and -1) on every resample:
+    a zero-width interval; the same seed, the same replicates; no resamples, NaN bounds."""
+    from llmgeom.analyses.sula import _rho_replicates
+    from llmgeom.core.stats import parse_replicates
+
+    s = np.linspace(0.0, 1.0, 20)
+    out = _rho_replicates(s, 2 * s + 1, -s, n_boot=30, ci=0.95, seed=3)
+    assert np.allclose(parse_replicates(out["rho_pc1_h_bayes_replicates"]), 1.0)
+    assert np.allclose(parse_replicates(out["rho_k_pc1_replicates"]), -1.0)
+    assert (out["rho_pc1_h_bayes_lo"], out["rho_pc1_h_bayes_hi"]) == pytest.approx((1.0, 1.0))
+    assert out == _rho_replicates(s, 2 * s + 1, -s, n_boot=30, ci=0.95, seed=3)
+    rng = np.random.default_rng(0)
+    noisy = _rho_replicates(s, s + rng.normal(0, 0.3, 20), -s, n_boot=50, ci=0.95, seed=3)
+    assert noisy["rho_pc1_h_bayes_lo"] < noisy["rho_pc1_h_bayes_hi"] < 1.0 + 1e-12
+    none = _rho_replicates(s, s, -s, n_boot=0, ci=0.95, seed=3)
+    assert np.isnan(none["rho_k_pc1_lo"]) and none["rho_k_pc1_replicates"] == ""
