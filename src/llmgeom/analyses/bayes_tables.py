@@ -249,6 +249,12 @@ def _wind_tunnel_columns(m: str, wt: pd.DataFrame, geo: pd.DataFrame | None) -> 
             out["pc12_wind_tunnel"] = float(last.pc12.iloc[0])
             if "pc1" in last:
                 out["pc1_wind_tunnel"] = float(last.pc1.iloc[0])
+            for c in ("pc1", "pc12"):  # the bootstrap over prompts of the final layer's shares, where it has one
+                for sfx in ("_lo", "_hi", REPLICATES_SUFFIX):
+                    if c + sfx in last:
+                        x = last[c + sfx].iloc[0]
+                        out[f"{c}_wind_tunnel{sfx}"] = ("" if sfx == REPLICATES_SUFFIX and not isinstance(x, str)
+                                                      else x)
         for rep in _WT_REPRESENTATIONS:
             x = g[g.representation == rep].abs_rho_pc1_h_exact
             if x.notna().any():

@@ -52,7 +52,8 @@ SUMMARY_COLUMNS = ["model", "task", "kind", "step", "t", "n", "mae_bits", "mae_b
                    "spearman_p", "mean_h_model_bits", "mean_h_exact_bits", "mean_kl_bits", "mean_answer_mass"]
 GEOMETRY_COLUMNS = ["model", "task", "step", "representation", "layer", "relative_depth", "n", "n_features",
                     "pc1", "pc12", "participation_ratio", "participation_ratio_top10", "rho_pc1_h_exact",
-                    "p_pc1_h_exact", "abs_rho_pc1_h_exact", "pc1_sign"]
+                    "p_pc1_h_exact", "abs_rho_pc1_h_exact", "pc1_sign", "pc1_lo", "pc1_hi", "pc1_replicates",
+                    "pc12_lo", "pc12_hi", "pc12_replicates"]
 
 #: Sign convention of wind_tunnel_geometry.csv: Spearman rho(PC1 score, exact posterior entropy) >= 0.
 H_EXACT_SIGN = SignConvention("h_exact_bits", "spearman")
@@ -262,7 +263,8 @@ def entropy_bins(h_model, h_exact, *, h_max: float, n_bins: int) -> pd.DataFrame
                                        "sd_h_model_bits", "mean_abs_error_bits"])
 
 
-def manifold_stats(X, h_exact, *, standardize: bool = True) -> dict:
+def manifold_stats(X, h_exact, *, standardize: bool = True, n_boot: int = 0, seed: int | None = None,
+                   ci: float | None = None) -> dict:
     """Value-manifold statistics of one representation at one layer.
 
     Args:
@@ -273,13 +275,17 @@ def manifold_stats(X, h_exact, *, standardize: bool = True) -> dict:
         dict: n, n_features (d), pc1, pc12 (explained-variance fractions), participation_ratio (full
         spectrum), participation_ratio_top10, rho_pc1_h_exact / p_pc1_h_exact (Spearman of the PC1 score
         with the exact entropy; PC1's sign is fixed so that rho >= 0), abs_rho_pc1_h_exact, pc1_sign
-        (:data:`H_EXACT_SIGN`, "spearman(h_exact_bits) >= 0"). All NaN
+        (:data:`H_EXACT_SIGN`, "spearman(h_exact_bits) >= 0"); with ``n_boot`` > 0 (and its ``seed``, ``ci``)
+        pc1_lo / pc1_hi / pc1_replicates and the same of pc12: the basic bootstrap over prompts of
+        :class:`ValueManifoldPCA` (NaN / "" without). All NaN
         (n and n_features kept) when X does not vary across prompts; rho NaN when h_exact is constant.
 
     Source: Paper I (value manifolds ordered by posterior entropy); Paper III sec. 4 (PC1 share,
     participation ratio, rho(PC1, entropy)); the estimator is :class:`llmgeom.measures.pca.ValueManifoldPCA`
-    (no bootstrap here).
+    (its bootstrap over prompts where ``n_boot`` > 0).
     """
+    from llmgeom.core.stats import replicates_text
+
     X = np.asarray(X, np.float64)
     he = np.asarray(h_exact, np.float64)
     if X.ndim != 2 or X.shape[0] != he.size:
@@ -287,10 +293,16 @@ def manifold_stats(X, h_exact, *, standardize: bool = True) -> dict:
     nan = float("nan")
     out = dict(n=int(X.shape[0]), n_features=int(X.shape[1]), pc1=nan, pc12=nan, participation_ratio=nan,
                participation_ratio_top10=nan, rho_pc1_h_exact=nan, p_pc1_h_exact=nan, abs_rho_pc1_h_exact=nan,
-               pc1_sign=H_EXACT_SIGN.label)
+               pc1_sign=H_EXACT_SIGN.label, pc1_lo=nan, pc1_hi=nan, pc1_replicates="", pc12_lo=nan, pc12_hi=nan,
+               pc12_replicates="")
     if X.shape[0] < 3 or not np.any(np.ptp(X, axis=0) > 0):
         return out
-    est = ValueManifoldPCA(standardize=standardize, n_components=1, sign=H_EXACT_SIGN).fit(X, he)
+    est = ValueManifoldPCA(standardize=standardize, n_components=1, sign=H_EXACT_SIGN, n_boot=int(n_boot), seed=seed,
+                           ci=ci).fit(X, he)
+    if int(n_boot) > 0:
+        for j, c in ((0, "pc1"), (2, "pc12")):
+            out.update({f"{c}_lo": est.interval_[c][0], f"{c}_hi": est.interval_[c][1],
+                        f"{c}_replicates": replicates_text(est.boot_[:, j])})
     rho, p = float(est.sign_corr_[0]), float(est.sign_p_[0])
     out.update(pc1=est.pc1_, pc12=est.pc12_, participation_ratio=est.participation_ratio_,
                participation_ratio_top10=est.participation_ratio_top_, rho_pc1_h_exact=rho, p_pc1_h_exact=p,
@@ -299,7 +311,8 @@ def manifold_stats(X, h_exact, *, standardize: bool = True) -> dict:
 
 
 def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers, step=None,
-                   standardize: bool = True) -> pd.DataFrame:
+                   standardize: bool = True, n_boot: int = 0, ci: float | None = None,
+                   seed: int | None = None) -> pd.DataFrame:
     """``wind_tunnel_geometry.csv``: :func:`manifold_stats` per representation (:data:`REPRESENTATIONS`:
     values, attn_output when the file has ``last_token/attn_output``, residual_stream) and layer.
 
@@ -307,6 +320,8 @@ def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers, ste
         h5_path: the wind-tunnel activation file; per_prompt: :func:`read_wind_tunnel_h5` of it.
         layers: ``select_layers`` spec (block layers; the residual stream adds its embedding layer 0
             and indexes hidden states 0..L). step: training step (empty for none).
+        n_boot, ci, seed: the bootstrap over prompts of pc1 / pc12 (:func:`manifold_stats`), at the final layer of
+        the values only (what Table 2's wind-tunnel row reads); 0 = none.
 
     Returns:
         DataFrame with :data:`GEOMETRY_COLUMNS`; relative_depth = (layer + 1) / L for blocks, layer / L
@@ -330,9 +345,11 @@ def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers, ste
             for layer in idx:
                 X = read_finite(f, ds, layer=layer)
                 X = X.reshape(X.shape[0], -1)
+                boot = dict(n_boot=n_boot, seed=derived_seed(seed, "geometry"), ci=ci) if (
+                    n_boot and rep == "values" and layer == max(idx)) else {}
                 rows.append(dict(model=model, task=task, step=step, representation=rep, layer=layer,
-                                 relative_depth=relative_depth(layer, L, index=index), **manifold_stats(X, he,
-                                                                                          standardize=standardize)))
+                                 relative_depth=relative_depth(layer, L, index=index),
+                                 **manifold_stats(X, he, standardize=standardize, **boot)))
     return pd.DataFrame(rows, columns=GEOMETRY_COLUMNS)
 
 
@@ -341,7 +358,8 @@ def wind_tunnel_tables(h5_path, *, model: str, calibration_bins: int, layers, n_
     """All wind-tunnel tables of one model: {"summary", "calibration", "geometry", "prompts"}.
 
     ``summary`` is :func:`calibration_summary` with the bootstrap of mae_bits (``n_boot`` resamples of the
-    held-out sequences, coverage ``ci``, ``seed``: schema keys ``wind_tunnel.n_boot`` / ``ci`` / ``seed``).
+    held-out sequences, coverage ``ci``, ``seed``: schema keys ``wind_tunnel.n_boot`` / ``ci`` / ``seed``);
+    ``geometry`` bootstraps pc1 / pc12 over prompts at the values' final layer with the same keys.
 
     ``calibration`` bins span [0, log2 C] bits (C = number of candidate tokens, the largest possible
     entropy) and carry model, task and step columns; ``prompts`` is :func:`read_wind_tunnel_h5` with a
@@ -362,7 +380,8 @@ def wind_tunnel_tables(h5_path, *, model: str, calibration_bins: int, layers, n_
     prompts.insert(0, "model", model)
     return {"summary": calibration_summary(per, model=model, n_boot=n_boot, ci=ci, seed=seed, step=step),
             "calibration": cal,
-            "geometry": geometry_table(h5_path, per, model=model, layers=layers, step=step), "prompts": prompts}
+            "geometry": geometry_table(h5_path, per, model=model, layers=layers, step=step, n_boot=n_boot, ci=ci,
+                                       seed=seed), "prompts": prompts}
 
 
 def best_geometry(geometry: pd.DataFrame) -> pd.DataFrame:

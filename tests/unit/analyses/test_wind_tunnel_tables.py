@@ -295,3 +295,22 @@ def test_tiny_model_trained_extracted_and_tabulated(tmp_path, spec, cuts):
     n_cand = spec.get("V", spec.get("n_obs"))
     assert t["calibration"].n.sum() == 24 and t["calibration"].bin_hi.max() == pytest.approx(np.log2(n_cand))
     assert len(t["prompts"]) == 24
+
+
+def test_manifold_stats_bootstrap_replicates_reproduce_the_interval():
+    """pc1 / pc12 of the wind-tunnel geometry: replicates of the bootstrap over prompts, whose basic interval is the
+    reported one (Table 2's wind-tunnel row reads the final layer's); none without n_boot."""
+    from llmgeom.analyses.wind_tunnel import manifold_stats
+    from llmgeom.core.stats import bootstrap_interval, parse_replicates
+
+    rng = np.random.default_rng(0)
+    h = rng.uniform(0, 3, 40)
+    X = np.outer(h, rng.standard_normal(16)) + 0.1 * rng.standard_normal((40, 16))  # one direction carries h
+    out = manifold_stats(X, h, n_boot=50, seed=1, ci=0.95)
+    reps = parse_replicates(out["pc1_replicates"])
+    assert reps.size == 50 and out["pc1"] > 0.9
+    assert (out["pc1_lo"], out["pc1_hi"]) == pytest.approx(bootstrap_interval(out["pc1"], reps, ci=0.95,
+                                                                              bounds=(0.0, 1.0)), abs=1e-8)
+    assert out == manifold_stats(X, h, n_boot=50, seed=1, ci=0.95)  # seeded
+    plain = manifold_stats(X, h)
+    assert plain["pc1_replicates"] == "" and np.isnan(plain["pc1_lo"]) and plain["pc1"] == out["pc1"]
