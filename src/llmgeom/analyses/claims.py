@@ -368,7 +368,7 @@ def _size_series(rows, claim, params):
     return dict(out, x=np.log(x), y=np.log(v), se=se)
 
 
-def size_slope(x, y, se) -> tuple[float, float]:
+def size_slope(x, y, se) -> tuple[float, float, float]:
     """Log-log slope of a statistic against model size, with its standard error propagated from the per-model
     standard errors.
 
@@ -376,21 +376,54 @@ def size_slope(x, y, se) -> tuple[float, float]:
         x: [n] ln(model size); y: [n] ln(value); se: [n] standard errors of y (from each model's own interval).
 
     Returns:
-        (slope, sd): the weighted least-squares slope (weights 1 / se^2; numpy.polyfit) and its standard deviation:
-        the larger of the propagated one (the per-model errors alone) and the one scaled by the reduced chi-square of
-        the fit (the Birge ratio: scatter of the models around the line beyond their own noise), so that neither an
-        optimistic interval nor a lucky alignment of four points decides. Dimensionless (ln value per ln size).
-        (NaN, NaN) with fewer than 3 points.
+        (slope, sd, dof): the weighted least-squares slope (weights 1 / se^2; numpy.polyfit) and its standard
+        deviation: the larger of the propagated one (the per-model errors alone) and the one scaled by the reduced
+        chi-square of the fit (the Birge ratio: scatter of the models around the line beyond their own noise), so
+        that neither an optimistic interval nor a lucky alignment of four points decides; dof = inf when the
+        propagated one is used (known variances: normal quantiles), n - 2 when the scaled one is (the variance is
+        then estimated from the residuals: Student's t quantiles, :func:`slope_quantile`). Dimensionless (ln value
+        per ln size). (NaN, NaN, NaN) with fewer than 3 points.
 
     Source: weighted regression with the variance scaled by the reduced chi-square (Birge 1932; Bevington &
     Robinson, Data Reduction and Error Analysis, sec. 6-7).
     """
     x, y, se = (np.asarray(a, np.float64) for a in (x, y, se))
     if x.size < 3:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     coef, cov_unscaled = np.polyfit(x, y, 1, w=1.0 / se, cov="unscaled")
     _, cov_scaled = np.polyfit(x, y, 1, w=1.0 / se, cov=True)
-    return float(coef[0]), float(np.sqrt(max(cov_unscaled[0, 0], cov_scaled[0, 0])))
+    scaled = cov_scaled[0, 0] > cov_unscaled[0, 0]
+    return (float(coef[0]), float(np.sqrt(max(cov_unscaled[0, 0], cov_scaled[0, 0]))),
+            float(x.size - 2) if scaled else math.inf)
+
+
+def slope_quantile(p: float, dof: float) -> float:
+    """The p quantile of the slope's reference distribution: normal for dof = inf, Student's t with ``dof`` degrees
+    of freedom otherwise (:func:`size_slope`)."""
+    from scipy.stats import norm, t
+
+    return float(norm.ppf(p) if not np.isfinite(dof) else t.ppf(p, dof))
+
+
+def _slope_cdf(q: float, dof: float) -> float:
+    from scipy.stats import norm, t
+
+    return float(norm.cdf(q) if not np.isfinite(dof) else t.cdf(q, dof))
+
+
+def _published_points(quantity: str) -> list[tuple[float, float, str]]:
+    """(n_params, value, model) of the published per-model entries of ``quantity`` (paper or secondary source,
+    a positive value, a model whose size published.yaml's ``models`` gives): what the equivalence bound and the
+    trend alternative read."""
+    from llmgeom.core.published import load_published, load_published_models, model_key
+
+    facts = load_published_models()
+    pts = []
+    for e in load_published().get(quantity, []):
+        n = facts.get(model_key(e.get("model") or ""), {}).get("n_params")
+        if n and "value" in e and e["value"] > 0 and e.get("source_kind") in ("paper", "secondary"):
+            pts.append((float(n), float(e["value"]), e["model"]))
+    return pts
 
 
 def equivalence_bound(quantity: str) -> tuple[float, str]:
@@ -400,7 +433,8 @@ def equivalence_bound(quantity: str) -> tuple[float, str]:
 
     Args:
         quantity: a quantity of ``llmgeom/data/published.yaml`` with one entry per named model (e.g. LSM Table 4's
-            m0.05 per model), the models' sizes in its ``models`` section.
+            m0.05 per model), the models' sizes in its ``models`` section (total parameter counts: the bound is per
+            e-fold of total size, also where a sensitivity row reads another size axis).
 
     Returns:
         (bound, text): the bound (dimensionless, > 0) and where it comes from; (NaN, why) with fewer than two
@@ -408,42 +442,30 @@ def equivalence_bound(quantity: str) -> tuple[float, str]:
 
     Source: LSM Tables 2-4 (the per-model values behind "nearly constant" / "roughly constant", sec. 13.4.1).
     """
-    from llmgeom.core.published import load_published, load_published_models, model_key
-
-    facts = load_published_models()
-    pts = []
-    for e in load_published().get(quantity, []):
-        n = facts.get(model_key(e.get("model") or ""), {}).get("n_params")
-        if n and "value" in e and e["value"] > 0 and e.get("source_kind") in ("paper", "secondary"):
-            pts.append((float(n), float(e["value"]), e["model"]))
+    pts = _published_points(quantity)
     if len(pts) < 2 or len({p[0] for p in pts}) < 2:
         return float("nan"), f"no per-model published values of {quantity} with sizes"
     ns, vs = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
     b = float(np.log(vs.max() / vs.min()) / np.log(ns.max() / ns.min()))
     return b, (f"{quantity}: {len(pts)} published models span {_num(vs.min())}-{_num(vs.max())} over "
-               f"{_num(ns.min() / 1e6)}M-{_num(ns.max() / 1e6)}M parameters")
+               f"{_num(ns.min() / 1e6)}M-{_num(ns.max() / 1e6)}M parameters (total)")
 
 
 def published_slope(quantity: str) -> tuple[float, str]:
-    """The ordinary least-squares log-log slope of a quantity's published per-model values against size (the
+    """The ordinary least-squares log-log slope of a quantity's published per-model values against total size (the
     alternative a trend claim's power is computed against): (slope, text); (NaN, why) without two sized models."""
-    from llmgeom.core.published import load_published, load_published_models, model_key
-
-    facts = load_published_models()
-    pts = [(float(facts[model_key(e["model"])]["n_params"]), float(e["value"]))
-           for e in load_published().get(quantity, [])
-           if e.get("model") and "value" in e and e["value"] > 0 and e.get("source_kind") in ("paper", "secondary")
-           and facts.get(model_key(e["model"]), {}).get("n_params")]
+    pts = _published_points(quantity)
     if len({p[0] for p in pts}) < 2:
         return float("nan"), f"no per-model published values of {quantity} with sizes"
     b = float(np.polyfit(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]), 1)[0])
-    return b, f"{quantity} ({len(pts)} published models)"
+    return b, f"{quantity} ({len(pts)} published models, total sizes)"
 
 
-def _slope_text(s: dict, b: float, sd: float, z: float, alpha: float) -> str:
+def _slope_text(s: dict, b: float, sd: float, z: float, alpha: float, dof: float) -> str:
     lo, hi = b - z * sd, b + z * sd
+    ref = "normal" if not np.isfinite(dof) else f"t with {dof:.0f} df: scatter beyond the models' own intervals"
     return (f"log-log slope vs {s['xcol']} = {_num(b)}, {100 * (1 - 2 * alpha):.0f}% interval [{_num(lo)}, {_num(hi)}] "
-            f"over n = {s['n']} models")
+            f"({ref}) over n = {s['n']} models")
 
 
 def _rank_p_text(s: dict, alternative: str) -> str:
@@ -463,7 +485,6 @@ def rule_size_trend(rows, claim, params, model=None) -> dict:
     (:func:`llmgeom.core.stats.spearman_exact`) and the power at this n: the probability that the rule decides
     "supported" if the true slope were the published models' own (``alternative_from``, a published quantity:
     :func:`published_slope`), Phi(|b_alt| / sd - z)."""
-    from scipy.stats import norm
 
     exp = params.get("expected", "increasing")
     if exp not in ("increasing", "decreasing"):
@@ -472,15 +493,15 @@ def rule_size_trend(rows, claim, params, model=None) -> dict:
     if s["why"]:
         return dict(verdict=INCONCLUSIVE, reason=s["why"])
     alpha = float(params.get("alpha", 0.05))
-    z = float(norm.ppf(1 - alpha))
-    b, sd = size_slope(s["x"], s["y"], s["se"])
-    text = _slope_text(s, b, sd, z, alpha)
+    b, sd, dof = size_slope(s["x"], s["y"], s["se"])
+    z = slope_quantile(1 - alpha, dof)
+    text = _slope_text(s, b, sd, z, alpha, dof)
     sign = 1 if exp == "increasing" else -1
     out = dict(measured=b, measured_lo=b - z * sd, measured_hi=b + z * sd, measured_text=text)
     alt = params.get("alternative_from")
     if alt:
         ba, atext = published_slope(alt)
-        power = (f"; power at n = {s['n']}: {float(norm.cdf(abs(ba) / sd - z)):.2f} against the published slope "
+        power = (f"; power at n = {s['n']}: {_slope_cdf(sign * ba / sd - z, dof):.2f} against the published slope "
                  f"{_num(ba)} ({atext})" if np.isfinite(ba) else f"; power not computed: {atext}")
     else:
         power = "; power not computed: no published alternative slope"
@@ -508,7 +529,6 @@ def rule_size_constancy(rows, claim, params, model=None) -> dict:
     if s["why"]:
         return dict(verdict=INCONCLUSIVE, reason=s["why"])
     alpha = float(params.get("alpha", 0.05))
-    z = float(norm.ppf(1 - alpha))
     if params.get("bound_from"):
         bound, btext = equivalence_bound(params["bound_from"])
     elif params.get("bound") is not None:
@@ -518,10 +538,11 @@ def rule_size_constancy(rows, claim, params, model=None) -> dict:
                               "or bound")
     if not np.isfinite(bound) or bound <= 0:
         return dict(verdict=NOT_TESTABLE, reason=f"no equivalence bound: {btext}")
-    b, sd = size_slope(s["x"], s["y"], s["se"])
+    b, sd, dof = size_slope(s["x"], s["y"], s["se"])
+    z = slope_quantile(1 - alpha, dof)
     lo, hi = b - z * sd, b + z * sd
-    text = _slope_text(s, b, sd, z, alpha)
-    power = max(0.0, 2 * float(norm.cdf(bound / sd - z)) - 1)
+    text = _slope_text(s, b, sd, z, alpha, dof)
+    power = max(0.0, 2 * _slope_cdf(bound / sd - z, dof) - 1)
     tail = (f"; bound B = {_num(bound)} ({btext}); power at n = {s['n']}: {power:.2f} were the slope 0"
             + _rank_p_text(s, "two-sided").replace("one-sided", "two-sided"))
     out = dict(measured=b, measured_lo=lo, measured_hi=hi, measured_text=text)
@@ -605,10 +626,19 @@ STABILITY_MAX_RESAMPLES = 200
 _NO_STABILITY = dict(stability=float("nan"), stability_basis="", stability_n=0)
 
 
-def _replicate_frames(g: pd.DataFrame, claim: dict, across: bool, seed_name: str):
-    """(frames, basis): copies of a verdict's rows with the decided column replaced by resample b (b = 1..B) and the
-    interval columns shifted with it (the same width around the resampled value), and what was resampled; ([], why)
-    without replicates."""
+def _row_names(g: pd.DataFrame, mask) -> str:
+    names = [", ".join(f"{c}={r[c]}" for c in ("model", "estimator", "quantity", "layer") if c in g)
+             for (_, r), m in zip(g.iterrows(), mask) if m]
+    return "; ".join(names) or "?"
+
+
+def _replicate_frames(g: pd.DataFrame, claim: dict, across: bool, seed_name: str, interval_ci: float = 0.95):
+    """(frames, basis): copies of a verdict's rows, one per usable resample b, with the decided column moved by
+    replicate b's deviation from the replicates' mean (t + t*_b - mean t*: the resampling spread around the estimate,
+    without the bootstrap's bias shift, which the tables' basic intervals already correct) and the interval columns
+    shifted with it; a resample in which any row's replicate is non-finite (a resample where the statistic is
+    undefined) is left out, and the basis says how many; rows without replicates are held at their value (named in
+    the basis). ([], why) without replicates."""
     from llmgeom.core.stats import REPLICATES_SUFFIX, derived_seed, parse_replicates
 
     col, lo, hi = claim["value"], claim.get("lo"), claim.get("hi")
@@ -616,53 +646,66 @@ def _replicate_frames(g: pd.DataFrame, claim: dict, across: bool, seed_name: str
     if col in g and rcol in g and g[col].map(lambda x: isinstance(x, str)).any():
         # a category (e.g. the ID profile's shape): its replicates are labels without spaces, one per resample
         labels = [np.array(str(c).split()) if isinstance(c, str) else np.empty(0, dtype=str) for c in g[rcol]]
-        nb = min(STABILITY_MAX_RESAMPLES, min((r.size for r in labels if r.size), default=0))
+        have = [r.size > 0 for r in labels]
+        nb = min((r.size for r in labels if r.size), default=0)
         if not nb:
             return [], f"no replicates of {claim['table']}.{col} ({rcol})"
-        frames = []
+        frames, skipped = [], 0
         for b in range(nb):
-            gb = g.copy()
-            gb[col] = [r[b] if r.size else x for r, x in zip(labels, g[col])]
-            frames.append(gb)
-        return frames, f"{nb} resamples of {claim['table']}.{rcol}"
+            if any(r.size and r[b] == "nan" for r in labels):
+                skipped += 1
+                continue
+            if len(frames) < STABILITY_MAX_RESAMPLES:
+                gb = g.copy()
+                gb[col] = [r[b] if r.size else x for r, x in zip(labels, g[col])]
+                frames.append(gb)
+        basis = f"{len(frames)} resamples of {claim['table']}.{rcol}"
+        basis += f" ({skipped} without a value left out)" if skipped else ""
+        basis += "" if all(have) else f"; held fixed (no replicates): {_row_names(g, [not h for h in have])}"
+        return frames, basis
     v = pd.to_numeric(g[col], errors="coerce").to_numpy(float) if col in g else np.full(len(g), np.nan)
     reps = [parse_replicates(c) for c in g[rcol]] if rcol in g else [np.empty(0)] * len(g)
     have = [r.size > 0 for r in reps]
-    basis = f"{min((r.size for r in reps if r.size), default=0)} resamples of {claim['table']}.{rcol}"
+    basis = f"resamples of {claim['table']}.{rcol}"
     if not any(have):
         if not across:
             return [], f"no replicates of {claim['table']}.{col} ({rcol})"
-        have_iv = lo in g and hi in g if lo and hi else False
-        if not have_iv:
+        if not (lo and hi and lo in g and hi in g):
             return [], f"no replicates or intervals of {claim['table']}.{col}"
     if across and not all(have):
         # models without replicates: normal draws from their own interval (the one an across-size rule reads)
         from scipy.stats import norm
 
         rng = np.random.default_rng(derived_seed(0, seed_name))
-        z = float(norm.ppf(0.975))
+        z = float(norm.ppf(0.5 + float(interval_ci) / 2))
         lo_v = pd.to_numeric(g[lo], errors="coerce").to_numpy(float) if lo and lo in g else np.full(len(g), np.nan)
         hi_v = pd.to_numeric(g[hi], errors="coerce").to_numpy(float) if hi and hi in g else np.full(len(g), np.nan)
-        nb = min((r.size for r in reps if r.size), default=STABILITY_MAX_RESAMPLES)
-        miss = [str(m) for m, h in zip(g.get("model", pd.Series(range(len(g)))), have) if not h]
+        n_draw = min((r.size for r in reps if r.size), default=STABILITY_MAX_RESAMPLES)
+        basis = (f"resamples: replicates where the table has them, normal draws from the interval for "
+                 f"{_row_names(g, [not h for h in have])}")
         for i, h in enumerate(have):
             if not h:
-                reps[i] = v[i] + (hi_v[i] - lo_v[i]) / (2 * z) * rng.standard_normal(nb)
-        basis = (f"{nb} resamples: replicates where the table has them, normal draws from the interval for "
-                 f"{', '.join(miss)}")
-    nb = min(STABILITY_MAX_RESAMPLES, min((r.size for r in reps if r.size), default=0))
-    frames = []
+                reps[i] = v[i] + (hi_v[i] - lo_v[i]) / (2 * z) * rng.standard_normal(n_draw)
+        have = [True] * len(reps)
+    elif not all(have):
+        basis += f"; held fixed (no replicates): {_row_names(g, [not h for h in have])}"
+    nb = min((r.size for r in reps if r.size), default=0)
+    dev = [r[:nb] - np.nanmean(r[:nb]) if r.size else None for r in reps]
+    frames, skipped = [], 0
     for b in range(nb):
+        if any(d is not None and not np.isfinite(d[b]) for d in dev):
+            skipped += 1
+            continue
+        if len(frames) >= STABILITY_MAX_RESAMPLES:
+            break
+        shift = np.array([d[b] if d is not None else 0.0 for d in dev])
         gb = g.copy()
-        new = np.array([r[b] if r.size else x for r, x in zip(reps, v)])
-        shift = new - v
-        gb[col] = new
+        gb[col] = v + shift
         for c in (lo, hi):
             if c and c in gb:
                 gb[c] = pd.to_numeric(gb[c], errors="coerce").to_numpy(float) + shift
         frames.append(gb)
-    if nb < min((r.size for r in reps if r.size), default=0):
-        basis += f" (the first {nb})"
+    basis = f"{len(frames)} {basis}" + (f" ({skipped} with an undefined value left out)" if skipped else "")
     return frames, basis
 
 
@@ -670,9 +713,10 @@ def _stability(fn, g: pd.DataFrame, claim: dict, rule: dict, model, verdict: str
     """stability (the share of resamples whose re-decided verdict equals ``verdict``), stability_basis (what was
     resampled, or why nothing was) and stability_n (resamples) of one decided row; NaN for an undecided one.
 
-    Each resample b takes replicate b of the decided column (``<value>_replicates``: the resamples of prompts,
-    passages or positions that its interval already drew) in every row of the verdict, shifts the row's interval
-    with it and runs the same rule. A claim with ``resampling`` (e.g. a statistic of the weights: nothing is
+    Each resample b moves the decided column of every row of the verdict by replicate b's deviation from the mean
+    of its replicates (``<value>_replicates``: the resamples of prompts, passages or positions that its interval
+    already drew; :func:`_replicate_frames`), shifts the row's interval with it and runs the same rule; resamples in
+    which the statistic is undefined are left out. A claim with ``resampling`` (e.g. a statistic of the weights: nothing is
     sampled) is stable by construction (1.0, the reason as basis). Across models: replicate b of every model
     jointly (independent resamples); a model without replicates draws from a normal of its own interval.
     """
@@ -680,7 +724,8 @@ def _stability(fn, g: pd.DataFrame, claim: dict, rule: dict, model, verdict: str
         return dict(_NO_STABILITY, stability_basis=f"verdict {verdict}: nothing to re-decide")
     if claim.get("resampling"):
         return dict(stability=1.0, stability_basis=str(claim["resampling"]), stability_n=0)
-    frames, basis = _replicate_frames(g, claim, across, f"{claim['id']}:{model}")
+    frames, basis = _replicate_frames(g, claim, across, f"{claim['id']}:{model}",
+                                      float(rule.get("interval_ci", 0.95)))
     if not frames:
         return dict(_NO_STABILITY, stability_basis=basis)
     same = sum(fn(gb, claim, rule, model)["verdict"] == verdict for gb in frames)
@@ -1022,8 +1067,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     legend = ("Claims scorecard: each claim of llmgeom/data/claims.yaml decided on this run's tables; "
               + ", ".join(f"{v}: {int(x)}" for v, x in n.items()) + ". A supported verdict is a finding only when it "
               "is specific: the model's null (its seeded random-init twin, through the same prompts and analyses; "
-              "noise of the same n and d where the claim has one) reads otherwise, or the interval excludes the null's "
-              "value. A specific finding is counted only when stable: re-decided the same on at least "
+              "noise of the same n and d where the claim has one) gives a decided verdict, and a different one (an "
+              "inconclusive null is no contrast). A specific finding is counted only when stable: re-decided the same on at least "
               f"{STABLE:.0%} of the resamples its interval drew ('Stability'); [sensitivity] rows (another size axis) "
               "are shown, not counted. A verdict on a model is a verdict on that "
               "model: 'Published (on)' names the models the paper measured, 'Flags' the settings in which our run "

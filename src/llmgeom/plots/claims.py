@@ -26,10 +26,9 @@ def _is_true(v) -> bool:
 
 
 def _stability(row) -> float:
-    try:
-        return float(row.get("stability", float("nan")))
-    except (TypeError, ValueError):
-        return float("nan")
+    from llmgeom.analyses.claims import _f
+
+    return _f(row.get("stability", float("nan")))
 
 
 def is_unstable(row) -> bool:

@@ -14,7 +14,7 @@ import yaml
 from scipy.stats import norm
 
 from llmgeom.analyses.claims import (ClaimsDataError, claims_table, equivalence_bound, headline, min_rank_models,
-                                     size_slope)
+                                     size_slope, slope_quantile)
 from llmgeom.analyses.scaling import COLUMNS, STATISTICS, TABLES, scaling_table
 from llmgeom.core.published import PublishedDataError, load_published, load_published_models, model_key
 from llmgeom.core.stats import replicates_text, spearman, spearman_exact
@@ -95,15 +95,17 @@ def _propagated_sd(rel, sizes=SIZES):
 
 def test_size_slope_known_answers():
     x = np.log(SIZES)
-    b, sd = size_slope(x, 0.3 * x + 1.0, np.full(4, 0.01))  # an exact power law: slope 0.3, no scatter
-    assert b == pytest.approx(0.3) and sd == pytest.approx(0.01 / np.sqrt(((x - x.mean()) ** 2).sum()))
+    b, sd, dof = size_slope(x, 0.3 * x + 1.0, np.full(4, 0.01))  # an exact power law: slope 0.3, no scatter
+    assert b == pytest.approx(0.3) and sd == pytest.approx(0.01 / np.sqrt(((x - x.mean()) ** 2).sum())) and dof == math.inf
     # scatter beyond the per-model errors inflates sd by sqrt(reduced chi-square) (Birge ratio)
     y = 0.3 * x + np.array([0.1, -0.1, -0.1, 0.1])
-    b, sd = size_slope(x, y, np.full(4, 0.01))
+    b, sd, dof = size_slope(x, y, np.full(4, 0.01))
     fit = np.polyfit(x, y, 1)
     chi2 = (((y - np.polyval(fit, x)) / 0.01) ** 2).sum()
     assert b == pytest.approx(fit[0]) and sd == pytest.approx(0.01 / np.sqrt(((x - x.mean()) ** 2).sum())
                                                               * np.sqrt(chi2 / 2))
+    assert dof == 2  # the variance estimated from the residuals: Student's t with n - 2 df
+    assert slope_quantile(0.95, 2) == pytest.approx(2.919986) and slope_quantile(0.95, math.inf) == pytest.approx(Z90)
     assert all(math.isnan(v) for v in size_slope(x[:2], x[:2], [0.1, 0.1]))
 
 
@@ -405,3 +407,29 @@ def test_stability_of_a_category_re_decides_over_its_label_replicates(tmp_path):
                           shape_replicates=[" ".join(["rise-then-fall"] * 3 + ["increasing"])]))
     r = claims_table({"t": t}, models=["a"], path=str(p)).iloc[0]
     assert r.verdict == "supported" and r.stability == pytest.approx(0.75) and r.stability_n == 4
+
+
+def test_stability_leaves_out_undefined_resamples_and_removes_the_bootstrap_bias(tmp_path):
+    """A resample whose statistic is undefined (NaN) is left out, not counted as a flip; and the resampling spread is
+    read around the estimate: replicates all shifted by a bias (+0.3 here) re-decide like unshifted ones."""
+    claim = dict(id="c", sentence="s", paper="lsm", section="sec. 1", table="t", value="v", lo="v_lo", hi="v_hi",
+                 rule={"kind": "threshold", "op": ">", "threshold": 0.7})
+    p = tmp_path / "nan.yaml"
+    p.write_text(yaml.safe_dump({"claims": [claim]}))
+    t = pd.DataFrame(dict(model=["a", "b"], v=[0.8, 0.8], v_lo=[0.75, 0.75], v_hi=[0.85, 0.85],
+                          v_replicates=["0.8 nan nan 0.82", replicates_text(np.array([0.8] * 9 + [0.6]) + 0.3)]))
+    card = claims_table({"t": t}, models=["a", "b"], path=str(p)).set_index("model")
+    assert card.loc["a", "stability"] == 1.0 and card.loc["a", "stability_n"] == 2
+    assert "2 with an undefined value left out" in card.loc["a", "stability_basis"]
+    assert card.loc["b", "stability"] == pytest.approx(0.9)  # as without the +0.3 bias
+
+
+def test_size_trend_power_has_the_sign_of_the_alternative(tmp_path):
+    """The published slope of median margin rises (LSM Table 3): against a falling claim its power is ~0."""
+    rising = 0.5 * (SIZES / 1e8) ** 0.1
+    up = _across(tmp_path, dict(RISE, alternative_from="lsm_table3_median_margin"), rising)
+    down = _across(tmp_path, dict(RISE, expected="decreasing", alternative_from="lsm_table3_median_margin"),
+                   rising[::-1])
+    p_up = float(up.reason.split("power at n = 4: ")[1].split()[0])
+    p_down = float(down.reason.split("power at n = 4: ")[1].split()[0])
+    assert p_up > 0.5 and p_down < 0.05
