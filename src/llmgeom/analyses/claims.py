@@ -665,6 +665,9 @@ def _replicate_frames(g: pd.DataFrame, claim: dict, across: bool, seed_name: str
         return frames, basis
     v = pd.to_numeric(g[col], errors="coerce").to_numpy(float) if col in g else np.full(len(g), np.nan)
     reps = [parse_replicates(c) for c in g[rcol]] if rcol in g else [np.empty(0)] * len(g)
+    # a row whose statistic is undefined (NaN estimate, or no finite replicate: e.g. a layer without a straight
+    # range) has nothing to resample: held at its value, like a row without replicates
+    reps = [r if r.size and np.isfinite(x) and np.isfinite(r).any() else np.empty(0) for r, x in zip(reps, v)]
     have = [r.size > 0 for r in reps]
     basis = f"resamples of {claim['table']}.{rcol}"
     if not any(have):

@@ -433,3 +433,19 @@ def test_size_trend_power_has_the_sign_of_the_alternative(tmp_path):
     p_up = float(up.reason.split("power at n = 4: ")[1].split()[0])
     p_down = float(down.reason.split("power at n = 4: ")[1].split()[0])
     assert p_up > 0.5 and p_down < 0.05
+
+
+def test_stability_holds_a_row_without_a_defined_statistic_fixed(tmp_path):
+    """A per-layer rule (interval_contains_reference) where one layer's statistic is undefined (NaN, all replicates
+    NaN): that row is held fixed and named, the others re-decide; the resamples are not all thrown away."""
+    claim = dict(id="c", sentence="s", paper="lsm", section="sec. 1", table="t", value="k", lo="k_lo", hi="k_hi",
+                 rule={"kind": "interval_contains_reference", "reference": "ref", "min_share": 0.5})
+    p = tmp_path / "rd.yaml"
+    p.write_text(yaml.safe_dump({"claims": [claim]}))
+    t = pd.DataFrame(dict(model="a", layer=[1, 2, 3], k=[5.0, 5.0, np.nan], k_lo=[4.0, 4.0, np.nan],
+                          k_hi=[6.0, 6.0, np.nan], ref=[5.0, 5.0, 5.0],
+                          k_replicates=[replicates_text([5.0, 5.1, 4.9]), replicates_text([5.0, 5.1, 4.9]),
+                                        "nan nan nan"]))
+    r = claims_table({"t": t}, models=["a"], path=str(p)).iloc[0]
+    assert r.verdict == "supported" and r.stability == 1.0 and r.stability_n == 3
+    assert "held fixed" in r.stability_basis and "layer=3" in r.stability_basis
