@@ -962,6 +962,12 @@ def _attach_nulls(rows: list[dict], claim: dict, table: pd.DataFrame | None, nul
         r["specific"], r["specific_reason"] = _specific(r)
 
 
+def row_stability(row) -> float:
+    """The ``stability`` of one scorecard row as a float (NaN when empty or not a number: a row read back from CSV
+    keeps "" for an undecided one)."""
+    return _f(row.get("stability", float("nan")))
+
+
 def is_stable(df: pd.DataFrame) -> pd.Series:
     """Boolean per scorecard row: stability >= :data:`STABLE` (NaN, i.e. not re-decided, is not stable)."""
     st = pd.to_numeric(df["stability"], errors="coerce") if "stability" in df else pd.Series(np.nan, index=df.index)

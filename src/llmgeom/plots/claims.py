@@ -26,9 +26,9 @@ def _is_true(v) -> bool:
 
 
 def _stability(row) -> float:
-    from llmgeom.analyses.claims import _f
+    from llmgeom.analyses.claims import row_stability
 
-    return _f(row.get("stability", float("nan")))
+    return row_stability(row)
 
 
 def is_unstable(row) -> bool:
