@@ -26,6 +26,8 @@ SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE = ("supported", "not suppor
                                                          "not testable here")
 VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)
 MISSING_TABLE = "table not produced by this run"
+#: coverage of the per-model intervals an across-size rule reads (rule.interval_ci when a claim's table differs)
+INTERVAL_CI = 0.95
 #: columns of the scorecard, in order (docs/claims.md describes each)
 SCORECARD_COLUMNS = ["claim_id", "claim", "paper", "section", "table", "column", "model", "setting", "measured",
                      "measured_lo", "measured_hi", "measured_text", "published", "published_quantity", "published_on",
@@ -359,7 +361,7 @@ def _size_series(rows, claim, params):
         return dict(out, why=f"a log-log slope needs positive sizes and values ({', '.join(bad)})")
     if np.all(x == x[0]):
         return dict(out, why=f"all {n} models have the same {xcol}")
-    z = float(norm.ppf(0.5 + float(params.get("interval_ci", 0.95)) / 2))
+    z = float(norm.ppf(0.5 + float(params.get("interval_ci", INTERVAL_CI)) / 2))
     se = (hi - lo) / (2.0 * z * v)
     miss = [m for m, s in zip(names, se) if not (np.isfinite(s) and s > 0)]
     if miss:
@@ -632,7 +634,7 @@ def _row_names(g: pd.DataFrame, mask) -> str:
     return "; ".join(names) or "?"
 
 
-def _replicate_frames(g: pd.DataFrame, claim: dict, across: bool, seed_name: str, interval_ci: float = 0.95):
+def _replicate_frames(g: pd.DataFrame, claim: dict, across: bool, seed_name: str, interval_ci: float):
     """(frames, basis): copies of a verdict's rows, one per usable resample b, with the decided column moved by
     replicate b's deviation from the replicates' mean (t + t*_b - mean t*: the resampling spread around the estimate,
     without the bootstrap's bias shift, which the tables' basic intervals already correct) and the interval columns
@@ -728,7 +730,7 @@ def _stability(fn, g: pd.DataFrame, claim: dict, rule: dict, model, verdict: str
     if claim.get("resampling"):
         return dict(stability=1.0, stability_basis=str(claim["resampling"]), stability_n=0)
     frames, basis = _replicate_frames(g, claim, across, f"{claim['id']}:{model}",
-                                      float(rule.get("interval_ci", 0.95)))
+                                      float(rule.get("interval_ci", INTERVAL_CI)))
     if not frames:
         return dict(_NO_STABILITY, stability_basis=basis)
     same = sum(fn(gb, claim, rule, model)["verdict"] == verdict for gb in frames)

@@ -311,8 +311,7 @@ def manifold_stats(X, h_exact, *, standardize: bool = True, n_boot: int = 0, see
 
 
 def geometry_table(h5_path, per_prompt: pd.DataFrame, *, model: str, layers, step=None,
-                   standardize: bool = True, n_boot: int = 0, ci: float | None = None,
-                   seed: int | None = None) -> pd.DataFrame:
+                   standardize: bool = True, n_boot: int, ci: float, seed: int) -> pd.DataFrame:
     """``wind_tunnel_geometry.csv``: :func:`manifold_stats` per representation (:data:`REPRESENTATIONS`:
     values, attn_output when the file has ``last_token/attn_output``, residual_stream) and layer.
 
