@@ -38,6 +38,8 @@ N_PC_VARIANCE = 0.99
 PROFILE_INTERVAL_COLUMNS = ("peak_id", "peak_id_over_d_model", "peak_relative_depth", "final_id")
 #: what the intervals of intrinsic_dimension.csv and id_profile.csv are (the ``interval`` column)
 PASSAGE_INTERVAL = "basic interval over passage half-samples (recentred)"
+#: the same for the last-token ID, whose points are one per prompt: half-samples of the prompts
+PROMPT_INTERVAL = "basic interval over prompt half-samples (recentred)"
 
 #: measured column -> quantity of llmgeom/data/published.yaml (LSM)
 ID_PROFILE_PUBLISHED = {"peak_id": "id_peak", "peak_relative_depth": "id_peak_relative_depth",
@@ -119,8 +121,8 @@ def id_profile_table(id_table: pd.DataFrame, *, shape_tol: float, profile_layers
         from the same passages) and the basic interval at coverage ``ci``
         (:func:`llmgeom.core.stats.bootstrap_interval`; peak_relative_depth clipped to [0, 1]); shape_replicates
         (the shape label of each replicate profile, space-separated), n_resamples (replicate profiles with a
-        value at every layer), interval (what lo / hi are; "" without replicates: last-token rows, GRIDE, a
-        run with ``passage_resamples: 0``), ci; agrees_with (';'-joined estimators
+        value at every layer), interval (what lo / hi are: passage half-samples for token positions, prompt
+        half-samples for the last token; "" without replicates: a run with ``passage_resamples: 0``), ci; agrees_with (';'-joined estimators
         of the same model, prompt set and quantity with the same shape and a peak depth within
         ``peak_depth_tol``, this one included), n_estimators (those with a profile), estimators_agree (all of
         them agree), shape_verdict (the common shape when they agree, else "none (estimators disagree)"; "none
@@ -293,8 +295,8 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
         disagreement_factor), disagreement_factor, id_iso / id_shuffled (at the last block only, NaN elsewhere: the
         estimator on isotropic Gaussian points / on the points with every coordinate shuffled, same n and d; the
         data-level nulls; NaN on token_id_cross_passage rows), id_mean_lo / id_mean_hi / id_mean_replicates (the
-        passage half-sample replicates recentred on id_mean and their basic interval at coverage ``ci``; NaN / ""
-        for GRIDE and with ``passage_resamples: 0``), n_passages, passages_per_resample, passage_resamples,
+        passage half-sample replicates recentred on id_mean and their basic interval at coverage ``ci``; GRIDE's replicate is the
+        plateau of each half-sample's own scale curve; NaN / "" with ``passage_resamples: 0``), n_passages, passages_per_resample, passage_resamples,
         interval, ci. With ``return_scale`` also GRIDE's scale curve
         (:func:`gride_scale_columns`; empty without "gride"): ``(table, scale_table)``.
 
@@ -322,6 +324,7 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
                                gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)
             r += _passage_rows(pts, passages, r, estimators=estimators, n_subsamples=n_subsamples,
                                subsample_size=subsample_size, seed=seed, min_points=min_points, mle_k=mle_k,
+                               gride_max_rank=gride_max_rank, gride_plateau_tol=gride_plateau_tol,
                                passage_resamples=passage_resamples, ci=ci)
             rows += r
             if used < subsample_size and not short:
@@ -348,22 +351,33 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
 
 
 def _passage_rows(pts, passages, rows: list, *, estimators, n_subsamples, subsample_size, seed, min_points, mle_k,
-                  passage_resamples, ci) -> list:
+                  gride_max_rank, gride_plateau_tol, passage_resamples, ci) -> list:
     """The cross-passage TwoNN row of one layer, and the passage half-sample interval columns written into
     ``rows`` (this layer's token_id rows; one neighbour list for all, see
     :func:`llmgeom.measures.intrinsic_dimension.passage_resampled_ids`). Returns the new rows."""
     res = intrinsic_dimension.passage_resampled_ids(
         pts, passages, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size, seed=seed,
-        n_resamples=passage_resamples, min_points=min_points, mle_k=mle_k)
+        n_resamples=passage_resamples, min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
+        plateau_tol=gride_plateau_tol)
     cp = res[intrinsic_dimension.CROSS_PASSAGE]
     twonn_row = next((r for r in rows if r["estimator"] == "twonn"), rows[0])
     new = [dict(twonn_row, quantity=TOKEN_ID_CROSS_PASSAGE, estimator="twonn", n=cp["n_points"],
                 n_subsamples=cp["n_subsamples"], subsample_size_used=cp["subsample_size"], id_mean=cp["id_mean"],
                 id_std=cp["id_std"], id_min=cp["id_min"], id_max=cp["id_max"],
                 id_over_d_model=cp["id_mean"] / twonn_row["d_model"], mle_k=None)]
+    _write_intervals([(r, r["estimator"]) for r in rows] + [(new[0], intrinsic_dimension.CROSS_PASSAGE)], res,
+                     passage_resamples=passage_resamples, ci=ci, interval=PASSAGE_INTERVAL)
+    return new
+
+
+def _write_intervals(rows_names, res: dict, *, passage_resamples, ci, interval: str) -> None:
+    """Write into each (row, estimator name) the half-sample columns of
+    :func:`llmgeom.measures.intrinsic_dimension.passage_resampled_ids`' result ``res``: n_passages,
+    passages_per_resample, passage_resamples, ci, and id_mean_lo / id_mean_hi / id_mean_replicates / interval
+    (the replicates recentred on the row's id_mean and their basic interval; NaN / "" without replicates)."""
     meta = dict(n_passages=res["n_passages"], passages_per_resample=res["passages_per_resample"],
                 passage_resamples=int(passage_resamples), ci=ci)
-    for r, name in [(r, r["estimator"]) for r in rows] + [(new[0], intrinsic_dimension.CROSS_PASSAGE)]:
+    for r, name in rows_names:
         r.update(meta)
         raw = res["replicates"].get(name)
         if raw is None or not len(raw):
@@ -371,8 +385,7 @@ def _passage_rows(pts, passages, rows: list, *, estimators, n_subsamples, subsam
             continue
         rep = intrinsic_dimension.recentred_replicates(r["id_mean"], raw)
         lo, hi = bootstrap_interval(r["id_mean"], rep, ci=ci, method="basic", bounds=(0.0, np.inf))
-        r.update(id_mean_lo=lo, id_mean_hi=hi, id_mean_replicates=replicates_text(rep), interval=PASSAGE_INTERVAL)
-    return new
+        r.update(id_mean_lo=lo, id_mean_hi=hi, id_mean_replicates=replicates_text(rep), interval=interval)
 
 
 def _id_nulls(pts, *, seed: int, **kw) -> dict:
@@ -410,15 +423,21 @@ def gride_scale_columns() -> list:
 
 
 def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle_k: int, disagreement_factor: float,
-                        gride_max_rank: int, gride_plateau_tol: float, seed: int):
+                        gride_max_rank: int, gride_plateau_tol: float, seed: int, passage_resamples: int, ci: float):
     """Intrinsic dimension of the last-token residual states over prompts, per layer (Cheng et al.'s points).
 
     Points: ``last_token/residual`` [n_prompts, L+1, d_model] of a prompt set (the default study: ``mixed``),
     one point per prompt, all of them (one "subsample"), float64, duplicates removed.
 
+    Intervals: half-samples of the prompts (each prompt is its own unit: ``passage_resamples`` draws of half of
+    them without replacement, the same draws at every layer; :func:`llmgeom.measures.intrinsic_dimension.passage_resampled_ids`
+    with one passage per prompt), every estimator (GRIDE: the plateau of each half-sample's scale curve) on the
+    kept prompts' points, recentred on id_mean; interval = :data:`PROMPT_INTERVAL`.
+
     Returns:
         ``(table, scale_table)``: the columns of :func:`intrinsic_dimension_table` with quantity = "last_token_id"
-        (n_subsamples = 1, id_std = 0; no cross-passage rows and no intervals), and GRIDE's scale curve (:func:`gride_scale_columns`).
+        (n_subsamples = 1, id_std = 0; no cross-passage rows; n_passages = distinct prompts of the layer), and
+        GRIDE's scale curve (:func:`gride_scale_columns`).
 
     Raises:
         StoreError: untrusted file. KeyError: no ``last_token/residual``. A layer with fewer distinct points than
@@ -440,9 +459,16 @@ def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle
             base = dict(model=model, prompt_set=a.get("prompt_set"), quantity=LAST_TOKEN_ID, layer=layer,
                         relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
             try:
-                rows += _id_rows(pts, estimators=estimators, n_subsamples=1, subsample_size=n_prompts, seed=seed,
-                                 min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
-                                 gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)[0]
+                r = _id_rows(pts, estimators=estimators, n_subsamples=1, subsample_size=n_prompts, seed=seed,
+                             min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
+                             gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)[0]
+                res = intrinsic_dimension.passage_resampled_ids(
+                    pts, np.arange(len(pts)), estimators=estimators, n_subsamples=1, subsample_size=len(pts),
+                    seed=seed, n_resamples=passage_resamples, min_points=min_points, mle_k=mle_k,
+                    gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol)
+                _write_intervals([(x, x["estimator"]) for x in r], res, passage_resamples=passage_resamples, ci=ci,
+                                 interval=PROMPT_INTERVAL)
+                rows += r
             except TooFewPointsError as e:
                 # e.g. layer 0 (the embeddings of the final token): as many distinct points as final tokens
                 n_distinct = int(len(np.unique(pts, axis=0)))
@@ -451,4 +477,6 @@ def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle
                          for est in estimators]
     df = pd.DataFrame(rows)
     df["note"] = df["note"].fillna("") if "note" in df.columns else ""
+    for c in ("id_mean_replicates", "interval"):
+        df[c] = df[c].fillna("") if c in df.columns else ""
     return _flag_disagreement(df, disagreement_factor), pd.DataFrame(scale, columns=gride_scale_columns())

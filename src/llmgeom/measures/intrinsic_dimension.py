@@ -546,15 +546,16 @@ def id_profile_shape(depth, ids, *, tol: float) -> dict:
     }
 
 
-#: estimators whose passage-resampled replicates :func:`passage_resampled_ids` computes (GRIDE's scale curve needs
-#: up to gride_max_rank neighbours per resample and is left out: its rows get no interval)
-RESAMPLED_ESTIMATORS = ("twonn", "mle_mg", "mle_lb")
+#: estimators whose passage-resampled replicates :func:`passage_resampled_ids` computes (all of them; GRIDE's
+#: replicate is the plateau of the resample's own scale curve, which needs gride_max_rank neighbours per point)
+RESAMPLED_ESTIMATORS = ("twonn", "mle_mg", "mle_lb", "gride")
 #: name of the cross-passage TwoNN in the result of :func:`passage_resampled_ids`
 CROSS_PASSAGE = "twonn_cross_passage"
 
 
 def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsample_size: int, seed: int,
-                          n_resamples: int, min_points: int, mle_k: int) -> dict:
+                          n_resamples: int, min_points: int, mle_k: int, gride_max_rank: int,
+                          plateau_tol: float) -> dict:
     """Cross-passage TwoNN and passage-level resampling replicates of the ID, from ONE neighbour list per layer.
 
     Points of one passage (corpus prompt) are correlated: consecutive positions share context, so a point's nearest
@@ -570,7 +571,8 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     * **passage resamples**: ``n_resamples`` half-samples of the passages: m = floor(G / 2) of the G passages
       drawn without replacement (``default_rng([seed, 4802])``; the same draws at every layer of a file with the
       same passages, so replicate b of every layer comes from the same passages), each estimator of
-      :data:`RESAMPLED_ESTIMATORS` (and the cross-passage TwoNN) on ALL points of the kept passages. Why not the
+      :data:`RESAMPLED_ESTIMATORS` (and the cross-passage TwoNN) on ALL points of the kept passages (GRIDE: the
+      plateau of the resample's own scale curve, :func:`gride_scaling`). Why not the
       bootstrap: resampling passages with replacement duplicates points, and a duplicate is a zero nearest-
       neighbour distance (TwoNN's mu = r2 / r1 is then infinite; DESIGN.md sec. 4). Subsampling without
       replacement never duplicates; with m = G / 2 it is the delete-d jackknife with d = G / 2 (Shao & Wu 1989),
@@ -590,6 +592,9 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     n_resamples : passage half-samples (0: none; schema key ``intrinsic_dimension.passage_resamples``).
     min_points : fewest distinct points of an estimate (a resample with fewer gives NaN replicates).
     mle_k : neighbours of the MLEs.
+    gride_max_rank, plateau_tol : GRIDE's scale curve and plateau on each resample (as :func:`gride_scaling`,
+        whose largest neighbour order is also at most the resample's points - 1); a resample whose GRIDE
+        likelihood has no maximum gives NaN.
 
     Returns
     -------
@@ -617,8 +622,9 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     names = [canonical_estimator(e) for e in estimators]
     res_names = [e for e in RESAMPLED_ESTIMATORS if e in names]
     need = max([2] + [int(mle_k) for e in res_names if e.startswith("mle")])
+    k_gride = int(gride_max_rank) if "gride" in res_names else 0  # as gride_scaling: fewer when fewer points
     biggest = int(np.bincount(g_codes).max())
-    K = min(X0.shape[0] - 1, 2 * need + biggest + EXTRA_CANDIDATES)
+    K = min(X0.shape[0] - 1, 2 * max(need, k_gride) + biggest + EXTRA_CANDIDATES)
     Xk, dist, idx, _, _, kept = prepare_neighbors(X0, K, max(int(min_points), 3), "ID", distinct=True,
                                                   return_kept=True)
     g = g_codes[kept]
@@ -645,7 +651,7 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
         rows = np.flatnonzero(cand)
         if rows.size < max(int(min_points), need + 1):
             continue
-        d, i = knn_among(Xk, dist, idx, need, rows=rows, candidates=cand)
+        d, i = knn_among(Xk, dist, idx, max(need, min(k_gride, rows.size - 1)), rows=rows, candidates=cand)
         if "twonn" in res_names:
             reps["twonn"][b] = twonn_from_distances(d)
         if any(e.startswith("mle") for e in res_names):
@@ -659,6 +665,11 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
             for e, v in (("mle_mg", fit.dimension_), ("mle_lb", np.mean(fit.dimension_pw_))):
                 if e in reps:
                     reps[e][b] = v
+        if "gride" in res_names:
+            try:  # the plateau of this resample's scale curve (a curve without a likelihood maximum: NaN)
+                reps["gride"][b] = _gride_knn(d, int(gride_max_rank), plateau_tol)["id"]
+            except ValueError:
+                pass
         try:  # a kept passage whose other kept passages hold fewer than 2 points: no replicate (NaN)
             d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True)
             reps[CROSS_PASSAGE][b] = twonn_from_distances(d2)

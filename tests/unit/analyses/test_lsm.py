@@ -478,7 +478,9 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
     idt, scale = intrinsic_dimension_table(corpus_h5, n_subsamples=2, subsample_size=200, seed=0, return_scale=True,
                                            **kw, **res)
     assert len(idt) == 16 and set(idt.quantity) == {"token_id", "token_id_cross_passage"}
-    assert idt[idt.estimator == "gride"].id_mean_lo.isna().all()  # GRIDE: no passage resamples
+    gr = idt[(idt.estimator == "gride") & (idt.layer > 0)]  # GRIDE resampled too: the plateau per half-sample
+    assert gr.id_mean_lo.notna().all() and (gr.id_mean_lo <= gr.id_mean).all() and (gr.id_mean <= gr.id_mean_hi).all()
+    assert (gr.id_mean_replicates.str.split().str.len() == 5).all()
     assert (scale.quantity == "token_id").all() and duplicate_keys(scale, "gride_scale").empty
     idt16, idt = idt, idt[idt.quantity == "token_id"]
     g = idt[idt.estimator == "gride"]
@@ -494,12 +496,21 @@ def test_gride_linear_dimensions_last_token_and_agreement(corpus_h5, mixed_h5):
     for q in ("token_id", "token_id_cross_passage"):  # the cross-passage TwoNN does not depend on the others either
         np.testing.assert_array_equal(solo[solo.quantity == q].id_mean,
                                       idt16[(idt16.quantity == q) & (idt16.estimator == "twonn")].id_mean)
-    last, last_scale = lsm.last_token_id_table(mixed_h5, seed=0, **kw)
+    last, last_scale = lsm.last_token_id_table(mixed_h5, seed=0, **kw, **res)
     assert len(last) == 15 and (last.quantity == "last_token_id").all() and (last.n == 120).all()
     assert (last.n_subsamples == 1).all() and (last.id_std == 0).all() and (last.note == "").all()
+    # prompt half-samples: one unit per prompt (60 of 120 per replicate), every estimator, recentred on id_mean
+    assert (last.n_passages == 120).all() and (last.passages_per_resample == 60).all()
+    assert (last.interval == lsm.PROMPT_INTERVAL).all() and last.id_mean_lo.notna().all()
+    for r in last.itertuples():
+        rep = parse_replicates(r.id_mean_replicates)
+        assert rep.size == 5 and np.isfinite(rep).all() and np.mean(rep) == pytest.approx(r.id_mean, rel=1e-9)
+    none, _ = lsm.last_token_id_table(mixed_h5, seed=0, **kw, passage_resamples=0, ci=0.95)
+    assert none.id_mean_lo.isna().all() and (none.id_mean_replicates == "").all()
+    np.testing.assert_array_equal(none.id_mean, last.id_mean)  # the intervals do not move the estimate
     # a layer with fewer distinct points than min_points (in real files: layer 0, the final tokens' embeddings)
     # is reported, not fatal: NaN IDs, the distinct count and the reason
-    few, _ = lsm.last_token_id_table(mixed_h5, seed=0, **{**kw, "min_points": 121})
+    few, _ = lsm.last_token_id_table(mixed_h5, seed=0, **{**kw, "min_points": 121}, **res)
     assert len(few) == 15 and few.id_mean.isna().all() and (few.n == 120).all()
     assert few.note.str.contains("too few distinct points").all()
     # no profile from NaN layers, but a row per estimator that says so (NaN values, the reason in `note`)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import skdim
 
-from llmgeom.measures.intrinsic_dimension import (CROSS_PASSAGE, id_subsamples, passage_resampled_ids,
+from llmgeom.measures.intrinsic_dimension import (CROSS_PASSAGE, gride_scaling, id_subsamples, passage_resampled_ids,
                                                   recentred_replicates, twonn_from_distances)
 from llmgeom.measures.neighbors import deduplicate, exact_knn, knn_among
 
@@ -19,8 +19,8 @@ def _embed(Z, D, rng):
 
 
 def _kw(**kw):
-    return dict(dict(estimators=["twonn", "mle_mg", "mle_lb"], n_subsamples=3, subsample_size=1000, seed=0,
-                     n_resamples=30, min_points=50, mle_k=20), **kw)
+    return dict(dict(estimators=["twonn", "mle_mg", "mle_lb", "gride"], n_subsamples=3, subsample_size=1000, seed=0,
+                     n_resamples=30, min_points=50, mle_k=20, gride_max_rank=32, plateau_tol=0.1), **kw)
 
 
 def test_knn_among_equals_a_direct_search_of_the_allowed_points():
@@ -64,7 +64,7 @@ def test_passages_that_do_not_cluster_give_d_with_and_without_the_exclusion():
     tw = id_subsamples(X, estimator="twonn", n_subsamples=3, subsample_size=1000, seed=0)["id_mean"]
     assert cp["id_mean"] == pytest.approx(tw, rel=0.05)
     assert (r["n_passages"], r["passages_per_resample"]) == (40, 20)
-    for e in ("twonn", "mle_mg", "mle_lb", CROSS_PASSAGE):
+    for e in ("twonn", "mle_mg", "mle_lb", "gride", CROSS_PASSAGE):
         v = r["replicates"][e]
         assert v.shape == (30,) and np.isfinite(v).all() and np.mean(v) == pytest.approx(5, rel=0.12), e
         assert np.std(v) > 0, e
@@ -77,6 +77,8 @@ def test_passages_that_do_not_cluster_give_d_with_and_without_the_exclusion():
         skdim.id.MLE().fit(Xb, n_neighbors=20, comb="mean").dimension_, rel=1e-9)
     assert r["replicates"]["mle_mg"][0] == pytest.approx(
         skdim.id.MLE().fit(Xb, n_neighbors=20, comb="mle").dimension_, rel=1e-9)
+    assert r["replicates"]["gride"][0] == pytest.approx(
+        gride_scaling(Xb, max_rank=32, plateau_tol=0.1)["id"], rel=1e-9)
     # seeded: the same draws again; no resamples: no replicates
     again = passage_resampled_ids(X, g, **_kw())
     np.testing.assert_array_equal(again["replicates"]["twonn"], r["replicates"]["twonn"])
@@ -111,6 +113,23 @@ def test_passage_labels_follow_the_deduplication_and_errors():
         passage_resampled_ids(X, np.zeros(300, int), **_kw(subsample_size=300, min_points=20))
     with pytest.raises(ValueError, match="one entry per point"):
         passage_resampled_ids(X, g[:10], **_kw(subsample_size=300, min_points=20))
+
+
+def test_one_point_per_passage_is_a_half_sample_of_the_points_and_gride_uses_what_it_has():
+    """The last-token ID: every point its own passage (a prompt). A replicate is the estimator on half of the
+    points; with fewer kept points than gride_max_rank, GRIDE's curve stops at the largest order the half-sample
+    allows, as gride_scaling does on the same points."""
+    rng = np.random.default_rng(5)
+    X = _embed(rng.standard_normal((150, 4)), 40, rng)
+    r = passage_resampled_ids(X, np.arange(150), **_kw(subsample_size=150, n_resamples=6, gride_max_rank=128,
+                                                       min_points=20))
+    assert (r["n_passages"], r["passages_per_resample"]) == (150, 75)
+    keep = np.zeros(150, bool)
+    keep[np.random.default_rng([0, 4802]).choice(150, size=75, replace=False)] = True
+    assert r["replicates"]["gride"][0] == pytest.approx(
+        gride_scaling(X[keep], max_rank=128, plateau_tol=0.1)["id"], rel=1e-9)
+    assert r["replicates"]["twonn"][0] == pytest.approx(skdim.id.TwoNN().fit(X[keep]).dimension_, rel=1e-9)
+    assert np.isfinite(r["replicates"]["gride"]).all() and np.mean(r["replicates"]["gride"]) == pytest.approx(4, rel=0.2)
 
 
 def test_recentred_replicates():
