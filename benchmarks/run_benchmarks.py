@@ -15,7 +15,9 @@
   with the load average per round. Peak RSS: each variant in a fresh process (``--repeats``, alternating).
   Default: SmolLM2-135M prepared by the workflow (resources/models/smollm2-135m), CPU, float32, batch 16,
   the ``mixed`` prompt set (~38 tokens). Targets (issue 21 item 4): full >= 0.95x the body-only tokens/s;
-  peak RSS <= 1.2x the body's at ``--long-n`` prompts of ``--long-tokens`` tokens (batch ``--long-batch``);
+  peak private (anonymous) memory <= 1.2x the body's, at the default and at ``--long-n`` prompts of
+  ``--long-tokens`` tokens (batch ``--long-batch``), with the peak RSS beside it (the RSS also counts the weight
+  file's pages that a full-vocabulary head maps: shared page cache, not an allocation);
   the corpus rate of ``--corpus-model-dir`` (Gemma-3-270M: the 262k-token unembedding). After the rounds,
   where a full pass goes (forward with the hooks' gathers, float32 head, final-query attention entropy,
   statistics, HDF5 writes, setup and commit; ms per pass and share of the body-only pass), so that a
@@ -402,11 +404,12 @@ def bench_extraction(a) -> dict:
             lp = gpu_check.long_prompts(AutoTokenizer.from_pretrained(resolve_weights_path(Path(a.model_dir))),
                                         tmp / "long.jsonl", a.long_n, a.long_tokens)
             lr = _rounds(a, lp, a.long_batch, tmp, env, tag="long-")
-            lm = {v: {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "peak_rss_mib")}
+            lm = {v: {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "peak_rss_mib", "peak_anon_mib")}
                   for v, rs in lr.items()}
             long = {"n_prompts": a.long_n, "tokens": a.long_tokens, "batch": a.long_batch, "median": lm,
                     "throughput_ratio_vs_body": lm["full"]["tokens_per_s"] / lm["body"]["tokens_per_s"],
                     "rss_ratio_vs_body": lm["full"]["peak_rss_mib"] / lm["body"]["peak_rss_mib"],
+                    "anon_ratio_vs_body": lm["full"]["peak_anon_mib"] / lm["body"]["peak_anon_mib"],
                     "rss_ratio_vs_body_per_round": [f["peak_rss_mib"] / b["peak_rss_mib"]
                                                     for f, b in zip(lr["full"], lr["body"])]}
         corpus = None
@@ -636,7 +639,7 @@ def markdown(res: dict) -> str:
                   f"| ratio full / body | **{e['throughput_ratio_vs_body']:.2f}x** (target >= 0.95) | {e['rss_ratio_vs_body']:.2f}x |",
                   *([f"| private (anonymous) memory, peak MiB: bare / full / body | | "
                      f"{e['peak_anon_mib']['bare']:.0f} / {e['peak_anon_mib']['full']:.0f} / {e['peak_anon_mib']['body']:.0f}"
-                     f" (full / body **{e['anon_ratio_vs_body']:.2f}x**) |",
+                     f" (full / body **{e['anon_ratio_vs_body']:.2f}x**, target <= 1.2: the memory measure) |",
                      f"| mapped from the weight files at the end, MiB: bare / full / body | | "
                      f"{e['file_mib_at_end']['bare']:.0f} / {e['file_mib_at_end']['full']:.0f} / "
                      f"{e['file_mib_at_end']['body']:.0f} |"] if "anon_ratio_vs_body" in e else []),
@@ -671,8 +674,9 @@ def markdown(res: dict) -> str:
                       "the statistics and the HDF5 writes are work the body-only forward does not do."]
         if e.get("long"):
             lg = e["long"]
-            lines += ["", f"Long prompts ({lg['n_prompts']} x ~{lg['tokens']} tokens, batch {lg['batch']}): peak RSS full / body "
-                      f"**{lg['rss_ratio_vs_body']:.2f}x** (target <= 1.2; per round "
+            lines += ["", f"Long prompts ({lg['n_prompts']} x ~{lg['tokens']} tokens, batch {lg['batch']}): peak private memory "
+                      f"full / body **{lg.get('anon_ratio_vs_body', float('nan')):.2f}x** (target <= 1.2), peak RSS full / body "
+                      f"{lg['rss_ratio_vs_body']:.2f}x (with the weight file's page cache; per round "
                       f"{', '.join(f'{x:.2f}' for x in lg['rss_ratio_vs_body_per_round'])}), tokens/s full / body "
                       f"{lg['throughput_ratio_vs_body']:.2f}x; medians {lg['median']}."]
         if e.get("corpus"):
