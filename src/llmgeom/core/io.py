@@ -3,8 +3,9 @@
 Every output is written to ``<name>.partial`` in the same directory and renamed over the final
 name only when complete (:func:`atomic_path`), so a killed job never leaves a file that looks
 finished; leftover ``.partial`` files are never read. The data are flushed to disk (fsync) before the
-rename, so a file system that reports a full disk only when the data reach it (delayed allocation, NFS)
-fails the write instead of leaving a short file under the final name. Outputs get the mode that the user's
+rename, and the directory after it (:func:`replace_durably`), so a file system that reports a full disk only
+when the data reach it (delayed allocation, NFS) fails the write instead of leaving a short file under the final
+name, and a crash after the rename keeps it. Outputs get the mode that the user's
 umask gives to any new file (never ``tempfile``'s 0600), so a lab group can read each other's results.
 
 A full disk (ENOSPC, or a disk quota: EDQUOT) while an output is written raises :class:`DiskFullError`, which
@@ -189,13 +190,44 @@ class SpaceReserve:
         self.path.unlink(missing_ok=True)
 
 
+def fsync_path(path, *, directory: bool = False) -> None:
+    """Flush what the kernel holds of ``path`` (a file's data, or with ``directory`` a directory's entries) to the
+    disk (``fsync``). A file system that allocates blocks only when data reach the disk (delayed allocation, NFS,
+    quotas enforced by a server) reports a full disk here (OSError ENOSPC / EDQUOT), not at ``write``. File
+    systems that cannot fsync a directory (EINVAL, ENOTSUP) are left as they are."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if not directory or e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def replace_durably(tmp, path) -> None:
+    """Rename the complete file ``tmp`` over ``path`` (same directory) durably: ``tmp``'s data are flushed
+    (:func:`fsync_path`) before ``os.replace``, so that a full disk reported only when the data reach the disk
+    fails here and never leaves a short file under ``path``, and the directory after it, so that the rename
+    survives a crash. The one commit step of :func:`atomic_path` and of the activation writer
+    (``core.writer.ActivationWriter.commit``).
+
+    Raises:
+        OSError: from the fsync of ``tmp`` (e.g. ENOSPC; ``path`` is then left as it was) or from the rename.
+    """
+    path = Path(path)
+    fsync_path(tmp)
+    os.replace(tmp, path)
+    fsync_path(path.parent, directory=True)
+
+
 @contextlib.contextmanager
 def atomic_path(path, *, fsync: bool = True):
     """Context manager: yield ``<path>.partial`` to write to; on success rename it over ``path``.
 
     The parent directory is created. On any exception (including KeyboardInterrupt) the partial
     file is removed and the exception propagates; ``path`` is left as it was. With ``fsync`` (default) the
-    data is flushed to disk before the rename.
+    data are flushed to disk before the rename and the directory after it (:func:`replace_durably`).
 
     Raises:
         DiskFullError: the file system filled while ``<path>.partial`` was written or flushed (from any writer:
@@ -214,9 +246,9 @@ def atomic_path(path, *, fsync: bool = True):
     try:
         yield tmp
         if fsync:
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
+            replace_durably(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException as e:
         full = None if isinstance(e, DiskFullError) or not is_disk_full(e) else disk_full_error(  # free space now
             path, what=f"It had written {human_bytes(tmp.stat().st_size if tmp.exists() else 0)} to {tmp.name} when "

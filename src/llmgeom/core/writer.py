@@ -13,7 +13,7 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmgeom.core.io import SpaceReserve, partial_path, reserve_path
+from llmgeom.core.io import SpaceReserve, partial_path, replace_durably, reserve_path
 from llmgeom.core.versions import package_versions
 
 
@@ -79,7 +79,7 @@ class ActivationWriter:
     ``xarray.open_dataset(path, engine="h5netcdf", group=...)`` gives labelled arrays.
 
     Resumable writing: with ``resume_key`` (a digest of everything that determines the
-    file's content: prompt-set sha256, model, settings) and ``n_batches``, the partial file records, per
+    file's content: prompt-set sha256, model, settings, the code that writes it) and ``n_batches``, the partial file records, per
     batch, whether it is complete (``resume/done``) and the :func:`batch_digest` of what it wrote
     (``resume/sha256``), flushed by :meth:`commit_batch`. A later writer with the same key and shapes
     reopens the partial and :meth:`verify_batches` re-reads every committed batch against its digest;
@@ -176,7 +176,7 @@ class ActivationWriter:
             return None
         try:
             if f.attrs.get("resume_key") != self.resume_key:
-                why = "it was written with other inputs (prompts, model or settings)"
+                why = "it was written with other inputs (prompts, model, settings or package code)"
             elif f.attrs.get("contract_version") != CONTRACT_VERSION:
                 why = f"contract version {f.attrs.get('contract_version')} != {CONTRACT_VERSION}"
             elif "resume/done" not in f or f["resume/done"].shape != (self.n_batches,):
@@ -338,23 +338,34 @@ class ActivationWriter:
         return None
 
     def commit(self) -> Path:
-        """Record the sha256 of every string dataset, mark complete, close, and atomically rename
-        to the final path. The digests are flushed before the resume record is removed: a full disk up to
-        that point leaves a partial file that a rerun resumes (and then only commits)."""
+        """Record the sha256 of every string dataset, mark complete, close, and rename to the final path durably
+        (:func:`llmgeom.core.io.replace_durably`: the file's data flushed to the disk before the rename, its
+        directory after it; a full disk reported only then leaves the partial file, never a short final one).
+
+        Order, for a full disk on the way: the digests (which grow the file) are flushed while the reserve is
+        still held, so a full disk there leaves the resume record intact and the reserve for
+        :meth:`close_after_disk_full` (a rerun verifies every batch and only commits); the reserve is given back
+        before the resume record is removed, so that what HDF5 writes from there to the close has its room (a
+        close that failed after the removal would leave a partial that is extracted again).
+
+        Raises:
+            OSError: from the rename's fsync (ENOSPC where the file system allocates late) or the rename itself,
+                or from HDF5 (a full disk even after the reserve was given back: ``close_after_disk_full``).
+        """
         self._forget_datasets()
         names = []
         self.f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and is_string_dataset(o) else None)
         for n in names:
             self.f[n].attrs["sha256"] = strings_sha256(self.f[n].asstr()[()] if self.f[n].size else [])
         self.f.flush()
+        self.reserve.release()
         if "resume" in self.f:
             del self.f["resume"]
         if "resume_key" in self.f.attrs:
             del self.f.attrs["resume_key"]
         self.f.attrs["complete"] = True
         self.f.close()
-        os.replace(self.tmp, self.path)
-        self.reserve.release()
+        replace_durably(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:

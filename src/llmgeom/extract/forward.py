@@ -9,8 +9,8 @@ change any stored value (tests/unit/extract/test_extraction.py).
 
 The pre-norm residual stream comes from ``blocks.<l>.hook_resid_post`` (``hidden_states[-1]`` is
 post-norm in most families). ``extract_to_hdf5`` is resumable: the ``.partial`` file records its
-committed batches (checksummed) and a rerun with the same inputs continues from there; SIGUSR1 /
-SIGTERM stop it cleanly after the batch in flight (:class:`ExtractionInterrupted`; a SIGUSR1 after the last
+committed batches (checksummed) and a rerun with the same inputs and the same code (``EXTRACTION_CODE``)
+continues from there; SIGUSR1 / SIGTERM stop it cleanly after the batch in flight (:class:`ExtractionInterrupted`; a SIGUSR1 after the last
 batch started, or any signal during the commit, lets the complete file be committed). The hooks are
 registered once per ``extract_to_hdf5`` call (:class:`BatchHooks`), not once per batch. One writer per output:
 ``extract_to_hdf5`` holds the output's lease (``llmgeom.core.lease``, ``<out>.lease``) from before it
@@ -45,12 +45,17 @@ from llmgeom.core.progress import progress
 from llmgeom.core.io import disk_full_guard, is_disk_full
 from llmgeom.core.store import DS, CONTRACT, CONTRACT_VERSION, contract_shapes, estimate_nbytes
 from llmgeom.core.writer import ActivationWriter
-from llmgeom.core.versions import package_versions
+from llmgeom.core.versions import package_versions, source_sha256
 from llmgeom.extract import space
 from llmgeom.extract.batch import BatchHooks, NonFiniteActivationError, extract_batch, model_axis_sizes
 from llmgeom.extract.capture import Float32Head
 from llmgeom.models import architectures as arch
 from llmgeom.models import families
+
+
+#: the subpackages whose source code is part of the resume key (``core.versions.source_sha256``): those holding
+#: every module an extraction runs (the import closure of this module; tests/unit/core/test_store.py checks it)
+EXTRACTION_CODE = ("core", "extract", "models", "prompts")
 
 
 class PromptTokenError(ValueError):
@@ -343,12 +348,14 @@ def _plan(model, tok, records, sha, manifest, *, prompts_path, model_name, batch
               per_sample=[k for k in shapes if k.startswith("tokens/") and CONTRACT[k].dims[0] == "sample"],
               per_position=[k for k in shapes if k.startswith("tokens/") and CONTRACT[k].dims[0] == "position"],
               attention=attention, corpus=corpus, top_k=top_k)
-    # everything that determines the file's content: a partial written with the same key can be resumed
+    # everything that determines the file's content, the code that writes it included: a partial written with the
+    # same key can be resumed
     p.resume_key = hashlib.sha256(json.dumps(dict(
         attrs={k: v for k, v in attrs.items()}, shapes={k: list(v[0]) for k, v in shapes.items()},
         batch_size=batch_size, attention=attention, candidates_key=candidates_key, max_tokens=max_tokens,
         contract_version=CONTRACT_VERSION, versions={k: v for k, v in package_versions().items()
-                                                     if k in ("torch", "transformers", "llmgeom")}),
+                                                     if k in ("torch", "transformers", "llmgeom")},
+        code=source_sha256(*EXTRACTION_CODE)),
         sort_keys=True, default=str).encode()).hexdigest()
     return p
 

@@ -32,13 +32,30 @@ def set_threads(n: int) -> None:
         sys.modules["torch"].set_num_threads(n)
 
 
+#: bytes held back on the log's file system while a job runs (``<log>.reserve``, ``core.io.SpaceReserve``) and
+#: given back when it ends, before its last lines and traceback are written: room for a DiskFullError's message
+#: in the log of a job whose disk filled (a long torch traceback is ~10 kB)
+LOG_RESERVE = 64 << 10
+
+
 class run_logged:
     """Context manager for Snakemake scripts: tee stdout/stderr into the rule's log file,
     write the full traceback there when the job fails (then re-raise), and limit BLAS/OpenMP
     thread pools and torch's threads to the job's ``threads`` (oversubscribed OpenBLAS threads made the analyses
     ~20x slower when jobs run side by side), and install the workflow's store context
     (``llmgeom.pipeline.layout``: prompt-file checks, rerun hints naming the rule); the previous limits and
-    context are restored on exit."""
+    context are restored on exit.
+
+    A full disk that also holds the log never replaces the job's own error (a :class:`DiskFullError` naming the
+    partial file, the free space, the next batch and the fix) by the log's ``OSError: [Errno 28]``: writing the
+    log never raises (:class:`_LogFile`). What reaches the user:
+
+    * stderr (Snakemake's output) always gets the job's output and, from the interpreter or Snakemake, its
+      traceback, whatever happens to the log (unless stderr itself cannot be written);
+    * the log gets the traceback when the room held back for it (:data:`LOG_RESERVE`, taken when the job
+      starts, given back at its end) was there at the start and no other writer takes it meanwhile; lines
+      that did not fit are counted in a note there, and a log left short is said on stderr.
+    """
 
     def __init__(self, path, threads: int = 1):
         self.path = path
@@ -58,7 +75,7 @@ class run_logged:
 
         self._store_context = layout.install()
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.path, "w")
+        self.fh = _LogFile(self.path)
         self._out, self._err = sys.stdout, sys.stderr
         sys.stdout = _Tee(self._out, self.fh)
         sys.stderr = _Tee(self._err, self.fh)
@@ -68,10 +85,13 @@ class run_logged:
         import sys
         import traceback
 
-        if et is not None:
-            traceback.print_exception(et, ev, tb, file=self.fh)
         sys.stdout, sys.stderr = self._out, self._err
-        self.fh.close()
+        problem = self.fh.finish("".join(traceback.format_exception(et, ev, tb)) if et is not None else "")
+        if problem:  # the log lacks part of the job's output: say so where Snakemake shows it
+            err = _Tee(self._err)
+            err.write(f"[llmgeom] {problem}" + ("; the job's error is in the traceback on stderr" if et is not None
+                                                else "") + "\n")
+            err.flush()
         self._pools.restore_original_limits()
         for var, value in self._env.items():
             if value is None:
@@ -86,15 +106,97 @@ class run_logged:
         return False
 
 
+class _LogFile:
+    """A job's log file whose writes never raise: unbuffered (what a write returned is in the file), with
+    :data:`LOG_RESERVE` bytes held back beside it (``<path>.reserve``; none where not even that was free).
+    The first failed write (a full disk) ends the writing; :meth:`finish` gives the reserve back, then
+    appends a note of what was lost and the job's last words (its traceback)."""
+
+    def __init__(self, path):
+        from llmgeom.core.io import SpaceReserve, reserve_path
+
+        self.path, self.error, self.lost = path, None, 0
+        try:
+            self.reserve = SpaceReserve(reserve_path(path), LOG_RESERVE)
+        except OSError:  # too full already: the log gets what fits
+            self.reserve = SpaceReserve(reserve_path(path), 0)
+        try:
+            self.fh = open(path, "wb", buffering=0)
+        except OSError as e:
+            self.fh, self.error = None, e
+
+    def _put(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self.fh.write(view):]  # a short write (the disk filled), then OSError
+
+    def write(self, s: str) -> int:
+        data = s.encode("utf-8", "replace")
+        if self.error is not None:
+            self.lost += len(data)
+            return len(s)
+        try:
+            self._put(data)
+        except (OSError, ValueError) as e:
+            self.error, self.lost = e, self.lost + len(data)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def finish(self, last: str) -> str | None:
+        """Give the reserve back, write ``last`` (after a note of the bytes lost, if any) and close. Returns None
+        when the log holds all of the job's output, else a sentence saying what it lacks."""
+        self.reserve.release()
+        before, lost_before = self.error, self.lost
+        if before is not None:  # retry in the room given back: a note of the gap, then the job's last words
+            self.error = None
+            if self.fh is None:
+                with _suppressed():
+                    self.fh = open(self.path, "ab", buffering=0)
+            last = (f"\n[llmgeom] {lost_before:,} bytes of this job's output could not be written to this log "
+                    f"({before}); its stderr (Snakemake's output) has them\n" + last)
+        if self.fh is None:
+            return f"no log {self.path} could be written ({before})"
+        if last:
+            self.write(last)
+        with _suppressed():
+            self.fh.close()
+        if self.error is not None:
+            return f"the log {self.path} lacks {self.lost:,} bytes of this job's output, its end included ({self.error})"
+        if before is not None:
+            return (f"the log {self.path} lacks {lost_before:,} bytes of this job's output, written while its disk "
+                    f"was full ({before}); its end is there")
+        return None
+
+
+def unfailing(stream):
+    """``stream`` (a text stream) whose ``write`` and ``flush`` never raise: what cannot be written (a full disk, a
+    closed pipe) is dropped. The model server's stdout and stderr (its ``server.log``), so that a print on a full
+    disk never ends the server: its client gets the task's own error, not a closed connection."""
+    return _Tee(stream)
+
+
+def _suppressed():
+    import contextlib
+
+    return contextlib.suppress(OSError, ValueError)
+
+
 class _Tee:
+    """Writes to every stream; a stream that fails (a full disk, a closed pipe) is skipped, never raised from,
+    so a job's own error is never replaced by one of its output."""
+
     def __init__(self, *streams):
         self.streams = streams
 
     def write(self, s):
         for st in self.streams:
-            st.write(s)
+            with _suppressed():
+                st.write(s)
         return len(s)
 
     def flush(self):
         for st in self.streams:
-            st.flush()
+            with _suppressed():
+                st.flush()

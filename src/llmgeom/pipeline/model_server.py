@@ -777,4 +777,8 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
 
 
 if __name__ == "__main__":  # started by run_task: python -m llmgeom.pipeline.model_server <dir> <load json> <owner pid>
+    from llmgeom.pipeline.jobs import unfailing
+
+    # a print on a full disk (server.log) loses its line, never the server: the client gets the task's own error
+    sys.stdout, sys.stderr = unfailing(sys.stdout), unfailing(sys.stderr)
     serve(Path(sys.argv[1]), json.loads(sys.argv[2]), owner=int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None)

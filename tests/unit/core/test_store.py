@@ -854,6 +854,47 @@ def test_partial_from_other_settings_or_corrupted_is_discarded(setup, uninterrup
     same_datasets(uninterrupted, out)
 
 
+def test_partial_written_by_other_code_is_discarded(setup, uninterrupted, tmp_path, monkeypatch):
+    """The resume key holds the hash of the code that writes the file (``core.versions.source_sha256`` of
+    ``extract.forward.EXTRACTION_CODE``): a partial written by other code of the same package version (here: a
+    stand-in hash) is discarded with a log line and everything is extracted again, to the uninterrupted file."""
+    out = tmp_path / "c.h5"
+    monkeypatch.setattr(extraction, "source_sha256", lambda *subs: "other code")
+    _counting(monkeypatch, stop_after=3)
+    with pytest.raises(extraction.ExtractionInterrupted):
+        extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=lambda *a: None, **RESUME_KW)
+    monkeypatch.undo()
+    logs = []
+    seen = _counting(monkeypatch)
+    extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=logs.append, **RESUME_KW)
+    assert len(seen) == 5 and any("discarding" in m and "package code" in m for m in logs), logs
+    same_datasets(uninterrupted, out)
+
+
+def test_source_sha256_known_answer_and_the_extraction_code_it_covers(tmp_path, monkeypatch):
+    """``source_sha256``: the sha256 of each ``.py`` file's path (relative to the package) and bytes, in path order;
+    an edit changes it. ``EXTRACTION_CODE`` holds every module the extraction runs (its import closure)."""
+    import hashlib
+
+    from llmgeom.core import versions
+    from llmgeom.pipeline import code_tracking
+
+    (tmp_path / "core" / "sub").mkdir(parents=True)
+    (tmp_path / "core" / "b.py").write_bytes(b"x = 1\n")
+    (tmp_path / "core" / "sub" / "a.py").write_bytes(b"y = 2\n")
+    (tmp_path / "core" / "notes.txt").write_bytes(b"not code")
+    monkeypatch.setattr(versions, "PACKAGE_DIR", tmp_path)
+    want = hashlib.sha256(b"\0core/b.py\0x = 1\n" + b"\0core/sub/a.py\0y = 2\n").hexdigest()
+    assert versions.source_sha256("core") == want
+    (tmp_path / "core" / "b.py").write_bytes(b"x = 3\n")
+    assert versions.source_sha256("core") != want
+    with pytest.raises(ValueError, match="llmgeom.nowhere"):
+        versions.source_sha256("nowhere")
+    monkeypatch.undo()
+    closure = code_tracking.package_modules("extract.forward")
+    assert closure and {m.split(".")[0] for m in closure} <= set(extraction.EXTRACTION_CODE), closure
+
+
 _RESUME_CHILD = textwrap.dedent("""
     import json, pathlib, sys, time
     import torch

@@ -14,6 +14,7 @@ root, or where mounting is refused (a container without CAP_SYS_ADMIN), the test
 import os
 import subprocess
 import uuid
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -349,3 +350,287 @@ rule table:
     ref = tmp_path / "ref.csv"
     core_io.write_table(pd.DataFrame({"x": np.arange(100_000) * 0.5}), ref)
     assert out.read_bytes() == ref.read_bytes()
+
+
+# ---- a full disk that also holds the job's log (issue 47 item 3) ----------------------------------------------------
+
+class deadline:
+    """Fail (TimeoutError) instead of hanging when the block takes more than ``seconds`` (SIGALRM, main thread)."""
+
+    def __init__(self, seconds: int):
+        self.seconds = seconds
+
+    def __enter__(self):
+        import signal
+
+        def expired(signum, frame):
+            raise TimeoutError(f"the test ran past its {self.seconds} s deadline")
+        self._old = signal.signal(signal.SIGALRM, expired)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self._old)
+        return False
+
+
+def test_run_logged_keeps_the_disk_full_error_when_its_log_is_full(small_fs, capfd):
+    """The job's log on the file system that fills: the job ends with its own DiskFullError (not the log's bare
+    ``OSError: [Errno 28]``); its message reaches stderr and, in the room held back for the log since the job
+    started (``jobs.LOG_RESERVE``), the log, after a note of the output lines that did not fit; every line reaches
+    stdout, and stderr says the log is short; nothing is left beside the log."""
+    from llmgeom.pipeline import jobs
+
+    fs = small_fs("1m")
+    log, out = fs / "logs" / "job.log", fs / "tables" / "t.csv"
+    state = {}
+    with pytest.raises(DiskFullError) as ei:
+        with jobs.run_logged(log):
+            print("job started")
+            state["filler"] = fill(fs)  # another job fills the disk
+            for i in range(500):  # lines the log cannot take any more
+                print(f"progress line {i}: " + "x" * 60)
+            core_io.write_table(pd.DataFrame({"x": np.arange(100_000) * 0.5}), out)
+    msg = str(ei.value)
+    assert f"no space left on the device for {out}" in msg and "rerun" in msg, msg
+    text = log.read_text()
+    assert text.startswith("job started\n") and "could not be written to this log" in text, text[:2000]
+    assert f"DiskFullError: no space left on the device for {out}" in text, text[-3000:]
+    shown = capfd.readouterr()
+    assert "progress line 499" in shown.out and f"[llmgeom] the log {log} lacks" in shown.err, shown.err[-2000:]
+    assert sorted(p.name for p in log.parent.iterdir()) == ["job.log"]  # the log's reserve is given back
+    unfill(state["filler"])
+
+
+def test_extraction_whose_log_is_on_the_full_disk(setup, small_fs, monkeypatch):
+    """The default layout: the job's log (logs/...) on the file system of the activation file. The disk fills
+    while batch 3 is written; the job ends with the extraction's DiskFullError (the partial file, the next batch,
+    the fix), which is the last thing in its log."""
+    from llmgeom.pipeline import jobs
+
+    fs = small_fs("8m")
+    out, log = fs / "acts" / "mixed.h5", fs / "logs" / "extract.log"
+    real, state = ActivationWriter.write, {}
+
+    def write(self, name, rows, values):
+        if len(self.done_batches()) == 2 and not name.startswith("prompts/") and not state:
+            state["filler"] = fill(fs)
+        return real(self, name, rows, values)
+    monkeypatch.setattr(ActivationWriter, "write", write)
+    with pytest.raises(DiskFullError) as ei:
+        with jobs.run_logged(log):
+            _extract_logging(setup, out, print)
+    msg = str(ei.value)
+    assert "no space left on the device for" in msg and "the next batch" in msg and "rerun" in msg, msg
+    text = log.read_text()
+    assert text.rstrip().endswith(f"DiskFullError: {msg}"), text[-3000:]
+    unfill(state["filler"])
+
+
+def _extract_logging(setup, out, log):
+    return extraction.extract_to_hdf5(setup["prepared"], setup["prompts"], out, log=log, **KW)
+
+
+_JOB_SCRIPT = '''
+import os
+import numpy as np, pandas as pd
+from llmgeom.core.io import free_bytes, write_table
+from llmgeom.pipeline.jobs import run_logged
+
+with run_logged(snakemake.log[0]):
+    print("job started", flush=True)
+    if snakemake.params.fill_in_job:  # another job fills the disk while this one runs
+        fd = os.open(snakemake.params.filler, os.O_CREAT | os.O_WRONLY)
+        try:
+            os.posix_fallocate(fd, 0, max(free_bytes(snakemake.params.filler), 1))
+        except OSError:
+            pass
+        os.close(fd)
+        for i in range(64):
+            try:
+                with open(f"{snakemake.params.filler}.{i}", "wb") as fh:
+                    fh.write(b"\\0" * 4096)
+            except OSError:
+                break
+    for i in range(500):
+        print(f"progress line {i}: " + "x" * 60)
+    write_table(pd.DataFrame({"x": np.arange(100_000) * 0.5}), snakemake.output[0])
+'''
+
+
+@pytest.mark.parametrize("when", ["fills during the job", "full before the job"])
+def test_snakemake_shows_the_disk_full_error_when_the_log_is_full(small_fs, tmp_path, when):
+    """A Snakemake job (``script:`` with ``run_logged``) whose output and log are on a file system that fills: its
+    DiskFullError (the output, the free space, the fix) is in Snakemake's output whatever else is full, and in the
+    job's log when the disk filled after the job started (the room held back for the log); a log that could not be
+    written in full is said on stderr."""
+    import sys
+
+    fs = small_fs("1m")
+    out, log = fs / "tables" / "t.csv", fs / "logs" / "t.log"
+    (tmp_path / "job.py").write_text(_JOB_SCRIPT)
+    (tmp_path / "Snakefile").write_text(f'''
+rule table:
+    output: {str(out)!r}
+    log: {str(log)!r}
+    params: fill_in_job={when == "fills during the job"}, filler={str(fs / "filler-job")!r}
+    script: "job.py"
+''')
+    filler = fill(fs) if when == "full before the job" else fs / "filler-job"
+    import llmgeom
+
+    src = str(Path(llmgeom.__file__).resolve().parents[1])  # the job runs the package under test
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env=env)
+    shown = r.stdout + r.stderr
+    assert r.returncode != 0, shown
+    assert f"DiskFullError: no space left on the device for {out}" in shown and "rerun" in shown, shown[-3000:]
+    assert f"[llmgeom] the log {log}" in shown or f"[llmgeom] no log {log}" in shown, shown[-3000:]
+    assert "[Errno 28]" not in shown.split("DiskFullError: no space left")[-1]  # no bare ENOSPC after it
+    if when == "fills during the job":
+        text = log.read_text()
+        assert text.startswith("job started\n") and f"DiskFullError: no space left on the device for {out}" in text
+    assert not out.exists() and (not out.parent.exists() or list(out.parent.iterdir()) == [])
+    assert sorted(p.name for p in log.parent.iterdir()) == ["t.log"]  # its reserve given back
+    unfill(filler)
+
+
+def test_model_server_survives_a_full_disk_under_its_log(setup, small_fs, tmp_path, monkeypatch):
+    """The model server's own log (``server.log``), the job's log and its output on one file system that fills
+    between two jobs: the second job gets the extraction's DiskFullError from the server (not "the peer closed
+    the connection": a print to the full server.log no longer ends the server), and once space is freed the
+    same server process serves a third job."""
+    from llmgeom.pipeline import model_server as ms
+
+    fs = small_fs("16m")
+    monkeypatch.setenv("LLMGEOM_MODEL_SERVER_DIR", str(fs / "srv"))
+    monkeypatch.setenv("LLMGEOM_MODEL_SERVER_IDLE_S", "120")
+    monkeypatch.setenv("LLMGEOM_MODEL_SERVER", "1")
+    load = dict(model_dir=str(setup["prepared"]), dtype="float32", device="cpu", device_map=None)
+    kw = dict(model_dir=str(setup["prepared"]), prompts_path=str(setup["prompts"]), model_name="tiny-llama",
+              dtype="float32", device="cpu", batch_size=1, top_k=7, sample_per_prompt=4, device_map=None)
+    filler = None
+    try:
+        with deadline(240):
+            ms.run_task("extract", {**kw, "out_path": str(fs / "a.h5")}, load=load, log=str(fs / "logs" / "a.log"))
+            filler = fill(fs)
+            fd = os.open(ms.server_dir(load) / "server.log", os.O_WRONLY | os.O_APPEND)
+            try:  # the last block of the server's log too (a print fits there no more)
+                while os.write(fd, b"-" * 512):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            with pytest.raises(ms.ModelServerTaskError) as ei:
+                ms.run_task("extract", {**kw, "out_path": str(fs / "b.h5")}, load=load,
+                            log=str(fs / "logs" / "b.log"))
+            msg = str(ei.value)
+            assert "DiskFullError: no space left on the device for" in msg and "Nothing was computed" in msg, msg
+            unfill(filler)
+            filler = None
+            ms.run_task("extract", {**kw, "out_path": str(fs / "c.h5")}, load=load, log=str(fs / "logs" / "c.log"))
+        import re
+
+        pid = [re.search(r"\[model server\] pid (\d+): task", (fs / "logs" / f"{j}.log").read_text()) for j in "ac"]
+        assert pid[0] and pid[1] and pid[0][1] == pid[1][1]  # the same server process, still up
+        assert not (fs / "b.h5").exists() and (fs / "c.h5").is_file()
+    finally:
+        if filler is not None:
+            unfill(filler)
+        ms.stop_server(load)
+
+
+# ---- durability and order of the commit (issue 47 item 4) -----------------------------------------------------------
+
+N_STRINGS = 200  # string datasets: their sha256 attributes grow the file by ~37 kB at commit (the digests' flush)
+
+
+def _strings_writer(out, reserve_bytes):
+    shapes = {f"s/{i}": ((3,), "str") for i in range(N_STRINGS)}
+    shapes["x"] = ((4, 8), "float32")
+    w = ActivationWriter(out, {"model": "m"}, shapes, resume_key="k", n_batches=1, reserve_bytes=reserve_bytes)
+    return w
+
+
+def _fill_strings(w):
+    w.begin_batch()
+    for i in range(N_STRINGS):
+        w.write(f"s/{i}", slice(None), ["a", "b", f"c{i}"])
+    w.write("x", np.arange(4), np.arange(32, dtype=np.float32).reshape(4, 8))
+    w.commit_batch(0)
+
+
+def test_a_full_disk_at_the_commit_keeps_every_committed_batch(small_fs):
+    """The disk fills just before the commit, whose digests grow the file: the commit fails while the record of the
+    committed batches and the reserve are still there, so the partial file closes intact; once space is freed
+    the rerun resumes it with every batch done (verified against its sha256) and only commits. (Without the
+    reserve, HDF5 could not close it cleanly: the structure cannot be read and everything is extracted again.)"""
+    fs = small_fs("4m")
+    out = fs / "w.h5"
+    w = _strings_writer(out, 1 << 20)
+    _fill_strings(w)
+    filler = fill(fs)
+    with pytest.raises(Exception) as ei:
+        w.commit()
+    assert core_io.is_disk_full(ei.value), repr(ei.value)
+    w.close_after_disk_full()  # (HDF5 may still report an error of its failed flush here)
+    unfill(filler)
+    logs = []
+    again = ActivationWriter(out, {"model": "m"}, w.shapes, resume_key="k", n_batches=1, log=logs.append)
+    assert again.resumed and list(again.done_batches()) == [0], logs
+    assert list(again.verify_batches(lambda j: {"x": np.arange(4)})) == [0], logs
+    assert again.commit() == out and not again.tmp.exists()
+    with h5py.File(out, "r") as f:
+        assert bool(f.attrs["complete"]) and "resume" not in f and f["s/7"].asstr()[2] == "c7"
+        np.testing.assert_array_equal(f["x"][()], np.arange(32, dtype=np.float32).reshape(4, 8))
+    assert sorted(p.name for p in fs.iterdir()) == ["w.h5"]
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+@pytest.mark.parametrize("what", ["atomic_path", "activation writer"])
+def test_the_data_reach_the_disk_before_the_rename(tmp_path, monkeypatch, what):
+    """The output is fsynced before ``os.replace`` and its directory after it (``core.io.replace_durably``); a file
+    system that reports the full disk only then (delayed allocation, NFS: ENOSPC from fsync) fails the write and
+    leaves nothing under the final name."""
+    out = tmp_path / ("t.csv" if what == "atomic_path" else "w.h5")
+    partial = core_io.partial_path(out)
+    calls, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        calls.append(("fsync", _fd_path(fd)))
+        return real_fsync(fd)
+
+    def replace(a, b, *args, **kw):
+        calls.append(("replace", str(a)))
+        return real_replace(a, b, *args, **kw)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+
+    def write():
+        if what == "atomic_path":
+            core_io.write_table(pd.DataFrame({"x": [1.5, 2.5]}), out)
+        else:
+            w = _strings_writer(out, 0)
+            _fill_strings(w)
+            w.commit()
+    write()
+    assert calls == [("fsync", str(partial)), ("replace", str(partial)), ("fsync", str(tmp_path))], calls
+    out.unlink()
+
+    def full_at_fsync(fd):
+        if _fd_path(fd) == str(partial):
+            raise OSError(28, os.strerror(28))
+        return real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", full_at_fsync)
+    with pytest.raises(OSError) as ei:
+        write()
+    assert ei.value.errno == 28 and not out.exists()
+    if what == "atomic_path":
+        assert isinstance(ei.value, DiskFullError) and "partial file was removed" in str(ei.value)
