@@ -613,10 +613,10 @@ def test_workflow_reports_model_and_file_errors_where_they_arise(ws, tmp_path):
     foreign activation file makes the analysis that reads it fail with the rule to rerun."""
     cfg = {"models": {"tiny": {"source": "hf_local", "path": str(ws["src"]), "dtype": "float32"},
                       "ghost": {"source": "hf_hub", "repo_id": "EleutherAI/no-such-model-issue6"}},
-           "prompts": {"token_budget": 32, "sets": {"mixed": {"kind": "mixed", "n": 6},
+           "prompts": {"token_budget": 160, "sets": {"mixed": {"kind": "mixed", "n": 6},
                                                     "domain_mathematics": {"kind": "domain", "topics": ["Mathematics"],
                                                                            "n": 6},
-                                                    "corpus": {"kind": "corpus", "n": 4, "token_budget": 48}}},
+                                                    "corpus": {"kind": "corpus", "n": 4, "token_budget": 240}}},
            "value_manifold": {"n_boot": 2}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "empty_hf_home"))
