@@ -53,10 +53,10 @@ def config(model_dir: Path) -> dict:
     return {
         "models": {M: {"source": "hf_local", "path": str(model_dir), "dtype": "float32", "batch_size": 1}},
         "nulls": {"random_init": False},  # reproducibility of the model's own tables (the twins: test_workflow.py)
-        "prompts": {"seed": 0, "token_budget": 32, "sets": {
+        "prompts": {"seed": 0, "token_budget": 160, "sets": {  # characters of the tiny tokenizer
             "mixed": {"kind": "mixed", "n": 60},  # batch_size 1: the extraction lasts long enough to be killed
             "domain_mathematics": {"kind": "domain", "topics": ["Mathematics"], "n": 12},
-            "corpus": {"kind": "corpus", "n": 8, "token_budget": 48}}},
+            "corpus": {"kind": "corpus", "n": 8, "token_budget": 240}}},
         "extract": {"sample_per_prompt": 20, "threads": 1},
         "value_manifold": {"prompt_sets": ["mixed", "domain_mathematics"], "n_boot": 5},
         "intrinsic_dimension": {"n_subsamples": 2, "subsample_size": 100, "min_points": 20,

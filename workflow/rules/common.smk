@@ -19,6 +19,7 @@ from llmgeom.pipeline.derived import (
     null_entries,
     null_of_models,
     prompt_set_params,
+    reference_tokenizer,
     wind_tunnel_cuts,
     wind_tunnel_entries,
 )
@@ -164,6 +165,18 @@ def get_token_budget(wildcards):
     return prompt_set_params(config)[wildcards.promptset]["token_budget"]
 
 
+def get_reference_tokenizer(wildcards):
+    """input.tokenizer of build_prompts: the reference tokenizer's one file (prompts.tokenizer,
+    llmgeom.pipeline.derived.reference_tokenizer): resources/tokenizers/<model>/tokenizer.json for a model, so
+    that only a change of the tokenizer (not of the model's weights or settings) rebuilds the prompt sets."""
+    return reference_tokenizer(config)["path"]
+
+
+def get_reference_tokenizer_name(wildcards):
+    """params.tokenizer of build_prompts: the name the prompts' meta records (the model, or the path given)."""
+    return reference_tokenizer(config)["name"]
+
+
 def get_set_seed(wildcards):
     """params.seed of build_prompts and extract: the set's seed, else prompts.seed."""
     return prompt_set_params(config)[wildcards.promptset]["seed"]
@@ -282,7 +295,7 @@ resource_scopes:
 # priorities (corpus extraction first, then the SULA conditions and the interventions, the wind-tunnel training
 # before the analyses) are declared with them in llmgeom.pipeline.cluster.GPU and set by declare_gpu_rules at the
 # end of the Snakefile; the analyses fill the remaining gaps (the longest ones first).
-PRIORITY = {"prepare_model": 100, "build_prompts": 90, "build_sula": 90, "build_wind_tunnel_prompts": 90,
+PRIORITY = {"prepare_model": 100, "prepare_tokenizer": 100, "build_prompts": 90, "build_sula": 90, "build_wind_tunnel_prompts": 90,
             "wind_tunnel_checkpoint": 40,
             "value_manifold": 20, "domain_restriction": 20, "intrinsic_dimension": 20, "fisher": 20,
             "curvature": 15}

@@ -585,6 +585,52 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path) -> dict:
     return manifest
 
 
+def prepare_tokenizer(name: str, spec: dict, out_file: str | Path) -> str:
+    """Write the tokenizer of model entry ``name`` as one ``tokenizer.json`` file (the reference tokenizer of the
+    prompt sets, ``prompts.tokenizer``; :mod:`llmgeom.prompts.tokens`), without preparing the model: a GGUF's
+    tokenizer is read from its header (the same conversion as :func:`dequantize_gguf`, so the file equals the
+    prepared model's ``tokenizer.json``; a split GGUF is assembled and sha256-checked first), a Hugging Face
+    directory's or Hub snapshot's is loaded with ``AutoTokenizer`` and saved. Written atomically.
+
+    Returns:
+        sha256 (hex) of the file written.
+
+    Raises:
+        ModelSourceError: see ``check_source``; a tokenizer without a fast ``tokenizer.json`` form.
+    """
+    from transformers import AutoTokenizer
+
+    out_file = Path(out_file)
+    check_source(name, spec)
+    src = spec["source"]
+    tmp = atomic_dir(out_file.parent / (out_file.name + ".dir"))
+    try:
+        if src == "package_gguf":
+            path = locate_gguf(spec["package"], spec["gguf_file"])
+            with _gguf_parsed_once():
+                tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        elif src == "split_gguf":
+            (tmp / "_gguf").mkdir()
+            path = tmp / "_gguf" / (spec.get("gguf_file") or f"{name}.gguf")
+            assemble_parts(name, spec, path)
+            with _gguf_parsed_once():
+                tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            shutil.rmtree(path.parent)
+        else:
+            wp = Path(spec["path"]).resolve() if src == "hf_local" else _resolve_hub(name, spec)
+            tok = AutoTokenizer.from_pretrained(wp)
+        tok.save_pretrained(tmp)
+        made = tmp / "tokenizer.json"
+        if not made.is_file():
+            raise ModelSourceError(f"models.{name}: its tokenizer has no fast form (no tokenizer.json after saving); "
+                                   "fix: set prompts.tokenizer to another model or to the path of a tokenizer.json")
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(made, out_file)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sha256_file(out_file)
+
+
 #: Shards of a prepared model's safetensors: saving copies one shard at a time beside the model, so the
 #: shard size bounds what saving adds to the peak memory of ``prepare_model`` (the model itself: its
 #: float32 weights, once).

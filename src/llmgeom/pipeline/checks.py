@@ -100,7 +100,30 @@ def check_prompts(config: dict, root=".") -> None:
         if s.startswith("sula_"):
             raise ConfigError(f"prompts.sets.{s}: names starting with 'sula_' are reserved for the SULA activation "
                               "files (results/{model}/activations/sula_{condition}.h5); rename the prompt set")
+    check_reference_tokenizer(config, root=root)
     check_prompt_sources(config, root=root)
+
+
+def check_reference_tokenizer(config: dict, root=".") -> None:
+    """``prompts.tokenizer`` names a model of ``models`` or an existing ``tokenizer.json`` (or a directory holding
+    one), relative to ``root`` (the working directory): checked before any job, so a missing tokenizer stops the
+    study before any model is prepared.
+
+    Raises:
+        ConfigError: naming the key, the value, the models it could name and the fix.
+    """
+    from llmgeom.pipeline.derived import reference_tokenizer
+
+    ref = reference_tokenizer(config)
+    if ref["model"] is not None:
+        return
+    p = Path(ref["path"])
+    full = p if p.is_absolute() else Path(root) / p
+    if not full.is_file():
+        raise ConfigError(
+            f"prompts.tokenizer = {show_value(ref['name'])}: not a model of models ({', '.join(config['models'])}) and "
+            f"no tokenizer file {full.resolve()}; fix: name one of those models (its tokenizer.json is prepared into "
+            "resources/tokenizers/<model>/) or give the path of a tokenizer.json (or of a directory holding one)")
 
 
 def check_value_manifold(config: dict) -> None:
@@ -324,6 +347,12 @@ def wiki_pool(cache=None) -> dict:
     return pool
 
 
+#: Tokens a word of English prose takes at most on average in a reference tokenizer (BPE tokenizers take about 1.3):
+#: the corpus pre-check's bound on the passages a pool of words gives (an upper bound, so it never refuses a set
+#: that can be built; ``build_prompts`` counts them exactly).
+CORPUS_TOKENS_PER_WORD = 4
+
+
 def check_prompt_sources(config: dict, root=".") -> None:
     """Before any job starts: the data each prompt set is built from exists and is large enough, without
     building it (``build_prompts`` would otherwise fail inside its job after Snakemake removed the
@@ -332,8 +361,9 @@ def check_prompt_sources(config: dict, root=".") -> None:
     Checks per set of ``prompts.sets``: a corpus ``path`` exists (relative to ``root``, the working
     directory); Wikipedia ``topics`` exist (the same matching as ``build_prompt_set``: exact, or
     case-insensitive with ``_``/``-`` as spaces); ``n`` is at most the pool of its topics: the number
-    of summaries (mixed, domain) or ``words // max_words`` passages (corpus), an upper bound (prompts that
-    do not end at a clause boundary are found only when the set is built).
+    of summaries (mixed, domain) or ``words // (token_budget // CORPUS_TOKENS_PER_WORD)`` passages (corpus), an
+    upper bound (the exact count needs the reference tokenizer, which may not be prepared yet: prompts that do not
+    end at a clause boundary, or passages of fewer words, are found only when the set is built).
 
     Raises:
         ConfigError: naming the key, the value and what is valid.
@@ -341,7 +371,6 @@ def check_prompt_sources(config: dict, root=".") -> None:
     """
     from pathlib import Path
 
-    from llmgeom.prompts.builders import WORDS_PER_TOKEN
     from llmgeom.prompts.io import PromptDataError
     from llmgeom.prompts.sources import resolve_topics
 
@@ -376,9 +405,10 @@ def check_prompt_sources(config: dict, root=".") -> None:
                 continue
         n = spec["n"]
         if spec["kind"] == "corpus":
-            max_words = int(budgets[s] * WORDS_PER_TOKEN)
-            cap = sum(pool[t]["words"] for t in topics) // max(1, max_words)
-            what = (f"{cap} passages of {max_words} words (token_budget {budgets[s]}) from the "
+            min_words = max(1, budgets[s] // CORPUS_TOKENS_PER_WORD)
+            cap = sum(pool[t]["words"] for t in topics) // min_words
+            what = (f"{cap} passages of at least {min_words} words (token_budget {budgets[s]} at most "
+                    f"{CORPUS_TOKENS_PER_WORD} tokens a word) from the "
                     f"{sum(pool[t]['summaries'] for t in topics)} summaries of {_topic_words(topics, pool)}")
         else:
             cap = sum(pool[t]["summaries"] for t in topics)

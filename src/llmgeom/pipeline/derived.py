@@ -24,6 +24,21 @@ def prompt_set_params(config: dict) -> dict:
     return {s: {k: spec.get(k, p[k]) for k in SET_LEVEL_KEYS} for s, spec in p["sets"].items()}
 
 
+def reference_tokenizer(config: dict) -> dict:
+    """The reference tokenizer of the prompt sets (``prompts.tokenizer``; null = the first model of ``models``):
+    ``{"name", "model", "path"}``: for a model of ``models``, ``model`` is its name and ``path`` the tokenizer file
+    that rule prepare_tokenizer writes (``resources/tokenizers/<model>/tokenizer.json``); else ``model`` is None
+    and ``path`` the given path (a directory: its ``tokenizer.json``). Existence is checked by
+    ``llmgeom.pipeline.checks.check_prompts``."""
+    import os
+
+    name = config["prompts"].get("tokenizer") or next(iter(config["models"]))
+    if name in config["models"]:
+        return {"name": name, "model": name, "path": f"resources/tokenizers/{name}/tokenizer.json"}
+    path = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
+    return {"name": name, "model": None, "path": path}
+
+
 def model_source_params(spec: dict) -> dict:
     """Only the keys that determine the prepared model (so batch size changes don't re-prepare)."""
     return {k: spec[k] for k in SOURCE_KEYS if spec.get(k) is not None}

@@ -1,7 +1,8 @@
 """Prompts stage (between models and extract): model-independent prompt sets and their files, built before any
 model runs.
 
-May import: numpy and the standard library; llmgeom.core and llmgeom.measures (the exact posteriors
+May import: numpy, the ``tokenizers`` library (the reference tokenizer of the token budgets, a base dependency)
+and the standard library; llmgeom.core and llmgeom.measures (the exact posteriors
 that SULA and wind-tunnel records carry in their meta). Never torch or transformers, never
 llmgeom.models, extract, weights, interventions, wind_tunnel, analyses, plots or workflow. SULA's label
 choice needs a tokenizer, but only as an object passed in (:func:`llmgeom.prompts.sula.choose_label_pairs`);
@@ -14,6 +15,8 @@ Modules (one job each):
   ``importlib.util.find_spec``, never imported), stdlib source files, WikiText-style local files.
 * :mod:`~llmgeom.prompts.cleaning` - invisible format characters, emptied formula slots, clause cutting.
 * :mod:`~llmgeom.prompts.code` - stdlib source cut into chunks of whole statements.
+* :mod:`~llmgeom.prompts.tokens` - the reference tokenizer (``prompts.tokenizer``) that counts every set's token
+  budget, and the search for the longest piece within it.
 * :mod:`~llmgeom.prompts.builders` - one builder per prompt set kind (mixed, domain, code, corpus),
   registered in ``BUILDERS``; :func:`~llmgeom.prompts.builders.build_prompt_set` checks and dispatches.
 * :mod:`~llmgeom.prompts.io` - JSON Lines read/write (atomic, byte-deterministic, refuses Cf characters).

@@ -24,15 +24,12 @@ from llmgeom.prompts.code import code_pool
 from llmgeom.prompts.io import PromptDataError
 from llmgeom.prompts.sources import load_wiki_summaries, resolve_topics, stdlib_root, text_file_passages, wiki_topics
 
-#: English words per token, used to turn a token budget into a word budget
-#: (``max_words = int(token_budget * WORDS_PER_TOKEN)``). A rule of thumb for BPE tokenizers on
-#: English prose; the exact token count is checked against the real tokenizer at extraction time.
-WORDS_PER_TOKEN = 0.75
+from llmgeom.prompts.tokens import longest_fitting
 
 
 def _round_robin_wiki(
     records: list[dict], topics: list[str], n: int, rng: random.Random, max_words: int,
-    min_words: int, kind: str,
+    min_words: int, kind: str, fits,
 ) -> list[dict]:
     """Stratified selection: topics in seeded random order, summaries shuffled within topic,
     one usable prompt per topic per round until n are collected."""
@@ -57,7 +54,7 @@ def _round_robin_wiki(
                 still.append(t)
                 continue
             for r in queues[t]:
-                text = cut_at_boundary(r["text"], max_words, min_words)
+                text = cut_at_boundary(r["text"], max_words, min_words, fits)
                 if text is not None and text not in seen:
                     seen.add(text)
                     chosen.append({"text": text, "title": r["title"], "topic": r["topic"]})
@@ -67,8 +64,8 @@ def _round_robin_wiki(
         active = still
     if len(chosen) < n:
         raise PromptDataError(
-            f"prompt set {kind!r}: only {len(chosen)} usable summaries (topics {sorted(topics)}, "
-            f"{min_words}..{max_words} words ending at a clause boundary) but n={n} requested; "
+            f"prompt set {kind!r}: only {len(chosen)} usable summaries (topics {sorted(topics)}, at least "
+            f"{min_words} words ending at a clause boundary within the token budget) but n={n} requested; "
             f"lower the config key 'n' of this prompt set (or raise 'token_budget' / lower "
             f"'min_words')"
         )
@@ -89,30 +86,32 @@ def _wiki_topics(kind: str, topics) -> tuple[list[dict], list[str]]:
     return summaries, (resolve_topics(topics, valid) if topics else valid)
 
 
-def _build_wiki(kind: str, *, n: int, rng: random.Random, max_words: int, min_words: int, topics) -> list[dict]:
-    """``mixed`` / ``domain``: one summary per prompt, cut at a clause boundary, round-robin over topics."""
+def _build_wiki(kind: str, *, n: int, rng: random.Random, tok, budget: int, min_words: int, topics) -> list[dict]:
+    """``mixed`` / ``domain``: one summary per prompt, cut at the last clause boundary within the budget,
+    round-robin over topics."""
     summaries, use_topics = _wiki_topics(kind, topics)
-    chosen = _round_robin_wiki(summaries, use_topics, n, rng, max_words, min_words, kind)
+    chosen = _round_robin_wiki(summaries, use_topics, n, rng, budget, min_words, kind,
+                               lambda text: tok.fits(text, budget))
     return [
         {
             "id": f"{kind}-{i:05d}",
             "text": c["text"],
             "meta": {"source": "wiki", "kind": kind, "title": c["title"], "topic": c["topic"],
-                     "n_words": len(c["text"].split())},
+                     "n_words": len(c["text"].split()), "n_tokens": tok.count(c["text"]), **tok.meta()},
         }
         for i, c in enumerate(chosen)
     ]
 
 
-def _build_code(kind: str, *, n: int, rng: random.Random, max_words: int, min_words: int, topics) -> list[dict]:
+def _build_code(kind: str, *, n: int, rng: random.Random, tok, budget: int, min_words: int, topics) -> list[dict]:
     """``code``: ``n`` chunks of whole statements drawn from the stdlib pool (:func:`code_pool`)."""
     if topics:
         raise PromptDataError("prompt set 'code' takes no topics (it is built from stdlib source)")
-    pool, skipped = code_pool(str(stdlib_root()), max_words, min_words)
+    pool, skipped = code_pool(str(stdlib_root()), budget, min_words, tok, budget)
     if len(pool) < n:
         raise PromptDataError(
-            f"prompt set 'code': only {len(pool)} usable stdlib chunks of {min_words}.."
-            f"{max_words} words ({skipped} files skipped: not UTF-8 or not tokenizable) but n={n} "
+            f"prompt set 'code': only {len(pool)} usable stdlib chunks of at least {min_words} words within "
+            f"{budget} tokens ({skipped} files skipped: not UTF-8 or not tokenizable) but n={n} "
             f"requested; lower the config key 'n' of this prompt set"
         )
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -124,13 +123,14 @@ def _build_code(kind: str, *, n: int, rng: random.Random, max_words: int, min_wo
             "text": text,
             "meta": {"source": "stdlib", "kind": kind, "topic": "code", "path": rel,
                      "line_start": first, "line_end": last, "python": python,
-                     "n_words": len(text.split())},
+                     "n_words": len(text.split()), "n_tokens": tok.count(text), **tok.meta()},
         })
     return records
 
 
-def _build_corpus(kind: str, *, n: int, rng: random.Random, max_words: int, min_words: int, topics) -> list[dict]:
-    """``corpus``: whole summaries in a seeded shuffle, concatenated into passages of ``max_words`` words."""
+def _build_corpus(kind: str, *, n: int, rng: random.Random, tok, budget: int, min_words: int, topics) -> list[dict]:
+    """``corpus``: whole summaries in a seeded shuffle, concatenated into passages of the most words within the
+    budget."""
     summaries, use_topics = _wiki_topics(kind, topics)
     pool = [r for r in summaries if r["topic"] in set(use_topics)]
     rng.shuffle(pool)
@@ -138,32 +138,42 @@ def _build_corpus(kind: str, *, n: int, rng: random.Random, max_words: int, min_
     words: list[str] = []
     titles: list[str] = []
     tops: list[str] = []
+    guess = None
     for r in pool:
         if len(records) >= n:
             break
         w = r["text"].split()
-        take = w[: max_words - len(words)]
-        words.extend(take)
-        titles.append(r["title"])
-        tops.append(r["topic"])
-        if len(words) >= max_words:
+        if len(words) + len(w) <= budget and tok.fits(" ".join(words + w), budget):
+            words.extend(w)  # the whole summary fits: the passage goes on with the next one
+            titles.append(r["title"])
+            tops.append(r["topic"])
+            continue
+        hi = min(len(w), budget - len(words))  # a word is at least one token: the word cap only prunes
+        k = longest_fitting(hi, lambda k: tok.fits(" ".join(words + w[:k]), budget), guess)
+        if k:
+            words.extend(w[:k])  # the last summary is cut at the budget; its remainder is dropped
+            titles.append(r["title"])
+            tops.append(r["topic"])
+            guess = k
+        if words:
+            text = " ".join(words)
             records.append({
                 "id": f"{kind}-{len(records):05d}",
-                "text": " ".join(words),
+                "text": text,
                 "meta": {"source": "wiki", "kind": kind, "titles": titles, "topics": tops,
-                         "n_words": len(words)},
+                         "n_words": len(words), "n_tokens": tok.count(text), **tok.meta()},
             })
-            words, titles, tops = [], [], []
+        words, titles, tops = [], [], []
     if len(records) < n:
         raise PromptDataError(
             f"prompt set 'corpus': the {len(pool)} summaries give only {len(records)} passages of "
-            f"{max_words} words but n={n} requested; lower the config key 'n' (or 'token_budget') "
+            f"{budget} tokens but n={n} requested; lower the config key 'n' (or 'token_budget') "
             f"of this prompt set"
         )
     return records
 
 
-#: Prompt set kind -> its builder ``f(kind, *, n, rng, max_words, min_words, topics) -> records``.
+#: Prompt set kind -> its builder ``f(kind, *, n, rng, tok, budget, min_words, topics) -> records``.
 BUILDERS = {"mixed": _build_wiki, "domain": _build_wiki, "code": _build_code, "corpus": _build_corpus}
 
 #: Prompt set kinds understood by :func:`build_prompt_set`.
@@ -176,30 +186,34 @@ def build_prompt_set(
     n: int,
     seed: int,
     token_budget: int,
+    tokenizer,
     topics: list[str] | None = None,
     min_words: int = 8,
     path=None,
 ) -> list[dict]:
-    """Build a model-independent prompt set.
+    """Build a model-independent prompt set, every prompt at most ``token_budget`` tokens of the reference tokenizer.
 
-    Word budget: ``max_words = int(token_budget * 0.75)`` because an English word is about
-    1/0.75 = 1.33 BPE tokens; this is only an estimate, the tokenizer-exact length check is done
-    at extraction time.
+    Budget: counted in the tokens of ``tokenizer`` (config ``prompts.tokenizer``; special tokens included, as the
+    extraction counts them), the same tokenizer for every set, so the sets are comparable in tokens (a words-per-token
+    rule made code prompts 1.5x their budget). Prompts are cut at whole words, never inside one: the last token of
+    a prompt is then the end of a word (of a clause for mixed/domain, of a statement for code), the position the
+    last-token analyses read, not a fragment the tokenizer of a cut text would not produce. Whitespace-separated
+    words are counted as at least one token each, which only prunes the search.
 
     Kinds:
 
     * ``"mixed"`` (Paper III, "Geometric Scaling of Bayesian Inference in LLMs", sec. 4): a
       candidate pool across ALL Wikipedia topics, stratified: round-robin over the topics in a
       seeded random order (summaries shuffled within each topic), so every topic is represented.
-      Each prompt is one summary cut by :func:`cut_at_boundary` to ``min_words..max_words``
-      words. ``topics``, if given, restricts the pool to those topics.
+      Each prompt is one summary cut by :func:`cut_at_boundary` at its last clause boundary within the
+      budget, with at least ``min_words`` words. ``topics``, if given, restricts the pool to those topics.
     * ``"domain"`` (Paper III sec. 4, e.g. Mathematics): the same, only from summaries whose
       topic is in ``topics`` (required).
     * ``"code"``: contiguous lines of Python standard-library source (see
       :func:`stdlib_source_files`; files in sorted path order). Each file is split with
       :mod:`tokenize` into statements; a chunk is a greedy run of whole consecutive statements
-      (starting at a statement start, never continuing into a less-indented block) with
-      ``min_words..max_words`` whitespace-separated words, so it ends at the end of a line (no
+      (starting at a statement start, never continuing into a less-indented block), the longest within the
+      budget, with at least ``min_words`` whitespace-separated words, so it ends at the end of a line (no
       trailing newline) after a complete statement; the first line's indentation is removed from
       every line. Chunks that are only comments/blank lines are skipped, as are files that are
       not UTF-8 or do not tokenize (counted in the error message). ``n`` chunks are drawn from
@@ -207,9 +221,9 @@ def build_prompt_set(
       stdlib (recorded as ``meta["python"]``).
     * ``"corpus"`` (LSM, "Latent Semantic Manifolds in Large Language Models": token-level
       statistics): whole summaries (all topics, or ``topics``) in a seeded shuffle concatenated
-      with single spaces into passages of exactly ``max_words`` words (about ``token_budget``
-      tokens): each passage starts at the beginning of a summary, the last summary in a passage
-      is truncated at the word budget and its remainder is dropped. Not cut at clauses: passages
+      with single spaces into passages of the most whole words within the budget (the next word would not
+      fit): each passage starts at the beginning of a summary, the last summary in a passage
+      is cut at the budget and its remainder is dropped. Not cut at clauses: passages
       are contiguous full text spans. With ``path`` (corpus only), passages come from a local
       text file instead, e.g. WikiText-103 ``wiki.valid.tokens`` (see :func:`text_file_passages`).
 
@@ -219,7 +233,8 @@ def build_prompt_set(
         kind: one of ``KINDS``.
         n: number of records (>= 1).
         seed: seed of the ``random.Random`` used for every draw.
-        token_budget: approximate maximum prompt length in tokens (>= 4).
+        token_budget: maximum prompt length in tokens of ``tokenizer`` (>= 4).
+        tokenizer: the reference tokenizer (:class:`llmgeom.prompts.tokens.ReferenceTokenizer`).
         topics: topic names (exact, or case-insensitive with ``_`` for spaces); see ``kind``.
         min_words: minimum prompt length in words (mixed/domain/code).
         path: corpus only: a local UTF-8 text file to cut passages from (LSM uses the WikiText-103
@@ -227,13 +242,14 @@ def build_prompt_set(
 
     Returns:
         ``n`` records ``{"id": "<kind>-<i:05d>", "text": str, "meta": {...}}``; ``meta`` has
-        ``source`` ("wiki" | "stdlib"), ``kind``, ``topic`` (``"code"`` for code), ``n_words``
-        and ``title`` (wiki), or ``path`` / ``line_start`` / ``line_end`` / ``python`` (code), or
-        ``titles`` / ``topics`` lists (corpus).
+        ``source`` ("wiki" | "stdlib" | "file"), ``kind``, ``topic`` (``"code"`` for code), ``n_words``,
+        ``n_tokens`` (reference tokens, <= ``token_budget``), ``tokenizer`` and ``tokenizer_sha256``
+        (:meth:`~llmgeom.prompts.tokens.ReferenceTokenizer.meta`), and ``title`` (wiki), or ``path`` /
+        ``line_start`` / ``line_end`` / ``python`` (code), or ``titles`` / ``topics`` lists (corpus).
 
     Raises:
         PromptDataError: unknown kind; ``n < 1``; ``token_budget < 4``; ``min_words`` larger
-            than the word budget; topics missing (domain) or unknown (message lists the valid
+            than the budget; topics missing (domain) or unknown (message lists the valid
             topics); topics given for code; fewer usable texts than ``n`` (message gives the
             number available and the config key to lower); missing data package.
     """
@@ -245,12 +261,10 @@ def build_prompt_set(
         raise PromptDataError(
             f"prompt set {kind!r}: token_budget must be an integer >= 4, got {token_budget!r}"
         )
-    max_words = int(token_budget * WORDS_PER_TOKEN)
-    if kind != "corpus" and (not isinstance(min_words, int) or min_words < 1 or min_words > max_words):
+    if kind != "corpus" and (not isinstance(min_words, int) or min_words < 1 or min_words > token_budget):
         raise PromptDataError(
-            f"prompt set {kind!r}: min_words={min_words!r} must be an integer in 1..max_words="
-            f"{max_words} (= int(token_budget * {WORDS_PER_TOKEN}) with token_budget="
-            f"{token_budget}); raise 'token_budget' or lower 'min_words'"
+            f"prompt set {kind!r}: min_words={min_words!r} must be an integer in 1..token_budget="
+            f"{token_budget} (a word is at least one token); raise 'token_budget' or lower 'min_words'"
         )
     rng = random.Random(seed)
     if path is not None:
@@ -258,5 +272,5 @@ def build_prompt_set(
             raise PromptDataError(f"prompt set {kind!r}: 'path' is only valid for kind corpus")
         if topics:
             raise PromptDataError("prompt set 'corpus' with 'path' takes no topics (they select Wikipedia summaries)")
-        return text_file_passages(path, n=n, max_words=max_words, rng=rng)
-    return BUILDERS[kind](kind, n=n, rng=rng, max_words=max_words, min_words=min_words, topics=topics)
+        return text_file_passages(path, n=n, tokenizer=tokenizer, token_budget=token_budget, rng=rng)
+    return BUILDERS[kind](kind, n=n, rng=rng, tok=tokenizer, budget=token_budget, min_words=min_words, topics=topics)

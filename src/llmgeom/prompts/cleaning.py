@@ -116,7 +116,7 @@ def _is_boundary_word(word: str, next_word: str) -> bool:
     return True
 
 
-def cut_at_boundary(text: str, max_words: int, min_words: int) -> str | None:
+def cut_at_boundary(text: str, max_words: int, min_words: int, fits=None) -> str | None:
     """Cut ``text`` so that it ends at a sentence or clause boundary.
 
     The text's whitespace is collapsed to single spaces. A boundary is the end of a
@@ -134,6 +134,8 @@ def cut_at_boundary(text: str, max_words: int, min_words: int) -> str | None:
         text: source text.
         max_words: keep at most this many words.
         min_words: keep at least this many words.
+        fits: optional ``prefix -> bool``, the budget in tokens (:meth:`llmgeom.prompts.tokens.ReferenceTokenizer.fits`):
+            the longest qualifying prefix for which it holds.
 
     Returns:
         The prefix (no leading/trailing whitespace), or ``None`` if no boundary qualifies.
@@ -152,6 +154,8 @@ def cut_at_boundary(text: str, max_words: int, min_words: int) -> str | None:
         if depths[i] != 0:
             continue
         if _is_boundary_word(words[i - 1], words[i]):
-            return " ".join(words[:i])
+            prefix = " ".join(words[:i])
+            if fits is None or fits(prefix):
+                return prefix
     return None
 

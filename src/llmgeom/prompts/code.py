@@ -2,7 +2,8 @@
 
 Each file (:func:`llmgeom.prompts.sources.stdlib_source_files`) is split with :mod:`tokenize` into
 statements; a chunk is a greedy run of whole consecutive statements (starting at a statement start, never
-continuing into a less-indented block) with ``min_words..max_words`` whitespace-separated words, so it ends
+continuing into a less-indented block), the longest within the token budget of the reference tokenizer
+(:mod:`llmgeom.prompts.tokens`) with at least ``min_words`` whitespace-separated words, so it ends
 at the end of a line after a complete statement; the first line's indentation is removed from every line.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 
 from llmgeom.prompts.cleaning import has_format_char
 from llmgeom.prompts.sources import stdlib_source_files
+from llmgeom.prompts.tokens import longest_fitting
 
 
 def _is_comment_or_blank(line: str) -> bool:
@@ -45,12 +47,21 @@ def _statements(src: str) -> list[tuple[int, int]]:
     return out
 
 
+def _chunk_text(lines: list[str], first: int, last: int) -> str:
+    """Rows ``first..last`` (1-based, inclusive) as a prompt: the first line's indentation removed from every line,
+    no trailing whitespace."""
+    seg = lines[first - 1:last]
+    prefix = seg[0][: _indent(seg[0])]
+    return "\n".join(x[len(prefix):] if x.startswith(prefix) else x for x in seg).rstrip()
+
+
 def _chunk_statements(
-    lines: list[str], stmts: list[tuple[int, int]], max_words: int, min_words: int
+    lines: list[str], stmts: list[tuple[int, int]], max_words: int, min_words: int, fits=None
 ) -> Iterator[tuple[int, int]]:
     """Greedy non-overlapping chunks of whole consecutive statements, as (first row, last row)
     1-based inclusive: a chunk starts at a statement start, ends at a statement end, keeps
-    min_words..max_words words, and stops before a statement indented less than its first one."""
+    min_words..max_words words, stops before a statement indented less than its first one, and is the longest
+    such run whose text (:func:`_chunk_text`) ``fits`` (``text -> bool``, the token budget; None: any)."""
     n_words = [0] + [len(line.split()) for line in lines]  # 1-based rows
     cum = [0]
     for c in n_words[1:]:
@@ -60,36 +71,45 @@ def _chunk_statements(
         return cum[b] - cum[a - 1]
 
     a = 0
+    guess = None
     while a < len(stmts):
         row0 = stmts[a][0]
         ind0 = _indent(lines[row0 - 1])
         b = a
-        best = None
-        while b < len(stmts):
+        while b < len(stmts):  # the candidates a..b-1: same block, within the word cap
             if b > a and _indent(lines[stmts[b][0] - 1]) < ind0:
                 break
             if words(row0, stmts[b][1]) > max_words:
                 break
-            best = b
             b += 1
-        if best is not None:
-            last = stmts[best][1]
+        if fits is None:
+            k = b - a
+        else:
+            k = longest_fitting(b - a, lambda k: fits(_chunk_text(lines, row0, stmts[a + k - 1][1])), guess)
+        if k:
+            last = stmts[a + k - 1][1]
             seg = lines[row0 - 1:last]
             if words(row0, last) >= min_words and not all(_is_comment_or_blank(x) for x in seg):
                 yield row0, last
-                a = best + 1
+                a += k
+                guess = k
                 continue
         a += 1
 
 
 @functools.lru_cache(maxsize=4)
-def code_pool(root: str, max_words: int, min_words: int) -> tuple[tuple[tuple, ...], int]:
-    """All code chunks of ``min_words..max_words`` words under ``root``, in sorted file order.
+def code_pool(root: str, max_words: int, min_words: int, tokenizer=None, token_budget: int | None = None
+              ) -> tuple[tuple[tuple, ...], int]:
+    """All code chunks of ``min_words..max_words`` words under ``root``, in sorted file order, each the longest run
+    of whole statements within ``token_budget`` tokens of ``tokenizer``.
 
     Args:
         root: the source tree (``str``, so the result can be cached; the builders pass
             :func:`llmgeom.prompts.sources.stdlib_root`).
-        max_words, min_words: word budget of a chunk (whitespace-separated words).
+        max_words, min_words: word bounds of a chunk (whitespace-separated words; the builders pass
+            ``max_words = token_budget``, a word being at least one token, so it only prunes).
+        tokenizer, token_budget: a :class:`llmgeom.prompts.tokens.ReferenceTokenizer` and the chunk's budget in its
+            tokens (None: the word bounds only).
 
     Returns:
         ``(pool, skipped)``: pool = tuple of ``(text, relpath, first line, last line)`` (1-based,
@@ -98,6 +118,7 @@ def code_pool(root: str, max_words: int, min_words: int) -> tuple[tuple[tuple, .
         tokenizable). Cached (``functools.lru_cache``).
     """
     rootp = pathlib.Path(root)
+    fits = None if tokenizer is None else (lambda text: tokenizer.fits(text, token_budget))
     pool = []
     skipped = 0
     for path in stdlib_source_files(rootp):
@@ -110,10 +131,8 @@ def code_pool(root: str, max_words: int, min_words: int) -> tuple[tuple[tuple, .
             continue
         lines = [line.rstrip() for line in src.split("\n")]
         rel = path.relative_to(rootp).as_posix()
-        for first, last in _chunk_statements(lines, stmts, max_words, min_words):
-            seg = lines[first - 1:last]
-            prefix = seg[0][: _indent(seg[0])]
-            text = "\n".join(x[len(prefix):] if x.startswith(prefix) else x for x in seg).rstrip()
+        for first, last in _chunk_statements(lines, stmts, max_words, min_words, fits):
+            text = _chunk_text(lines, first, last)
             if has_format_char(text):  # e.g. a BOM or zero-width joiner in a string literal: not a prompt
                 continue
             pool.append((text, rel, first, last))

