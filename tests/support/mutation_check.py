@@ -52,8 +52,31 @@ MS = "tests/unit/pipeline/test_model_server.py"
 FD = "tests/unit/extract/test_full_disk.py"
 ST = "tests/unit/core/test_store.py"
 
-#: the protections and the tests that claim them (filled in from the code; see the module docstring)
-MUTATIONS: tuple[Mutation, ...] = ()
+#: the protections and the tests that claim them (see the module docstring)
+MUTATIONS: tuple[Mutation, ...] = (
+    # ---- full disks and durability (core/io.py, core/writer.py, pipeline/jobs.py)
+    Mutation("space-reserve", "space reserve beside a partial output (released when the disk fills, so HDF5 can "
+             "flush and close intact)", "src/llmgeom/core/io.py",
+             "        if not self.nbytes:  # nothing to hold back: no file",
+             "        if True:  # mutated: no reserve",
+             (f"{FD}::test_a_full_disk_at_the_commit_keeps_every_committed_batch",)),
+    Mutation("log-reserve", "room held back for the job's log (the DiskFullError reaches a log on the full disk)",
+             "src/llmgeom/pipeline/jobs.py", "LOG_RESERVE = 64 << 10", "LOG_RESERVE = 0",
+             (f"{FD}::test_run_logged_keeps_the_disk_full_error_when_its_log_is_full",)),
+    Mutation("resume-sha256", "sha256 check of every committed batch on resume", "src/llmgeom/core/writer.py",
+             """if batch_digest(items) != self.f["resume/sha256"][j].decode():""", "if False:",
+             (f"{ST}::test_partial_from_other_settings_or_corrupted_is_discarded",)),
+    Mutation("resume-code-hash", "the extraction's code hash in the resume key (a partial of other code is not "
+             "resumed)", "src/llmgeom/extract/forward.py", "        code=source_sha256(*EXTRACTION_CODE)),",
+             "        code=None),", (f"{ST}::test_partial_written_by_other_code_is_discarded",)),
+    Mutation("fsync-before-rename", "the file's data flushed (fsync) before os.replace", "src/llmgeom/core/io.py",
+             "    fsync_path(tmp)\n    os.replace(tmp, path)", "    os.replace(tmp, path)",
+             (f"{FD}::test_the_data_reach_the_disk_before_the_rename",)),
+    Mutation("server-log-unfailing", "the model server's prints never raise (a full server.log does not end the "
+             "server)", "src/llmgeom/pipeline/model_server.py",
+             "    sys.stdout, sys.stderr = unfailing(sys.stdout), unfailing(sys.stderr)", "    pass",
+             (f"{FD}::test_model_server_survives_a_full_disk_under_its_log",)),
+)
 
 
 def _copy_tree(dst: Path) -> None:
