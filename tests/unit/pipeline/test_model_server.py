@@ -405,7 +405,8 @@ def test_a_server_that_never_accepts_or_answers_costs_a_timeout_then_the_task_ru
     held = _own_listener(ms.server_dir(load), accept=accept)
     try:
         t0 = time.time()
-        ms.run_task("extract", _kw(prepared, p1, tmp / "x.h5"), load=load, log=str(tmp / "x.log"), threads=1)
+        with deadline(60, "a job facing a listener that never serves"):
+            ms.run_task("extract", _kw(prepared, p1, tmp / "x.h5"), load=load, log=str(tmp / "x.log"), threads=1)
         took = time.time() - t0
     finally:
         for s in held:
