@@ -7,8 +7,11 @@ Each GPU job stays its own Snakemake job (its own outputs, log, retry and rerun 
 calls :func:`run_task`, which
 
 1. finds the server for (model directory, dtype, device, device_map) on this node and allocation
-   (a Unix socket under ``$LLMGEOM_MODEL_SERVER_DIR``, default ``$TMPDIR`` or /tmp, keyed also by
-   ``SLURM_JOB_ID`` and ``CUDA_VISIBLE_DEVICES`` so two allocations never share one), or starts it;
+   (a Unix socket in ``<base>/llmgeom-models-<uid>/<host>-<key>``, base ``$LLMGEOM_MODEL_SERVER_DIR``, else a
+   private ``$XDG_RUNTIME_DIR``, else ``$TMPDIR`` or /tmp (:func:`servers_root`); the key also holds the host
+   name, ``SLURM_JOB_ID`` and ``CUDA_VISIBLE_DEVICES``, so two nodes or two allocations never share one), or
+   starts it (``python -P -m llmgeom.pipeline.model_server``: the job's working directory is not on its
+   ``sys.path``);
 2. sends the task (function name and keyword arguments, the job's log file and threads) and waits;
 3. returns the task's result, or raises :class:`ModelServerTaskError` with the server-side traceback
    (also written to the job's log). A failed task also drops the server's cached model, so the retry
@@ -34,15 +37,27 @@ task's ``ExtractionInterrupted``, so Snakemake retries and the retry resumes. It
 the owner's pidfd; no polling), and exits after ``LLMGEOM_MODEL_SERVER_IDLE_S`` seconds (default 3600)
 without a task as a safety net. ``LLMGEOM_MODEL_SERVER=0`` runs every task in the job's own process instead.
 
-**Among other users** (a shared login or compute node; design: docs/design-notes.md "GPU economy", *On a shared node*). The servers' directory ``llmgeom-models-<uid>`` and each server's directory are created 0700 and
-checked before every use (:func:`llmgeom.pipeline.private_ipc.private_dir`: a directory, not a symbolic link, owned by this user, no group or
-other access; a base directory that others may write to must be sticky, like /tmp); the authkey is created 0600
-from its first byte (``O_CREAT | O_EXCL``). Both ends check the other's uid (``SO_PEERCRED``) before they read a
-byte, the client proves the authkey by an HMAC of the server's nonce, and nothing that crosses the socket can run
-code when read: length-prefixed JSON messages (task name, keyword arguments, paths, the traceback of a failure),
+**Among other users** (a shared login or compute node; design: docs/design-notes.md "GPU economy", *On a shared
+node*). The servers' directory ``llmgeom-models-<uid>`` and each server's directory are created 0700 and checked
+before every use (:func:`llmgeom.pipeline.private_ipc.private_dir`: a directory, not a symbolic link, owned by this
+user, no group or other access, under a base whose every directory up to ``/``, as written and as resolved, is
+root's or this user's, one that others may write to sticky, as /tmp: OpenSSH's ``safe_path``); nothing is created
+in a base that fails. Every later step works through a descriptor of the server's directory
+(:class:`llmgeom.pipeline.private_ipc.PrivateDir`): the socket is bound and reached inside it at
+``/proc/self/fd/<fd>/sock`` however deep the directory (never at an abstract name, which another user could bind
+first), the authkey is created 0600 from its first byte (``O_CREAT | O_EXCL``) and read only when it is this
+user's and 0600. Both ends check the other's uid (``SO_PEERCRED``) before they read a byte, the client proves the
+authkey by an HMAC of the server's nonce, and nothing that crosses the socket can run code when read:
+length-prefixed JSON messages of at most 16 MiB (task name, keyword arguments, paths, the traceback of a failure),
 the task's tables and arrays written as files by the task itself (CSV, ``.npz``, HDF5: the job's own outputs).
-Whatever fails a check (:class:`llmgeom.pipeline.private_ipc.UnsafePath`) is never used: the job says why in its log and runs its task
-in its own process.
+The client's connect and its read of the nonce time out (:data:`HANDSHAKE_TIMEOUT_S`), as does its wait for the
+directory's lock (:data:`LOCK_TIMEOUT_S`); the server authenticates every connection at once in a thread of its
+own (a busy server is never taken for a stuck one) and drops a client that does not prove the key or send its
+request within :data:`AUTH_TIMEOUT_S`. Only the wait for a task's reply has no limit (the task takes its time;
+the job's own limits bound it). Whatever fails a check (:class:`llmgeom.pipeline.private_ipc.UnsafePath`), and any
+other failure to start or reach a server (a base that cannot be made, a server that exits while starting, a
+listener that does not accept or answer, a lock held too long), is never waited on: the job says why in its log
+and runs its task in its own process.
 
 The client side imports only the standard library (a GPU job's process starts in well under a second).
 """
@@ -55,7 +70,11 @@ import hmac
 import importlib
 import json
 import os
+import queue
+import re
 import secrets
+import stat
+import socket
 import subprocess
 import sys
 import threading
@@ -164,76 +183,138 @@ def srun_prefix() -> list[str]:
             "--quiet"]
 
 
+def runtime_dir() -> Path | None:
+    """``$XDG_RUNTIME_DIR`` where it is usable as the servers' base: an existing directory (no symbolic link) of
+    this user's with no group or other access (systemd-logind's ``/run/user/<uid>``, 0700), under a base nobody
+    else can change (:func:`llmgeom.pipeline.private_ipc.base_problems`); else None."""
+    raw = os.environ.get("XDG_RUNTIME_DIR")
+    if not raw or not os.path.isabs(raw):
+        return None
+    try:
+        st = os.lstat(raw)
+        if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077):
+            return None
+        return None if private_ipc.base_problems(Path(raw).parent) else Path(raw)
+    except OSError:
+        return None
+
+
 def servers_root() -> Path:
-    """The directory of this user's model servers and run plans: ``$LLMGEOM_MODEL_SERVER_DIR`` (else ``$TMPDIR``,
-    else /tmp) / ``llmgeom-models-<uid>``; created and checked private (0700, this user's, no link) before each
-    use, by :func:`llmgeom.pipeline.private_ipc.private_dir`."""
-    base = Path(os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or os.environ.get("TMPDIR") or "/tmp")
-    return base / f"llmgeom-models-{os.getuid()}"
+    """The directory of this user's model servers and run plans, ``<base>/llmgeom-models-<uid>``, with base
+    ``$LLMGEOM_MODEL_SERVER_DIR`` when set, else ``$XDG_RUNTIME_DIR`` where it is this user's and 0700
+    (:func:`runtime_dir`: a per-user directory nobody else can write to, so a squatter in the shared temporary
+    directory costs nothing), else ``$TMPDIR``, else /tmp; an absolute path. Created and checked private (0700,
+    this user's, no link, in a base nobody else can change) before each use, by
+    :func:`llmgeom.pipeline.private_ipc.private_dir`."""
+    base = os.environ.get("LLMGEOM_MODEL_SERVER_DIR") or runtime_dir() or os.environ.get("TMPDIR") or "/tmp"
+    return Path(os.path.abspath(base)) / f"llmgeom-models-{os.getuid()}"
+
+
+def host_name() -> str:
+    """This node's host name, as a file name part (characters other than letters, digits, ``.``, ``_`` and ``-``
+    replaced by ``_``; at most 64): part of every server's directory name and of the run's plan file name, so that
+    nodes sharing a file system for the base never use or remove each other's sockets."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
 
 
 def server_dir(load: dict) -> Path:
-    """The directory of the server for ``load`` (model_dir, dtype, device, device_map) in this allocation,
-    for this version of the package code (an edited source file gets a new server: no stale code)."""
+    """The directory of the server for ``load`` (model_dir, dtype, device, device_map) on this node (its host name
+    leads the name) in this allocation, for this version of the package code (an edited source file gets a new
+    server: no stale code)."""
     pkg = Path(__file__).resolve().parents[1]  # a changed package source starts a new server (new code)
     code = hashlib.sha256(repr(sorted((str(f), f.stat().st_mtime_ns) for f in pkg.rglob("*.py"))).encode()).hexdigest()
     ident = dict(load, model_dir=str(Path(load["model_dir"]).resolve()), code=code,
-                 owner="allocation" if srun_prefix() else owner_pid(),
+                 owner="allocation" if srun_prefix() else owner_pid(), host=socket.gethostname(),
                  job=os.environ.get("SLURM_JOB_ID", ""), gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                  python=sys.executable, path=os.environ.get("PYTHONPATH", ""))
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-    return servers_root() / key
+    return servers_root() / f"{host_name()}-{key}"
 
 
-#: the longest socket path bound as a file: AF_UNIX's sun_path holds 108 bytes with the terminating NUL (Linux)
-_MAX_SOCKET_PATH = 107
+#: the server's socket and authkey, in its directory (:class:`llmgeom.pipeline.private_ipc.PrivateDir`)
+SOCKET, AUTHKEY = "sock", "authkey"
 
 
-def socket_address(d: Path) -> str:
-    """The AF_UNIX address of the server of ``d``: the file ``d/sock``, or, where that path is longer than
-    ``_MAX_SOCKET_PATH`` bytes (a deep ``$TMPDIR`` or ``$LLMGEOM_MODEL_SERVER_DIR``: binding it would fail with
-    "AF_UNIX path too long"), the Linux abstract address named by a hash of ``d`` (no file; the authkey in ``d``,
-    readable by its owner only, still guards every connection)."""
-    path = str(d / "sock")
-    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
-        return path
-    return "\0llmgeom-models-" + hashlib.sha256(os.fsencode(str(d.resolve()))).hexdigest()[:40]
+class ServerUnavailable(RuntimeError):
+    """A server of this user's that cannot be used now (it does not accept, does not answer within the timeout,
+    or its directory's lock is held too long); the job runs its task in its own process."""
+
+
+#: seconds a client waits for the server's nonce once connected (the server authenticates every connection at
+#: once, in a thread of its own, whatever task it runs)
+HANDSHAKE_TIMEOUT_S = 30.0
 
 
 def _connect(d: Path):
     """An authenticated channel to the running server of ``d``, or None when none runs there (no directory,
-    no authkey, nothing listening, or a server that closed on us).
+    no authkey, no socket, nothing listening on it, or a server that closed on us).
 
-    The directory and the authkey are checked to be this user's and private, the listener's uid is checked
-    before its nonce is read, and the client proves the key by the HMAC-SHA256 of that nonce (the key itself
-    never crosses the socket).
+    The directory is opened and checked to be this user's and private (every file named relative to its
+    descriptor), the authkey too, the socket is reached inside it (``/proc/self/fd/<fd>/sock``: never an
+    abstract name), the listener's uid is checked before its nonce is read, and the client proves the key by
+    the HMAC-SHA256 of that nonce (the key itself never crosses the socket). The connect and the nonce's read
+    time out after :data:`HANDSHAKE_TIMEOUT_S`; the returned channel has no timeout (a task takes its time).
 
     Raises:
         private_ipc.UnsafePath: the directory, the authkey or the listener is not this user's own.
+        ServerUnavailable: a listener that does not accept (backlog full) or does not answer in time.
     """
     if not os.path.lexists(d):
         return None
-    private_ipc.check_private_dir(d)
-    try:
-        key = bytes.fromhex(private_ipc.read_secret(d / "authkey").decode())
-    except FileNotFoundError:
-        return None
-    except ValueError:  # half a key: a server still writing it (write_secret renames it whole, so only a stale one)
-        return None
-    addr = socket_address(d)
-    if not addr.startswith("\0") and not os.path.lexists(addr):
-        return None
-    try:
-        chan = private_ipc.connect(addr)
-    except OSError:
-        return None
+    with private_ipc.PrivateDir(d) as pd:
+        try:
+            key = bytes.fromhex(private_ipc.read_secret(AUTHKEY, dir_fd=pd.fd).decode())
+        except FileNotFoundError:
+            return None
+        except ValueError:  # half a key: a server still writing it (write_secret renames it whole, so only a stale one)
+            return None
+        if not pd.exists(SOCKET):
+            return None
+        try:
+            chan = private_ipc.connect(pd.address(SOCKET), timeout=HANDSHAKE_TIMEOUT_S)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return None  # a stale socket file: its server is gone
+        except OSError as e:  # EAGAIN (its backlog is full), a timeout: it is there but does not accept
+            raise ServerUnavailable(f"the model server at {d / SOCKET} does not accept connections ({e!r})") from None
     try:
         hello = chan.recv()
         chan.send({"auth": hmac.new(key, bytes.fromhex(hello["nonce"]), "sha256").hexdigest()})
+    except TimeoutError:
+        chan.close()
+        raise ServerUnavailable(f"the model server at {d / SOCKET} accepted but sent no nonce within "
+                                f"{HANDSHAKE_TIMEOUT_S:.0f} s") from None
     except (EOFError, OSError, ValueError, KeyError, TypeError):
         chan.close()
         return None
+    chan.sock.settimeout(None)
     return chan
+
+
+#: seconds a client waits for the lock of a server's directory (held while another job starts that server)
+LOCK_TIMEOUT_S = START_TIMEOUT_S + 60.0
+
+
+def _lock(pd, timeout: float | None = None) -> int:
+    """The exclusive lock of the server directory ``pd`` (file ``lock``), a descriptor; waits at most ``timeout``
+    seconds (default :data:`LOCK_TIMEOUT_S`).
+
+    Raises:
+        ServerUnavailable: still held after ``timeout`` seconds.
+    """
+    import fcntl
+
+    timeout = LOCK_TIMEOUT_S if timeout is None else timeout
+    fd = pd.open("lock", os.O_RDWR | os.O_CREAT)
+    t0 = time.time()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.time() - t0 > timeout:
+                os.close(fd)
+                raise ServerUnavailable(f"{pd.path / 'lock'} held for over {timeout:.0f} s by another job") from None
+            time.sleep(0.1)
 
 
 def _start(d: Path, load: dict):
@@ -241,68 +322,49 @@ def _start(d: Path, load: dict):
 
     Raises:
         private_ipc.UnsafePath: the servers' directory, ``d`` or a listener at its address is not this user's.
+        ServerUnavailable: a server that does not accept or answer, or a lock held too long.
         RuntimeError: the server exited while starting, or did not start within ``START_TIMEOUT_S``.
+        OSError: a directory cannot be made (a base this user cannot write).
     """
-    import fcntl
-
     private_ipc.private_dir(servers_root())
     private_ipc.private_dir(d)
-    with open(d / "lock", "w") as lk:
-        fcntl.flock(lk, fcntl.LOCK_EX)
-        conn = _connect(d)
-        if conn is not None:
-            return conn
-        _remove_socket(d)
-        _check_address_free(socket_address(d))
-        proc = _spawn(d, load)
-        t0 = time.time()
-        while time.time() - t0 < START_TIMEOUT_S:
+    with private_ipc.PrivateDir(d) as pd:
+        lk = _lock(pd)
+        try:
             conn = _connect(d)
             if conn is not None:
                 return conn
-            if proc.poll() is not None:
-                raise RuntimeError(f"the model server exited with status {proc.returncode} while starting; "
-                                   f"see {d / 'server.log'} (or set LLMGEOM_MODEL_SERVER=0)")
-            time.sleep(0.1)
-        proc.kill()
-        raise RuntimeError(f"the model server did not start within {START_TIMEOUT_S:.0f} s; see {d / 'server.log'}")
+            _remove_socket(pd)
+            proc = _spawn(pd, load)
+            t0 = time.time()
+            while time.time() - t0 < START_TIMEOUT_S:
+                conn = _connect(d)
+                if conn is not None:
+                    return conn
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the model server exited with status {proc.returncode} while starting; "
+                                       f"see {d / 'server.log'} (or set LLMGEOM_MODEL_SERVER=0)")
+                time.sleep(0.1)
+            proc.kill()
+            raise RuntimeError(f"the model server did not start within {START_TIMEOUT_S:.0f} s; see {d / 'server.log'}")
+        finally:
+            os.close(lk)
 
 
-#: seconds a new server waits for an exiting one of this user's to release its abstract address
-RELEASE_WAIT_S = 10.0
-
-
-def _check_address_free(addr: str) -> None:
-    """Before a server binds an abstract address (which has no file permissions: anyone may bind it first):
-    nobody else listens there. A listener of this user's is waited for up to ``RELEASE_WAIT_S``: a server that
-    is exiting (idle, or stopped) has removed its authkey but holds the address until its last thread is gone.
-
-    Raises:
-        private_ipc.UnsafePath: another user's process listens at ``addr``.
-    """
-    if not addr.startswith("\0"):
-        return  # a file in the private directory, removed just before
-    t0 = time.time()
-    while time.time() - t0 < RELEASE_WAIT_S:
-        try:
-            private_ipc.connect(addr).close()
-        except OSError:
-            return  # free
-        time.sleep(0.1)
-    # still ours and bound after the wait: the new server's bind fails and says so in server.log
-
-
-def _spawn(d: Path, load: dict) -> subprocess.Popen:
-    """Start the server process of ``d`` (its own job step inside a SLURM allocation, :func:`srun_prefix`)."""
-    log = open(d / "server.log", "a")
+def _spawn(pd, load: dict) -> subprocess.Popen:
+    """Start the server process of the directory ``pd`` (its own job step inside a SLURM allocation,
+    :func:`srun_prefix`), with ``python -P``: the job's working directory is not put on the long-lived server's
+    ``sys.path`` (a module file there would shadow the standard library's or the package's)."""
+    log = os.fdopen(pd.open("server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
     prefix, env = srun_prefix(), os.environ.copy()
     if prefix:  # SLURM keeps only allocation-level settings for the new step (as the jobstep plugin does)
         env = {k: v for k, v in env.items() if not (k.startswith(("SRUN_", "SBATCH_")) or (
             k.startswith("SLURM_") and k not in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME")))}
     owner = "" if prefix else str(owner_pid())
-    return subprocess.Popen([*prefix, sys.executable, "-m", "llmgeom.pipeline.model_server", str(d),
-                             json.dumps(load), owner], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    with log:
+        return subprocess.Popen([*prefix, sys.executable, "-P", "-m", "llmgeom.pipeline.model_server", str(pd.path),
+                                 json.dumps(load), owner], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
 
 
 def _function(name: str):
@@ -368,18 +430,27 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1,
         raise TypeError(f"the keyword arguments of model-server task {task!r} must be JSON values: {e}") from None
     if not enabled():
         return _run_here(task, kwargs, outputs or {}, log, threads, "LLMGEOM_MODEL_SERVER=0")
-    try:
+    request = {"task": task, "kwargs": kwargs, "outputs": outputs or {}, "log": str(Path(log).resolve()),
+               "threads": int(threads), "cwd": os.getcwd(), "pid": os.getpid()}
+    try:  # any failure to start or reach a server (nothing of the task sent yet): the task runs here
         conn = _start(server_dir(load), load)
-    except private_ipc.UnsafePath as e:
-        print(f"[model server] refused: {e}", file=sys.stderr, flush=True)
+        try:
+            conn.send(request)
+        except BaseException:
+            conn.close()
+            raise
+    except Exception as e:
+        why = e if isinstance(e, (private_ipc.UnsafePath, RuntimeError)) else f"{type(e).__name__}: {e}"
+        print(f"[model server] not used: {why}", file=sys.stderr, flush=True)
         return _run_here(task, kwargs, outputs or {}, log, threads,
-                         f"the model server is not used, the task runs here: {e}")
+                         f"the model server is not used, the task runs here: {why}")
     with conn:
-        conn.send({"task": task, "kwargs": kwargs, "outputs": outputs or {}, "log": str(Path(log).resolve()),
-                   "threads": int(threads),
-                   "cwd": os.getcwd(), "pid": os.getpid()})
         with _forward_stop(conn):
-            reply = conn.recv()
+            try:
+                reply = conn.recv()  # no timeout: the task takes its time (the job's own limits bound it)
+            except EOFError:
+                raise ModelServerTaskError(f"{task}: the model server closed the connection before it replied "
+                                           f"(it exited: see {server_dir(load) / 'server.log'}; log {log})") from None
     if not reply["ok"]:
         raise ModelServerTaskError(f"{task} failed in the model server (pid {reply.get('pid')}; log {log}):\n"
                                    f"{reply['error']}")
@@ -423,15 +494,20 @@ def stop_server(load: dict) -> bool:
     directory is not this user's private one: then it is not ours to stop)."""
     try:
         conn = _connect(server_dir(load))
-    except private_ipc.UnsafePath:
+    except (private_ipc.UnsafePath, ServerUnavailable, OSError):
         return False
     if conn is None:
         return False
     with conn:
-        conn.send({"task": "__stop__"})
         with contextlib.suppress(EOFError, OSError, ValueError):
+            conn.sock.settimeout(STOP_TIMEOUT_S)
+            conn.send({"task": "__stop__"})
             conn.recv()
     return True
+
+
+#: seconds :func:`stop_server` waits for the server's acknowledgement (it comes once a running task has ended)
+STOP_TIMEOUT_S = 60.0
 
 
 # --------------------------------------------------------------------------- the run's plan (local runs)
@@ -447,12 +523,13 @@ def write_plan(jobs, path: str | os.PathLike | None = None) -> Path | None:
         jobs: iterable of (model_dir, log, outputs): the job's ``model`` input, its log file (which identifies
             the job to :func:`pending_outputs`) and its output files; relative paths are taken from the
             current directory (the run's working directory).
-        path: where to write the plan (JSON); default ``plan-<pid>.json`` in the servers' directory (private:
-            :func:`llmgeom.pipeline.private_ipc.private_dir`).
+        path: where to write the plan (JSON); default ``plan-<host>-<pid>.json`` in the servers' directory
+            (private: :func:`llmgeom.pipeline.private_ipc.private_dir`; the host name as in :func:`host_name`).
 
     Returns:
-        the plan file's path; None when the servers' directory fails its check (said on stderr; the run's
-        tasks then run in their own processes, see :func:`run_task`, and need no plan).
+        the plan file's path; None when the servers' directory fails its check or cannot be made or written
+        (said on stderr; the run's tasks then run in their own processes, see :func:`run_task`, and need no
+        plan).
     """
     plan = {"created": time.time(), "models": {}}
     for model_dir, log, outputs in jobs:
@@ -460,11 +537,17 @@ def write_plan(jobs, path: str | os.PathLike | None = None) -> Path | None:
             {"log": str(Path(log).resolve()), "outputs": [str(Path(o).resolve()) for o in outputs]})
     if path is None:
         try:
-            path = private_ipc.private_dir(servers_root()) / f"plan-{os.getpid()}.json"
-        except private_ipc.UnsafePath as e:
+            root = private_ipc.private_dir(servers_root())
+            path = root / f"plan-{host_name()}-{os.getpid()}.json"
+            tmp = path.with_name(path.name + ".partial")
+            tmp.write_text(json.dumps(plan))
+            tmp.replace(path)
+        except (private_ipc.UnsafePath, OSError) as e:
             os.environ.pop(PLAN_ENV, None)
             print(f"[model server] no run plan written: {e}", file=sys.stderr, flush=True)
             return None
+        os.environ[PLAN_ENV] = str(path)
+        return path
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(path.name + ".partial")
@@ -555,7 +638,7 @@ def _stop_on_request(conn, done: threading.Event) -> None:
                 _request_stop(f"the client asked (signal {msg.get('signal')})")
 
 
-def _exit_when_gone(pid: int, what: str, d: Path, done: threading.Event | None = None) -> None:
+def _exit_when_gone(pid: int, what: str, d: "private_ipc.PrivateDir", done: threading.Event | None = None) -> None:
     """Block until ``pid`` exits or ``done`` is set (the task it waits for has ended); exit the server when
     ``pid`` went first: at once when idle (``done`` None), and for a task after asking it to stop
     (:func:`_request_stop`) and giving it ``STOP_GRACE_S`` to commit and end (the main loop then sees the
@@ -594,20 +677,20 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _remove_socket(d: Path) -> None:
-    for f in ("sock", "authkey"):
-        with contextlib.suppress(FileNotFoundError):
-            (d / f).unlink()
+def _remove_socket(d: "private_ipc.PrivateDir") -> None:
+    """Remove the socket and the authkey from the server directory ``d`` (by its descriptor)."""
+    for f in (SOCKET, AUTHKEY):
+        d.unlink(f)
 
 
-#: seconds a connecting client has to answer the nonce
-AUTH_TIMEOUT_S = 30.0
+#: seconds a connecting client has to answer the nonce, and to send its request once dequeued
+AUTH_TIMEOUT_S = 10.0
 
 
 def _accept(listener, key: bytes):
     """The next connection of this user's whose HMAC of a fresh nonce proves the authkey, else None (refused
     and closed: another user's process before a byte is read, a wrong or missing key before any request is
-    read; noted in the server's log)."""
+    read, no answer within ``AUTH_TIMEOUT_S``; noted in the server's log)."""
     try:
         chan = private_ipc.accept(listener)
     except (private_ipc.UnsafePath, OSError) as e:
@@ -630,7 +713,18 @@ def _accept(listener, key: bytes):
     return chan
 
 
-def _watchdogs(d: Path, idle_s: float, owner: int | None, state: dict):
+def _acceptor(listener, key: bytes, ready: "queue.Queue", activity: threading.Event) -> None:
+    """The server's accepting thread: authenticates each connection at once (:func:`_accept`), whatever task the
+    main thread runs, and queues it for the main thread; so a client's connect and nonce never wait for a task
+    (their timeouts mean a server that is stuck, not one that is busy)."""
+    while True:
+        chan = _accept(listener, key)
+        if chan is not None:
+            activity.set()  # a queued connection is no idle time
+            ready.put(chan)
+
+
+def _watchdogs(d: "private_ipc.PrivateDir", idle_s: float, owner: int | None, state: dict):
     """Start the idle watchdog (exit after ``idle_s`` s without a task) and, with ``owner``, the thread that
     exits with it; returns (activity, busy): set ``activity`` on every task start and end, ``busy`` during one."""
     activity, busy = threading.Event(), threading.Event()
@@ -651,7 +745,7 @@ def _watchdogs(d: Path, idle_s: float, owner: int | None, state: dict):
     return activity, busy
 
 
-def _abandon_if_gone(req: dict, d: Path) -> None:
+def _abandon_if_gone(req: dict, d: "private_ipc.PrivateDir") -> None:
     """Exit the server, removing the task's outputs, when the client of ``req`` has exited: a job Snakemake saw
     fail never gets an output."""
     if not (req.get("pid") and _gone(int(req["pid"]))):
@@ -665,7 +759,7 @@ def _abandon_if_gone(req: dict, d: Path) -> None:
     os._exit(1)
 
 
-def _run_request(req: dict, d: Path) -> dict:
+def _run_request(req: dict, d: "private_ipc.PrivateDir") -> dict:
     """Run the task of ``req`` in this process with the job's log, threads and working directory; the reply."""
     from llmgeom.models import loading
     from llmgeom.pipeline.jobs import run_logged, set_threads
@@ -705,11 +799,13 @@ def _jsonable(result):
     return result
 
 
-def _serve_connection(chan, d: Path, state: dict) -> None:
+def _serve_connection(chan, d: "private_ipc.PrivateDir", state: dict) -> None:
     """One authenticated connection: a ``__stop__`` request, or one task with its stop requests and reply."""
     done = threading.Event()
     try:
+        chan.sock.settimeout(AUTH_TIMEOUT_S)  # the client sent its request right after the handshake
         req = chan.recv()
+        chan.sock.settimeout(None)
         if not isinstance(req, dict):
             raise ValueError(f"a request that is no JSON object: {req!r:.80}")
         if req.get("task") == "__stop__":
@@ -739,13 +835,15 @@ def _serve_connection(chan, d: Path, state: dict) -> None:
 
 
 def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = None) -> None:
-    """Serve tasks for one model from ``d`` until ``owner`` (a pid; default: none) exits, a ``__stop__``
-    request, or ``idle_s`` seconds without a task (see the module docstring). A task whose client (the
-    job's process) exits before it ends is abandoned: the server exits without writing its output.
+    """Serve tasks for one model from the directory ``d`` until ``owner`` (a pid; default: none) exits, a
+    ``__stop__`` request, or ``idle_s`` seconds without a task (see the module docstring). A task whose client
+    (the job's process) exits before it ends is abandoned: the server exits without writing its output.
+    The socket is bound inside ``d`` through its descriptor (``/proc/self/fd/<fd>/sock``), never at an
+    abstract name; connections are authenticated by a thread of their own and their tasks run one at a time.
 
     Raises:
         private_ipc.UnsafePath: ``d`` is not a private directory of this user's (nothing is bound or written).
-        OSError: the socket address is taken (another listener, possibly another user's, at an abstract name).
+        OSError: the socket address is taken (a file is there).
     """
     import signal
 
@@ -754,21 +852,22 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
     # handler, while it runs); between tasks or during one without a stop point it must not kill the server
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    private_ipc.check_private_dir(d)
+    pd = private_ipc.PrivateDir(d)  # held for the server's life: every file named relative to it
     key = secrets.token_bytes(32)
-    listener = private_ipc.listen(socket_address(d))
-    private_ipc.write_secret(d / "authkey", key.hex().encode())
+    listener = private_ipc.listen(pd.address(SOCKET))
+    private_ipc.write_secret(AUTHKEY, key.hex().encode(), dir_fd=pd.fd)
     state = {"tasks": 0}
-    activity, busy = _watchdogs(d, idle_s, owner, state)
-    print(f"[model server] pid {os.getpid()} serving {load} at {socket_address(d)!r} (owner pid {owner})", flush=True)
+    activity, busy = _watchdogs(pd, idle_s, owner, state)
+    ready = queue.Queue()
+    threading.Thread(target=_acceptor, args=(listener, key, ready, activity), daemon=True).start()
+    print(f"[model server] pid {os.getpid()} serving {load} at {str(pd.path / SOCKET)!r} (owner pid {owner})",
+          flush=True)
     while True:
-        chan = _accept(listener, key)
-        if chan is None:
-            continue
+        chan = ready.get()
         busy.set()
         activity.set()
         try:
-            _serve_connection(chan, d, state)
+            _serve_connection(chan, pd, state)
         finally:
             chan.close()
             state["tasks"] += 1
@@ -776,7 +875,7 @@ def serve(d: Path, load: dict, idle_s: float | None = None, owner: int | None = 
             activity.set()
 
 
-if __name__ == "__main__":  # started by run_task: python -m llmgeom.pipeline.model_server <dir> <load json> <owner pid>
+if __name__ == "__main__":  # started by run_task: python -P -m llmgeom.pipeline.model_server <dir> <load> <owner>
     from llmgeom.pipeline.jobs import unfailing
 
     # a print on a full disk (server.log) loses its line, never the server: the client gets the task's own error

@@ -2,6 +2,7 @@
 loads the weights once; results equal the in-process extraction; a failed task fails alone."""
 
 import json
+import os
 from pathlib import Path
 
 import h5py
@@ -13,9 +14,17 @@ from llmgeom.models import sources as models, tiny as testing
 from llmgeom.pipeline import model_server as ms
 
 from conftest import committed_batches
+from deadline import deadline
 
 RECS = [{"id": "a", "text": "abc", "meta": {}}, {"id": "b", "text": "hello world", "meta": {}},
         {"id": "c", "text": "xyzzy plugh", "meta": {}}]
+
+
+@pytest.fixture(autouse=True)
+def _no_hang(request):
+    """Every test here fails instead of hanging (a server or listener that never answers)."""
+    with deadline(1200 if request.node.get_closest_marker("slow") else 240, request.node.name):
+        yield
 
 
 @pytest.fixture()
@@ -35,19 +44,14 @@ def setup(tmp_path, monkeypatch):
 
 
 def _socket_bound(d: Path) -> bool:
-    """Whether the server socket of ``d`` is there: its file, or a listener at its abstract address (a connection
-    to it is accepted; an abstract name has no file to look at)."""
-    import socket
+    """Whether the server socket of ``d`` is there (always a file in the server's directory)."""
+    return (d / "sock").exists()
 
-    addr = ms.socket_address(d)
-    if not addr.startswith("\0"):
-        return Path(addr).exists()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(addr)
-        except OSError:
-            return False
-    return True
+
+def _abstract_names() -> set[str]:
+    """The abstract AF_UNIX names bound on this machine (``/proc/net/unix``; shown with a leading ``@``)."""
+    return {f[-1] for ln in Path("/proc/net/unix").read_text().splitlines()[1:]
+            if len(f := ln.split()) >= 8 and f[-1].startswith("@")}
 
 
 def _kw(prepared, prompts, out):
@@ -73,19 +77,26 @@ def test_two_jobs_one_weight_load_same_values(setup, monkeypatch):
             np.testing.assert_array_equal(a[k][()], b[k][()], err_msg=k)
 
 
-def test_deep_server_directory_serves_through_an_abstract_socket(setup, monkeypatch):
-    """A server directory whose socket path exceeds AF_UNIX's 107 bytes (a deep $TMPDIR; pytest-xdist's own tmp paths
-    reached it) binds the Linux abstract address of its hash instead of failing with "AF_UNIX path too long"."""
+def test_deep_server_directory_binds_its_socket_inside_the_directory(setup, monkeypatch):
+    """A server directory whose socket path exceeds AF_UNIX's 107 bytes (a deep $TMPDIR; pytest-xdist's own tmp
+    paths reached it) binds its socket inside the directory through its descriptor (``/proc/self/fd/<fd>/sock``),
+    never at an abstract name (which any user could bind first: issue 47 point 1)."""
+    import stat
+
     tmp, prepared, (p1, _), load = setup
     deep = tmp / ("d" * 60) / ("e" * 60)
     monkeypatch.setenv("LLMGEOM_MODEL_SERVER_DIR", str(deep))
     d = ms.server_dir(load)
-    assert len(str(d / "sock")) > ms._MAX_SOCKET_PATH and ms.socket_address(d).startswith("\0llmgeom-models-")
-    assert ms.socket_address(Path("/tmp/srv")) == "/tmp/srv/sock"  # a short one stays a file
+    assert len(str(d / "sock")) > 107
     try:
         ms.run_task("extract", _kw(prepared, p1, tmp / "deep.h5"), load=load, log=str(tmp / "deep.log"), threads=1)
         assert "weights loaded for it: 1" in (tmp / "deep.log").read_text() and (tmp / "deep.h5").is_file()
-        assert not (d / "sock").exists() and _socket_bound(d)
+        assert stat.S_ISSOCK(os.lstat(d / "sock").st_mode)  # a file in the private directory
+        import hashlib
+
+        old_names = {"@llmgeom-models-" + hashlib.sha256(os.fsencode(str(p))).hexdigest()[:40] for p in (d, d.resolve())}
+        assert not old_names & _abstract_names()  # not at the name a deep directory used to get
+        assert "the task runs here" not in (tmp / "deep.log").read_text()
     finally:
         ms.stop_server(load)
 
@@ -131,9 +142,8 @@ def _wait_gone(pid, timeout=15.0) -> bool:
 
 
 def _wait_unbound(d: Path, timeout=15.0) -> bool:
-    """Whether the socket of ``d`` goes within ``timeout`` s. An exiting server's main thread shows as a zombie
-    while its other threads still hold the open files: an abstract address stays bound until the last of them
-    is gone (found under load on CI), so its release is waited for, not asserted at the zombie's first sight."""
+    """Whether the socket file of ``d`` goes within ``timeout`` s (the exiting server removes it; under load that
+    can come a moment after its main thread shows as a zombie), waited for, not asserted at the first sight."""
     import time
 
     t0 = time.time()
@@ -353,21 +363,259 @@ def test_one_load_per_model_and_each_server_exits_after_its_models_last_job(tmp_
         (tmp_path / f"logs/extract/{first}/{s}.log").read_text() for s in sets)
 
 
-def test_a_new_server_waits_for_an_exiting_one_to_release_its_abstract_address():
-    """An exiting server of this user's still holds its abstract address for a moment: the check before a new
-    bind waits for the release (here 0.5 s) instead of letting the new bind fail."""
+
+# ----------------------------------------------------------------- reaching a server (issue 47 points 1, 2, 5)
+
+
+def _own_listener(d: Path, *, accept: bool):
+    """A listener of this user's at the socket of the server directory ``d`` (with an authkey beside it) that never
+    serves: with ``accept`` False its backlog is full (one queued connection, ``listen(0)``), so a connect cannot
+    complete; with ``accept`` True it accepts and never sends the nonce. Returns what to close."""
     import socket
+    import threading
+
+    from llmgeom.pipeline import private_ipc
+
+    private_ipc.private_dir(ms.servers_root())
+    private_ipc.private_dir(d)
+    private_ipc.write_secret(d / "authkey", ("11" * 32).encode())
+    pd = private_ipc.PrivateDir(d)  # the path may be too long for AF_UNIX: bound through the descriptor
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lst.bind(pd.address("sock"))
+    lst.listen(0)
+    held = [lst, pd]
+    if accept:
+        threading.Thread(target=lambda: held.append(lst.accept()[0]), daemon=True).start()
+    else:
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.connect(pd.address("sock"))  # the one connection listen(0) queues: the next cannot complete
+        held.append(filler)
+    return held
+
+
+@pytest.mark.parametrize("accept", [False, True], ids=["never-accepts", "accepts-never-answers"])
+def test_a_server_that_never_accepts_or_answers_costs_a_timeout_then_the_task_runs_here(setup, monkeypatch, accept):
+    """A listener at the server's socket that does not accept (its backlog full) or accepts and sends no nonce:
+    the job's connect and read time out (connect: at once; nonce: HANDSHAKE_TIMEOUT_S, 1 s here), and the job runs
+    its task in its own process, the reason in its log, instead of blocking for ever with the directory's lock."""
+    import time
+
+    tmp, prepared, (p1, _), load = setup
+    monkeypatch.setattr(ms, "HANDSHAKE_TIMEOUT_S", 1.0)
+    held = _own_listener(ms.server_dir(load), accept=accept)
+    try:
+        t0 = time.time()
+        with deadline(60, "a job facing a listener that never serves"):
+            ms.run_task("extract", _kw(prepared, p1, tmp / "x.h5"), load=load, log=str(tmp / "x.log"), threads=1)
+        took = time.time() - t0
+    finally:
+        for s in held:
+            s.close()
+    text = (tmp / "x.log").read_text()
+    assert "the model server is not used, the task runs here" in text
+    assert ("accepted but sent no nonce within 1 s" if accept else "does not accept connections") in text
+    assert (tmp / "x.h5").is_file() and took < 60
+
+
+def test_a_server_that_fails_to_start_leaves_the_task_to_the_job(setup, monkeypatch):
+    """Any failure to start a server (here its process exits with status 3 at once) runs the task in the job's own
+    process, with the reason in the job's log; never a failed job."""
+    import subprocess
+    import sys
+
+    tmp, prepared, (p1, _), load = setup
+    monkeypatch.setattr(ms, "_spawn", lambda pd, load: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
+    ms.run_task("extract", _kw(prepared, p1, tmp / "x.h5"), load=load, log=str(tmp / "x.log"), threads=1)
+    text = (tmp / "x.log").read_text()
+    assert "the task runs here: the model server exited with status 3 while starting" in text
+    assert (tmp / "x.h5").is_file()
+
+
+def test_a_lock_held_too_long_leaves_the_task_to_the_job(setup, monkeypatch):
+    """The server directory's lock held by another process (a job of ours stuck while starting its server): the job
+    waits LOCK_TIMEOUT_S (1 s here), not for ever, and runs its task itself."""
+    import fcntl
+
+    from llmgeom.pipeline import private_ipc
+
+    tmp, prepared, (p1, _), load = setup
+    monkeypatch.setattr(ms, "LOCK_TIMEOUT_S", 1.0)
+    private_ipc.private_dir(ms.servers_root())
+    d = private_ipc.private_dir(ms.server_dir(load))
+    with open(d / "lock", "w") as lk, deadline(60, "a job waiting for a held lock"):
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        ms.run_task("extract", _kw(prepared, p1, tmp / "x.h5"), load=load, log=str(tmp / "x.log"), threads=1)
+    assert "the task runs here: " in (tmp / "x.log").read_text() and "held for over 1 s" in (tmp / "x.log").read_text()
+    assert (tmp / "x.h5").is_file()
+
+
+def test_a_base_that_cannot_be_made_leaves_the_task_to_the_job_and_writes_no_plan(setup, monkeypatch):
+    """A base directory that cannot be created (a file in its way: root may write anywhere, so that stands for a
+    base this user cannot write): run_task runs the task here and write_plan returns None; neither raises."""
+    tmp, prepared, (p1, _), load = setup
+    (tmp / "a-file").write_text("")
+    monkeypatch.setenv("LLMGEOM_MODEL_SERVER_DIR", str(tmp / "a-file" / "base"))
+    monkeypatch.delenv(ms.PLAN_ENV, raising=False)
+    ms.run_task("extract", _kw(prepared, p1, tmp / "x.h5"), load=load, log=str(tmp / "x.log"), threads=1)
+    assert "the task runs here: NotADirectoryError" in (tmp / "x.log").read_text() and (tmp / "x.h5").is_file()
+    assert ms.write_plan([]) is None and ms.PLAN_ENV not in os.environ
+    assert ms.stop_server(load) is False
+
+
+def test_the_server_does_not_import_from_the_jobs_working_directory(setup, monkeypatch):
+    """The server is started with ``python -P``: a module file in the job's working directory (here ``hmac.py``,
+    which the server imports) is not on the long-lived server's ``sys.path``, so it neither runs nor shadows the
+    standard library's."""
+    import llmgeom
+
+    tmp, prepared, (p1, _), load = setup
+    cwd = tmp / "cwd"
+    cwd.mkdir()
+    marker = tmp / "planted-module-ran"
+    (cwd / "hmac.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.setenv("PYTHONPATH", str(Path(llmgeom.__file__).resolve().parents[1]))  # not relative to the cwd
+    monkeypatch.chdir(cwd)
+    ms.run_task("extract", _kw(prepared, p1, tmp / "x.h5"), load=load, log=str(tmp / "x.log"), threads=1)
+    text = (tmp / "x.log").read_text()
+    assert "weights loaded for it: 1" in text and "the task runs here" not in text  # it ran in the server
+    assert not marker.exists()
+
+
+def test_each_node_has_its_own_server_directory_on_a_shared_base(setup, monkeypatch):
+    """The host name is part of the server's key and leads its directory's name (and the plan file's): a node that
+    shares the base directory's file system with another never finds, uses or removes the other's socket. Two
+    host names on this machine: the second starts its own server (one more weight load) and the first's socket
+    stays and serves on."""
+    import socket
+
+    tmp, prepared, (p1, p2), load = setup
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-a")
+    da = ms.server_dir(load)
+    try:
+        ms.run_task("extract", _kw(prepared, p1, tmp / "a.h5"), load=load, log=str(tmp / "a.log"), threads=1)
+        monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+        db = ms.server_dir(load)
+        assert da.name.startswith("node-a-") and db.name.startswith("node-b-") and da.parent == db.parent
+        for a, b in (("node:1", "node_1"), ("n" * 70 + "a", "n" * 70 + "b")):  # the same name part, other hosts
+            names = []
+            for host in (a, b):
+                monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
+                names.append(ms.server_dir(load).name)
+            assert names[0] != names[1] and names[0].split("-")[0] == names[1].split("-")[0]
+        monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+        assert ms.write_plan([]).name == f"plan-node-b-{os.getpid()}.json"
+        ms.run_task("extract", _kw(prepared, p2, tmp / "b.h5"), load=load, log=str(tmp / "b.log"), threads=1)
+        assert "weights loaded for it: 1" in (tmp / "b.log").read_text()  # its own server, not node-a's
+        assert _socket_bound(da) and _socket_bound(db)
+        monkeypatch.setattr(socket, "gethostname", lambda: "node-a")
+        ms.run_task("extract", _kw(prepared, p2, tmp / "a2.h5"), load=load, log=str(tmp / "a2.log"), threads=1)
+        assert "weights loaded for it: 0" in (tmp / "a2.log").read_text()  # node-a's server served on
+    finally:
+        for host in ("node-a", "node-b"):
+            monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
+            ms.stop_server(load)
+        monkeypatch.delenv(ms.PLAN_ENV, raising=False)
+
+
+def test_runtime_dir_is_the_first_base_where_it_is_private(tmp_path, monkeypatch):
+    """$XDG_RUNTIME_DIR is the servers' base when it is this user's and 0700 (issue 46 point 5), before $TMPDIR;
+    one with group or other access, a symbolic link or a missing one is passed over; LLMGEOM_MODEL_SERVER_DIR
+    overrides both."""
+    xdg, tmpdir = tmp_path / "xdg", tmp_path / "tmpdir"
+    xdg.mkdir(mode=0o700)
+    tmpdir.mkdir()
+    monkeypatch.delenv("LLMGEOM_MODEL_SERVER_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    uid = os.getuid()
+    assert ms.servers_root() == xdg / f"llmgeom-models-{uid}"
+    os.chmod(xdg, 0o755)
+    assert ms.servers_root() == tmpdir / f"llmgeom-models-{uid}"
+    os.chmod(xdg, 0o700)
+    (tmp_path / "link").symlink_to(xdg)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "link"))
+    assert ms.servers_root() == tmpdir / f"llmgeom-models-{uid}"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
+    assert ms.servers_root() == tmpdir / f"llmgeom-models-{uid}"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    monkeypatch.setenv("LLMGEOM_MODEL_SERVER_DIR", str(tmp_path / "mine"))
+    assert ms.servers_root() == tmp_path / "mine" / f"llmgeom-models-{uid}"
+
+
+def test_a_busy_server_authenticates_at_once_and_a_silent_client_stalls_nobody(setup):
+    """The server authenticates connections in a thread of its own: while it runs a long task, a new client gets
+    its nonce at once (so the client's handshake timeout means a stuck server, never a busy one) and its task
+    queues behind the running one (one weight load). A client of this user's that connects and never proves the
+    key is dropped after AUTH_TIMEOUT_S, and the next job is served by the same server, not left to time out."""
     import threading
     import time
 
-    addr = "\0llmgeom-test-release-" + str(time.time_ns())
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(addr)
-    s.listen(8)
-    threading.Timer(0.5, s.close).start()
+    from llmgeom.pipeline import private_ipc
+
+    tmp, prepared, (p1, p2), load = setup
+    ms.run_task("extract", _kw(prepared, p1, tmp / "first.h5"), load=load, log=str(tmp / "first.log"), threads=1)
+    d = ms.server_dir(load)
+    many = tmp / "many.jsonl"
+    write_prompt_set([{"id": f"p{i}", "text": "hello world " * 8 + str(i), "meta": {}} for i in range(300)], many)
+    long_out = tmp / "long.h5"
+    errors = []
+
+    def long_task():
+        try:
+            ms.run_task("extract", dict(_kw(prepared, many, long_out), batch_size=1), load=load,
+                        log=str(tmp / "long.log"), threads=1)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    t = threading.Thread(target=long_task)
+    t.start()
     t0 = time.time()
-    ms._check_address_free(addr)
-    waited = time.time() - t0
-    assert 0.4 < waited < ms.RELEASE_WAIT_S
-    with pytest.raises(OSError):  # released: nobody listens there now
-        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(addr)
+    while committed_batches(Path(f"{long_out}.partial")) < 3 and time.time() - t0 < 120:
+        time.sleep(0.05)
+    assert t.is_alive(), "the long task ended before the test could use it; give it more prompts"
+    with private_ipc.PrivateDir(d) as pd:
+        silent = private_ipc.connect(pd.address("sock"), timeout=5)
+        t1 = time.time()
+        assert len(bytes.fromhex(silent.recv()["nonce"])) == 32 and time.time() - t1 < 5  # busy, yet at once
+    # `silent` never answers: the server drops it after AUTH_TIMEOUT_S; the next job is served, queued
+    ms.run_task("extract", _kw(prepared, p2, tmp / "queued.h5"), load=load, log=str(tmp / "queued.log"), threads=1)
+    silent.close()
+    t.join(timeout=180)
+    assert not errors and not t.is_alive()
+    text = (tmp / "queued.log").read_text()
+    assert "weights loaded for it: 0" in text and "the task runs here" not in text, text[-2000:]
+    assert (d / "server.log").read_text().count("refused a connection: it did not prove the authkey") == 1
+
+
+def test_the_private_directory_descriptor_is_checked_itself(tmp_path, monkeypatch):
+    """PrivateDir opens the directory without following a link and checks the descriptor with fstat, so a swap
+    after the path's check (simulated: the path check passes everything) is still refused."""
+    from llmgeom.pipeline import private_ipc
+
+    d = private_ipc.private_dir(tmp_path / "d")
+    (tmp_path / "link").symlink_to(d)
+    (tmp_path / "open").mkdir(mode=0o755)
+    os.chmod(tmp_path / "open", 0o755)
+    monkeypatch.setattr(private_ipc, "check_private_dir", lambda p: Path(p))
+    with pytest.raises(OSError):  # ELOOP: O_NOFOLLOW
+        private_ipc.PrivateDir(tmp_path / "link")
+    with pytest.raises(private_ipc.UnsafePath, match="has mode 0755"):
+        private_ipc.PrivateDir(tmp_path / "open")
+    with private_ipc.PrivateDir(d) as pd:
+        assert pd.address("sock") == f"/proc/self/fd/{pd.fd}/sock"
+
+
+def test_an_authenticated_client_that_sends_no_request_stalls_nobody(setup):
+    """A client of this user's that proves the key and then sends nothing (a job stopped between its handshake
+    and its request): the server drops it after AUTH_TIMEOUT_S and serves the next job, which would otherwise
+    wait behind it for ever."""
+    tmp, prepared, (p1, p2), load = setup
+    ms.run_task("extract", _kw(prepared, p1, tmp / "first.h5"), load=load, log=str(tmp / "first.log"), threads=1)
+    mute = ms._connect(ms.server_dir(load))  # authenticated, then silent
+    with deadline(60, "the job behind a silent client"):
+        ms.run_task("extract", _kw(prepared, p2, tmp / "next.h5"), load=load, log=str(tmp / "next.log"),
+                    threads=1)
+    mute.close()
+    text = (tmp / "next.log").read_text()
+    assert "weights loaded for it: 0" in text and "the task runs here" not in text, text[-2000:]
+    assert "client went away or sent no request" in (ms.server_dir(load) / "server.log").read_text()
