@@ -36,8 +36,8 @@ BEGIN, END = "<!-- mutation-table:begin -->", "<!-- mutation-table:end -->"
 
 @dataclass(frozen=True)
 class Mutation:
-    """One protection removed: in ``path`` (relative to the repository), ``old`` (exactly once) becomes ``new``;
-    ``tests`` (pytest node ids) claim the protection."""
+    """One protection removed: in ``path`` (relative to the repository), ``old`` (which occurs exactly
+    ``occurrences`` times: each is replaced) becomes ``new``; ``tests`` (pytest node ids) claim the protection."""
 
     name: str
     protection: str
@@ -45,6 +45,7 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
+    occurrences: int = 1
 
 
 SN = "tests/unit/pipeline/test_shared_node.py"
@@ -76,6 +77,131 @@ MUTATIONS: tuple[Mutation, ...] = (
              "server)", "src/llmgeom/pipeline/model_server.py",
              "    sys.stdout, sys.stderr = unfailing(sys.stdout), unfailing(sys.stderr)", "    pass",
              (f"{FD}::test_model_server_survives_a_full_disk_under_its_log",)),
+    # ---- shared nodes (pipeline/private_ipc.py, pipeline/model_server.py)
+    Mutation('dir-owner', 'server directory owned by this user', 'src/llmgeom/pipeline/private_ipc.py',
+             '    if st.st_uid != os.getuid():\n        out.append(f"is owned by uid',
+             '    if False:\n        out.append(f"is owned by uid',
+             (f"{SN}::test_a_directory_owned_by_another_user_is_refused", f"{SN}::test_the_attack_on_a_directory_made_by_another_user_is_refused", f"{SN}::test_a_key_owned_by_another_user_is_not_read",)),
+    Mutation('dir-mode', 'server directory mode 0700 (no group/other access)', 'src/llmgeom/pipeline/private_ipc.py',
+             '    if st.st_mode & 0o077:',
+             '    if False:',
+             (f"{SN}::test_private_dir_is_made_0700_whatever_the_umask_and_refuses_what_is_not_private",)),
+    Mutation('symlink', 'server directory not a symbolic link', 'src/llmgeom/pipeline/private_ipc.py',
+             '    if stat.S_ISLNK(st.st_mode):\n        out.append("is a symbolic link")\n    elif',
+             '    if False:\n        pass\n    elif',
+             (f"{SN}::test_a_symbolic_link_to_another_users_directory_is_refused", f"{SN}::test_private_dir_is_made_0700_whatever_the_umask_and_refuses_what_is_not_private",)),
+    Mutation('base-owner', 'base directory and its ancestors owned by root or this user (both checks)', 'src/llmgeom/pipeline/private_ipc.py',
+             'st.st_uid not in (0, me)',
+             'False',
+             (f"{SN}::test_a_base_owned_by_another_user_is_not_used",), occurrences=2),
+    Mutation('base-owner-as-written', 'base owner checked on the path as written (links included)', 'src/llmgeom/pipeline/private_ipc.py',
+             'for p in (base, *base.parents):',
+             'for p in ():',
+             (f"{SN}::test_a_base_owned_by_another_user_is_not_used",)),
+    Mutation('base-owner-resolved', 'base owner checked on the resolved path', 'src/llmgeom/pipeline/private_ipc.py',
+             'if st.st_uid not in (0, me) and p not in found:',
+             'if False:',
+             (f"{SN}::test_a_base_owned_by_another_user_is_not_used",)),
+    Mutation('base-owner-ancestors-as-written', 'ancestors of the base as written', 'src/llmgeom/pipeline/private_ipc.py',
+             'for p in (base, *base.parents):',
+             'for p in (base,):',
+             (f"{SN}::test_a_base_owned_by_another_user_is_not_used",)),
+    Mutation('base-owner-ancestors-resolved', 'ancestors of the base resolved', 'src/llmgeom/pipeline/private_ipc.py',
+             'for p in (real, *real.parents):',
+             'for p in (real,):',
+             (f"{SN}::test_a_base_owned_by_another_user_is_not_used",)),
+    Mutation('base-sticky', 'a base others may write to must be sticky', 'src/llmgeom/pipeline/private_ipc.py',
+             'if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:',
+             'if False:',
+             (f"{SN}::test_private_dir_is_made_0700_whatever_the_umask_and_refuses_what_is_not_private",)),
+    Mutation('base-checked-before-mkdir', 'nothing made in an unsafe base', 'src/llmgeom/pipeline/private_ipc.py',
+             '    problems = base_problems(path.parent)\n    if problems:  # nothing',
+             '    problems = []\n    if problems:  # nothing',
+             (f"{SN}::test_a_base_owned_by_another_user_is_not_used",)),
+    Mutation('o-excl-key', 'authkey created O_EXCL (0600 from its first byte)', 'src/llmgeom/pipeline/private_ipc.py',
+             'os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW',
+             'os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW',
+             (f"{SN}::test_a_secret_is_0600_from_its_creation_and_never_written_through_a_planted_link",)),
+    Mutation('key-check', "authkey read only when this user's, 0600, no link", 'src/llmgeom/pipeline/private_ipc.py',
+             '            raise UnsafePath(f"{path} {\'; \'.join(problems)}; it is not read")',
+             '            pass',
+             (f"{SN}::test_a_secret_is_0600_from_its_creation_and_never_written_through_a_planted_link", f"{SN}::test_a_key_owned_by_another_user_is_not_read",)),
+    Mutation('peer-check-client', "peer check (SO_PEERCRED) in the client's connect", 'src/llmgeom/pipeline/private_ipc.py',
+             '        check_peer(sock, f"the listener at {address!r}")',
+             '        pass',
+             (f"{SN}::test_a_listener_of_another_user_at_the_servers_socket_is_refused",)),
+    Mutation('peer-check-server', "peer check in the server's accept", 'src/llmgeom/pipeline/private_ipc.py',
+             '        check_peer(sock, "a connecting process")',
+             '        pass',
+             (f"{SN}::test_another_users_connection_is_refused_before_a_byte_is_read",)),
+    Mutation('message-size', 'message size limit', 'src/llmgeom/pipeline/private_ipc.py',
+             '        if n > MAX_MESSAGE_BYTES:\n            raise',
+             '        if False:\n            raise',
+             (f"{SN}::test_channel_carries_json_only_and_bounds_a_message",)),
+    Mutation('hmac', 'HMAC proof of the authkey', 'src/llmgeom/pipeline/model_server.py',
+             'good = isinstance(proof, str) and hmac.compare_digest(',
+             'good = True or (',
+             (f"{SN}::test_another_users_connection_is_refused_before_a_byte_is_read",)),
+    Mutation('iii', 'peer credentials unpacked iII (uid, gid unsigned)', 'src/llmgeom/pipeline/private_ipc.py',
+             'struct.unpack("iII"',
+             'struct.unpack("3i"',
+             (f"{SN}::test_peer_credentials_read_uid_and_gid_unsigned",)),
+    Mutation('no-abstract-name', 'no abstract socket name (socket file in the private directory)', 'src/llmgeom/pipeline/private_ipc.py',
+             '        return f"/proc/self/fd/{self.fd}/{name}"',
+             '        return "\\0llmgeom-models-" + __import__("hashlib").sha256(os.fsencode(str(self.path))).hexdigest()[:40]',
+             (f"{SN}::test_a_squatted_abstract_name_costs_nothing", f"{MS}::test_deep_server_directory_binds_its_socket_inside_the_directory",)),
+    Mutation('connect-timeout', "timeout on the client's connect", 'src/llmgeom/pipeline/private_ipc.py',
+             '        sock.settimeout(timeout)\n        sock.connect(address)',
+             '        sock.settimeout(None)\n        sock.connect(address)',
+             (f"{MS}::test_a_server_that_never_accepts_or_answers_costs_a_timeout_then_the_task_runs_here",)),
+    Mutation('handshake-timeout', "timeout on the client's read of the nonce", 'src/llmgeom/pipeline/model_server.py',
+             'timeout=HANDSHAKE_TIMEOUT_S)',
+             'timeout=None)',
+             (f"{MS}::test_a_server_that_never_accepts_or_answers_costs_a_timeout_then_the_task_runs_here",)),
+    Mutation('lock-timeout', "bounded wait for the directory's lock", 'src/llmgeom/pipeline/model_server.py',
+             'fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)',
+             'fcntl.flock(fd, fcntl.LOCK_EX)',
+             (f"{MS}::test_a_lock_held_too_long_leaves_the_task_to_the_job",)),
+    Mutation('fallback-on-any-failure', 'in-process fallback on any failure to start or reach a server', 'src/llmgeom/pipeline/model_server.py',
+             '    except Exception as e:\n        why =',
+             '    except private_ipc.UnsafePath as e:\n        why =',
+             (f"{MS}::test_a_server_that_fails_to_start_leaves_the_task_to_the_job", f"{MS}::test_a_base_that_cannot_be_made_leaves_the_task_to_the_job_and_writes_no_plan",)),
+    Mutation('write-plan-oserror', 'write_plan survives a base it cannot make', 'src/llmgeom/pipeline/model_server.py',
+             '        except (private_ipc.UnsafePath, OSError) as e:\n            os.environ.pop',
+             '        except private_ipc.UnsafePath as e:\n            os.environ.pop',
+             (f"{MS}::test_a_base_that_cannot_be_made_leaves_the_task_to_the_job_and_writes_no_plan",)),
+    Mutation('python-p', 'server started with python -P (no cwd on sys.path)', 'src/llmgeom/pipeline/model_server.py',
+             'sys.executable, "-P", "-m"',
+             'sys.executable, "-m"',
+             (f"{MS}::test_the_server_does_not_import_from_the_jobs_working_directory",)),
+    Mutation('host-in-key', "host name in the server directory's name", 'src/llmgeom/pipeline/model_server.py',
+             'return servers_root() / f"{host_name()}-{key}"',
+             'return servers_root() / key',
+             (f"{MS}::test_each_node_has_its_own_server_directory_on_a_shared_base",)),
+    Mutation('host-in-key-ident', 'host name in the server key', 'src/llmgeom/pipeline/model_server.py',
+             'owner_pid(), host=socket.gethostname(),',
+             'owner_pid(),',
+             (f"{MS}::test_each_node_has_its_own_server_directory_on_a_shared_base",)),
+    Mutation('xdg-first', 'XDG_RUNTIME_DIR as the first base', 'src/llmgeom/pipeline/model_server.py',
+             'or runtime_dir() or',
+             'or',
+             (f"{SN}::test_a_squatter_in_tmpdir_costs_nothing_where_the_runtime_dir_is_private", f"{MS}::test_runtime_dir_is_the_first_base_where_it_is_private",)),
+    Mutation('server-auth-timeout', 'server drops a client that does not authenticate in time', 'src/llmgeom/pipeline/model_server.py',
+             '        chan.sock.settimeout(AUTH_TIMEOUT_S)\n        chan.send({"nonce"',
+             '        chan.send({"nonce"',
+             (f"{MS}::test_a_busy_server_authenticates_at_once_and_a_silent_client_stalls_nobody",)),
+    Mutation('server-request-timeout', 'server drops an authenticated client that sends no request', 'src/llmgeom/pipeline/model_server.py',
+             '        chan.sock.settimeout(AUTH_TIMEOUT_S)  # the client sent',
+             '        pass  # the client sent',
+             (f"{MS}::test_an_authenticated_client_that_sends_no_request_stalls_nobody",)),
+    Mutation('privatedir-o-nofollow', 'directory descriptor opened O_NOFOLLOW', 'src/llmgeom/pipeline/private_ipc.py',
+             'os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC',
+             'os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC',
+             (f"{MS}::test_the_private_directory_descriptor_is_checked_itself",)),
+    Mutation('privatedir-fstat', 'directory descriptor checked with fstat', 'src/llmgeom/pipeline/private_ipc.py',
+             '        problems = _problems(os.fstat(self.fd), kind="directory")',
+             '        problems = []',
+             (f"{MS}::test_the_private_directory_descriptor_is_checked_itself",)),
 )
 
 
@@ -90,14 +216,26 @@ def _copy_tree(dst: Path) -> None:
         shutil.copy2(src, dst / f)
 
 
+def stale(m: Mutation, root: Path = REPO) -> str:
+    """Why entry ``m`` no longer matches the code under ``root`` ("" when it does): the code it removes occurs
+    another number of times than ``m.occurrences``, or a test it names is not defined in its file."""
+    n = (root / m.path).read_text().count(m.old)
+    if n != m.occurrences:
+        return (f"mutation {m.name!r}: the code it removes occurs {n} times in {m.path}, not {m.occurrences}: "
+                "update MUTATIONS in tests/support/mutation_check.py to the current code")
+    for t in m.tests:
+        file, _, func = t.partition("::")
+        if f"def {func.split('[')[0]}(" not in (root / file).read_text():
+            return f"mutation {m.name!r}: {file} defines no test {func!r}"
+    return ""
+
+
 def _apply(root: Path, m: Mutation) -> None:
+    why = stale(m, root)
+    if why:
+        raise SystemExit(why)
     p = root / m.path
-    text = p.read_text()
-    n = text.count(m.old)
-    if n != 1:
-        raise SystemExit(f"mutation {m.name!r}: the code it removes occurs {n} times in {m.path} (must be once): "
-                         "update MUTATIONS in tests/support/mutation_check.py to the current code")
-    p.write_text(text.replace(m.old, m.new))
+    p.write_text(p.read_text().replace(m.old, m.new))
 
 
 def _run_tests(root: Path, tests, timeout: float) -> tuple[int, str]:
@@ -120,8 +258,8 @@ def run(mutations, *, timeout: float) -> list[dict]:
         _copy_tree(base)
         os.chmod(tmp, 0o755)  # the second local user of the shared-node tests reads the copy
         for m in mutations:  # every entry checked against the code before any test runs
-            if (base / m.path).read_text().count(m.old) != 1:
-                _apply(base, m)  # raises SystemExit naming the entry
+            if stale(m, base):
+                raise SystemExit(stale(m, base))
         tests = sorted({t for m in mutations for t in m.tests})
         rc, summary = _run_tests(base, tests, timeout * max(1, len(mutations)))
         if rc != 0:
