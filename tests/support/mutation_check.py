@@ -11,7 +11,8 @@ silently) and what it puts there instead (``new``: the code without that one pro
 it (pytest node ids). For each entry the script copies the tracked and untracked-not-ignored files of the tree
 (``git ls-files -co --exclude-standard``) into a scratch directory, applies that one edit, and runs those tests
 there (``PYTHONPATH=<scratch>/src``, this interpreter, ``-x -q -p no:cacheprovider``, a per-entry timeout);
-"killed" = the tests failed. Before any mutation the same tests run on the unmutated copy and must pass (otherwise
+"killed" = the tests failed (pytest's status 1; a collection error, which would mean the edit broke the file, or
+a run past the timeout is not a kill). Before any mutation the same tests run on the unmutated copy and must pass (otherwise
 a failure would prove nothing). Exit status 0 only when every mutation is killed.
 
 The tests of the shared-node protections need root (a second local user); run this as root, as CI does.
@@ -271,7 +272,7 @@ def run(mutations, *, timeout: float) -> list[dict]:
             _apply(work, m)
             t0 = time.time()
             rc, summary = _run_tests(work, m.tests, timeout)
-            killed = rc != 0
+            killed = rc == 1  # tests failed; not a collection error (rc 2: the mutation broke the file) or a hang
             rows.append(dict(name=m.name, protection=m.protection, tests=m.tests, killed=killed, rc=rc,
                              summary=summary, seconds=time.time() - t0))
             print(f"{'killed  ' if killed else 'SURVIVED'} {m.name}: {summary} ({time.time() - t0:.0f} s)", flush=True)
