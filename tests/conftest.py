@@ -49,6 +49,16 @@ def tiny_config(model_dirs: dict | None = None, *, nulls: bool = True) -> dict:
     return cfg
 
 
+def pin_reference_tokenizer(cfg: dict) -> dict:
+    """``cfg`` with ``prompts.tokenizer``, when it names a model of ``cfg["models"]``, replaced by that model's
+    directory (absolute; it holds the tokenizer.json): for a test that then restricts or replaces the models, so
+    its prompts are cut with the tiny study's own reference tokenizer whichever models it keeps. Returns ``cfg``."""
+    name = (cfg.get("prompts") or {}).get("tokenizer")
+    if name in cfg["models"]:
+        cfg["prompts"]["tokenizer"] = str(Path(cfg["models"][name]["path"]).resolve())
+    return cfg
+
+
 def same_datasets(a, b, stored: bool = True) -> None:
     """Assert that two HDF5 files hold the same datasets: every dataset of ``a`` is in ``b`` with the same dtype,
     shape, values (bytes), stored chunk bytes and attributes; the root attributes agree except ``created``;

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 import slurm_cluster
-from conftest import same_datasets, tiny_config
+from conftest import pin_reference_tokenizer, same_datasets, tiny_config
 from conftest import committed_batches
 from test_slurm_real import SITE, _start_run, _wait_for, site_profile, smk
 
@@ -60,7 +60,7 @@ def nodes(tmp_path_factory):
 
 
 def _study(gpu_models: dict, models=MODELS) -> dict:
-    cfg = tiny_config(nulls=False)  # the cluster path, not the nulls (tests/workflow/test_workflow.py runs those)
+    cfg = pin_reference_tokenizer(tiny_config(nulls=False))  # the cluster path, not the nulls (test_workflow.py runs those)
     cfg["models"] = {m: dict(cfg["models"][m], **({"gpu_model": gpu_models[m]} if gpu_models.get(m) else {}))
                      for m in models}
     cfg.pop("wind_tunnel", None)

@@ -44,9 +44,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.minutes(12)]
 def study_config(wd: Path) -> dict:
     """The tiny workflow config (.test/config/config.yaml, through conftest.tiny_config), restricted to one
     model (:data:`MODEL`, its committed directory) and without the wind tunnel."""
-    from conftest import tiny_config
+    from conftest import pin_reference_tokenizer, tiny_config
 
-    cfg = tiny_config(nulls=False)  # the cluster path, not the nulls (tests/workflow/test_workflow.py runs those)
+    cfg = pin_reference_tokenizer(tiny_config(nulls=False))  # the cluster path, not the nulls (test_workflow.py runs those)
     cfg["models"] = {MODEL: cfg["models"][MODEL]}
     cfg.pop("wind_tunnel", None)
     return cfg

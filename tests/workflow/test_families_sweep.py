@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 import model_types as mtypes
-from conftest import REPO, TEST_DIR, tiny_config
+from conftest import REPO, TEST_DIR, pin_reference_tokenizer, tiny_config
 
 pytestmark = pytest.mark.minutes(5)
 
@@ -52,7 +52,7 @@ def sweep_run(tmp_path_factory):
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TEST_DIR / "models" / "tiny-llama" / f, d / f)
         dirs[name] = d
-    cfg = tiny_config(nulls=False)
+    cfg = pin_reference_tokenizer(tiny_config(nulls=False))
     cfg["models"] = {n: {"source": "hf_local", "path": str(d), "dtype": "float32", "batch_size": 3}
                      for n, d in dirs.items()}
     cfg["value_manifold"]["prompt_sets"] = ["mixed"]  # one set per kind of measure is enough here
