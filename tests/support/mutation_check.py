@@ -251,8 +251,8 @@ def _run_tests(root: Path, tests, timeout: float) -> tuple[int, str]:
 
 
 def run(mutations, *, timeout: float) -> list[dict]:
-    """Each mutation in its own scratch copy; returns one dict per mutation (name, protection, tests, killed,
-    rc, summary). Raises SystemExit when the unmutated tests fail or an entry no longer matches the code."""
+    """Each mutation in its own scratch copy; returns one dict per mutation (mutation, killed, rc, summary,
+    seconds). Raises SystemExit when the unmutated tests fail or an entry no longer matches the code."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="llmgeom-mutation-") as tmp:
         base = Path(tmp) / "base"
@@ -273,8 +273,7 @@ def run(mutations, *, timeout: float) -> list[dict]:
             t0 = time.time()
             rc, summary = _run_tests(work, m.tests, timeout)
             killed = rc == 1  # tests failed; not a collection error (rc 2: the mutation broke the file) or a hang
-            rows.append(dict(name=m.name, protection=m.protection, tests=m.tests, killed=killed, rc=rc,
-                             summary=summary, seconds=time.time() - t0))
+            rows.append(dict(mutation=m, killed=killed, rc=rc, summary=summary, seconds=time.time() - t0))
             print(f"{'killed  ' if killed else 'SURVIVED'} {m.name}: {summary} ({time.time() - t0:.0f} s)", flush=True)
             shutil.rmtree(work, ignore_errors=True)
     return rows
@@ -283,7 +282,8 @@ def run(mutations, *, timeout: float) -> list[dict]:
 def table(rows) -> str:
     """The markdown table: protection, the test(s) that claim it, killed."""
     lines = ["| protection | removed in | test that fails without it | killed |", "|---|---|---|---|"]
-    for r, m in zip(rows, [next(m for m in MUTATIONS if m.name == r["name"]) for r in rows]):
+    for r in rows:
+        m = r["mutation"]
         tests = "<br>".join(f"`{t.split('::', 1)[-1]}` ({Path(t.split('::')[0]).name})" for t in m.tests)
         lines.append(f"| {m.protection} | `{m.path}` | {tests} | {'yes' if r['killed'] else '**no**'} |")
     return "\n".join(lines)

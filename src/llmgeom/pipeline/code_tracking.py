@@ -19,7 +19,7 @@ import functools
 import os
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/llmgeom
+from llmgeom.core.versions import PACKAGE_DIR  # src/llmgeom (standard library only, as this module)
 UNTRACKED_PACKAGES = frozenset({"pipeline"})  # config checks, logging, cluster: never change a stored value
 UNTRACKED_MODULES = frozenset({"models.tiny"})
 

@@ -30,13 +30,12 @@ def reference_tokenizer(config: dict) -> dict:
     that rule prepare_tokenizer writes (``resources/tokenizers/<model>/tokenizer.json``); else ``model`` is None
     and ``path`` the given path (a directory: its ``tokenizer.json``). Existence is checked by
     ``llmgeom.pipeline.checks.check_prompts``."""
-    import os
+    from llmgeom.prompts.tokens import tokenizer_file
 
     name = config["prompts"].get("tokenizer") or next(iter(config["models"]))
     if name in config["models"]:
         return {"name": name, "model": name, "path": f"resources/tokenizers/{name}/tokenizer.json"}
-    path = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
-    return {"name": name, "model": None, "path": path}
+    return {"name": name, "model": None, "path": str(tokenizer_file(name))}
 
 
 def model_source_params(spec: dict) -> dict:

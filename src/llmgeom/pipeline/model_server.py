@@ -73,7 +73,6 @@ import os
 import queue
 import re
 import secrets
-import stat
 import socket
 import subprocess
 import sys
@@ -190,12 +189,9 @@ def runtime_dir() -> Path | None:
     raw = os.environ.get("XDG_RUNTIME_DIR")
     if not raw or not os.path.isabs(raw):
         return None
-    try:
-        st = os.lstat(raw)
-        if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077):
-            return None
-        return None if private_ipc.base_problems(Path(raw).parent) else Path(raw)
-    except OSError:
+    try:  # the check of every private directory of the server (one home: private_ipc)
+        return private_ipc.check_private_dir(raw)
+    except (private_ipc.UnsafePath, OSError):
         return None
 
 

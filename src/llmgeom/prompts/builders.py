@@ -107,7 +107,7 @@ def _build_code(kind: str, *, n: int, rng: random.Random, tok, budget: int, min_
     """``code``: ``n`` chunks of whole statements drawn from the stdlib pool (:func:`code_pool`)."""
     if topics:
         raise PromptDataError("prompt set 'code' takes no topics (it is built from stdlib source)")
-    pool, skipped = code_pool(str(stdlib_root()), budget, min_words, tok, budget)
+    pool, skipped = code_pool(str(stdlib_root()), min_words, tok, budget)
     if len(pool) < n:
         raise PromptDataError(
             f"prompt set 'code': only {len(pool)} usable stdlib chunks of at least {min_words} words within "

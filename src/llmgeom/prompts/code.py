@@ -56,12 +56,12 @@ def _chunk_text(lines: list[str], first: int, last: int) -> str:
 
 
 def _chunk_statements(
-    lines: list[str], stmts: list[tuple[int, int]], max_words: int, min_words: int, fits=None
+    lines: list[str], stmts: list[tuple[int, int]], max_words: int, min_words: int, fits
 ) -> Iterator[tuple[int, int]]:
     """Greedy non-overlapping chunks of whole consecutive statements, as (first row, last row)
     1-based inclusive: a chunk starts at a statement start, ends at a statement end, keeps
     min_words..max_words words, stops before a statement indented less than its first one, and is the longest
-    such run whose text (:func:`_chunk_text`) ``fits`` (``text -> bool``, the token budget; None: any)."""
+    such run whose text (:func:`_chunk_text`) ``fits`` (``text -> bool``, the token budget)."""
     n_words = [0] + [len(line.split()) for line in lines]  # 1-based rows
     cum = [0]
     for c in n_words[1:]:
@@ -82,10 +82,7 @@ def _chunk_statements(
             if words(row0, stmts[b][1]) > max_words:
                 break
             b += 1
-        if fits is None:
-            k = b - a
-        else:
-            k = longest_fitting(b - a, lambda k: fits(_chunk_text(lines, row0, stmts[a + k - 1][1])), guess)
+        k = longest_fitting(b - a, lambda k: fits(_chunk_text(lines, row0, stmts[a + k - 1][1])), guess)
         if k:
             last = stmts[a + k - 1][1]
             seg = lines[row0 - 1:last]
@@ -98,18 +95,16 @@ def _chunk_statements(
 
 
 @functools.lru_cache(maxsize=4)
-def code_pool(root: str, max_words: int, min_words: int, tokenizer=None, token_budget: int | None = None
-              ) -> tuple[tuple[tuple, ...], int]:
-    """All code chunks of ``min_words..max_words`` words under ``root``, in sorted file order, each the longest run
+def code_pool(root: str, min_words: int, tokenizer, token_budget: int) -> tuple[tuple[tuple, ...], int]:
+    """All code chunks of at least ``min_words`` words under ``root``, in sorted file order, each the longest run
     of whole statements within ``token_budget`` tokens of ``tokenizer``.
 
     Args:
         root: the source tree (``str``, so the result can be cached; the builders pass
             :func:`llmgeom.prompts.sources.stdlib_root`).
-        max_words, min_words: word bounds of a chunk (whitespace-separated words; the builders pass
-            ``max_words = token_budget``, a word being at least one token, so it only prunes).
+        min_words: fewest whitespace-separated words of a chunk.
         tokenizer, token_budget: a :class:`llmgeom.prompts.tokens.ReferenceTokenizer` and the chunk's budget in its
-            tokens (None: the word bounds only).
+            tokens (a word being at least one token, at most ``token_budget`` words are tried: that only prunes).
 
     Returns:
         ``(pool, skipped)``: pool = tuple of ``(text, relpath, first line, last line)`` (1-based,
@@ -118,7 +113,9 @@ def code_pool(root: str, max_words: int, min_words: int, tokenizer=None, token_b
         tokenizable). Cached (``functools.lru_cache``).
     """
     rootp = pathlib.Path(root)
-    fits = None if tokenizer is None else (lambda text: tokenizer.fits(text, token_budget))
+    def fits(text: str) -> bool:
+        return tokenizer.fits(text, token_budget)
+
     pool = []
     skipped = 0
     for path in stdlib_source_files(rootp):
@@ -131,7 +128,7 @@ def code_pool(root: str, max_words: int, min_words: int, tokenizer=None, token_b
             continue
         lines = [line.rstrip() for line in src.split("\n")]
         rel = path.relative_to(rootp).as_posix()
-        for first, last in _chunk_statements(lines, stmts, max_words, min_words, fits):
+        for first, last in _chunk_statements(lines, stmts, token_budget, min_words, fits):
             text = _chunk_text(lines, first, last)
             if has_format_char(text):  # e.g. a BOM or zero-width joiner in a string literal: not a prompt
                 continue

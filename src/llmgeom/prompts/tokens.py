@@ -23,6 +23,13 @@ from llmgeom.prompts.io import PromptDataError
 TOKENIZER_KEY = "prompts.tokenizer"
 
 
+def tokenizer_file(path) -> Path:
+    """The ``tokenizer.json`` that ``path`` names: the path itself, or a directory's ``tokenizer.json`` (a prepared
+    model's directory). Existence is not checked here (:class:`ReferenceTokenizer` and the config check do)."""
+    p = Path(path)
+    return p / "tokenizer.json" if p.is_dir() else p
+
+
 class ReferenceTokenizer:
     """A ``tokenizer.json`` loaded with the ``tokenizers`` library: token counts of prompt texts.
 
@@ -35,9 +42,7 @@ class ReferenceTokenizer:
     def __init__(self, path, name: str | None = None):
         """Raises PromptDataError: ``path`` is not a readable ``tokenizer.json`` (the message names
         :data:`TOKENIZER_KEY` and the fix)."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / "tokenizer.json"
+        p = tokenizer_file(path)
         self.name = str(name if name is not None else path)
         if not p.is_file():
             raise PromptDataError(
