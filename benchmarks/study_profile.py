@@ -1,6 +1,7 @@
 """Wall-time profile of one Snakemake run of the study (issue 21): where the time went, from the run's log.
 
-    .venv/bin/python benchmarks/study_profile.py .snakemake/log/<run>.snakemake.log [--benchmarks benchmarks/]
+    .venv/bin/python benchmarks/study_profile.py .snakemake/log/<run>.snakemake.log [--benchmarks results/benchmarks]
+        [--job-logs logs]
     .venv/bin/python benchmarks/study_profile.py --latest                 # newest log of a run with jobs
 
 Prints, from the log alone (job start and finish times at Snakemake's 1-second resolution, each job's
@@ -12,6 +13,8 @@ Prints, from the log alone (job start and finish times at Snakemake's 1-second r
 * **per-rule share** of job-seconds (a job's wall time; with ``--benchmarks``, also the sums of the
   ``benchmark:`` files' ``s``, ``cpu_time`` and the largest ``max_rss`` per rule, read from every ``*.tsv``
   under that folder, the rule being the file's first folder below it, or its name's first part);
+* **start-up** (with ``--job-logs logs``): per rule, the seconds each job spent from its process start to
+  ``run_logged`` (interpreter, Snakemake's preamble, the script's imports), the first line of every job log;
 * **critical path**: the chain that ends at the last job to finish, each step going back to the input's
   producer that finished last (the one the job waited for), with the idle gap where a job waited for a
   free core rather than for its inputs; and two bounds: the longest dependency chain by job durations
@@ -193,6 +196,31 @@ def read_benchmarks(folder) -> dict[str, dict]:
     return out
 
 
+_STARTUP = re.compile(r"^\[job\] start-up (\d+(?:\.\d+)?|nan) s ")
+
+
+def read_startup(folder) -> dict[str, dict]:
+    """Per-rule start-up of the jobs whose logs are under ``folder`` (the run's ``logs/``; the rule is the first
+    folder below it, or the file name up to its first ``.``): the first line of a job's log that
+    ``pipeline.jobs.run_logged`` writes, ``[job] start-up <s> s`` (process start to run_logged: the interpreter,
+    Snakemake's script preamble, the script's imports). Returns {rule: {"n": logs with the line, "s": their sum,
+    "without": logs without it}} (jobs whose work the model server runs log no start-up of their own)."""
+    out: dict[str, dict] = {}
+    root = Path(folder)
+    for f in sorted(root.rglob("*.log")):
+        rel = f.relative_to(root)
+        rule = rel.parts[0] if len(rel.parts) > 1 else rel.name.split(".")[0]
+        r = out.setdefault(rule, {"n": 0, "s": 0.0, "without": 0})
+        with open(f, errors="replace") as fh:
+            m = next((m for m in map(_STARTUP.match, fh) if m), None)
+        if m and m.group(1) != "nan":
+            r["n"] += 1
+            r["s"] += float(m.group(1))
+        else:
+            r["without"] += 1
+    return out
+
+
 def critical_path(jobs: dict[int, Job], deps: dict[int, list[int]], slack: float = 1.0) -> dict:
     """The observed chain that set the wall time, and the dependency-only longest chain.
 
@@ -246,8 +274,9 @@ def is_null_job(job: "Job") -> bool:
     return bool(m) and (m.group(1).endswith(NULL_SUFFIX) or m.group(1).endswith("-step0"))
 
 
-def profile(log_path, benchmarks=None, cores: int | None = None, top: int = 40) -> str:
-    """The whole report as text (see the module docstring)."""
+def profile(log_path, benchmarks=None, cores: int | None = None, top: int = 40, job_logs=None) -> str:
+    """The whole report as text (see the module docstring); ``job_logs``: the run's ``logs/`` folder, for the
+    start-up section (:func:`read_startup`)."""
     info = parse_log(log_path)
     jobs = info["jobs"]
     cores = cores or info["cores"] or 1
@@ -295,6 +324,15 @@ def profile(log_path, benchmarks=None, cores: int | None = None, top: int = 40) 
               f"{ns:.0f} job-s = {100 * ns / total:.1f}% of the study's job-seconds (target: at most 35%)",
               "  by rule: " + (", ".join(f"{r} {x:.0f} s" for r, x in sorted(nby.items(), key=lambda kv: -kv[1]))
                                or "none")]
+    if job_logs:
+        st = read_startup(job_logs)
+        n, s = sum(r["n"] for r in st.values()), sum(r["s"] for r in st.values())
+        lines += ["", f"start-up (process start to run_logged: interpreter, script imports; from the first line of "
+                  f"each job log under {job_logs}): {n} jobs, {s:.0f} s = {100 * s / total:.1f}% of the job-seconds, "
+                  f"mean {s / max(n, 1):.2f} s; {sum(r['without'] for r in st.values())} logs without it (jobs the "
+                  "model server ran, or logs of older code)",
+                  "  by rule (s, jobs): " + ", ".join(f"{r} {x['s']:.0f} ({x['n']})" for r, x in
+                                                      sorted(st.items(), key=lambda kv: -kv[1]["s"]) if x["n"])]
     lines += ["", "critical path (from the last job to finish back: 'input' = started when the producer of its "
               "input finished, 'core' = started when the job above freed a core):",
               f"{'start s':>7s} {'dur s':>6s} {'via':>5s}  job"]
@@ -322,6 +360,7 @@ def main(argv=None) -> None:
     ap.add_argument("--benchmarks", help="folder holding the rules' benchmark: *.tsv files")
     ap.add_argument("--cores", type=int, help="override the log's 'Provided cores'")
     ap.add_argument("--top", type=int, default=15, help="how many of the longest jobs to list")
+    ap.add_argument("--job-logs", help="the run's logs/ folder: each job's start-up, summed per rule")
     a = ap.parse_args(argv)
     log = a.log
     if a.latest or not log:
@@ -330,7 +369,7 @@ def main(argv=None) -> None:
         if not runs:  # the report and dry runs write logs too: the newest one that ran jobs
             sys.exit("no .snakemake/log/*.snakemake.log of a run with jobs here; pass the log's path")
         log = runs[-1]
-    print(profile(log, a.benchmarks, a.cores, a.top))
+    print(profile(log, a.benchmarks, a.cores, a.top, a.job_logs))
 
 
 if __name__ == "__main__":

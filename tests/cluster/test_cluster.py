@@ -249,7 +249,7 @@ def _runtime(sub) -> int:
 @pytest.mark.slow
 def test_paper3_one_gpu_submission_per_model(tmp_path):
     """Issue 13: on the paper3 config every model's GPU jobs (5 extractions, 4 SULA conditions, the
-    interventions) are one sbatch call with the model's GPU flags and memory and the sum of the runtimes
+    interventions, the key orthogonality of its weights) are one sbatch call with the model's GPU flags and memory and the sum of the runtimes
     (the jobs are stacked in series by the model's GPU slot, whatever the cores)."""
     from conftest import study_config
 
@@ -281,9 +281,10 @@ def test_paper3_one_gpu_submission_per_model(tmp_path):
         twin = m.endswith("-randinit")
         s, spec = subs[0], cfg["models"][m.removesuffix("-randinit")]  # a twin: its trained model's resources
         mine = [j for j in jobs if j["rule"] in gpu_rules and j["wildcards"].get("model") == m]
-        n = 5 if twin else 10  # 5 prompt sets + 4 SULA conditions + interventions; a twin: mixed, summary set,
-        assert len(s["targets"]) == len(mine) == n  # corpus, SULA main, interventions (what the claims read)
-        assert set(s["rules"]) == {"extract", "extract_sula", "intervene"}  # an LLM entry: no wind-tunnel rules
+        n = 6 if twin else 11  # 5 prompt sets + 4 SULA conditions + interventions + key orthogonality; a twin: mixed,
+        assert len(s["targets"]) == len(mine) == n  # summary set, corpus, SULA main, interventions, keys (the claims')
+        # an LLM entry: no wind-tunnel rules
+        assert set(s["rules"]) == {"extract", "extract_sula", "intervene", "key_orthogonality"}
         g = spec.get("gpus", 1)
         assert s["gpu_flags"] == [f"--gpus={spec['gpu_model']}:{g}" if spec.get("gpu_model") else f"--gpus={g}"]
         assert " -p gpu" in s["flags"]

@@ -4,7 +4,8 @@ summarize("key_orthogonality", family="bayes", models=MODELS + WT_FINALS, nulls=
 
 
 rule key_orthogonality:
-    """Paper III sec. 4.2: mean |cos| between W_K columns per layer and key head, Gaussian and random-init baselines."""
+    """GPU rule (the model server's weights): Paper III sec. 4.2, mean |cos| between W_K columns per layer and key
+    head, Gaussian and random-init baselines."""
     input:
         model="resources/models/{model}",
         code=code("key_orthogonality"),
@@ -13,12 +14,11 @@ rule key_orthogonality:
     params:
         cfg=section_cfg("key_orthogonality"),
         dtype=get_dtype,
-    threads: 1
+        device_map=get_device_map,
+        device=config["extract"]["device"],
+    threads: GPU_THREADS
     resources:
-        mem_mb=scaled_mem(model_mem),  # the trained model, and a float32 random-init copy: model_mem (float32)
-        runtime=30,
-    group:
-        "analysis"
+        **GPU_RESOURCES,
     log:
         "logs/key_orthogonality/{model}.log",
     benchmark:

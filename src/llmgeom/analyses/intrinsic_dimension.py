@@ -465,7 +465,7 @@ def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle
                 res = intrinsic_dimension.passage_resampled_ids(
                     pts, np.arange(len(pts)), estimators=estimators, n_subsamples=1, subsample_size=len(pts),
                     seed=seed, n_resamples=passage_resamples, min_points=min_points, mle_k=mle_k,
-                    gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol)
+                    gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol, cross_passage=False)
                 _write_intervals([(x, x["estimator"]) for x in r], res, passage_resamples=passage_resamples, ci=ci,
                                  interval=PROMPT_INTERVAL)
                 rows += r

@@ -10,7 +10,7 @@ import json
 import numpy as np
 
 from llmgeom.core.layers import relative_depth, select_layers
-from llmgeom.core.stats import bootstrap_interval, derived_seed, pearson, replicates_text, spearman
+from llmgeom.core.stats import bootstrap_interval, derived_seed, pearson, replicates_text, spearman, spearman_rows
 from llmgeom.core.store import DS
 from llmgeom.core.units import nats_to_bits
 from llmgeom.measures.bayes import model_label_entropy
@@ -177,9 +177,9 @@ def _rho_replicates(s, hb, k, *, n_boot: int, ci: float, seed: int) -> dict:
     cols = {"rho_pc1_h_bayes": (s, hb), "rho_k_pc1": (k, s)}
     reps = {c: np.full(int(n_boot), np.nan) for c in cols}
     if int(n_boot) > 0 and len(s):
-        for b, ix in enumerate(np.random.default_rng(seed).integers(0, len(s), size=(int(n_boot), len(s)))):
-            for c, (x, y) in cols.items():
-                reps[c][b] = spearman(x[ix], y[ix])[0]
+        ix = np.random.default_rng(seed).integers(0, len(s), size=(int(n_boot), len(s)))
+        for c, (x, y) in cols.items():
+            reps[c] = spearman_rows(np.asarray(x)[ix], np.asarray(y)[ix])
     out = {}
     for c, (x, y) in cols.items():
         t = spearman(x, y)[0]

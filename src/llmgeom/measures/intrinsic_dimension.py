@@ -30,7 +30,7 @@ import skdim
 from scipy.optimize import brentq
 
 from llmgeom.core.stats import spearman
-from llmgeom.measures.neighbors import EXTRA_CANDIDATES, TooFewPointsError, as_points, deduplicate, knn_among, prepare_neighbors
+from llmgeom.measures.neighbors import EXTRA_CANDIDATES, FallbackRows, TooFewPointsError, as_points, deduplicate, knn_among, prepare_neighbors
 
 
 def _id_result(est: float, X, n_exact: int, n_zero: int, what: str) -> dict:
@@ -555,7 +555,7 @@ CROSS_PASSAGE = "twonn_cross_passage"
 
 def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsample_size: int, seed: int,
                           n_resamples: int, min_points: int, mle_k: int, gride_max_rank: int,
-                          plateau_tol: float) -> dict:
+                          plateau_tol: float, cross_passage: bool = True) -> dict:
     """Cross-passage TwoNN and passage-level resampling replicates of the ID, from ONE neighbour list per layer.
 
     Points of one passage (corpus prompt) are correlated: consecutive positions share context, so a point's nearest
@@ -595,6 +595,9 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     gride_max_rank, plateau_tol : GRIDE's scale curve and plateau on each resample (as :func:`gride_scaling`,
         whose largest neighbour order is also at most the resample's points - 1); a resample whose GRIDE
         likelihood has no maximum gives NaN.
+    cross_passage : False: no cross-passage TwoNN, neither on the subsets nor per resample (the result has no
+        ``twonn_cross_passage`` entry); for points that are each their own passage (the last-token ID: one point
+        per prompt), where it would be the TwoNN itself.
 
     Returns
     -------
@@ -624,7 +627,7 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     need = max([2] + [int(mle_k) for e in res_names if e.startswith("mle")])
     k_gride = int(gride_max_rank) if "gride" in res_names else 0  # as gride_scaling: fewer when fewer points
     biggest = int(np.bincount(g_codes).max())
-    K = min(X0.shape[0] - 1, 2 * max(need, k_gride) + biggest + EXTRA_CANDIDATES)
+    K = min(X0.shape[0] - 1, 2 * max(need, k_gride) + (biggest if cross_passage else 0) + EXTRA_CANDIDATES)
     Xk, dist, idx, _, _, kept = prepare_neighbors(X0, K, max(int(min_points), 3), "ID", distinct=True,
                                                   return_kept=True)
     g = g_codes[kept]
@@ -633,17 +636,20 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     # (normally none) are left out of them
     pos = np.full(X0.shape[0], -1)
     pos[kept] = np.arange(n)
+    full = FallbackRows(Xk)  # the candidate ranking of rows whose K-list runs short, kept for every selection
     cross = []
-    for sel in subsample_indices(X0.shape[0], n_subsamples=n_subsamples, size=subsample_size, seed=seed):
+    for sel in (subsample_indices(X0.shape[0], n_subsamples=n_subsamples, size=subsample_size, seed=seed)
+                if cross_passage else []):
         rows = pos[sel][pos[sel] >= 0]
         cand = np.zeros(n, bool)
         cand[rows] = True
-        d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True)
+        d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True,
+                          full_rows=full)
         cross.append(twonn_from_distances(d2))
     a = np.asarray(cross)
     m = G // 2
     rng = np.random.default_rng([int(seed), 4802])
-    reps = {e: np.full(int(n_resamples), np.nan) for e in res_names + [CROSS_PASSAGE]}
+    reps = {e: np.full(int(n_resamples), np.nan) for e in res_names + ([CROSS_PASSAGE] if cross_passage else [])}
     for b in range(int(n_resamples)):
         keep_g = np.zeros(G, bool)
         keep_g[rng.choice(G, size=m, replace=False)] = True
@@ -651,7 +657,8 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
         rows = np.flatnonzero(cand)
         if rows.size < max(int(min_points), need + 1):
             continue
-        d, i = knn_among(Xk, dist, idx, max(need, min(k_gride, rows.size - 1)), rows=rows, candidates=cand)
+        d, i = knn_among(Xk, dist, idx, max(need, min(k_gride, rows.size - 1)), rows=rows, candidates=cand,
+                         full_rows=full)
         if "twonn" in res_names:
             reps["twonn"][b] = twonn_from_distances(d)
         if any(e.startswith("mle") for e in res_names):
@@ -670,16 +677,21 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
                 reps["gride"][b] = _gride_knn(d, int(gride_max_rank), plateau_tol)["id"]
             except ValueError:
                 pass
+        if not cross_passage:
+            continue
         try:  # a kept passage whose other kept passages hold fewer than 2 points: no replicate (NaN)
-            d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True)
+            d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True,
+                              full_rows=full)
             reps[CROSS_PASSAGE][b] = twonn_from_distances(d2)
         except ValueError:
             pass
-    return {CROSS_PASSAGE: {"id_mean": float(a.mean()), "id_std": float(a.std()), "id_min": float(a.min()),
+    out = {"replicates": reps, "n_passages": int(G), "passages_per_resample": int(m), "neighbours": int(K)}
+    if not cross_passage:
+        return out
+    return {**out, CROSS_PASSAGE: {"id_mean": float(a.mean()), "id_std": float(a.std()), "id_min": float(a.min()),
                             "id_max": float(a.max()), "ids": [float(v) for v in a], "n_points": int(n),
                             "subsample_size": int(min(int(subsample_size), X0.shape[0])),
-                            "n_subsamples": int(n_subsamples), "n_duplicates_removed": int(n_exact)},
-            "replicates": reps, "n_passages": int(G), "passages_per_resample": int(m), "neighbours": int(K)}
+                            "n_subsamples": int(n_subsamples), "n_duplicates_removed": int(n_exact)}}
 
 
 def recentred_replicates(estimate, replicates, *, scale: float = 1.0) -> np.ndarray:

@@ -89,6 +89,25 @@ def exact_knn(X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return dist, cand
 
 
+class FallbackRows:
+    """What :func:`knn_among` keeps between calls on the same points X (the selections of one layer): the centred
+    points, their squared norms and, per row asked for, its approximate squared distances to every point (the
+    dot-product trick of :func:`exact_knn`'s candidate search), float64 [n]."""
+
+    def __init__(self, X: np.ndarray):
+        self.Xc = X - X.mean(axis=0)
+        self.sq = np.einsum("nd,nd->n", self.Xc, self.Xc)
+        self.rows: dict[int, np.ndarray] = {}
+
+    def approximate(self, rows: np.ndarray) -> np.ndarray:
+        """Approximate squared distances [len(rows), n] (for ranking candidates only; never returned as distances)."""
+        new = np.array([i for i in dict.fromkeys(rows.tolist()) if i not in self.rows], dtype=np.int64)
+        if new.size:
+            A = self.sq[new, None] + self.sq[None, :] - 2.0 * (self.Xc[new] @ self.Xc.T)
+            self.rows.update(zip(new.tolist(), A))
+        return np.stack([self.rows[i] for i in rows.tolist()])
+
+
 def prepare_neighbors(X, k: int, min_points: int, what: str, *, distinct: bool = False, return_kept: bool = False):
     """Dedup, check size, exact k-NN, drop zero-distance points. Returns X, dist, idx, counts.
 
@@ -117,14 +136,17 @@ def prepare_neighbors(X, k: int, min_points: int, what: str, *, distinct: bool =
         n_zero += int(np.count_nonzero(drop))
 
 
-def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_own_group: bool = False):
+def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_own_group: bool = False,
+              full_rows: dict | None = None):
     """The first ``k`` neighbours of each query point among the allowed ones, read off one precomputed neighbour list.
 
     The neighbour search (the costly part) is done once on all points (:func:`exact_knn` or
     :func:`prepare_neighbors`, k = K); this picks, for each query row i, the nearest neighbours j with
     ``candidates[j]`` (and, with ``exclude_own_group``, ``groups[j] != groups[i]``), in the list's order (ascending
-    distance, ties by index). A row whose K-list holds fewer than ``k`` allowed neighbours gets them from the exact
-    distances to every allowed point (the same ordering), so the result never depends on K.
+    distance, ties by index). A row whose K-list holds fewer than ``k`` allowed neighbours gets them as
+    :func:`exact_knn` finds neighbours: candidates among all allowed points by the dot-product trick, ``k`` +
+    :data:`EXTRA_CANDIDATES` of them, re-ranked by exact distances (the same ordering), so the result does not
+    depend on K.
 
     Args:
         X: float64 [n, d], the distinct points the list was computed on.
@@ -134,6 +156,9 @@ def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_ow
         candidates: bool [n], the points that may be neighbours (e.g. the points of the passages a resample keeps).
         groups: int [n], group label of each point (e.g. its passage); required with ``exclude_own_group``.
         exclude_own_group: only neighbours of another group than the query point's.
+        full_rows: a :class:`FallbackRows` of X that the caller keeps for many calls on the same X (e.g. the
+            resamples of one layer): a fallback row's candidate ranking is computed once and kept there; the same
+            numbers as without it.
 
     Returns:
         (dist_sel, idx_sel): float64 / int64 [m, k], ascending (Euclidean distances in the units of X).
@@ -158,17 +183,26 @@ def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_ow
     pos = np.argsort(~M, axis=1, kind="stable")[:, :k]  # allowed entries first, list order kept
     d_sel = np.take_along_axis(dist[rows], pos, axis=1)
     i_sel = np.take_along_axis(nb, pos, axis=1)
-    for r in np.flatnonzero(M.sum(axis=1) < k):  # too few allowed in the K-list: exact, against all allowed
-        i = rows[r]
-        ok = cand.copy()
-        ok[i] = False
+    short = np.flatnonzero(M.sum(axis=1) < k)  # too few allowed in the K-list: exact, against all allowed
+    if short.size:
+        q = rows[short]
+        ok = np.repeat(cand[None, :], q.size, axis=0)
+        ok[np.arange(q.size), q] = False
         if exclude_own_group:
-            ok &= g != g[i]
-        j = np.flatnonzero(ok)
-        if j.size < k:
-            raise ValueError(f"point {i} has only {j.size} allowed neighbours, {k} needed")
-        diff = X[j] - X[i]
-        dj = np.sqrt(np.einsum("md,md->m", diff, diff))
-        o = np.lexsort((j, dj))[:k]
-        d_sel[r], i_sel[r] = dj[o], j[o]
+            ok &= g[None, :] != g[q, None]
+        n_ok = ok.sum(axis=1)
+        if (n_ok < k).any():
+            r = int(np.flatnonzero(n_ok < k)[0])
+            raise ValueError(f"point {q[r]} has only {n_ok[r]} allowed neighbours, {k} needed")
+        # candidates by the dot-product trick (as exact_knn), k + EXTRA_CANDIDATES of them, then exact distances
+        cache = full_rows if full_rows is not None else FallbackRows(X)
+        A = np.where(ok, cache.approximate(q), np.inf)
+        c = min(X.shape[0], k + EXTRA_CANDIDATES)
+        cj = np.argpartition(A, c - 1, axis=1)[:, :c] if c < X.shape[0] else np.broadcast_to(np.arange(c), A.shape)
+        diff = X[cj] - X[q][:, None, :]  # uncentred: exact differences of the inputs
+        dj = np.sqrt(np.einsum("rcd,rcd->rc", diff, diff))
+        dj[~np.take_along_axis(ok, cj, axis=1)] = np.inf  # fewer allowed points than candidates: never chosen
+        o = np.lexsort((cj, dj), axis=1)[:, :k]  # by distance, ties by index (the list's order)
+        d_sel[short] = np.take_along_axis(dj, o, axis=1)
+        i_sel[short] = np.take_along_axis(cj, o, axis=1)
     return d_sel, i_sel

@@ -61,6 +61,8 @@ GPU = {
     "extract": GpuRule(priority=60, server_task="extract", corpus_priority=65),
     "extract_sula": GpuRule(priority=55, server_task="extract"),
     "intervene": GpuRule(priority=50, server_task="intervene"),
+    # W_K of the weights the server holds: no second load of the whole model (a 7B model in float32) on a CPU node
+    "key_orthogonality": GpuRule(priority=45, server_task="key_orthogonality"),
     "train_wind_tunnel": GpuRule(priority=40, server_task=None),  # one thread, minutes: before the analyses
     "extract_wind_tunnel": GpuRule(priority=35, server_task="extract"),
 }

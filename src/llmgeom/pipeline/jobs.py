@@ -32,6 +32,24 @@ def set_threads(n: int) -> None:
         sys.modules["torch"].set_num_threads(n)
 
 
+#: the line :class:`run_logged` writes first into every job's log: the seconds from the job's process start to it
+#: (the interpreter, Snakemake's script preamble, the script's imports); ``benchmarks/study_profile.py`` sums it
+STARTUP_LINE = "[job] start-up {seconds:.2f} s (process start to run_logged: interpreter, script imports)"
+
+
+def process_age() -> float:
+    """Seconds since this process started, to 0.01 s (Linux: the system's uptime, ``/proc/uptime``, less the
+    process's start time after boot, ``/proc/self/stat`` field 22 in clock ticks); NaN where /proc cannot be read."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22 (starttime), after "(comm)"
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 #: bytes held back on the log's file system while a job runs (``<log>.reserve``, ``core.io.SpaceReserve``) and
 #: given back when it ends, before its last lines and traceback are written: room for a DiskFullError's message
 #: in the log of a job whose disk filled (a long torch traceback is ~10 kB)
@@ -79,6 +97,7 @@ class run_logged:
         self._out, self._err = sys.stdout, sys.stderr
         sys.stdout = _Tee(self._out, self.fh)
         sys.stderr = _Tee(self._err, self.fh)
+        print(STARTUP_LINE.format(seconds=process_age()), flush=True)
         return self
 
     def __exit__(self, et, ev, tb):

@@ -85,10 +85,12 @@ from pathlib import Path
 TASKS = {
     "extract": "llmgeom.extract.forward:extract_to_hdf5",
     "intervene": "llmgeom.interventions.runner:intervention_experiment",
+    "key_orthogonality": "llmgeom.weights.key_orthogonality:key_orthogonality_from_dir",
 }
 #: task name -> "module:function" that writes a task's return value to the job's output files, ``writer(result,
 #: **outputs)``, in the process that ran it: tables and arrays never cross the server's socket (JSON only)
-TASK_WRITERS = {"intervene": "llmgeom.interventions.runner:write_intervention_outputs"}
+TASK_WRITERS = {"intervene": "llmgeom.interventions.runner:write_intervention_outputs",
+                "key_orthogonality": "llmgeom.weights.key_orthogonality:write_key_orthogonality"}
 
 START_TIMEOUT_S = 300.0
 

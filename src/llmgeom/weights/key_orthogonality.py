@@ -149,13 +149,28 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
 
 
 def key_orthogonality_from_dir(model_dir: str | Path, *, model_name: str, seed: int, dtype: str,
-                               random_init: bool) -> pd.DataFrame:
-    """Load a prepared model on the CPU (``models.load_prepared``) and run :func:`key_orthogonality_table`.
+                               random_init: bool, device: str = "cpu", device_map: str | None = None,
+                               mem_mb: int | None = None, reuse_model: bool = False) -> pd.DataFrame:
+    """Load a prepared model (``models.load_prepared``) and run :func:`key_orthogonality_table`.
 
-    ``dtype`` as in the model's config entry ("auto" = float32 on CPU); the statistic itself is
-    computed in float64 either way.
+    The model server's task "key_orthogonality" (``pipeline.model_server.TASKS``; rule key_orthogonality is a GPU
+    rule): with ``reuse_model`` the weights are those the server holds for the model's extractions (loaded as they
+    load it: sdpa attention, ``dtype``, ``device``, ``device_map``), so no job loads the model a second time.
+    ``dtype`` as in the model's config entry ("auto" = float32 on CPU); W_K is read from the weights as they are
+    (``architectures.w_k_heads``, on whatever device) and the statistic is computed in float64 either way.
+    ``mem_mb``: the job's declared memory, checked before a load (``load_prepared``).
     """
     from llmgeom.models.loading import load_prepared
 
-    model, _tok = load_prepared(model_dir, dtype=dtype, attn="eager", device="cpu")
+    model, _ = load_prepared(model_dir, dtype=dtype, attn="sdpa", device=device, device_map=device_map,
+                             mem_mb=mem_mb, reuse=reuse_model)
     return key_orthogonality_table(model, model_name=model_name, seed=seed, random_init=random_init)
+
+
+def write_key_orthogonality(table: pd.DataFrame, table_path) -> None:
+    """Write :func:`key_orthogonality_from_dir`'s table to the rule's output (CSV, atomically: ``core.io.write_table``)
+    in the process that computed it: the model server's writer of the "key_orthogonality" task
+    (``pipeline.model_server.TASK_WRITERS``)."""
+    from llmgeom.core.io import write_table
+
+    write_table(table, table_path)

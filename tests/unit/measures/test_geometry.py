@@ -64,6 +64,20 @@ def test_rounding_noise_column_is_dropped():
     np.testing.assert_allclose(Z.std(axis=0), 1.0)
 
 
+@pytest.mark.parametrize("shape", [(120, 30), (20, 50)])  # n > d and n < d
+@pytest.mark.parametrize("standardize", [True, False])
+def test_explained_variance_is_the_spectrum_of_the_value_manifold_pca(shape, standardize):
+    """The spectrum-only path (singular values without vectors) gives scikit-learn's PCA shares, as the
+    estimator reports them, to rounding; a constant column changes neither."""
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal(shape) @ rng.standard_normal((shape[1], shape[1])) + 4.0
+    X[:, 2] = -1.25
+    want = ValueManifoldPCA(standardize=standardize, n_components=1).fit(X).explained_variance_ratio_
+    got = explained_variance(X, standardize=standardize)
+    assert got.shape == want.shape == (min(shape[0], shape[1] - standardize),)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-14)
+
+
 def test_explained_variance_errors():
     with pytest.raises(ValueError, match="non-finite"):
         explained_variance(np.array([[0.0, 1.0], [np.nan, 2.0], [1.0, 1.0]]))
