@@ -227,11 +227,12 @@ def _linear_dimensions(pts) -> dict:
 
 
 def _id_rows(pts, *, estimators, n_subsamples, subsample_size, seed, min_points, mle_k, gride_max_rank,
-             gride_plateau_tol, base: dict, scale_rows: list) -> tuple[list, int]:
-    """Rows of one layer (all estimators, one neighbour graph per subset) and GRIDE's scale curve."""
+             gride_plateau_tol, base: dict, scale_rows: list, neighbours=None) -> tuple[list, int]:
+    """Rows of one layer (all estimators, one neighbour graph per subset, read off ``neighbours`` when given: the
+    layer's list from :func:`llmgeom.measures.intrinsic_dimension.passage_resampled_ids`) and GRIDE's scale curve."""
     res = intrinsic_dimension.id_subsamples(pts, estimator=estimators, n_subsamples=n_subsamples,
                                  subsample_size=subsample_size, seed=seed, min_points=min_points, mle_k=mle_k,
-                                 gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol)
+                                 gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol, neighbours=neighbours)
     lin = _linear_dimensions(pts)
     rows = []
     for est, r in res.items():
@@ -319,13 +320,15 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
             pts = read_finite(f, DS.TOKENS_RESIDUAL_SAMPLE, layer=layer)
             base = dict(model=model, prompt_set=a.get("prompt_set"), quantity=TOKEN_ID, layer=layer,
                         relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
+            pr = intrinsic_dimension.passage_resampled_ids(
+                pts, passages, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size,
+                seed=seed, n_resamples=passage_resamples, min_points=min_points, mle_k=mle_k,
+                gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol)
             r, used = _id_rows(pts, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size,
                                seed=seed, min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
-                               gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)
-            r += _passage_rows(pts, passages, r, estimators=estimators, n_subsamples=n_subsamples,
-                               subsample_size=subsample_size, seed=seed, min_points=min_points, mle_k=mle_k,
-                               gride_max_rank=gride_max_rank, gride_plateau_tol=gride_plateau_tol,
-                               passage_resamples=passage_resamples, ci=ci)
+                               gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale,
+                               neighbours=pr["neighbour_list"])
+            r += _passage_rows(r, pr, passage_resamples=passage_resamples, ci=ci)
             rows += r
             if used < subsample_size and not short:
                 short.append(layer)
@@ -350,15 +353,11 @@ def intrinsic_dimension_table(h5_path, *, model: str, estimators, n_subsamples: 
     return (df, pd.DataFrame(scale, columns=gride_scale_columns())) if return_scale else df
 
 
-def _passage_rows(pts, passages, rows: list, *, estimators, n_subsamples, subsample_size, seed, min_points, mle_k,
-                  gride_max_rank, gride_plateau_tol, passage_resamples, ci) -> list:
+def _passage_rows(rows: list, res: dict, *, passage_resamples, ci) -> list:
     """The cross-passage TwoNN row of one layer, and the passage half-sample interval columns written into
-    ``rows`` (this layer's token_id rows; one neighbour list for all, see
-    :func:`llmgeom.measures.intrinsic_dimension.passage_resampled_ids`). Returns the new rows."""
-    res = intrinsic_dimension.passage_resampled_ids(
-        pts, passages, estimators=estimators, n_subsamples=n_subsamples, subsample_size=subsample_size, seed=seed,
-        n_resamples=passage_resamples, min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
-        plateau_tol=gride_plateau_tol)
+    ``rows`` (this layer's token_id rows), from ``res``, the layer's
+    :func:`llmgeom.measures.intrinsic_dimension.passage_resampled_ids` (one neighbour list for all). Returns the new
+    rows."""
     cp = res[intrinsic_dimension.CROSS_PASSAGE]
     twonn_row = next((r for r in rows if r["estimator"] == "twonn"), rows[0])
     new = [dict(twonn_row, quantity=TOKEN_ID_CROSS_PASSAGE, estimator="twonn", n=cp["n_points"],
@@ -459,13 +458,14 @@ def last_token_id_table(h5_path, *, model: str, estimators, min_points: int, mle
             base = dict(model=model, prompt_set=a.get("prompt_set"), quantity=LAST_TOKEN_ID, layer=layer,
                         relative_depth=relative_depth(layer, n_layers, index="residual"), d_model=d_model)
             try:
-                r = _id_rows(pts, estimators=estimators, n_subsamples=1, subsample_size=n_prompts, seed=seed,
-                             min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
-                             gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale)[0]
                 res = intrinsic_dimension.passage_resampled_ids(
                     pts, np.arange(len(pts)), estimators=estimators, n_subsamples=1, subsample_size=len(pts),
                     seed=seed, n_resamples=passage_resamples, min_points=min_points, mle_k=mle_k,
                     gride_max_rank=gride_max_rank, plateau_tol=gride_plateau_tol, cross_passage=False)
+                r = _id_rows(pts, estimators=estimators, n_subsamples=1, subsample_size=n_prompts, seed=seed,
+                             min_points=min_points, mle_k=mle_k, gride_max_rank=gride_max_rank,
+                             gride_plateau_tol=gride_plateau_tol, base=base, scale_rows=scale,
+                             neighbours=res["neighbour_list"])[0]
                 _write_intervals([(x, x["estimator"]) for x in r], res, passage_resamples=passage_resamples, ci=ci,
                                  interval=PROMPT_INTERVAL)
                 rows += r

@@ -329,8 +329,15 @@ def _gride_knn(dist, max_rank: int, plateau_tol: float) -> dict:
     return dict(id=val, n1=scales, ids=[float(v) for v in ids], plateau_n1_min=scales[i], plateau_n1_max=scales[j])
 
 
+def _neighbour_order(names, mle_k: int, gride_max_rank: int, n_points: int) -> tuple[int, int]:
+    """(need, k) of :func:`id_estimates` on ``n_points`` distinct points: the largest order the MLEs / TwoNN need,
+    and the neighbours searched (GRIDE: up to ``gride_max_rank``, at most n_points - 1)."""
+    need = max([2] + [int(mle_k) for n in names if n.startswith("mle")])
+    return need, (max(need, min(int(gride_max_rank), n_points - 1)) if "gride" in names else need)
+
+
 def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int, gride_max_rank: int, plateau_tol: float,
-                 distinct: bool = False) -> dict:
+                 distinct: bool = False, neighbours: tuple | None = None) -> dict:
     """Several intrinsic-dimension estimators on ONE exact neighbour graph of the same points.
 
     Equal to calling :func:`twonn`, :func:`mle_mg` / :func:`mle_lb` (``k = mle_k``) and
@@ -346,6 +353,9 @@ def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int, gride_max_r
         see :func:`gride_scaling` (schema keys ``intrinsic_dimension.gride_max_rank`` and ``.gride_plateau_tol``).
         All three are required, also when the estimators do not use them.
     distinct : the rows of X are already distinct (e.g. a subset of deduplicated points): skip deduplication.
+    neighbours : (dist, idx) [n, k], the exact neighbour lists of the distinct rows of X (k as this function
+        searches them; none at distance 0), e.g. read off a larger set's list (:func:`id_subsamples` with
+        ``neighbours``): no search here; the same result as searching.
 
     Returns
     -------
@@ -362,11 +372,17 @@ def id_estimates(X, estimators, *, min_points: int = 20, mle_k: int, gride_max_r
     mle_k = int(mle_k)
     if any(n.startswith("mle") for n in names) and mle_k < 2:
         raise ValueError(f"mle_k must be >= 2, got {mle_k}")
-    need = max([2] + [mle_k for n in names if n.startswith("mle")])
-    min_points = max(int(min_points), 3, need + 1)
     X0, n_exact = (as_points(X), 0) if distinct else deduplicate(as_points(X))
-    k = max(need, min(int(gride_max_rank), X0.shape[0] - 1)) if "gride" in names else need
-    X, dist, idx, n_ex2, n_zero = prepare_neighbors(X0, k, min_points, "ID", distinct=True)
+    need, k = _neighbour_order(names, mle_k, gride_max_rank, X0.shape[0])
+    min_points = max(int(min_points), 3, need + 1)
+    if neighbours is None:
+        X, dist, idx, n_ex2, n_zero = prepare_neighbors(X0, k, min_points, "ID", distinct=True)
+    else:
+        if X0.shape[0] < min_points:
+            raise TooFewPointsError(f"ID: only {X0.shape[0]} distinct points; at least {min_points} are needed")
+        (dist, idx), X, n_ex2, n_zero = neighbours, X0, 0, 0
+        if dist.shape != (X.shape[0], k):
+            raise ValueError(f"neighbours: lists of shape {dist.shape}, {(X.shape[0], k)} expected")
     out = {}
     for n in names:
         extra = {}
@@ -406,6 +422,7 @@ def id_subsamples(
     n_subsamples: int,
     subsample_size: int,
     seed: int,
+    neighbours: "LayerNeighbours | None" = None,
     **kw,
 ) -> dict:
     """Repeat an intrinsic-dimension estimator on random subsets of the distinct points.
@@ -421,6 +438,9 @@ def id_subsamples(
     subsample_size : points per subset, drawn without replacement from the distinct points; if
         fewer distinct points exist, every subset is all of them (then id_std = 0).
     seed : seed for ``numpy.random.default_rng``; the same seed gives the same subsets.
+    neighbours : the exact neighbour list of all distinct points of X (:class:`LayerNeighbours`, e.g. the one
+        :func:`passage_resampled_ids` returns for the same points): with a sequence of estimators, each subset's
+        lists are read off it (:func:`llmgeom.measures.neighbors.knn_among`) instead of searched; the same result.
     **kw : passed to the estimator (e.g. ``k`` for the MLEs and ``max_rank``, ``plateau_tol`` for GRIDE, which
         they require; ``min_points``, ``discard_fraction``), or to :func:`id_estimates` (``mle_k``,
         ``gride_max_rank``, ``plateau_tol``, required; ``min_points``) for a sequence.
@@ -452,7 +472,14 @@ def id_subsamples(
     X, n_exact = deduplicate(as_points(X))
     n = X.shape[0]
     size = min(int(subsample_size), n)
-    per_subset = [fn(X[sel]) for sel in subsample_indices(n, n_subsamples=n_subsamples, size=size, seed=seed)]
+    sels = subsample_indices(n, n_subsamples=n_subsamples, size=size, seed=seed)
+    if multi and neighbours is not None and neighbours.complete(X):
+        per_subset = [id_estimates(X[sel], names, distinct=True, **kw,
+                                   neighbours=neighbours.among(sel, _neighbour_order(
+                                       names, kw["mle_k"], kw["gride_max_rank"], sel.size)[1]))
+                      for sel in sels]
+    else:
+        per_subset = [fn(X[sel]) for sel in sels]
     out = {name: _subsample_summary([r[name] for r in per_subset], n_subsamples, size, n, n_exact, name)
            for name in names}
     return out if multi else out[names[0]]
@@ -546,6 +573,34 @@ def id_profile_shape(depth, ids, *, tol: float) -> dict:
     }
 
 
+class LayerNeighbours:
+    """The exact neighbour list of all distinct points of one layer, which :func:`passage_resampled_ids` searches
+    once and returns, for :func:`id_subsamples` to read its subsets' lists off.
+
+    Attributes: ``X0`` the distinct points [n0, d] (``neighbors.deduplicate`` order); ``Xk``, ``dist``, ``idx``,
+    ``kept`` as ``prepare_neighbors(X0, K, ..., return_kept=True)`` gives them; ``fallback`` the
+    :class:`llmgeom.measures.neighbors.FallbackRows` of Xk."""
+
+    def __init__(self, X0, Xk, dist, idx, kept):
+        self.X0, self.Xk, self.dist, self.idx, self.kept = X0, Xk, dist, idx, kept
+        self.fallback = FallbackRows(Xk)
+
+    def complete(self, X0) -> bool:
+        """The list covers exactly these distinct points (no zero-distance point removed from them)."""
+        return self.Xk.shape[0] == self.X0.shape[0] == X0.shape[0] and np.array_equal(self.X0, X0)
+
+    def among(self, sel, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(dist, idx) [len(sel), k] of the points ``sel`` (sorted indices into X0) among themselves, idx
+        renumbered into the subset: what ``exact_knn(X0[sel], k)`` gives."""
+        sel = np.asarray(sel, dtype=np.int64)
+        cand = np.zeros(self.Xk.shape[0], bool)
+        cand[sel] = True
+        d, i = knn_among(self.Xk, self.dist, self.idx, k, rows=sel, candidates=cand, full_rows=self.fallback)
+        local = np.full(self.Xk.shape[0], -1, dtype=np.int64)
+        local[sel] = np.arange(sel.size)
+        return d, local[i]
+
+
 #: estimators whose passage-resampled replicates :func:`passage_resampled_ids` computes (all of them; GRIDE's
 #: replicate is the plateau of the resample's own scale curve, which needs gride_max_rank neighbours per point)
 RESAMPLED_ESTIMATORS = ("twonn", "mle_mg", "mle_lb", "gride")
@@ -604,7 +659,8 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     dict: ``twonn_cross_passage`` (``id_mean``, ``id_std`` (ddof=0), ``id_min``, ``id_max``, ``ids`` over the
     subsets, ``n_points``, ``subsample_size``, ``n_subsamples``), ``replicates`` ({estimator or
     "twonn_cross_passage": float64 [n_resamples]}, raw half-sample IDs, NaN where a resample cannot be measured),
-    ``n_passages`` (G), ``passages_per_resample`` (m), ``neighbours`` (K of the shared list).
+    ``n_passages`` (G), ``passages_per_resample`` (m), ``neighbours`` (K of the shared list), ``neighbour_list``
+    (that list, a :class:`LayerNeighbours`, for :func:`id_subsamples` on the same points).
 
     Raises
     ------
@@ -620,7 +676,7 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     g0 = g_all[first]
     labels, g_codes = np.unique(g0, return_inverse=True)
     G = labels.size
-    if G < 2:
+    if G < 2 and cross_passage:  # (without it, one distinct point is too few points: TooFewPointsError below)
         raise ValueError(f"the cross-passage TwoNN needs points of at least 2 passages, got {G}")
     names = [canonical_estimator(e) for e in estimators]
     res_names = [e for e in RESAMPLED_ESTIMATORS if e in names]
@@ -630,13 +686,14 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     K = min(X0.shape[0] - 1, 2 * max(need, k_gride) + (biggest if cross_passage else 0) + EXTRA_CANDIDATES)
     Xk, dist, idx, _, _, kept = prepare_neighbors(X0, K, max(int(min_points), 3), "ID", distinct=True,
                                                   return_kept=True)
+    shared = LayerNeighbours(X0, Xk, dist, idx, kept)
     g = g_codes[kept]
     n = Xk.shape[0]
     # the subsets of id_subsamples are drawn on the n0 deduplicated points; zero-distance points removed here
     # (normally none) are left out of them
     pos = np.full(X0.shape[0], -1)
     pos[kept] = np.arange(n)
-    full = FallbackRows(Xk)  # the candidate ranking of rows whose K-list runs short, kept for every selection
+    full = shared.fallback  # the candidate ranking of rows whose K-list runs short, kept for every selection
     cross = []
     for sel in (subsample_indices(X0.shape[0], n_subsamples=n_subsamples, size=subsample_size, seed=seed)
                 if cross_passage else []):
@@ -685,7 +742,8 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
             reps[CROSS_PASSAGE][b] = twonn_from_distances(d2)
         except ValueError:
             pass
-    out = {"replicates": reps, "n_passages": int(G), "passages_per_resample": int(m), "neighbours": int(K)}
+    out = {"replicates": reps, "n_passages": int(G), "passages_per_resample": int(m), "neighbours": int(K),
+           "neighbour_list": shared}
     if not cross_passage:
         return out
     return {**out, CROSS_PASSAGE: {"id_mean": float(a.mean()), "id_std": float(a.std()), "id_min": float(a.min()),

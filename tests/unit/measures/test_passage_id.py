@@ -136,3 +136,23 @@ def test_recentred_replicates():
     np.testing.assert_allclose(recentred_replicates(10.0, [1.0, 2.0, 3.0]), [9.0, 10.0, 11.0])
     np.testing.assert_allclose(recentred_replicates(10.0, [1.0, np.nan, 3.0], scale=2.0), [8.0, np.nan, 12.0])
     assert recentred_replicates(1.0, []).size == 0 and np.isnan(recentred_replicates(1.0, [np.nan])).all()
+
+
+def test_subsets_read_off_the_layer_list_equal_their_own_search():
+    """id_subsamples with the layer's neighbour list (passage_resampled_ids' neighbour_list) gives, subset by
+    subset, exactly what each subset's own neighbour search gives, GRIDE's scale curve included; a list of other
+    points is not used."""
+    rng = np.random.default_rng(5)
+    X = _embed(rng.standard_normal((G * P, 4)), 30, rng)
+    g = np.repeat(np.arange(G), P)
+    kw = dict(n_subsamples=3, subsample_size=700, seed=2, min_points=50, mle_k=20, gride_max_rank=32, plateau_tol=0.1)
+    est = ["twonn", "mle_mg", "mle_lb", "gride"]
+    shared = passage_resampled_ids(X, g, **_kw(n_resamples=2))["neighbour_list"]
+    a = id_subsamples(X, estimator=est, neighbours=shared, **kw)
+    b = id_subsamples(X, estimator=est, **kw)
+    for e in est:
+        assert a[e]["ids"] == b[e]["ids"], e
+    assert a["gride"]["results"][0]["ids"] == b["gride"]["results"][0]["ids"]
+    other = passage_resampled_ids(X[:900], g[:900], **_kw(n_resamples=2))["neighbour_list"]
+    assert not other.complete(deduplicate(X)[0])
+    assert id_subsamples(X, estimator=est, neighbours=other, **kw)["twonn"]["ids"] == b["twonn"]["ids"]
