@@ -75,9 +75,12 @@ class run_logged:
       that did not fit are counted in a note there, and a log left short is said on stderr.
     """
 
-    def __init__(self, path, threads: int = 1):
+    def __init__(self, path, threads: int = 1, *, startup: float | None = None):
+        """``startup``: the seconds the log's first line gives (:data:`STARTUP_LINE`); None: this process's age
+        (:func:`process_age`). The model server passes its client's: the job is the client process."""
         self.path = path
         self.threads = max(int(threads), 1)
+        self.startup = startup
 
     def __enter__(self):
         import sys
@@ -97,7 +100,7 @@ class run_logged:
         self._out, self._err = sys.stdout, sys.stderr
         sys.stdout = _Tee(self._out, self.fh)
         sys.stderr = _Tee(self._err, self.fh)
-        print(STARTUP_LINE.format(seconds=process_age()), flush=True)
+        print(STARTUP_LINE.format(seconds=process_age() if self.startup is None else float(self.startup)), flush=True)
         return self
 
     def __exit__(self, et, ev, tb):

@@ -428,8 +428,11 @@ def run_task(task: str, kwargs: dict, *, load: dict, log: str, threads: int = 1,
         raise TypeError(f"the keyword arguments of model-server task {task!r} must be JSON values: {e}") from None
     if not enabled():
         return _run_here(task, kwargs, outputs or {}, log, threads, "LLMGEOM_MODEL_SERVER=0")
+    from llmgeom.pipeline.jobs import process_age
+
     request = {"task": task, "kwargs": kwargs, "outputs": outputs or {}, "log": str(Path(log).resolve()),
-               "threads": int(threads), "cwd": os.getcwd(), "pid": os.getpid()}
+               "threads": int(threads), "cwd": os.getcwd(), "pid": os.getpid(),
+               "startup_s": process_age()}  # the job's own start-up, the first line the server writes to its log
     try:  # any failure to start or reach a server (nothing of the task sent yet): the task runs here
         conn = _start(server_dir(load), load)
         try:
@@ -768,7 +771,7 @@ def _run_request(req: dict, d: "private_ipc.PrivateDir") -> dict:
         if req.get("task") not in TASKS:
             raise ValueError(f"unknown model-server task {req.get('task')!r}")
         os.chdir(req["cwd"])
-        with run_logged(req["log"], threads=req["threads"]):
+        with run_logged(req["log"], threads=req["threads"], startup=req.get("startup_s", float("nan"))):
             set_threads(req["threads"])
             print(f"[model server] pid {os.getpid()}: task {req['task']} (model kept loaded between tasks; "
                   f"LLMGEOM_MODEL_SERVER=0 runs it in the job's process)", flush=True)

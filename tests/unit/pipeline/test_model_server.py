@@ -3,6 +3,7 @@ loads the weights once; results equal the in-process extraction; a failed task f
 
 import json
 import os
+import re
 from pathlib import Path
 
 import h5py
@@ -63,8 +64,16 @@ def test_two_jobs_one_weight_load_same_values(setup, monkeypatch):
     tmp, prepared, (p1, p2), load = setup
     outs = [tmp / "one.h5", tmp / "two.h5"]
     logs = [tmp / "logs" / "one.log", tmp / "logs" / "two.log"]
+    from llmgeom.pipeline.jobs import process_age
+
+    ages = []
     for p, o, lg in zip((p1, p2), outs, logs):
+        ages.append(process_age())
         ms.run_task("extract", _kw(prepared, p, o), load=load, log=str(lg), threads=1)
+    # the log opens with the job's start-up: the age of the client (this process) when it sent the task, not the
+    # server's
+    first = float(re.match(r"\[job\] start-up (\S+) s ", logs[1].read_text()).group(1))
+    assert ages[1] - 0.02 <= first <= process_age() + 0.02
     assert "weights loaded for it: 1" in logs[0].read_text()
     assert "weights loaded for it: 0" in logs[1].read_text()  # the second job reused the loaded model
     assert "extract tiny two" in logs[1].read_text()  # the job's own progress lines are in its log
