@@ -396,7 +396,9 @@ def test_run_logged_keeps_the_disk_full_error_when_its_log_is_full(small_fs, cap
     msg = str(ei.value)
     assert f"no space left on the device for {out}" in msg and "rerun" in msg, msg
     text = log.read_text()
-    assert text.startswith("job started\n") and "could not be written to this log" in text, text[:2000]
+    start_up, first = text.split("\n", 2)[:2]  # every job log opens with its start-up (jobs.STARTUP_LINE)
+    assert start_up.startswith("[job] start-up ") and first == "job started", text[:2000]
+    assert "could not be written to this log" in text, text[:2000]
     assert f"DiskFullError: no space left on the device for {out}" in text, text[-3000:]
     shown = capfd.readouterr()
     assert "progress line 499" in shown.out and f"[llmgeom] the log {log} lacks" in shown.err, shown.err[-2000:]
@@ -492,7 +494,8 @@ rule table:
     assert "[Errno 28]" not in shown.split("DiskFullError: no space left")[-1]  # no bare ENOSPC after it
     if when == "fills during the job":
         text = log.read_text()
-        assert text.startswith("job started\n") and f"DiskFullError: no space left on the device for {out}" in text
+        assert text.startswith("[job] start-up ") and text.split("\n", 2)[1] == "job started", text[:2000]
+        assert f"DiskFullError: no space left on the device for {out}" in text
     assert not out.exists() and (not out.parent.exists() or list(out.parent.iterdir()) == [])
     assert sorted(p.name for p in log.parent.iterdir()) == ["t.log"]  # its reserve given back
     unfill(filler)
