@@ -577,12 +577,12 @@ class LayerNeighbours:
     """The exact neighbour list of all distinct points of one layer, which :func:`passage_resampled_ids` searches
     once and returns, for :func:`id_subsamples` to read its subsets' lists off.
 
-    Attributes: ``X0`` the distinct points [n0, d] (``neighbors.deduplicate`` order); ``Xk``, ``dist``, ``idx``,
-    ``kept`` as ``prepare_neighbors(X0, K, ..., return_kept=True)`` gives them; ``fallback`` the
+    Attributes: ``X0`` the distinct points [n0, d] (``neighbors.deduplicate`` order); ``Xk``, ``dist``, ``idx`` as
+    ``prepare_neighbors(X0, K, ...)`` gives them (Xk = X0 unless zero-distance points were dropped); ``fallback`` the
     :class:`llmgeom.measures.neighbors.FallbackRows` of Xk."""
 
-    def __init__(self, X0, Xk, dist, idx, kept):
-        self.X0, self.Xk, self.dist, self.idx, self.kept = X0, Xk, dist, idx, kept
+    def __init__(self, X0, Xk, dist, idx):
+        self.X0, self.Xk, self.dist, self.idx = X0, Xk, dist, idx
         self.fallback = FallbackRows(Xk)
 
     def complete(self, X0) -> bool:
@@ -595,7 +595,7 @@ class LayerNeighbours:
         sel = np.asarray(sel, dtype=np.int64)
         cand = np.zeros(self.Xk.shape[0], bool)
         cand[sel] = True
-        d, i = knn_among(self.Xk, self.dist, self.idx, k, rows=sel, candidates=cand, full_rows=self.fallback)
+        d, i = knn_among(self.Xk, self.dist, self.idx, k, rows=sel, candidates=cand, fallback=self.fallback)
         local = np.full(self.Xk.shape[0], -1, dtype=np.int64)
         local[sel] = np.arange(sel.size)
         return d, local[i]
@@ -686,7 +686,7 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
     K = min(X0.shape[0] - 1, 2 * max(need, k_gride) + (biggest if cross_passage else 0) + EXTRA_CANDIDATES)
     Xk, dist, idx, _, _, kept = prepare_neighbors(X0, K, max(int(min_points), 3), "ID", distinct=True,
                                                   return_kept=True)
-    shared = LayerNeighbours(X0, Xk, dist, idx, kept)
+    shared = LayerNeighbours(X0, Xk, dist, idx)
     g = g_codes[kept]
     n = Xk.shape[0]
     # the subsets of id_subsamples are drawn on the n0 deduplicated points; zero-distance points removed here
@@ -701,7 +701,7 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
         cand = np.zeros(n, bool)
         cand[rows] = True
         d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True,
-                          full_rows=full)
+                          fallback=full)
         cross.append(twonn_from_distances(d2))
     a = np.asarray(cross)
     m = G // 2
@@ -715,7 +715,7 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
         if rows.size < max(int(min_points), need + 1):
             continue
         d, i = knn_among(Xk, dist, idx, max(need, min(k_gride, rows.size - 1)), rows=rows, candidates=cand,
-                         full_rows=full)
+                         fallback=full)
         if "twonn" in res_names:
             reps["twonn"][b] = twonn_from_distances(d)
         if any(e.startswith("mle") for e in res_names):
@@ -738,7 +738,7 @@ def passage_resampled_ids(X, passages, *, estimators, n_subsamples: int, subsamp
             continue
         try:  # a kept passage whose other kept passages hold fewer than 2 points: no replicate (NaN)
             d2, _ = knn_among(Xk, dist, idx, 2, rows=rows, candidates=cand, groups=g, exclude_own_group=True,
-                              full_rows=full)
+                              fallback=full)
             reps[CROSS_PASSAGE][b] = twonn_from_distances(d2)
         except ValueError:
             pass

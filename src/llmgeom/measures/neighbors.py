@@ -137,7 +137,7 @@ def prepare_neighbors(X, k: int, min_points: int, what: str, *, distinct: bool =
 
 
 def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_own_group: bool = False,
-              full_rows: dict | None = None):
+              fallback: "FallbackRows | None" = None):
     """The first ``k`` neighbours of each query point among the allowed ones, read off one precomputed neighbour list.
 
     The neighbour search (the costly part) is done once on all points (:func:`exact_knn` or
@@ -156,7 +156,7 @@ def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_ow
         candidates: bool [n], the points that may be neighbours (e.g. the points of the passages a resample keeps).
         groups: int [n], group label of each point (e.g. its passage); required with ``exclude_own_group``.
         exclude_own_group: only neighbours of another group than the query point's.
-        full_rows: a :class:`FallbackRows` of X that the caller keeps for many calls on the same X (e.g. the
+        fallback: a :class:`FallbackRows` of X that the caller keeps for many calls on the same X (e.g. the
             resamples of one layer): a fallback row's candidate ranking is computed once and kept there; the same
             numbers as without it.
 
@@ -183,7 +183,7 @@ def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_ow
     pos = np.argsort(~M, axis=1, kind="stable")[:, :k]  # allowed entries first, list order kept
     d_sel = np.take_along_axis(dist[rows], pos, axis=1)
     i_sel = np.take_along_axis(nb, pos, axis=1)
-    short = np.flatnonzero(M.sum(axis=1) < k)  # too few allowed in the K-list: exact, against all allowed
+    short = np.flatnonzero(M.sum(axis=1) < k)  # too few allowed in the K-list: a search among all allowed
     if short.size:
         q = rows[short]
         ok = np.repeat(cand[None, :], q.size, axis=0)
@@ -195,7 +195,7 @@ def knn_among(X, dist, idx, k: int, *, rows, candidates, groups=None, exclude_ow
             r = int(np.flatnonzero(n_ok < k)[0])
             raise ValueError(f"point {q[r]} has only {n_ok[r]} allowed neighbours, {k} needed")
         # candidates by the dot-product trick (as exact_knn), k + EXTRA_CANDIDATES of them, then exact distances
-        cache = full_rows if full_rows is not None else FallbackRows(X)
+        cache = fallback if fallback is not None else FallbackRows(X)
         A = np.where(ok, cache.approximate(q), np.inf)
         c = min(X.shape[0], k + EXTRA_CANDIDATES)
         cj = np.argpartition(A, c - 1, axis=1)[:, :c] if c < X.shape[0] else np.broadcast_to(np.arange(c), A.shape)

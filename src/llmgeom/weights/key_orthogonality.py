@@ -149,7 +149,7 @@ def key_orthogonality_table(model, *, model_name: str, seed: int, random_init: b
 
 
 def key_orthogonality_from_dir(model_dir: str | Path, *, model_name: str, seed: int, dtype: str,
-                               random_init: bool, device: str = "cpu", device_map: str | None = None,
+                               random_init: bool, device: str, device_map: str | None,
                                mem_mb: int | None = None, reuse_model: bool = False) -> pd.DataFrame:
     """Load a prepared model (``models.load_prepared``) and run :func:`key_orthogonality_table`.
 
@@ -158,7 +158,8 @@ def key_orthogonality_from_dir(model_dir: str | Path, *, model_name: str, seed: 
     load it: sdpa attention, ``dtype``, ``device``, ``device_map``), so no job loads the model a second time.
     ``dtype`` as in the model's config entry ("auto" = float32 on CPU); W_K is read from the weights as they are
     (``architectures.w_k_heads``, on whatever device) and the statistic is computed in float64 either way.
-    ``mem_mb``: the job's declared memory, checked before a load (``load_prepared``).
+    ``device`` (schema key ``extract.device``) and ``device_map`` (the model entry's) are the extraction's, required
+    so that the server's loaded model is found; ``mem_mb``: the job's declared memory, checked before a load.
     """
     from llmgeom.models.loading import load_prepared
 
