@@ -724,7 +724,11 @@ def _resolve_model(a) -> None:
         if not (Path(a.model_dir) / "manifest.json").is_file():
             raise SystemExit(f"{a.model_dir} is not a prepared model: run `snakemake --configfile {a.config} "
                              f"--cores 2 resources/models/{a.model}` first")
-        entry = (yaml.safe_load(Path(a.config).read_text()).get("models") or {}).get(a.model) or {}
+        from llmgeom.pipeline.schema import apply_defaults, read_schema
+
+        # the batch the study runs: the entry's batch_size, else the schema's default (not this script's 16)
+        cfg = apply_defaults(yaml.safe_load(Path(a.config).read_text()) or {}, read_schema())
+        entry = (cfg.get("models") or {}).get(a.model) or {}
         a.batch = a.batch or entry.get("batch_size")
         a.out = a.out or str(OUT / f"benchmarks-{a.model}.json")
     a.batch = a.batch or 16
@@ -742,8 +746,8 @@ def main(argv=None):
     ap.add_argument("--model-dir", default=str(REPO / "resources" / "models" / "smollm2-135m"))
     ap.add_argument("--prompts", default=str(REPO / "resources" / "prompts" / "mixed.jsonl"))
     ap.add_argument("--corpus-prompts", default=str(REPO / "resources" / "prompts" / "corpus.jsonl"))
-    ap.add_argument("--batch", type=int, default=None, help="prompts per forward pass (default 16, or the --model "
-                    "entry's batch_size)")
+    ap.add_argument("--batch", type=int, default=None, help="prompts per forward pass (default 16; with --model "
+                    "the batch the study runs: the entry's batch_size, else the schema's default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rounds", type=int, default=5, help="throughput: rounds of bare / body / full in one process "
