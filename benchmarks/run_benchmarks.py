@@ -13,7 +13,7 @@
   (the cache the model server's extraction uses), ``--rounds`` rounds of bare / body / full in rotating
   order after a warm-up, torch threads fixed (``--threads``); the medians of the per-round ratios count,
   with the load average per round. Peak RSS: each variant in a fresh process (``--repeats``, alternating).
-  Default: SmolLM2-135M prepared by the workflow (resources/models/smollm2-135m), CPU, float32, batch 16,
+  Default: SmolLM2-135M prepared by the workflow (resources/models/smollm2-135m), CPU, float32, its study batch (16, its config entry),
   the ``mixed`` prompt set (~38 tokens). Targets (issue 21 item 4): full >= 0.95x the body-only tokens/s;
   peak private (anonymous) memory <= 1.2x the body's, at the default and at ``--long-n`` prompts of
   ``--long-tokens`` tokens (batch ``--long-batch``), with the peak RSS beside it (the RSS also counts the weight
@@ -716,22 +716,23 @@ def markdown(res: dict) -> str:
 
 
 def _resolve_model(a) -> None:
-    """``--model NAME``: the model directory, batch size and output file of a named prepared model (in place)."""
-    if a.model:
-        import yaml
+    """``--model NAME``: the model directory and output file of a named prepared model (in place); the batch size
+    (unless ``--batch``) is the one the study runs for the model (``--model``, else the name of ``--model-dir``):
+    its entry's ``batch_size`` in ``--config``, else the schema's default."""
+    import yaml
 
+    from llmgeom.pipeline.schema import apply_defaults, read_schema, section_schema
+
+    if a.model:
         a.model_dir = str(REPO / "resources" / "models" / a.model)
         if not (Path(a.model_dir) / "manifest.json").is_file():
             raise SystemExit(f"{a.model_dir} is not a prepared model: run `snakemake --configfile {a.config} "
                              f"--cores 2 resources/models/{a.model}` first")
-        from llmgeom.pipeline.schema import apply_defaults, read_schema
-
-        # the batch the study runs: the entry's batch_size, else the schema's default (not this script's 16)
-        cfg = apply_defaults(yaml.safe_load(Path(a.config).read_text()) or {}, read_schema())
-        entry = (cfg.get("models") or {}).get(a.model) or {}
-        a.batch = a.batch or entry.get("batch_size")
         a.out = a.out or str(OUT / f"benchmarks-{a.model}.json")
-    a.batch = a.batch or 16
+    if a.batch is None:
+        cfg = apply_defaults(yaml.safe_load(Path(a.config).read_text()) or {}, read_schema())
+        entry = (cfg.get("models") or {}).get(a.model or Path(a.model_dir).name)
+        a.batch = entry["batch_size"] if entry else section_schema("models.<name>.batch_size")["default"]
     a.out = a.out or str(OUT / "benchmarks.json")
 
 
@@ -746,8 +747,8 @@ def main(argv=None):
     ap.add_argument("--model-dir", default=str(REPO / "resources" / "models" / "smollm2-135m"))
     ap.add_argument("--prompts", default=str(REPO / "resources" / "prompts" / "mixed.jsonl"))
     ap.add_argument("--corpus-prompts", default=str(REPO / "resources" / "prompts" / "corpus.jsonl"))
-    ap.add_argument("--batch", type=int, default=None, help="prompts per forward pass (default 16; with --model "
-                    "the batch the study runs: the entry's batch_size, else the schema's default)")
+    ap.add_argument("--batch", type=int, default=None, help="prompts per forward pass (default: the batch the study "
+                    "runs for the model, its --config entry's batch_size, else the schema's default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rounds", type=int, default=5, help="throughput: rounds of bare / body / full in one process "
